@@ -1,0 +1,40 @@
+"""Project exceptions.
+
+Every error a user can cause names the offending key path or file and what was expected, so that
+a typo in a sweep fails in seconds instead of hours into a cluster allocation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class CodlError(Exception):
+    """Base class of all errors raised deliberately by codl."""
+
+
+class ConfigError(CodlError):
+    """One or more problems in a configuration, reported together.
+
+    ``problems`` holds one human line per problem (``key.path: got X, expected Y``) so that a user
+    fixes every mistake of a config in one round trip.
+    """
+
+    def __init__(self, problems: Iterable[str], *, source: str | None = None) -> None:
+        self.problems: tuple[str, ...] = tuple(problems)
+        self.source = source
+        where = f" in {source}" if source else ""
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"{len(self.problems)} problem(s){where}:\n{lines}")
+
+
+class PlacementError(CodlError):
+    """A CPU-set policy cannot be satisfied inside the CPUs the job was given."""
+
+
+class TraceFormatError(CodlError):
+    """A trace file is missing, incomplete, corrupt or of an unsupported schema version."""
+
+
+class RunInterruptedError(CodlError):
+    """A run was stopped by a signal (Slurm timeout, preemption, Ctrl-C) before it finished."""

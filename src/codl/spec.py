@@ -1,0 +1,400 @@
+"""Run specifications: what one measured run is, and its identity.
+
+A run is a frozen tree of dataclasses. Its ``run_id`` is a short hash of the canonical JSON of the
+*normalized* spec (sorted keys, defaults filled, fields the mode does not use reset to defaults), so
+that output paths depend only on what the run actually does: editing the loader's worker count
+re-runs the runs that load data, not the compute-only runs whose loader never starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import json
+import re
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from codl.errors import ConfigError
+
+RUN_ID_LENGTH = 12
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class Mode(enum.StrEnum):
+    """Which pipeline components run (DESIGN.md sect. 4)."""
+
+    DATA = "data"
+    COMPUTE = "compute"
+    COMM = "comm"
+    COMPUTE_COMM = "compute+comm"
+    DATA_COMPUTE = "data+compute"
+    COMBINED = "combined"
+    DATA_SLEEP = "data+sleep"
+
+    @property
+    def loads(self) -> bool:
+        return self in {Mode.DATA, Mode.DATA_COMPUTE, Mode.COMBINED, Mode.DATA_SLEEP}
+
+    @property
+    def computes(self) -> bool:
+        return self in {Mode.COMPUTE, Mode.COMPUTE_COMM, Mode.DATA_COMPUTE, Mode.COMBINED}
+
+    @property
+    def communicates(self) -> bool:
+        return self in {Mode.COMM, Mode.COMPUTE_COMM, Mode.COMBINED}
+
+    @property
+    def sleeps(self) -> bool:
+        return self is Mode.DATA_SLEEP
+
+    @property
+    def components(self) -> tuple[Mode, ...]:
+        """The single-component modes whose isolation runs this mode is compared against."""
+        parts = []
+        if self.loads:
+            parts.append(Mode.DATA)
+        if self.computes or self.sleeps:
+            parts.append(Mode.COMPUTE)
+        if self.communicates:
+            parts.append(Mode.COMM)
+        return tuple(parts)
+
+    @property
+    def is_isolation(self) -> bool:
+        return self in {Mode.DATA, Mode.COMPUTE, Mode.COMM}
+
+
+class Policy(enum.StrEnum):
+    """CPU-set policy for loader workers and launch threads (DESIGN.md sect. 7)."""
+
+    NONE = "none"
+    SHARED = "shared"
+    ISOLATED = "isolated"
+    SPREAD = "spread"
+    NUMA = "numa"
+
+
+class DeviceKind(enum.StrEnum):
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+class Backend(enum.StrEnum):
+    GLOO = "gloo"
+    NCCL = "nccl"
+
+
+class Precision(enum.StrEnum):
+    FP32 = "fp32"
+    BF16 = "bf16"
+
+
+class DatasetKind(enum.StrEnum):
+    JPEG = "jpeg"
+    VOLUME = "volume"
+
+
+class CommPattern(enum.StrEnum):
+    """How `comm` mode drives AllReduce over the model's gradient buckets."""
+
+    BUCKETS = "buckets"
+    SUBGROUPS = "subgroups"
+    SEGMENTED = "segmented"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DatasetSpec:
+    """A generated data set; the `dataset` rule builds it under resources/datasets/<name>/."""
+
+    name: str = "synthetic-jpeg"
+    kind: DatasetKind = DatasetKind.JPEG
+    samples: int = 256
+    classes: int = 10
+    height: int = 96
+    width: int = 128
+    depth: int = 32
+    quality: int = 90
+    seed: int = 0
+    tier: str = "default"
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkloadSpec:
+    model: str = "resnet_tiny"
+    batch_size: int = 16
+    image_size: int = 64
+    classes: int = 10
+    precision: Precision = Precision.FP32
+    channels_last: bool = False
+    lr: float = 0.01
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoaderSpec:
+    workers: int = 2
+    prefetch_factor: int = 2
+    pin_memory: bool = False
+    persistent_workers: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class PinningSpec:
+    policy: Policy = Policy.NONE
+    launch_cores: int = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayoutSpec:
+    nodes: int = 1
+    ranks_per_node: int = 1
+    backend: Backend = Backend.GLOO
+    comm_pattern: CommPattern = CommPattern.BUCKETS
+    bucket_cap_mb: int = 25
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepsSpec:
+    warmup: int = 2
+    measured: int = 10
+
+    @property
+    def total(self) -> int:
+        return self.warmup + self.measured
+
+
+@dataclass(frozen=True, kw_only=True)
+class TraceSpec:
+    """Tracing levels; each can be switched off. `cupti` is expensive and off by default."""
+
+    app: bool = True
+    loader: bool = True
+    sched: bool = True
+    cpu: bool = True
+    cuda_events: bool = True
+    comm: bool = True
+    device: bool = True
+    cupti: bool = False
+    cupti_steps: int = 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSpec:
+    mode: Mode = Mode.COMBINED
+    device: DeviceKind = DeviceKind.CPU
+    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
+    dataset: DatasetSpec = field(default_factory=DatasetSpec)
+    loader: LoaderSpec = field(default_factory=LoaderSpec)
+    pinning: PinningSpec = field(default_factory=PinningSpec)
+    layout: LayoutSpec = field(default_factory=LayoutSpec)
+    steps: StepsSpec = field(default_factory=StepsSpec)
+    trace: TraceSpec = field(default_factory=TraceSpec)
+    seed: int = 0
+    repeat: int = 0
+
+    def normalized(self) -> RunSpec:
+        """The spec with fields its mode never reads reset to defaults: they must not change ids."""
+        spec = self
+        if not self.mode.loads:
+            spec = dataclasses.replace(spec, loader=LoaderSpec(), dataset=DatasetSpec())
+        return spec
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_jsonable(self)  # type: ignore[no-any-return]
+
+    def canonical_json(self) -> str:
+        return json.dumps(self.normalized().to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @property
+    def run_id(self) -> str:
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()[:RUN_ID_LENGTH]
+
+    def with_mode(self, mode: Mode) -> RunSpec:
+        return dataclasses.replace(self, mode=mode)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, where: str = "") -> RunSpec:
+        problems: list[str] = []
+        spec = _from_mapping(cls, data, where, problems)
+        if problems:
+            raise ConfigError(problems)
+        if not isinstance(spec, RunSpec):  # pragma: no cover - _from_mapping returns cls
+            raise TypeError(spec)
+        problems = spec.problems(where)
+        if problems:
+            raise ConfigError(problems)
+        return spec
+
+    def problems(self, where: str = "") -> list[str]:
+        """Semantic checks the JSON Schema cannot express; one line per problem."""
+        p = f"{where}." if where else ""
+        out: list[str] = []
+
+        def positive(key: str, value: int, minimum: int = 1) -> None:
+            if value < minimum:
+                out.append(f"{p}{key}: got {value}, expected an integer >= {minimum}")
+
+        positive("steps.measured", self.steps.measured)
+        positive("steps.warmup", self.steps.warmup, 0)
+        positive("workload.batch_size", self.workload.batch_size)
+        positive("workload.image_size", self.workload.image_size, 8)
+        positive("workload.classes", self.workload.classes, 2)
+        positive("loader.workers", self.loader.workers, 0)
+        positive("loader.prefetch_factor", self.loader.prefetch_factor)
+        positive("pinning.launch_cores", self.pinning.launch_cores)
+        positive("layout.nodes", self.layout.nodes)
+        positive("layout.ranks_per_node", self.layout.ranks_per_node)
+        positive("layout.bucket_cap_mb", self.layout.bucket_cap_mb)
+        positive("dataset.samples", self.dataset.samples)
+        positive("dataset.classes", self.dataset.classes, 2)
+        positive("dataset.height", self.dataset.height, 8)
+        positive("dataset.width", self.dataset.width, 8)
+        positive("dataset.depth", self.dataset.depth, 1)
+        positive("trace.cupti_steps", self.trace.cupti_steps)
+        positive("seed", self.seed, 0)
+        positive("repeat", self.repeat, 0)
+        if not 1 <= self.dataset.quality <= 100:
+            out.append(f"{p}dataset.quality: got {self.dataset.quality}, expected 1..100")
+        for key, name in (("dataset.name", self.dataset.name), ("dataset.tier", self.dataset.tier)):
+            if not _SAFE_NAME.match(name):
+                out.append(
+                    f"{p}{key}: got {name!r}, expected letters, digits, '_', '.', '-' "
+                    "(it becomes a path)"
+                )
+        if self.dataset.classes > self.workload.classes and self.mode.loads:
+            out.append(
+                f"{p}dataset.classes: got {self.dataset.classes}, expected <= "
+                f"workload.classes ({self.workload.classes}), the model's output size"
+            )
+        if self.layout.backend is Backend.NCCL and self.device is not DeviceKind.CUDA:
+            out.append(f"{p}layout.backend: got 'nccl' with device 'cpu', expected 'gloo' on CPU")
+        # `combined` on one rank is the single-process pipeline (DDP degenerates to no comm);
+        # the modes whose point is the collective need a peer.
+        if self.mode in {Mode.COMM, Mode.COMPUTE_COMM} and self.layout.world_size < 2:
+            out.append(
+                f"{p}mode: {self.mode.value!r} needs >= 2 ranks "
+                f"(layout.nodes x layout.ranks_per_node = {self.layout.world_size})"
+            )
+        if self.mode.loads and self.loader.workers == 0:
+            out.append(
+                f"{p}loader.workers: got 0 with mode {self.mode.value!r}, expected >= 1 "
+                "(loading in the main process has no worker to trace or pin)"
+            )
+        if self.trace.cupti and self.device is not DeviceKind.CUDA:
+            out.append(f"{p}trace.cupti: true needs device 'cuda'")
+        if self.trace.cupti_steps > self.steps.measured:
+            out.append(
+                f"{p}trace.cupti_steps: got {self.trace.cupti_steps}, expected <= "
+                f"steps.measured ({self.steps.measured})"
+            )
+        return out
+
+
+_T = TypeVar("_T")
+
+
+def _to_jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return value.value
+    return value
+
+
+def _from_mapping(cls: type[_T], data: Any, where: str, problems: list[str]) -> _T | None:
+    """Build dataclass ``cls`` from plain data, collecting every problem with its key path."""
+    if not isinstance(data, Mapping):
+        problems.append(f"{where or '<root>'}: got {type(data).__name__}, expected a mapping")
+        return None
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    for key in data:
+        if key not in fields:
+            problems.append(
+                f"{_join(where, str(key))}: unknown key, expected one of {sorted(fields)}"
+            )
+    kwargs: dict[str, Any] = {}
+    for name in fields:
+        if name not in data:
+            continue
+        path = _join(where, name)
+        value = data[name]
+        hint = hints[name]
+        converted = _convert(hint, value, path, problems)
+        if converted is not _INVALID:
+            kwargs[name] = converted
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:  # pragma: no cover - all keys were checked above
+        problems.append(f"{where or '<root>'}: {exc}")
+        return None
+
+
+_INVALID = object()
+
+
+def _convert(hint: Any, value: Any, path: str, problems: list[str]) -> Any:
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        before = len(problems)
+        built = _from_mapping(hint, value, path, problems)
+        return _INVALID if built is None or len(problems) > before else built
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        allowed = [m.value for m in hint]
+        if value in allowed:
+            return hint(value)
+        problems.append(f"{path}: got {value!r}, expected one of {allowed}")
+        return _INVALID
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        problems.append(f"{path}: got {value!r}, expected true or false")
+        return _INVALID
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        problems.append(f"{path}: got {value!r}, expected an integer")
+        return _INVALID
+    if hint is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        problems.append(f"{path}: got {value!r}, expected a number")
+        return _INVALID
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        problems.append(f"{path}: got {value!r}, expected a string")
+        return _INVALID
+    if isinstance(hint, types.UnionType):  # pragma: no cover - no optional fields yet
+        return value
+    raise TypeError(f"unsupported spec field type {hint!r} at {path}")  # pragma: no cover
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def field_paths(cls: type[Any] = RunSpec, prefix: str = "") -> list[str]:
+    """Every dotted leaf key of a spec class, e.g. ``loader.workers``; for messages and factors."""
+    hints = typing.get_type_hints(cls)
+    out: list[str] = []
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        key = _join(prefix, f.name)
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+            out.extend(field_paths(hint, key))
+        else:
+            out.append(key)
+    return out
+
+
+def is_safe_name(name: str) -> bool:
+    """Names that become paths or shell words: letters, digits, '_', '.', '-'; no leading dot."""
+    return bool(_SAFE_NAME.match(name))

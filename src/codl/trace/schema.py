@@ -1,0 +1,152 @@
+"""HDF5 trace schema, version 1: the tables, their columns, dtypes and units.
+
+One table is a group of parallel 1-D datasets (struct of arrays), one dataset per column, all of
+the same length. Columns of kind ``sym`` hold int32 indices into the interned string table
+``/strings`` (index 0 is the empty string). Every time column is CLOCK_MONOTONIC nanoseconds of
+the node (``unit = "ns"``); durations are ``ns`` too. ``docs/trace-format.md`` is the prose form
+of this module; keep both in step and bump ``SCHEMA_VERSION`` on any incompatible change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    dtype: str  # numpy dtype string; "sym" means an int32 index into /strings
+    unit: str = ""
+    doc: str = ""
+
+    @property
+    def is_symbol(self) -> bool:
+        return self.dtype == "sym"
+
+    @property
+    def numpy_dtype(self) -> str:
+        return "i4" if self.is_symbol else self.dtype
+
+
+def _c(name: str, dtype: str, unit: str = "", doc: str = "") -> Column:
+    return Column(name, dtype, unit, doc)
+
+
+TABLES: dict[str, tuple[Column, ...]] = {
+    # Application spans, one row per phase per step per rank.
+    "events/app": (
+        _c("rank", "i2", doc="global rank"),
+        _c("step", "i4", doc="step index; steps < warmup_steps are warm-up"),
+        _c(
+            "phase",
+            "sym",
+            doc="step, data_wait, h2d, forward, backward, optimizer, compute, allreduce, sleep",
+        ),
+        _c("tid", "i8", doc="native thread id that ran the span"),
+        _c("start_ns", "i8", "ns"),
+        _c("end_ns", "i8", "ns"),
+        _c("gpu_ns", "i8", "ns", "GPU duration from CUDA events; -1 when not measured"),
+    ),
+    # Loader work inside worker processes: per item (fetch, decode, transform) and per batch
+    # (collate, item = -1). `step` is the consuming step, assigned when the batch arrives.
+    "events/loader": (
+        _c("rank", "i2"),
+        _c("step", "i4"),
+        _c("worker", "i2", doc="DataLoader worker id"),
+        _c("pid", "i8"),
+        _c("tid", "i8"),
+        _c("cpu", "i2", doc="CPU the worker ran on at the end of the stage (sched_getcpu)"),
+        _c("item", "i8", doc="data set index; -1 for batch-level stages"),
+        _c("stage", "sym", doc="fetch, decode, transform, collate"),
+        _c("start_ns", "i8", "ns"),
+        _c("end_ns", "i8", "ns"),
+    ),
+    # CUDA runtime API calls and GPU activities from Kineto/CUPTI (explicit `cupti` level).
+    "events/cuda": (
+        _c("rank", "i2"),
+        _c("step", "i4", doc="-1 when outside every step span"),
+        _c("kind", "sym", doc="runtime, kernel, memcpy, memset, sync"),
+        _c("name", "sym"),
+        _c("tid", "i8", doc="host thread for runtime calls; 0 for GPU activities"),
+        _c("stream", "i8", doc="CUDA stream for GPU activities; -1 for runtime calls"),
+        _c("correlation", "i8"),
+        _c("start_ns", "i8", "ns"),
+        _c("end_ns", "i8", "ns"),
+    ),
+    # Collectives: one row per AllReduce bucket.
+    "events/comm": (
+        _c("rank", "i2"),
+        _c("step", "i4"),
+        _c("bucket", "i4"),
+        _c("op", "sym", doc="allreduce, group_allreduce, segment_allreduce"),
+        _c("bytes", "i8", "bytes"),
+        _c("start_ns", "i8", "ns"),
+        _c("end_ns", "i8", "ns"),
+        _c("gpu_ns", "i8", "ns", "GPU duration from CUDA events; -1 when not measured"),
+    ),
+    # Per-thread OS scheduling counters, cumulative since thread start (take differences).
+    "samples/sched": (
+        _c("t_ns", "i8", "ns"),
+        _c("rank", "i2"),
+        _c("step", "i4", doc="step that just ended; -1 for the sample taken before step 0"),
+        _c("pid", "i8"),
+        _c("tid", "i8"),
+        _c("run_ns", "i8", "ns", "time on CPU (schedstat field 1)"),
+        _c("wait_ns", "i8", "ns", "time runnable but waiting in a run queue (schedstat field 2)"),
+        _c("timeslices", "i8", "count", "times run on a CPU (schedstat field 3)"),
+        _c("voluntary", "i8", "count", "voluntary_ctxt_switches"),
+        _c("involuntary", "i8", "count", "nonvoluntary_ctxt_switches"),
+        _c("cpu", "i2", doc="CPU the thread last ran on (stat field 39)"),
+    ),
+    # Per-core utilisation from /proc/stat, cumulative ticks (take differences).
+    "samples/cpu": (
+        _c("t_ns", "i8", "ns"),
+        _c("rank", "i2"),
+        _c("step", "i4"),
+        _c("cpu", "i2"),
+        _c("user", "i8", "ticks"),
+        _c("system", "i8", "ticks"),
+        _c("idle", "i8", "ticks"),
+        _c("iowait", "i8", "ticks"),
+        _c("other", "i8", "ticks", "nice + irq + softirq + steal"),
+    ),
+    # NVML device samples.
+    "samples/device": (
+        _c("t_ns", "i8", "ns"),
+        _c("rank", "i2"),
+        _c("step", "i4"),
+        _c("gpu", "i2", doc="NVML device index"),
+        _c("util_pct", "i2", "%"),
+        _c("mem_util_pct", "i2", "%"),
+        _c("mem_used", "i8", "bytes"),
+        _c("sm_clock", "i4", "MHz"),
+        _c("power", "i8", "mW"),
+    ),
+    # Every thread seen, with its role and CPU masks (planned by the policy and actually set).
+    "threads": (
+        _c("t_ns", "i8", "ns", "when the row was captured"),
+        _c("rank", "i2"),
+        _c("pid", "i8"),
+        _c("tid", "i8"),
+        _c("role", "sym", doc="launch, autograd, pin_memory, comm, loader, other"),
+        _c("name", "sym", doc="/proc/<pid>/task/<tid>/comm"),
+        _c("cpus_planned", "sym", doc="cpulist the policy asked for; '' when unpinned"),
+        _c("cpus_actual", "sym", doc="cpulist from sched_getaffinity at capture"),
+    ),
+}
+
+ROLES = ("launch", "autograd", "pin_memory", "comm", "loader", "other")
+PHASES = (
+    "step",
+    "data_wait",
+    "h2d",
+    "forward",
+    "backward",
+    "optimizer",
+    "compute",
+    "allreduce",
+    "sleep",
+)
+LOADER_STAGES = ("fetch", "decode", "transform", "collate")
