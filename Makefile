@@ -1,0 +1,50 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Everything else is here.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+export PATH := $(abspath $(BIN)):$(PATH)
+CONFIG ?= config/smoke.yaml
+PROFILE ?= profiles/local
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test venv lint typecheck workflow-lint unit report clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# torch/torchvision first, pinned: the only pair that imports together on these machines.
+	$(BIN)/pip install --quiet torch==2.14.1 torchvision==0.29.1
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+venv: $(STAMP)
+
+## demo: set up, run config/smoke.yaml through the local profile, build the report.
+demo: $(STAMP)
+	$(BIN)/snakemake --profile $(PROFILE) --configfile $(CONFIG)
+	$(BIN)/snakemake --profile $(PROFILE) --configfile $(CONFIG) --report results/report.html
+	@echo
+	@echo "figures: $$(ls results/figures/*.png | tr '\n' ' ')"
+	@echo "tables:  results/tables/runs.csv results/tables/comparison.csv"
+	@echo "report:  results/report.html"
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks workflow/scripts
+	$(BIN)/ruff format --check src tests benchmarks workflow/scripts
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+workflow-lint: $(STAMP)
+	$(BIN)/snakefmt --check Snakefile workflow/rules
+	$(BIN)/snakemake --lint --configfile config/smoke.yaml > .snakemake-lint.txt 2>&1; \
+	  rc=$$?; cat .snakemake-lint.txt; rm -f .snakemake-lint.txt; exit $$rc
+	$(BIN)/snakemake --lint --configfile config/config.yaml > /dev/null
+
+## test: environment + lint + type check + the full test suite.
+test: lint typecheck workflow-lint
+	$(BIN)/pytest -q
+
+clean:
+	rm -rf results resources logs .snakemake

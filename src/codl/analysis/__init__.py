@@ -1,0 +1,1 @@
+"""Traces -> tables (pure: DataFrames in, DataFrames out) -> figures (plots.py only draws)."""

@@ -1,0 +1,67 @@
+"""`codl inspect`: what a trace holds, for a person or (``--json``) a script."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from codl.trace.store import open_trace
+
+
+def describe(path: Path, *, allow_incomplete: bool = False) -> dict[str, Any]:
+    with open_trace(path, allow_incomplete=allow_incomplete) as t:
+        attrs = t.attrs
+        spec = t.spec
+        tables = {name: len(t.table(name)) for name in t.tables()}
+        app = t.table("events/app")
+        warm = int(attrs.get("warmup_steps", 0))
+        measured = app[(app["phase"] == "step") & (app["step"] >= warm)]
+        dur = (measured["end_ns"] - measured["start_ns"]) / 1e6
+        threads = t.table("threads")
+        roles = threads.drop_duplicates("tid")["role"].astype(str).value_counts().to_dict()
+        return {
+            "path": str(path),
+            "run_id": attrs.get("run_id"),
+            "complete": bool(attrs.get("complete", False)),
+            "incomplete_reason": attrs.get("incomplete_reason", ""),
+            "schema_version": attrs.get("schema_version"),
+            "mode": spec.get("mode"),
+            "device": spec.get("device"),
+            "model": spec.get("workload", {}).get("model"),
+            "policy": spec.get("pinning", {}).get("policy"),
+            "workers": spec.get("loader", {}).get("workers"),
+            "world_size": attrs.get("world_size", 1),
+            "host": attrs.get("host"),
+            "git_revision": attrs.get("git_revision"),
+            "duration_s": (int(attrs["t_end_ns"]) - int(attrs["t_begin_ns"])) / 1e9,
+            "anchor_error_ns": attrs.get("anchors_start", {}).get("error_ns"),
+            "measured_steps": int(len(measured)),
+            "step_ms_median": float(dur.median()) if len(dur) else None,
+            "rows": tables,
+            "thread_roles": {str(k): int(v) for k, v in roles.items()},
+            "placement": attrs.get("placement"),
+            "placement_mismatches": attrs.get("placement_mismatches", []),
+            "versions": attrs.get("versions", {}),
+        }
+
+
+def render(info: dict[str, Any]) -> str:
+    lines = [
+        f"trace      {info['path']}",
+        f"run        {info['run_id']}  ({'complete' if info['complete'] else 'INCOMPLETE: ' + str(info['incomplete_reason'])})",
+        f"spec       mode={info['mode']} device={info['device']} model={info['model']} "
+        f"policy={info['policy']} workers={info['workers']} ranks={info['world_size']}",
+        f"host       {info['host']}  git {str(info['git_revision'])[:10] or '-'}",
+        f"duration   {info['duration_s']:.2f} s; anchor error +-{info['anchor_error_ns']} ns",
+    ]
+    if info["step_ms_median"] is not None:
+        lines.append(
+            f"steps      {info['measured_steps']} measured, median {info['step_ms_median']:.2f} ms"
+        )
+    lines.append("tables     " + ", ".join(f"{k}={v}" for k, v in sorted(info["rows"].items())))
+    lines.append(
+        "threads    " + ", ".join(f"{k}={v}" for k, v in sorted(info["thread_roles"].items()))
+    )
+    for m in info["placement_mismatches"]:
+        lines.append(f"MISMATCH   {m}")
+    return "\n".join(lines)

@@ -1,0 +1,189 @@
+"""`codl` command line: run | inspect | export | plan | dataset | summarize | compare | figures."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from codl.errors import CodlError
+
+
+def _load_spec(path: Path) -> Any:
+    from codl.spec import RunSpec
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise CodlError(f"{path}: no such spec file") from None
+    except json.JSONDecodeError as exc:
+        raise CodlError(f"{path}: not valid JSON ({exc})") from None
+    return RunSpec.from_dict(data)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from codl.harness.launch import launch
+
+    spec = _load_spec(args.spec)
+    run_dir = Path(args.spec).parent
+    trace = Path(args.trace) if args.trace else run_dir / "trace.h5"
+    launch(
+        spec,
+        trace_path=trace,
+        dataset_dir=Path(args.dataset_dir) if args.dataset_dir else None,
+        kineto_dir=Path(args.kineto_dir) if args.kineto_dir else trace.parent / "kineto",
+    )
+    print(trace)
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from codl.analysis.inspect import describe, render
+
+    info = describe(Path(args.trace), allow_incomplete=args.allow_incomplete)
+    if args.json:
+        print(json.dumps(info, indent=2, sort_keys=True, default=str))
+    else:
+        print(render(info))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from codl.trace.export import export_chrome
+
+    export_chrome(Path(args.trace), Path(args.output))
+    print(args.output)
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from codl.config import load_plan
+
+    plan = load_plan(Path(args.config))
+    rows = [
+        {
+            "experiment": r.experiment,
+            "run_id": r.run_id,
+            "mode": r.spec.mode.value,
+            "policy": r.spec.pinning.policy.value,
+            "workers": r.spec.loader.workers if r.spec.mode.loads else 0,
+            "repeat": r.spec.repeat,
+        }
+        for r in plan.runs
+    ]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print(f"{len(plan.specs)} distinct runs in {len(plan.experiments())} experiment(s)")
+        for row in rows:
+            print("  ".join(f"{k}={v}" for k, v in row.items()))
+    return 0
+
+
+def cmd_dataset(args: argparse.Namespace) -> int:
+    from codl.datasets import generate
+    from codl.spec import DatasetSpec, _from_mapping
+
+    problems: list[str] = []
+    spec = _from_mapping(DatasetSpec, json.loads(args.spec_json), "dataset", problems)
+    if problems or spec is None:
+        raise CodlError("; ".join(problems))
+    manifest = generate(spec, Path(args.out))
+    print(f"{args.out}: {manifest['files']} files, {manifest['bytes']} bytes")
+    return 0
+
+
+def cmd_write_spec(args: argparse.Namespace) -> int:
+    from codl.harness.runner import write_spec_json
+    from codl.spec import RunSpec
+
+    spec = RunSpec.from_dict(json.loads(args.spec_json))
+    write_spec_json(spec, Path(args.out))
+    print(f"{args.out}: run {spec.run_id}")
+    return 0
+
+
+def cmd_stage(args: argparse.Namespace) -> int:
+    from codl.datasets import stage
+
+    manifest = stage(Path(args.manifest).parent, Path(args.to), marker=Path(args.marker))
+    print(f"staged {manifest['files']} files to {args.to}")
+    return 0
+
+
+def cmd_summarize(args: argparse.Namespace) -> int:
+    from codl.analysis.summarize import summarize_trace
+
+    steps, summary, attribution = summarize_trace(Path(args.trace))
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    steps.to_parquet(out / "steps.parquet")
+    summary.to_parquet(out / "summary.parquet")
+    attribution.to_parquet(out / "attribution.parquet")
+    print(summary.T.to_string())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="codl", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="run one spec (all its ranks) and write its trace")
+    r.add_argument("spec", type=Path, help="spec.json of the run")
+    r.add_argument("--trace", help="trace path (default: trace.h5 next to the spec)")
+    r.add_argument("--dataset-dir", help="data set directory (modes that load data)")
+    r.add_argument("--kineto-dir", help="where the raw Kineto trace goes (cupti level)")
+    r.set_defaults(func=cmd_run)
+
+    i = sub.add_parser("inspect", help="human summary of a trace")
+    i.add_argument("trace", type=Path)
+    i.add_argument("--json", action="store_true", help="machine-readable output")
+    i.add_argument("--allow-incomplete", action="store_true", help="read an incomplete trace")
+    i.set_defaults(func=cmd_inspect)
+
+    e = sub.add_parser("export", help="Chrome/Perfetto trace JSON")
+    e.add_argument("trace", type=Path)
+    e.add_argument("-o", "--output", required=True)
+    e.set_defaults(func=cmd_export)
+
+    pl = sub.add_parser("plan", help="validate a config and list its runs")
+    pl.add_argument("config", type=Path)
+    pl.add_argument("--json", action="store_true")
+    pl.set_defaults(func=cmd_plan)
+
+    d = sub.add_parser("dataset", help="generate a data set from its spec")
+    d.add_argument("--spec-json", required=True, help="DatasetSpec as JSON")
+    d.add_argument("--out", required=True)
+    d.set_defaults(func=cmd_dataset)
+
+    ws = sub.add_parser("write-spec", help="validate a spec (JSON) and write it as spec.json")
+    ws.add_argument("spec_json")
+    ws.add_argument("--out", required=True)
+    ws.set_defaults(func=cmd_write_spec)
+
+    sg = sub.add_parser("stage", help="copy a generated data set to a storage tier")
+    sg.add_argument("manifest", help="MANIFEST.json of the generated data set")
+    sg.add_argument("--to", required=True, help="target directory on the tier")
+    sg.add_argument("--marker", required=True, help="marker file written when the copy is done")
+    sg.set_defaults(func=cmd_stage)
+
+    s = sub.add_parser("summarize", help="per-step and per-run tables of one trace")
+    s.add_argument("trace", type=Path)
+    s.add_argument("--out-dir", required=True)
+    s.set_defaults(func=cmd_summarize)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except CodlError as exc:
+        print(f"codl {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The instrumented program: components (data, compute, comm), modes, workloads and launch."""

@@ -1,0 +1,157 @@
+"""Communication component: timed AllReduce of gradient buckets, with or without DDP.
+
+With DDP the recorder is the state of a comm hook, so each bucket's collective is timed exactly
+where DDP issues it. In `comm` mode the model's real bucket sizes are reduced without any
+compute, in one of three patterns (whole world per bucket, within subgroups, or merged into
+per-layer-group segments). On CUDA a start event is recorded on the current stream before the
+collective, and the end event inside the future's callback: the callback's stream is made to wait
+for the collective, so the pair brackets the GPU-side duration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from codl.spec import CommPattern, RunSpec
+from codl.trace.clock import now_ns
+
+SEGMENTS = 4
+
+
+@dataclass
+class CommRecorder:
+    rank: int = 0
+    step: int = -1
+    rows: dict[str, list[int]] = field(
+        default_factory=lambda: {
+            k: [] for k in ("rank", "step", "bucket", "bytes", "start_ns", "end_ns", "gpu_ns")
+        }
+    )
+    ops: list[str] = field(default_factory=list)
+    _pending: list[tuple[int, Any, Any]] = field(default_factory=list)
+    _bucket_in_step: int = 0
+
+    def record(
+        self, op: str, nbytes: int, start: int, end: int, events: tuple[Any, Any] | None
+    ) -> int:
+        r = self.rows
+        r["rank"].append(self.rank)
+        r["step"].append(self.step)
+        r["bucket"].append(self._bucket_in_step)
+        self._bucket_in_step += 1
+        r["bytes"].append(nbytes)
+        r["start_ns"].append(start)
+        r["end_ns"].append(end)
+        r["gpu_ns"].append(-1)
+        self.ops.append(op)
+        idx = len(r["step"]) - 1
+        if events is not None:
+            self._pending.append((idx, events[0], events[1]))
+        return idx
+
+    def set_end(self, idx: int, end: int) -> None:
+        self.rows["end_ns"][idx] = end
+
+    def flush(self, step: int) -> None:
+        """Called after the step's synchronisation: every collective of the step has finished."""
+        for idx, start, end in self._pending:
+            self.rows["gpu_ns"][idx] = round(start.elapsed_time(end) * 1e6)
+        self._pending.clear()
+        self._bucket_in_step = 0
+
+    def columns(self) -> dict[str, Any]:
+        out: dict[str, Any] = {k: np.asarray(v, dtype=np.int64) for k, v in self.rows.items()}
+        out["op"] = self.ops
+        return out
+
+    @staticmethod
+    def ddp_hook(state: CommRecorder, bucket: Any) -> Any:
+        import torch.distributed as dist
+
+        buf = bucket.buffer()
+        cuda = buf.is_cuda
+        ev = (
+            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            if cuda
+            else None
+        )
+        t0 = now_ns()
+        if ev:
+            ev[0].record()
+        idx = state.record("allreduce", buf.numel() * buf.element_size(), t0, t0, ev)
+        world = dist.get_world_size()
+        fut = dist.all_reduce(buf, async_op=True).get_future()
+
+        def done(f: Any) -> Any:
+            if ev:
+                ev[1].record()
+            state.set_end(idx, now_ns())
+            return f.value()[0].div_(world)
+
+        return fut.then(done)
+
+
+def subgroups(world: int) -> list[list[int]]:
+    """Split the world into halves (pairs for 2-4 ranks) for the `subgroups` pattern."""
+    size = max(1, world // 2)
+    return [list(range(i, min(i + size, world))) for i in range(0, world, size)]
+
+
+_GROUPS: dict[tuple[int, ...], Any] = {}
+
+
+def _my_group(rank: int, world: int) -> Any:
+    import torch.distributed as dist
+
+    # new_group is collective: every rank must create every group, in the same order.
+    if not _GROUPS:
+        for members in subgroups(world):
+            _GROUPS[tuple(members)] = dist.new_group(members)
+    for members, group in _GROUPS.items():
+        if rank in members:
+            return group
+    return None  # pragma: no cover - every rank is in one group
+
+
+def prepare_tensors(sizes: list[int], spec: RunSpec, device: torch.device) -> list[torch.Tensor]:
+    if spec.layout.comm_pattern is CommPattern.SEGMENTED:
+        # Merge consecutive buckets into a few per-layer-group segments.
+        per = max(1, -(-len(sizes) // SEGMENTS))
+        sizes = [sum(sizes[i : i + per]) for i in range(0, len(sizes), per)]
+    return [torch.empty(n, device=device, dtype=torch.float32) for n in sizes]
+
+
+def run_comm_step(
+    tensors: list[torch.Tensor], spec: RunSpec, rec: CommRecorder, *, cuda: bool
+) -> None:
+    """One step of `comm` mode: every tensor reduced once, each collective timed."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    world = dist.get_world_size()
+    pattern = spec.layout.comm_pattern
+    group = _my_group(rank, world) if pattern is CommPattern.SUBGROUPS else None
+    op = {
+        CommPattern.BUCKETS: "allreduce",
+        CommPattern.SUBGROUPS: "group_allreduce",
+        CommPattern.SEGMENTED: "segment_allreduce",
+    }[pattern]
+    for t in tensors:
+        # Known input (rank + 1) so the result is checkable: sum over the group.
+        t.fill_(rank + 1)
+        ev = (
+            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            if cuda and spec.trace.cuda_events
+            else None
+        )
+        t0 = now_ns()
+        if ev:
+            ev[0].record()
+        dist.all_reduce(t, group=group)
+        if ev:
+            ev[1].record()
+        rec.record(op, t.numel() * t.element_size(), t0, now_ns(), ev)

@@ -1,0 +1,173 @@
+"""Instrumented input pipeline: real files, real decode, real augmentation, per-item timing.
+
+Each sample carries its own timing row (item, worker, pid, tid, cpu, four timestamps); the collate
+function stacks them into one int64 array shipped with the batch. No lock, queue or shared buffer
+is touched per event, so tracing adds a few hundred nanoseconds per item to the worker.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, get_worker_info
+
+from codl.trace.clock import now_ns
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+# Column order of the per-item timing rows: fetch = read bytes, decode = bytes -> tensor,
+# transform = augmentation. t1 ends fetch and starts decode, and so on.
+ITEM_COLUMNS = ("item", "worker", "pid", "tid", "cpu", "t0", "t1", "t2", "t3")
+COLLATE_COLUMNS = ("worker", "pid", "tid", "cpu", "t0", "t1")
+
+
+def current_cpu() -> int:
+    return int(_libc.sched_getcpu())
+
+
+def _worker_id() -> int:
+    info = get_worker_info()
+    return -1 if info is None else int(info.id)
+
+
+class Batch(NamedTuple):
+    inputs: torch.Tensor
+    targets: torch.Tensor
+    items: np.ndarray  # (batch, len(ITEM_COLUMNS)) int64
+    collate: np.ndarray  # (len(COLLATE_COLUMNS),) int64
+
+
+class ImageFolderFiles(Dataset[tuple[torch.Tensor, int, np.ndarray]]):
+    """JPEG ImageFolder read with torchvision.io: fetch bytes, decode, augment."""
+
+    def __init__(self, root: Path, image_size: int, *, train: bool = True) -> None:
+        from torchvision.transforms import v2
+
+        classes = sorted(p.name for p in Path(root).iterdir() if p.is_dir())
+        self.samples: list[tuple[str, int]] = [
+            (str(f), label)
+            for label, c in enumerate(classes)
+            for f in sorted((Path(root) / c).glob("*.jpg"))
+        ]
+        if not self.samples:
+            raise FileNotFoundError(f"no JPEG files under {root} (expected <class>/<image>.jpg)")
+        self.transform = v2.Compose(
+            [
+                v2.RandomResizedCrop(image_size, antialias=True),
+                v2.RandomHorizontalFlip(),
+                v2.ToDtype(torch.float32, scale=True),
+                v2.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]),
+            ]
+        )
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int, np.ndarray]:
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        path, label = self.samples[index]
+        t0 = now_ns()
+        with open(path, "rb") as f:
+            raw = f.read()
+        t1 = now_ns()
+        img = decode_jpeg(torch.frombuffer(bytearray(raw), dtype=torch.uint8), ImageReadMode.RGB)
+        t2 = now_ns()
+        out = self.transform(img)
+        t3 = now_ns()
+        row = np.array(
+            [
+                index,
+                _worker_id(),
+                os.getpid(),
+                threading.get_native_id(),
+                current_cpu(),
+                t0,
+                t1,
+                t2,
+                t3,
+            ],
+            dtype=np.int64,
+        )
+        return out, label, row
+
+
+class VolumeFiles(Dataset[tuple[torch.Tensor, torch.Tensor, np.ndarray]]):
+    """CosmoFlow-like HDF5 cubes: fetch = read the file, decode = to tensor, transform = flips."""
+
+    def __init__(self, root: Path, image_size: int, *, train: bool = True) -> None:
+        self.files = sorted(str(p) for p in Path(root).glob("sample_*.h5"))
+        if not self.files:
+            raise FileNotFoundError(f"no sample_*.h5 volume files under {root}")
+        self.image_size = image_size
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+        import h5py
+
+        t0 = now_ns()
+        with h5py.File(self.files[index], "r") as f:
+            x = f["x"][...]
+            y = f["y"][...]
+        t1 = now_ns()
+        vol = torch.from_numpy(x)
+        target = torch.from_numpy(y)
+        t2 = now_ns()
+        s = self.image_size
+        vol = vol[:, :s, :s, :s]
+        # Random axis flips are the CosmoFlow augmentation.
+        gen = torch.Generator().manual_seed(index)
+        for axis in (1, 2, 3):
+            if bool(torch.randint(0, 2, (1,), generator=gen)):
+                vol = vol.flip(axis)
+        vol = vol.contiguous()
+        t3 = now_ns()
+        row = np.array(
+            [
+                index,
+                _worker_id(),
+                os.getpid(),
+                threading.get_native_id(),
+                current_cpu(),
+                t0,
+                t1,
+                t2,
+                t3,
+            ],
+            dtype=np.int64,
+        )
+        return vol, target, row
+
+
+def collate(samples: Sequence[tuple[Any, Any, np.ndarray]]) -> Batch:
+    t0 = now_ns()
+    inputs = torch.stack([s[0] for s in samples])
+    first = samples[0][1]
+    if isinstance(first, torch.Tensor):
+        targets = torch.stack([s[1] for s in samples])
+    else:
+        targets = torch.tensor([s[1] for s in samples], dtype=torch.long)
+    items = np.stack([s[2] for s in samples])
+    t1 = now_ns()
+    col = np.array(
+        [_worker_id(), os.getpid(), threading.get_native_id(), current_cpu(), t0, t1],
+        dtype=np.int64,
+    )
+    return Batch(inputs, targets, items, col)
+
+
+def dataset_for(kind: str, root: Path, image_size: int) -> Dataset[Any]:
+    factories: dict[str, Callable[..., Dataset[Any]]] = {
+        "jpeg": ImageFolderFiles,
+        "volume": VolumeFiles,
+    }
+    return factories[kind](root, image_size)

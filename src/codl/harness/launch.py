@@ -1,0 +1,207 @@
+"""Start every rank of a run, wherever we are: one process, local ranks, or Slurm tasks.
+
+Under ``srun`` (SLURM_NTASKS > 1) this process *is* one rank and learns its place from submitit's
+``JobEnvironment``; outside Slurm, ranks are spawned locally with torch.multiprocessing. The same
+spec runs unchanged in both places. Each rank writes ``trace.rank<R>.h5``; rank 0 waits for all
+of them and merges them into the run's single ``trace.h5``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from codl.errors import CodlError, TraceFormatError
+from codl.harness.runner import RankEnv, execute
+from codl.spec import RunSpec
+
+MERGE_TIMEOUT_S = 300.0
+
+
+def rank_trace_path(trace_path: Path, rank: int) -> Path:
+    return trace_path.with_name(f"{trace_path.stem}.rank{rank}{trace_path.suffix}")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def slurm_env() -> RankEnv | None:
+    """This task's place when started by srun with more than one task; else None."""
+    if int(os.environ.get("SLURM_NTASKS", "1")) <= 1 or "SLURM_PROCID" not in os.environ:
+        return None
+    import submitit
+
+    job = submitit.JobEnvironment()
+    master = os.environ.get("MASTER_ADDR") or _first_host(os.environ.get("SLURM_JOB_NODELIST", ""))
+    port = int(
+        os.environ.get("MASTER_PORT", 20000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 20000)
+    )
+    return RankEnv(
+        rank=job.global_rank,
+        local_rank=job.local_rank,
+        world_size=job.num_tasks,
+        local_world_size=job.num_tasks // max(1, job.num_nodes),
+        master_addr=master or "127.0.0.1",
+        master_port=port,
+    )
+
+
+def _first_host(nodelist: str) -> str:
+    if not nodelist:
+        return ""
+    try:
+        import subprocess
+
+        out = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+        )
+        return out.stdout.split()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return nodelist.split(",")[0]
+
+
+def _rank_main(
+    local_rank: int,
+    spec: RunSpec,
+    trace_path: Path,
+    dataset_dir: Path | None,
+    port: int,
+    kineto_dir: Path | None,
+) -> None:
+    n = spec.layout.ranks_per_node
+    env = RankEnv(
+        rank=local_rank,
+        local_rank=local_rank,
+        world_size=n,
+        local_world_size=n,
+        master_port=port,
+    )
+    execute(
+        spec,
+        trace_path=rank_trace_path(trace_path, local_rank),
+        dataset_dir=dataset_dir,
+        env=env,
+        kineto_dir=kineto_dir,
+    )
+
+
+def launch(
+    spec: RunSpec,
+    *,
+    trace_path: Path,
+    dataset_dir: Path | None,
+    kineto_dir: Path | None = None,
+) -> Path:
+    trace_path = Path(trace_path)
+    world = spec.layout.world_size
+    if world == 1:
+        return execute(spec, trace_path=trace_path, dataset_dir=dataset_dir, kineto_dir=kineto_dir)
+    env = slurm_env()
+    if env is not None:
+        if env.world_size != world:
+            raise CodlError(
+                f"spec asks for {world} ranks (layout.nodes x layout.ranks_per_node) but srun "
+                f"started {env.world_size} tasks"
+            )
+        execute(
+            spec,
+            trace_path=rank_trace_path(trace_path, env.rank),
+            dataset_dir=dataset_dir,
+            env=env,
+            kineto_dir=kineto_dir,
+        )
+        if env.rank == 0:
+            merge_rank_traces(trace_path, world)
+        return trace_path
+    if spec.layout.nodes > 1:
+        raise CodlError(
+            f"layout.nodes={spec.layout.nodes} needs a multi-node launcher: run it under Slurm "
+            "(snakemake --profile profiles/slurm), which starts one task per rank with srun"
+        )
+    import torch.multiprocessing as mp
+
+    port = _free_port()
+    mp.start_processes(
+        _rank_main,
+        args=(spec, trace_path, dataset_dir, port, kineto_dir),
+        nprocs=world,
+        join=True,
+        start_method="spawn",
+    )
+    return merge_rank_traces(trace_path, world)
+
+
+def merge_rank_traces(trace_path: Path, world: int) -> Path:
+    """Merge the per-rank traces into one trace; per-rank provenance kept under ``ranks``."""
+    from codl.trace.schema import TABLES
+    from codl.trace.store import TraceWriter, open_trace
+
+    parts = [rank_trace_path(trace_path, r) for r in range(world)]
+    deadline = time.monotonic() + MERGE_TIMEOUT_S
+    while not all(p.exists() for p in parts):
+        if time.monotonic() > deadline:
+            missing = [str(p) for p in parts if not p.exists()]
+            raise TraceFormatError(f"rank traces missing after {MERGE_TIMEOUT_S:.0f} s: {missing}")
+        time.sleep(0.2)
+    per_rank: list[dict[str, Any]] = []
+    with TraceWriter(trace_path) as w:
+        for r, p in enumerate(parts):
+            with open_trace(p) as t:
+                attrs = dict(t.attrs)
+                per_rank.append(
+                    {
+                        k: attrs.get(k)
+                        for k in (
+                            "rank",
+                            "host",
+                            "anchors_start",
+                            "anchors_end",
+                            "t_begin_ns",
+                            "t_end_ns",
+                            "placement",
+                            "placement_mismatches",
+                            "allowed_cpus",
+                            "sleep_ns",
+                            "cupti_alignment_ns",
+                        )
+                        if k in attrs
+                    }
+                )
+                if r == 0:
+                    base = {
+                        k: v
+                        for k, v in attrs.items()
+                        if k not in {"complete", "json_attrs", "schema_version"}
+                    }
+                for name in TABLES:
+                    if name in t.tables():
+                        df = t.table(name)
+                        if len(df):
+                            w.append(
+                                name,
+                                {
+                                    c: df[c].to_numpy()
+                                    if df[c].dtype.kind in "iu"
+                                    else df[c].astype(str).tolist()
+                                    for c in df.columns
+                                },
+                            )
+        base["t_begin_ns"] = min(int(x["t_begin_ns"]) for x in per_rank)
+        base["t_end_ns"] = max(int(x["t_end_ns"]) for x in per_rank)
+        base["ranks"] = per_rank
+        base["world_size"] = world
+        w.set_attrs(**base)
+        w.finish()
+    for p in parts:
+        p.unlink()
+    return trace_path

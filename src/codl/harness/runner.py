@@ -1,0 +1,633 @@
+"""One rank of one measured run: build the components the mode asks for, step, trace, write.
+
+Timing discipline: every span is CLOCK_MONOTONIC ns taken on the launch thread; on CUDA each
+phase is bracketed by CUDA events too, so the trace holds both the host view (when the launch
+thread issued the work) and the GPU view (how long the GPU was busy with or waiting for it). A step
+ends after a device synchronisation, and the OS samples are taken after the step span closes so
+their cost never lands inside a measured step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import platform
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import numpy as np
+import torch
+
+from codl import __version__, pinning
+from codl.errors import CodlError, RunInterruptedError
+from codl.harness import data as hdata
+from codl.harness import workloads
+from codl.harness.comm import CommRecorder, prepare_tensors, run_comm_step
+from codl.spec import DeviceKind, Mode, Policy, Precision, RunSpec
+from codl.trace import kineto
+from codl.trace.clock import now_ns, take_anchor
+from codl.trace.device import DeviceSampler
+from codl.trace.sched import SchedSampler
+from codl.trace.store import TraceWriter
+
+
+@dataclass(frozen=True)
+class RankEnv:
+    """Where this process sits in the job; filled from Slurm/submitit or the local launcher."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+
+
+@dataclass
+class _Recorder:
+    """Application spans in column lists plus the CUDA event pairs still to be resolved."""
+
+    rank: int
+    tid: int = field(default_factory=threading.get_native_id)
+    rows: dict[str, list[int]] = field(
+        default_factory=lambda: {
+            k: [] for k in ("rank", "step", "phase", "tid", "start_ns", "end_ns", "gpu_ns")
+        }
+    )
+    phases: list[str] = field(default_factory=list)
+    pending: list[tuple[int, Any, Any]] = field(default_factory=list)
+
+    def span(self, step: int, phase: str, start: int, end: int, events: Any = None) -> None:
+        r = self.rows
+        r["rank"].append(self.rank)
+        r["step"].append(step)
+        self.phases.append(phase)
+        r["tid"].append(self.tid)
+        r["start_ns"].append(start)
+        r["end_ns"].append(end)
+        r["gpu_ns"].append(-1)
+        if events is not None:
+            self.pending.append((len(r["step"]) - 1, events[0], events[1]))
+
+    def resolve_gpu(self) -> None:
+        # elapsed_time is ms as float with ~0.5 us resolution; events are complete because every
+        # step ended with a synchronisation.
+        for idx, start, end in self.pending:
+            self.rows["gpu_ns"][idx] = round(start.elapsed_time(end) * 1e6)
+        self.pending.clear()
+
+    def columns(self) -> dict[str, Any]:
+        out: dict[str, Any] = {k: np.asarray(v, dtype=np.int64) for k, v in self.rows.items()}
+        out["phase"] = self.phases
+        return out
+
+
+class _Events:
+    """CUDA event pairs on the current stream; a no-op on CPU."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+
+    def pair(self) -> tuple[Any, Any] | None:
+        if not self.enabled:
+            return None
+        return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise RunInterruptedError(f"received {signal.Signals(signum).name}")
+
+
+def _git_revision() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            cwd=Path(__file__).resolve().parent,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
+def _versions() -> dict[str, str]:
+    import torchvision
+
+    v = {
+        "codl": __version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "numpy": np.__version__,
+        "kernel": platform.release(),
+    }
+    if torch.cuda.is_available():
+        v["cuda"] = str(torch.version.cuda)
+        v["gpu"] = torch.cuda.get_device_name(0)
+        with contextlib.suppress(Exception):
+            v["nccl"] = ".".join(str(x) for x in torch.cuda.nccl.version())
+    return v
+
+
+def _seed_worker(placement: pinning.Placement, seed: int, worker_id: int) -> None:
+    pinning.apply_worker(placement, worker_id)
+    np.random.seed(seed + worker_id)
+    random.seed(seed + worker_id)
+
+
+def _batches(loader: Any) -> Iterator[Any]:
+    # Epoch boundaries are invisible to the step loop; persistent workers survive them.
+    while True:
+        yield from loader
+
+
+def execute(
+    spec: RunSpec,
+    *,
+    trace_path: Path,
+    dataset_dir: Path | None,
+    env: RankEnv | None = None,
+    kineto_dir: Path | None = None,
+) -> Path:
+    """Run ``spec`` as this rank and write its trace; returns the trace path.
+
+    On an exception or SIGTERM the events measured so far are written to a file marked
+    incomplete (``<stem>.incomplete.h5``) and the exception propagates: the run exits non-zero.
+    """
+    env = env or RankEnv()
+    mode = spec.mode
+    if mode.loads and dataset_dir is None:
+        raise CodlError(f"mode {mode.value!r} reads a data set but no dataset_dir was given")
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    # Oversubscribing the cores with workers is an experiment factor here, not a mistake.
+    warnings.filterwarnings("ignore", message="This DataLoader will create")
+    anchor_start = take_anchor()
+    t_begin = now_ns()
+    allowed = frozenset(os.sched_getaffinity(0))
+    cuda = spec.device is DeviceKind.CUDA
+    if cuda and not torch.cuda.is_available():
+        raise CodlError("device 'cuda' requested but torch.cuda.is_available() is False")
+    numa = cuda and spec.pinning.policy is Policy.NUMA
+    placement = pinning.plan(
+        spec.pinning,
+        allowed=allowed,
+        local_ranks=env.local_world_size,
+        local_rank=env.local_rank,
+        workers=spec.loader.workers if mode.loads else 0,
+        gpu=env.local_rank if cuda else None,
+        gpu_cpus=pinning.gpu_local_cpus(env.local_rank) if numa else None,
+    )
+    launch_cpus = placement.launch if placement.launch is not None else placement.rank_cpus
+    if not cuda:
+        # On CPU the intra-op pool does the compute; size it to the launch role's cores so that
+        # a policy's core budget means the same on CPU and GPU. Threads inherit the launch
+        # thread's mask because pinning happens before the first parallel region.
+        torch.set_num_threads(max(1, len(launch_cpus)))
+    thread_rows: list[pinning.ThreadRow] = pinning.apply_threads(placement)
+
+    torch.manual_seed(spec.seed + 1000 * spec.repeat + env.rank)
+    np.random.seed(spec.seed + env.rank)
+    random.seed(spec.seed + env.rank)
+    device = torch.device("cuda", env.local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+        torch.backends.cudnn.benchmark = True
+
+    rec = _Recorder(rank=env.rank)
+    sched = SchedSampler(rank=env.rank, per_core=spec.trace.cpu)
+    sched.track(os.getpid())
+    dev = DeviceSampler(rank=env.rank, gpu_index=env.local_rank)
+    if cuda and spec.trace.device:
+        dev.start()
+    comm_rec = CommRecorder(rank=env.rank)
+    loader_items: list[np.ndarray] = []
+    loader_collate: list[np.ndarray] = []
+    loader_steps: list[int] = []
+    events = _Events(cuda and spec.trace.cuda_events)
+    attrs: dict[str, Any] = {}
+    status = "failed"
+    reason = ""
+    profiler: Any = None
+    loader: Any = None
+    pg_started = False
+    try:
+        if env.world_size > 1:
+            pg_started = _init_process_group(spec, env)
+        workload = workloads.get(spec.workload.model)
+        model = workload.build_model(spec.workload).to(device)
+        memory_format = (
+            torch.channels_last
+            if spec.workload.channels_last and workload.dataset_kind.value == "jpeg"
+            else torch.contiguous_format
+        )
+        model = model.to(memory_format=memory_format)
+        ddp_model: Any = model
+        if pg_started and mode.computes and mode.communicates:
+            ddp_model = _wrap_ddp(model, spec, env, comm_rec)
+        optimizer = torch.optim.SGD(model.parameters(), lr=spec.workload.lr, momentum=0.9)
+        is_volume = workload.dataset_kind.value == "volume"
+        loss_fn: Any = torch.nn.MSELoss() if is_volume else torch.nn.CrossEntropyLoss()
+        autocast = (
+            torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+            if spec.workload.precision is Precision.BF16
+            else contextlib.nullcontext()
+        )
+        bs = spec.workload.batch_size
+        s = spec.workload.image_size
+        if is_volume:
+            shape: tuple[int, ...] = (bs, 4, s, s, s)
+        else:
+            shape = (bs, 3, s, s)
+        synthetic_x = torch.randn(shape, device=device).to(memory_format=memory_format)
+        synthetic_y = (
+            torch.randn(bs, 4, device=device)
+            if is_volume
+            else torch.randint(0, spec.workload.classes, (bs,), device=device)
+        )
+        if mode.loads:
+            if dataset_dir is None:  # pragma: no cover - checked above
+                raise CodlError("no dataset_dir")
+            dataset = hdata.dataset_for(workload.dataset_kind.value, dataset_dir, s)
+            gen = torch.Generator().manual_seed(spec.seed + env.rank)
+            loader = torch.utils.data.DataLoader(
+                dataset,
+                batch_size=bs,
+                shuffle=True,
+                generator=gen,
+                num_workers=spec.loader.workers,
+                prefetch_factor=spec.loader.prefetch_factor,
+                pin_memory=spec.loader.pin_memory and cuda,
+                persistent_workers=spec.loader.persistent_workers,
+                drop_last=True,
+                collate_fn=hdata.collate,
+                worker_init_fn=functools.partial(_seed_worker, placement, spec.seed),
+            )
+            if len(loader) == 0:
+                raise CodlError(
+                    f"data set {dataset_dir} has {len(dataset)} samples, fewer than one batch "
+                    f"of {bs}"
+                )
+        batches = _batches(loader) if loader is not None else None
+        comm_buckets = _bucket_sizes(model, spec.layout.bucket_cap_mb) if mode is Mode.COMM else []
+        comm_tensors = prepare_tensors(comm_buckets, spec, device)
+        sleep_s: float | None = None
+        warm_compute: list[float] = []
+        if spec.trace.cupti:
+            profiler = kineto.start_window(spec, kineto_dir)
+        sched.sample(-1)
+        dev.sample(-1)
+        for step in range(spec.steps.total):
+            comm_rec.step = step
+            t_step = now_ns()
+            step_ev = events.pair()
+            if step_ev:
+                step_ev[0].record()
+            x, y = synthetic_x, synthetic_y
+            if batches is not None:
+                t0 = now_ns()
+                batch = next(batches)
+                t1 = now_ns()
+                rec.span(step, "data_wait", t0, t1)
+                if spec.trace.loader:
+                    loader_items.append(batch.items)
+                    loader_collate.append(batch.collate)
+                    loader_steps.append(step)
+                    # Batches arrive round-robin from the workers: track each new pid.
+                    for pid in set(batch.items[:, 2].tolist()):
+                        sched.track(int(pid))
+                ev = events.pair()
+                t0 = now_ns()
+                if ev:
+                    ev[0].record()
+                x = batch.inputs.to(device, non_blocking=spec.loader.pin_memory)
+                x = x.to(memory_format=memory_format)
+                y = batch.targets.to(device, non_blocking=spec.loader.pin_memory)
+                if ev:
+                    ev[1].record()
+                rec.span(step, "h2d", t0, now_ns(), ev)
+            run_compute = mode.computes or (mode.sleeps and step < spec.steps.warmup)
+            if run_compute:
+                c_ev = events.pair()
+                tc0 = now_ns()
+                if c_ev:
+                    c_ev[0].record()
+                ev = events.pair()
+                t0 = now_ns()
+                if ev:
+                    ev[0].record()
+                with autocast:
+                    out = ddp_model(x)
+                    loss = loss_fn(out.float(), y)
+                if ev:
+                    ev[1].record()
+                t1 = now_ns()
+                rec.span(step, "forward", t0, t1, ev)
+                ev = events.pair()
+                if ev:
+                    ev[0].record()
+                loss.backward()
+                if ev:
+                    ev[1].record()
+                t2 = now_ns()
+                rec.span(step, "backward", t1, t2, ev)
+                ev = events.pair()
+                if ev:
+                    ev[0].record()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                if ev:
+                    ev[1].record()
+                if c_ev:
+                    c_ev[1].record()
+                if mode.sleeps:
+                    # The sleep replaces compute *as observed*, synchronisation included.
+                    _sync(device)
+                t3 = now_ns()
+                rec.span(step, "optimizer", t2, t3, ev)
+                rec.span(step, "compute", tc0, t3, c_ev)
+                if mode.sleeps:
+                    warm_compute.append((t3 - tc0) / 1e9)
+            elif mode.sleeps:
+                if sleep_s is None:
+                    usable = warm_compute[1:] or warm_compute
+                    sleep_s = statistics.median(usable)
+                    attrs["sleep_ns"] = round(sleep_s * 1e9)
+                t0 = now_ns()
+                time.sleep(sleep_s)
+                rec.span(step, "sleep", t0, now_ns())
+            if mode is Mode.COMM:
+                t0 = now_ns()
+                run_comm_step(comm_tensors, spec, comm_rec, cuda=cuda)
+                rec.span(step, "allreduce", t0, now_ns())
+            if step_ev:
+                step_ev[1].record()
+            _sync(device)
+            t_end = now_ns()
+            comm_rec.flush(step)
+            rec.span(step, "step", t_step, t_end, step_ev)
+            if profiler is not None:
+                profiler.step()
+            if spec.trace.sched:
+                sched.sample(step)
+            dev.sample(step)
+            if step == 0:
+                # Autograd, pin-memory and communication threads exist only now.
+                thread_rows += pinning.apply_threads(placement)
+        rec.resolve_gpu()
+        status = "complete"
+    except KeyboardInterrupt:
+        reason = "interrupted (SIGINT)"
+        raise
+    except BaseException as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        with contextlib.suppress(Exception):
+            rec.resolve_gpu()
+        if profiler is not None:
+            with contextlib.suppress(Exception):
+                profiler.stop()
+        cupti_rows: dict[str, Any] | None = None
+        if profiler is not None and status == "complete":
+            cupti_rows, cupti_attrs = kineto.collect(profiler, kineto_dir, rec, anchor_start)
+            attrs.update(cupti_attrs)
+        worker_rows = _worker_thread_rows(loader_items, placement)
+        thread_rows += pinning.record_threads(placement)
+        if loader is not None:
+            del batches
+            del loader
+        anchor_end = take_anchor()
+        t_end_run = now_ns()
+        if pg_started:
+            with contextlib.suppress(Exception):
+                torch.distributed.destroy_process_group()
+        attrs.update(
+            {
+                "run_id": spec.run_id,
+                "spec": spec.to_dict(),
+                "host": socket.gethostname(),
+                "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
+                "git_revision": _git_revision(),
+                "versions": _versions(),
+                "anchors_start": anchor_start.as_dict(),
+                "anchors_end": anchor_end.as_dict(),
+                "t_begin_ns": t_begin,
+                "t_end_ns": t_end_run,
+                "warmup_steps": spec.steps.warmup,
+                "measured_steps": spec.steps.measured,
+                "rank": env.rank,
+                "world_size": env.world_size,
+                "clk_tck": os.sysconf("SC_CLK_TCK"),
+                "allowed_cpus": pinning.cpulist(allowed),
+                "placement": placement.to_dict(),
+                "placement_mismatches": pinning.mismatches(thread_rows),
+                "device_level": dev.unavailable_reason or ("on" if dev.rows["t_ns"] else "off"),
+            }
+        )
+        _write_trace(
+            trace_path,
+            complete=status == "complete",
+            reason=reason,
+            attrs=attrs,
+            rec=rec,
+            sched=sched,
+            dev=dev,
+            comm=comm_rec,
+            loader=(loader_items, loader_collate, loader_steps, env.rank),
+            threads=[*thread_rows, *worker_rows],
+            rank=env.rank,
+            cupti=cupti_rows,
+        )
+        sched.close()
+        dev.close()
+    return trace_path
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _worker_thread_rows(
+    items: list[np.ndarray], placement: pinning.Placement
+) -> list[pinning.ThreadRow]:
+    """Threads of every loader worker seen in the loader events (pid -> worker id)."""
+    workers: dict[int, int] = {}
+    for arr in items:
+        for worker, pid in arr[:, 1:3].tolist():
+            workers.setdefault(int(pid), int(worker))
+    rows: list[pinning.ThreadRow] = []
+    for pid, worker in sorted(workers.items()):
+        with contextlib.suppress(ProcessLookupError):
+            rows += pinning.record_threads(placement, pid, worker_id=worker)
+    return rows
+
+
+def _init_process_group(spec: RunSpec, env: RankEnv) -> bool:
+    import torch.distributed as dist
+
+    # NCCL names its service/progress threads only when asked; without names they would be
+    # role "other" and escape the launch-role pinning.
+    os.environ.setdefault("NCCL_SET_THREAD_NAME", "1")
+    os.environ.setdefault("MASTER_ADDR", env.master_addr)
+    os.environ.setdefault("MASTER_PORT", str(env.master_port))
+    dist.init_process_group(
+        backend=spec.layout.backend.value,
+        rank=env.rank,
+        world_size=env.world_size,
+        device_id=torch.device("cuda", env.local_rank) if spec.device is DeviceKind.CUDA else None,
+    )
+    return True
+
+
+def _wrap_ddp(model: Any, spec: RunSpec, env: RankEnv, comm: CommRecorder) -> Any:
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [env.local_rank] if spec.device is DeviceKind.CUDA else None
+    ddp = DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=spec.layout.bucket_cap_mb)
+    if spec.trace.comm:
+        ddp.register_comm_hook(comm, CommRecorder.ddp_hook)
+    return ddp
+
+
+def _bucket_sizes(model: Any, cap_mb: int) -> list[int]:
+    """Gradient bucket sizes (elements) as DDP forms them: reverse parameter order, capped."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    cap = cap_mb * 1024 * 1024
+    buckets: list[int] = []
+    cur = 0
+    cur_bytes = 0
+    for p in reversed(params):
+        nbytes = p.numel() * 4
+        if cur and cur_bytes + nbytes > cap:
+            buckets.append(cur)
+            cur = 0
+            cur_bytes = 0
+        cur += p.numel()
+        cur_bytes += nbytes
+    if cur:
+        buckets.append(cur)
+    return buckets
+
+
+def _write_trace(
+    path: Path,
+    *,
+    complete: bool,
+    reason: str,
+    attrs: dict[str, Any],
+    rec: _Recorder,
+    sched: SchedSampler,
+    dev: DeviceSampler,
+    comm: CommRecorder,
+    loader: tuple[list[np.ndarray], list[np.ndarray], list[int], int],
+    threads: list[pinning.ThreadRow],
+    rank: int,
+    cupti: dict[str, Any] | None,
+) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = TraceWriter(path)
+    with writer:
+        writer.set_attrs(**attrs)
+        writer.append("events/app", rec.columns())
+        if sched.rows["tid"]:
+            writer.append("samples/sched", sched.rows)
+        if sched.cpu_rows["cpu"]:
+            writer.append("samples/cpu", sched.cpu_rows)
+        if dev.rows["t_ns"]:
+            writer.append("samples/device", dev.rows)
+        if comm.rows["bucket"]:
+            writer.append("events/comm", comm.columns())
+        items, collates, steps, rk = loader
+        if items:
+            writer.append("events/loader", _loader_columns(items, collates, steps, rk))
+        if cupti:
+            writer.append("events/cuda", cupti)
+        if threads:
+            t = now_ns()
+            writer.append(
+                "threads",
+                {
+                    "t_ns": [t] * len(threads),
+                    "rank": [rank] * len(threads),
+                    "pid": [r.pid for r in threads],
+                    "tid": [r.tid for r in threads],
+                    "role": [r.role for r in threads],
+                    "name": [r.name for r in threads],
+                    "cpus_planned": [r.cpus_planned for r in threads],
+                    "cpus_actual": [r.cpus_actual for r in threads],
+                },
+            )
+        if complete:
+            writer.finish()
+        else:
+            writer.abort(reason or "run did not finish")
+
+
+def _loader_columns(
+    items: list[np.ndarray], collates: list[np.ndarray], steps: list[int], rank: int
+) -> dict[str, Any]:
+    """Expand per-item rows (fetch/decode/transform) and per-batch collate rows into events."""
+    cols: dict[str, list[Any]] = {
+        k: []
+        for k in (
+            "rank",
+            "step",
+            "worker",
+            "pid",
+            "tid",
+            "cpu",
+            "item",
+            "stage",
+            "start_ns",
+            "end_ns",
+        )
+    }
+    for arr, col, step in zip(items, collates, steps, strict=True):
+        n = arr.shape[0]
+        for stage, (a, b) in zip(
+            ("fetch", "decode", "transform"), ((5, 6), (6, 7), (7, 8)), strict=True
+        ):
+            cols["rank"].extend([rank] * n)
+            cols["step"].extend([step] * n)
+            cols["worker"].extend(arr[:, 1].tolist())
+            cols["pid"].extend(arr[:, 2].tolist())
+            cols["tid"].extend(arr[:, 3].tolist())
+            cols["cpu"].extend(arr[:, 4].tolist())
+            cols["item"].extend(arr[:, 0].tolist())
+            cols["stage"].extend([stage] * n)
+            cols["start_ns"].extend(arr[:, a].tolist())
+            cols["end_ns"].extend(arr[:, b].tolist())
+        cols["rank"].append(rank)
+        cols["step"].append(step)
+        cols["worker"].append(int(col[0]))
+        cols["pid"].append(int(col[1]))
+        cols["tid"].append(int(col[2]))
+        cols["cpu"].append(int(col[3]))
+        cols["item"].append(-1)
+        cols["stage"].append("collate")
+        cols["start_ns"].append(int(col[4]))
+        cols["end_ns"].append(int(col[5]))
+    return cols
+
+
+def write_spec_json(spec: RunSpec, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(spec.to_dict(), indent=2, sort_keys=True) + "\n")

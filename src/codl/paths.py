@@ -1,0 +1,108 @@
+"""One place owns every output filename of the workflow and the CLI.
+
+Run outputs depend only on ``run_id``; the Snakemake rules build their patterns by passing
+``"{run_id}"`` through the same methods, so a rename here moves rules, scripts and tests together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+FIGURES = (
+    "component_durations",
+    "api_latency_cdf",
+    "launch_wait_vs_compute",
+    "step_timeline",
+    "policy_heatmap",
+    "step_time_distributions",
+)
+FIGURE_FORMATS = ("png", "pdf")
+
+
+@dataclass(frozen=True)
+class ResultPaths:
+    root: Path = Path()
+
+    @property
+    def results(self) -> Path:
+        return self.root / "results"
+
+    @property
+    def resources(self) -> Path:
+        return self.root / "resources"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    # data sets
+    def dataset_dir(self, name: str) -> Path:
+        return self.resources / "datasets" / name
+
+    def dataset_manifest(self, name: str) -> Path:
+        return self.dataset_dir(name) / "MANIFEST.json"
+
+    def staged_marker(self, tier: str, name: str) -> Path:
+        """Proof that data set ``name`` was copied to storage tier ``tier``."""
+        return self.resources / "staged" / tier / f"{name}.json"
+
+    # one run
+    def run_dir(self, run_id: str) -> Path:
+        return self.results / "runs" / run_id
+
+    def spec(self, run_id: str) -> Path:
+        return self.run_dir(run_id) / "spec.json"
+
+    def trace(self, run_id: str) -> Path:
+        return self.run_dir(run_id) / "trace.h5"
+
+    def kineto_dir(self, run_id: str) -> Path:
+        return self.run_dir(run_id) / "kineto"
+
+    def summary(self, run_id: str) -> Path:
+        return self.run_dir(run_id) / "summary.parquet"
+
+    def steps(self, run_id: str) -> Path:
+        return self.run_dir(run_id) / "steps.parquet"
+
+    def attribution(self, run_id: str) -> Path:
+        return self.run_dir(run_id) / "attribution.parquet"
+
+    def run_log(self, run_id: str) -> Path:
+        return self.logs / "run" / f"{run_id}.log"
+
+    def summarize_log(self, run_id: str) -> Path:
+        return self.logs / "summarize" / f"{run_id}.log"
+
+    # merges
+    @property
+    def tables(self) -> Path:
+        return self.results / "tables"
+
+    @property
+    def runs_table(self) -> Path:
+        return self.tables / "runs.csv"
+
+    @property
+    def steps_table(self) -> Path:
+        return self.tables / "steps.csv.gz"
+
+    @property
+    def comparison_table(self) -> Path:
+        return self.tables / "comparison.csv"
+
+    @property
+    def attribution_table(self) -> Path:
+        return self.tables / "attribution.csv"
+
+    @property
+    def figures(self) -> Path:
+        return self.results / "figures"
+
+    def figure(self, name: str, fmt: str = "png") -> Path:
+        return self.figures / f"{name}.{fmt}"
+
+    @property
+    def report(self) -> Path:
+        return self.results / "report.html"

@@ -1,0 +1,760 @@
+"""CPU-set policies: where loader workers and the threads that launch GPU kernels may run.
+
+DESIGN.md sect. 7. The experiment varies *where* loader worker processes may run relative to the
+threads that feed the GPU, so each policy is a placement of two roles inside the CPUs the job was
+given: the *launch roles* (the main thread, which launches kernels, plus the autograd, pin-memory
+and communication threads that sit on the same critical path) and the *loader workers*.
+
+Everything happens inside the CPU set the job was given, captured once with
+``os.sched_getaffinity(0)`` at start (``allowed``); a mask is never widened beyond it, because on
+a shared node the CPUs outside it belong to somebody else's job. The allowed set is split between
+the local ranks of a node: rank ``r`` of ``R`` gets the ``r``-th contiguous chunk of the *sorted*
+allowed set, the first ``len(allowed) % R`` ranks one CPU more (its *share* ``S``). Contiguous
+chunks of the sorted ids keep a rank on one socket on machines that number CPUs socket by socket.
+If the launcher already bound each rank to its own CPUs (``srun --cpu-bind``), pass
+``local_ranks=1``: the split would otherwise subdivide a set that is already the rank's.
+
+With ``k = PinningSpec.launch_cores``:
+
+==========  ==================================  =================================================
+policy      launch roles                        loader worker ``i`` (of ``W``)
+==========  ==================================  =================================================
+none        unchanged (the OS decides)          unchanged; placement has ``launch=None``,
+                                                ``workers=None``, ``rank_cpus`` = all allowed;
+                                                masks are still recorded
+shared      first ``k`` CPUs of ``S``           all of ``S``: workers can and do run on the
+                                                launch cores (the worst case)
+isolated    first ``k`` CPUs of ``S``           ``S`` minus the launch CPUs (error if that is
+                                                empty and ``W > 0``)
+spread      first ``k`` CPUs of ``S``           exactly one CPU, ``rest[i mod n]`` with ``rest``
+                                                = ``S`` minus launch, ``n = len(rest)``; ``W > n``
+                                                wraps around and records "oversubscribed"
+numa        first ``k`` CPUs of ``L``           all of ``L``, where ``L`` = ``S`` intersected
+                                                with the CPUs local to the rank's GPU; unknown
+                                                topology or empty ``L``: ``isolated`` on ``S``,
+                                                with a warning in the placement
+==========  ==================================  =================================================
+
+Other threads of a rank process (OpenMP/intra-op pools, CUDA driver helpers, Python threads) are
+confined to ``S`` by every policy but ``none``, so that ranks keep to their own shares; they are
+not put on the launch CPUs, where an intra-op pool of many threads would compete with the very
+thread the launch CPUs are reserved for.
+
+Impossible requests (more launch CPUs than the share, a share of only launch CPUs while there are
+workers to place, more local ranks than allowed CPUs) raise :class:`PlacementError` from
+:func:`plan`, i.e. before the run starts, with the numbers in the message.
+
+Policies are pure: :func:`plan` maps (spec, allowed CPUs, local ranks, local rank, workers, GPU
+topology) to a :class:`Placement` and never touches the machine. The impure parts are separate:
+:func:`gpu_local_cpus` reads the topology from sysfs, :func:`apply_threads` pins the threads of
+the rank process by TID and :func:`apply_worker` pins a loader worker from ``worker_init_fn``.
+
+Threads and their roles. :func:`discover_threads` reads ``/proc/<pid>/task/*/comm`` (the kernel
+truncates names to 15 bytes). Names come from the PyTorch and NCCL sources and the strings of the
+installed torch 2.14 / NCCL libraries, and were seen on an H200 node (torch 2.11, one NCCL rank
+plus a gloo group, a CUDA backward, a DataLoader with ``pin_memory=True``):
+
+- main thread (``tid == pid``): *launch*. Its name is the process name (``python3``).
+- ``pt_autograd_<device>``: *autograd*, one per accelerator device, named in
+  ``torch/csrc/autograd/engine.cpp`` ``Engine::thread_init`` and started at the first backward
+  that touches the device. A CPU-only backward runs on the calling thread: no such thread.
+- *comm*: the c10d threads ``pt_nccl_watchdg`` (watchdog), ``pt_nccl_heartbt`` (heartbeat
+  monitor), ``pt_nccl_runhook``, ``pt_nccl_gil_chk``, ``pt_gloo_runloop`` (one per gloo work
+  thread, 2 by default) and ``pt_tcpstore``/``pt_tcpstore_uv`` (the store daemon, rank 0 only).
+  NCCL's own threads (``NCCL Progress%2d`` proxy, ``NCCL Service %2d``, ``NCCL UDS Servic``,
+  ``NCCL RAS``, ``NCCL Sock...``, ``NCCL IbAsync %2d``) are named **only if
+  ``NCCL_SET_THREAD_NAME=1``** (default 0, so the harness should set it); otherwise they keep the
+  name of the thread that created them (``python3``) and land in *other*. Gloo's transport
+  threads are never named. Names containing ``gloo`` or ``ProcessGroup`` are taken as comm too.
+- *pin_memory*: DataLoader's pin-memory thread names itself ``pt_data_pin`` in recent torch
+  (``torch/utils/data/_utils/pin_memory.py``); older versions leave the creator's name, so the
+  thread is also found as the Python thread whose name contains ``_pin_memory_loop`` (the default
+  ``Thread-N (_pin_memory_loop)``) through ``threading.enumerate()`` and ``Thread.native_id``,
+  which works only from inside the process that owns it.
+- *loader*: every thread of a loader worker process. Workers name their main thread
+  ``pt_data_worker`` (``torch/utils/data/_utils/worker.py``, before ``worker_init_fn`` runs), which
+  is how a worker is recognised from its PID alone.
+- everything else: *other* (``pt_thread_pool``, OpenMP workers, CUDA driver threads such as
+  ``cuda-EvtHandlr`` and ``cuda00001800007``, unnamed NCCL/gloo threads, Python threads).
+
+Linux gives a new thread its creator's mask, so threads created after :func:`apply_threads` by a
+pinned thread start out pinned like it; the harness calls :func:`apply_threads` again after the
+first step (it is idempotent) to catch threads created lazily with another mask.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import re
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from codl.errors import PlacementError
+from codl.spec import PinningSpec, Policy
+
+# Messages list small CPU sets one by one ("{0,1,2}") and large ones as kernel ranges.
+_LIST_CPUS_UP_TO = 16
+
+
+class Role(enum.StrEnum):
+    """What a thread does, as far as placement is concerned."""
+
+    LAUNCH = "launch"
+    AUTOGRAD = "autograd"
+    PIN_MEMORY = "pin_memory"
+    COMM = "comm"
+    LOADER = "loader"
+    OTHER = "other"
+
+
+#: Roles placed on ``Placement.launch``: every thread on the path from Python to the GPU.
+LAUNCH_ROLES: frozenset[Role] = frozenset({Role.LAUNCH, Role.AUTOGRAD, Role.PIN_MEMORY, Role.COMM})
+
+
+# ---------------------------------------------------------------------------------------------
+# cpulist format
+
+
+def cpulist(cpus: Iterable[int]) -> str:
+    """Format CPU ids the way the kernel writes cpulists: ``{0,1,2,3,8,10,11}`` -> ``0-3,8,10-11``.
+
+    The empty set is ``""`` (as in an empty sysfs cpulist).
+    """
+    ids = sorted(set(cpus))
+    parts: list[str] = []
+    i = 0
+    while i < len(ids):
+        j = i
+        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
+            j += 1
+        parts.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+_RANGE = re.compile(r"^(\d+)(?:-(\d+)(?::(\d+)/(\d+))?)?$")
+
+
+def parse_cpulist(text: str) -> frozenset[int]:
+    """Parse a kernel cpulist (``0-3,8,10-11``; also the stride form ``0-15:2/4``).
+
+    Whitespace around the list (sysfs files end in a newline) is ignored; ``""`` is the empty set.
+    The stride form ``a-b:u/g`` takes the first ``u`` CPUs of every group of ``g`` from ``a`` to
+    ``b``, as ``bitmap_parselist`` does for ``isolcpus=`` and cgroup files.
+    """
+    out: set[int] = set()
+    stripped = text.strip()
+    if not stripped:
+        return frozenset()
+    for part in stripped.split(","):
+        m = _RANGE.match(part.strip())
+        if m is None:
+            raise ValueError(f"cpulist {text!r}: bad element {part!r}, expected N, N-M or N-M:U/G")
+        lo = int(m[1])
+        hi = int(m[2]) if m[2] is not None else lo
+        if hi < lo:
+            raise ValueError(f"cpulist {text!r}: range {part!r} runs backwards")
+        used, group = (int(m[3]), int(m[4])) if m[3] is not None else (1, 1)
+        if group == 0 or used == 0 or used > group:
+            raise ValueError(f"cpulist {text!r}: stride {part!r} needs 0 < used <= group")
+        out.update(c for c in range(lo, hi + 1) if (c - lo) % group < used)
+    return frozenset(out)
+
+
+def _cpus(cpus: frozenset[int]) -> str:
+    return f"{len(cpus)} CPU" if len(cpus) == 1 else f"{len(cpus)} CPUs"
+
+
+def _braced(cpus: Iterable[int]) -> str:
+    ids = sorted(set(cpus))
+    body = ",".join(map(str, ids)) if len(ids) <= _LIST_CPUS_UP_TO else cpulist(ids)
+    return "{" + body + "}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The placement and the pure policies
+
+
+@dataclass(frozen=True, kw_only=True)
+class Placement:
+    """Where one rank's threads and loader workers may run; the output of :func:`plan`.
+
+    Picklable (it travels to loader workers inside the ``worker_init_fn`` partial).
+    ``launch``/``workers`` are ``None`` only for policy ``none``, which changes nothing.
+    """
+
+    policy: Policy
+    allowed: frozenset[int]
+    rank_cpus: frozenset[int]
+    launch: frozenset[int] | None
+    workers: tuple[frozenset[int], ...] | None
+    warnings: tuple[str, ...] = ()
+
+    def cpus_for(self, role: Role, worker_id: int | None = None) -> frozenset[int] | None:
+        """The CPUs a thread of ``role`` is meant to run on; ``None`` when nothing is planned.
+
+        Nothing is planned under policy ``none``, nor for a loader thread without ``worker_id``.
+        """
+        if self.launch is None or self.workers is None:
+            return None
+        if role in LAUNCH_ROLES:
+            return self.launch
+        if role is Role.LOADER:
+            if worker_id is None:
+                return None  # a worker seen from outside, whose id nobody gave
+            if not 0 <= worker_id < len(self.workers):
+                raise PlacementError(
+                    f"{self.policy.value}: no placement for loader worker {worker_id}; "
+                    f"the plan was made for {len(self.workers)} worker(s)"
+                )
+            return self.workers[worker_id]
+        return self.rank_cpus
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form, CPU sets as cpulists, for the trace's provenance attributes."""
+        return {
+            "policy": self.policy.value,
+            "allowed": cpulist(self.allowed),
+            "rank_cpus": cpulist(self.rank_cpus),
+            "launch": None if self.launch is None else cpulist(self.launch),
+            "workers": None if self.workers is None else [cpulist(w) for w in self.workers],
+            "warnings": list(self.warnings),
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanRow:
+    """One line of the placement asked for: ``role`` (``worker_id`` for loader rows) and CPUs."""
+
+    role: str
+    worker_id: int
+    cpus: str
+
+
+def plan_rows(placement: Placement) -> list[PlanRow]:
+    """The placement asked for, one row per role (and per worker), for the trace.
+
+    Rows ``allowed`` and ``rank`` give the job's set and the rank's share; ``worker_id`` is -1
+    except on loader rows. Policy ``none`` yields only those two rows.
+    """
+    rows = [
+        PlanRow(role="allowed", worker_id=-1, cpus=cpulist(placement.allowed)),
+        PlanRow(role="rank", worker_id=-1, cpus=cpulist(placement.rank_cpus)),
+    ]
+    if placement.launch is not None:
+        rows.append(PlanRow(role=Role.LAUNCH, worker_id=-1, cpus=cpulist(placement.launch)))
+        rows.append(PlanRow(role=Role.OTHER, worker_id=-1, cpus=cpulist(placement.rank_cpus)))
+    for i, cpus in enumerate(placement.workers or ()):
+        rows.append(PlanRow(role=Role.LOADER, worker_id=i, cpus=cpulist(cpus)))
+    return rows
+
+
+def rank_share(allowed: Iterable[int], local_ranks: int, local_rank: int) -> frozenset[int]:
+    """The contiguous chunk of the sorted ``allowed`` CPUs that belongs to ``local_rank``.
+
+    Chunks are as even as possible; the first ``len(allowed) % local_ranks`` ranks get one more.
+    """
+    ids = sorted(set(allowed))
+    if local_ranks < 1:
+        raise PlacementError(f"rank split: local_ranks={local_ranks}, expected >= 1")
+    if not 0 <= local_rank < local_ranks:
+        raise PlacementError(
+            f"rank split: local_rank={local_rank}, expected 0..{local_ranks - 1} "
+            f"(local_ranks={local_ranks})"
+        )
+    if local_ranks > len(ids):
+        raise PlacementError(
+            f"rank split: {local_ranks} local ranks but the job has only {len(ids)} allowed "
+            f"CPU(s) {_braced(ids)}; every rank needs at least one"
+        )
+    base, extra = divmod(len(ids), local_ranks)
+    start = local_rank * base + min(local_rank, extra)
+    size = base + (1 if local_rank < extra else 0)
+    return frozenset(ids[start : start + size])
+
+
+def plan(
+    spec: PinningSpec,
+    *,
+    allowed: Iterable[int],
+    workers: int,
+    local_ranks: int = 1,
+    local_rank: int = 0,
+    gpu: int | None = None,
+    gpu_cpus: frozenset[int] | None = None,
+) -> Placement:
+    """The placement of one rank under ``spec``; pure: nothing is read from or done to the machine.
+
+    ``allowed`` is the job's CPU set (``os.sched_getaffinity(0)`` at start), ``workers`` the
+    number of loader workers of this rank, ``gpu`` the rank's GPU index (``None`` on CPU runs)
+    and ``gpu_cpus`` the CPUs local to that GPU (:func:`gpu_local_cpus`; ``None`` if unknown),
+    read only by policy ``numa``. Raises :class:`PlacementError` for impossible requests.
+    """
+    allowed_set = frozenset(allowed)
+    if not allowed_set:
+        raise PlacementError(f"{spec.policy.value}: the job's allowed CPU set is empty")
+    if workers < 0:
+        raise PlacementError(f"{spec.policy.value}: workers={workers}, expected >= 0")
+    if spec.launch_cores < 1:
+        raise PlacementError(
+            f"{spec.policy.value}: launch_cores={spec.launch_cores}, expected >= 1"
+        )
+    if spec.policy is Policy.NONE:
+        # Nothing is split or pinned, so a rank may run anywhere the job may: that is what the
+        # recorded masks will show, and an impossible split is no reason to refuse a no-op.
+        return Placement(
+            policy=spec.policy,
+            allowed=allowed_set,
+            rank_cpus=allowed_set,
+            launch=None,
+            workers=None,
+        )
+    share = rank_share(allowed_set, local_ranks, local_rank)
+    where = (
+        f"rank {local_rank} of {local_ranks} has only {_cpus(share)} {_braced(share)} "
+        f"of the job's {len(allowed_set)} allowed"
+    )
+    k = spec.launch_cores
+    if spec.policy is Policy.NUMA:
+        return _plan_numa(
+            spec,
+            allowed_set,
+            share,
+            where,
+            workers,
+            local_rank=local_rank,
+            gpu=gpu,
+            gpu_cpus=gpu_cpus,
+        )
+    if k > len(share):
+        raise PlacementError(f"{spec.policy.value}: launch_cores={k} but {where}")
+    ordered = sorted(share)
+    launch = frozenset(ordered[:k])
+    rest = ordered[k:]
+    if spec.policy is Policy.SHARED:
+        return Placement(
+            policy=spec.policy,
+            allowed=allowed_set,
+            rank_cpus=share,
+            launch=launch,
+            workers=(share,) * workers,
+        )
+    if workers > 0 and not rest:
+        raise PlacementError(
+            f"{spec.policy.value}: launch_cores={k} but {where}, leaving no CPU for "
+            f"{workers} loader worker(s)"
+        )
+    if spec.policy is Policy.ISOLATED:
+        return _isolated(
+            policy=spec.policy,
+            allowed=allowed_set,
+            share=share,
+            launch=launch,
+            rest=rest,
+            workers=workers,
+            warnings=(),
+        )
+    if spec.policy is Policy.SPREAD:
+        warnings: tuple[str, ...] = ()
+        if workers > len(rest):
+            warnings = (
+                f"spread: oversubscribed: {workers} workers on {len(rest)} cores "
+                f"{_braced(rest)}; worker i runs on core i mod {len(rest)}",
+            )
+        return Placement(
+            policy=spec.policy,
+            allowed=allowed_set,
+            rank_cpus=share,
+            launch=launch,
+            workers=tuple(frozenset({rest[i % len(rest)]}) for i in range(workers)),
+            warnings=warnings,
+        )
+    raise PlacementError(f"unknown policy {spec.policy!r}")  # pragma: no cover - enum is closed
+
+
+def _isolated(
+    *,
+    policy: Policy,
+    allowed: frozenset[int],
+    share: frozenset[int],
+    launch: frozenset[int],
+    rest: Sequence[int],
+    workers: int,
+    warnings: tuple[str, ...],
+) -> Placement:
+    return Placement(
+        policy=policy,
+        allowed=allowed,
+        rank_cpus=share,
+        launch=launch,
+        workers=(frozenset(rest),) * workers,
+        warnings=warnings,
+    )
+
+
+def _plan_numa(
+    spec: PinningSpec,
+    allowed: frozenset[int],
+    share: frozenset[int],
+    where: str,
+    workers: int,
+    *,
+    local_rank: int,
+    gpu: int | None,
+    gpu_cpus: frozenset[int] | None,
+) -> Placement:
+    k = spec.launch_cores
+    local = share & gpu_cpus if gpu_cpus is not None else frozenset()
+    if local:
+        if k > len(local):
+            raise PlacementError(
+                f"numa: launch_cores={k} but only {_cpus(local)} {_braced(local)} of "
+                f"rank {local_rank}'s share {_braced(share)} are local to GPU {gpu}"
+            )
+        return Placement(
+            policy=spec.policy,
+            allowed=allowed,
+            rank_cpus=share,
+            launch=frozenset(sorted(local)[:k]),
+            workers=(local,) * workers,
+        )
+    if gpu is None:
+        why = f"numa: topology unknown for rank {local_rank} (no GPU: CPU run)"
+    elif gpu_cpus is None:
+        why = f"numa: topology unknown for GPU {gpu}"
+    else:
+        why = (
+            f"numa: GPU {gpu}'s local CPUs {_braced(gpu_cpus)} miss rank {local_rank}'s "
+            f"share {_braced(share)}"
+        )
+    warning = f"{why}; fell back to isolated"
+    ordered = sorted(share)
+    if k > len(ordered) or (workers > 0 and k == len(ordered)):
+        raise PlacementError(
+            f"{warning}, and isolated is impossible: launch_cores={k} but {where}"
+            + (f", leaving no CPU for {workers} loader worker(s)" if k == len(ordered) else "")
+        )
+    return _isolated(
+        policy=spec.policy,
+        allowed=allowed,
+        share=share,
+        launch=frozenset(ordered[:k]),
+        rest=ordered[k:],
+        workers=workers,
+        warnings=(warning,),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Topology (impure)
+
+_BUS_ID = re.compile(r"^([0-9a-fA-F]{1,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
+
+
+def normalize_pci_bus_id(bus_id: str) -> str:
+    """``00000000:3B:00.0`` (NVML, CUDA) -> ``0000:3b:00.0`` (the sysfs directory name)."""
+    m = _BUS_ID.match(bus_id.strip())
+    if m is None:
+        raise ValueError(f"PCI bus id {bus_id!r}: expected DOMAIN:BUS:DEVICE.FUNCTION in hex")
+    return f"{int(m[1], 16):04x}:{m[2].lower()}:{m[3].lower()}.{m[4]}"
+
+
+def pci_local_cpus(bus_id: str, *, sysfs: Path = Path("/sys")) -> frozenset[int] | None:
+    """The CPUs local to PCI device ``bus_id`` according to sysfs; ``None`` if unknown.
+
+    A ``numa_node`` of -1 means the firmware did not say: on a single-node machine every CPU is
+    then local (and ``local_cpulist`` lists them all), but on a multi-node machine the full
+    ``local_cpulist`` the kernel falls back to would be a lie, so that case is unknown.
+    """
+    device = sysfs / "bus" / "pci" / "devices" / normalize_pci_bus_id(bus_id)
+    try:
+        local = parse_cpulist((device / "local_cpulist").read_text())
+    except FileNotFoundError:
+        return None
+    try:
+        node = int((device / "numa_node").read_text().strip())
+    except (FileNotFoundError, ValueError):
+        node = -1
+    if node < 0:
+        try:
+            nodes = parse_cpulist((sysfs / "devices" / "system" / "node" / "online").read_text())
+        except FileNotFoundError:
+            return None
+        if len(nodes) != 1:
+            return None
+    return local or None
+
+
+def gpu_pci_bus_id(gpu_index: int) -> str | None:
+    """The sysfs-style PCI bus id of CUDA device ``gpu_index`` (as torch numbers it), or ``None``.
+
+    torch's device properties carry the PCI domain/bus/device numbers; NVML, the fallback, is
+    looked up by UUID because NVML numbers *all* GPUs while torch numbers the visible ones.
+    """
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available() or not 0 <= gpu_index < torch.cuda.device_count():
+        return None
+    props = torch.cuda.get_device_properties(gpu_index)
+    domain = getattr(props, "pci_domain_id", None)
+    bus = getattr(props, "pci_bus_id", None)
+    device = getattr(props, "pci_device_id", None)
+    if isinstance(bus, str):
+        return normalize_pci_bus_id(bus)
+    if isinstance(domain, int) and isinstance(bus, int) and isinstance(device, int):
+        # CUDA reports no PCI function; GPUs are function 0.
+        return f"{domain:04x}:{bus:02x}:{device:02x}.0"
+    return _nvml_bus_id(str(props.uuid))
+
+
+def _nvml_bus_id(uuid: str) -> str | None:
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return None
+    try:
+        name = uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+        raw = pynvml.nvmlDeviceGetPciInfo(pynvml.nvmlDeviceGetHandleByUUID(name)).busId
+    except pynvml.NVMLError:
+        return None
+    finally:
+        pynvml.nvmlShutdown()
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    return normalize_pci_bus_id(text)
+
+
+def gpu_local_cpus(gpu_index: int, *, sysfs: Path = Path("/sys")) -> frozenset[int] | None:
+    """The CPUs of the NUMA node local to CUDA device ``gpu_index``; ``None`` when unknown.
+
+    Unknown covers CPU-only runs, machines without sysfs PCI entries (containers, VMs) and
+    firmware that reports no node; :func:`plan` then falls back with a recorded warning.
+    """
+    bus_id = gpu_pci_bus_id(gpu_index)
+    return None if bus_id is None else pci_local_cpus(bus_id, sysfs=sysfs)
+
+
+def plan_for_process(
+    spec: PinningSpec,
+    *,
+    workers: int,
+    local_ranks: int = 1,
+    local_rank: int = 0,
+    gpu: int | None = None,
+) -> Placement:
+    """:func:`plan` for the calling process: its current mask as ``allowed``, sysfs topology.
+
+    Call it at start, before any pinning, so that ``allowed`` is the set the job was given.
+    """
+    gpu_cpus = None
+    if spec.policy is Policy.NUMA and gpu is not None:
+        gpu_cpus = gpu_local_cpus(gpu)
+    return plan(
+        spec,
+        allowed=os.sched_getaffinity(0),
+        workers=workers,
+        local_ranks=local_ranks,
+        local_rank=local_rank,
+        gpu=gpu,
+        gpu_cpus=gpu_cpus,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Threads (impure)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ThreadInfo:
+    tid: int
+    pid: int
+    name: str
+    role: Role
+
+
+@dataclass(frozen=True, kw_only=True)
+class ThreadRow:
+    """One thread's planned and actual CPU mask, as cpulists; ``cpus_planned`` "" = unplanned."""
+
+    tid: int
+    pid: int
+    role: Role
+    name: str
+    cpus_planned: str
+    cpus_actual: str
+
+
+_PIN_MEMORY_NAME = "pt_data_pin"
+_WORKER_NAME = "pt_data_worker"
+_COMM_PREFIXES = ("pt_nccl", "NCCL", "pt_gloo", "gloo", "pt_tcpstore")
+_COMM_PARTS = ("gloo", "ProcessGroup")
+
+
+def classify_thread(name: str, *, is_main: bool, is_pin_memory: bool = False) -> Role:
+    """The role of a thread of a rank process from its native name (see the module docstring)."""
+    if is_main:
+        return Role.LAUNCH
+    if is_pin_memory:
+        return Role.PIN_MEMORY
+    if name.startswith("pt_autograd"):
+        return Role.AUTOGRAD
+    if name == _PIN_MEMORY_NAME:
+        return Role.PIN_MEMORY
+    if name.startswith(_COMM_PREFIXES) or any(part in name for part in _COMM_PARTS):
+        return Role.COMM
+    return Role.OTHER
+
+
+def _pin_memory_tids() -> frozenset[int]:
+    # DataLoader names nothing: Python's default name "Thread-N (_pin_memory_loop)" carries the
+    # target's name, and that is the only handle on the thread there is.
+    return frozenset(
+        t.native_id
+        for t in threading.enumerate()
+        if "pin_memory" in t.name and t.native_id is not None
+    )
+
+
+def _task_ids(pid: int) -> list[int]:
+    try:
+        entries = list(Path(f"/proc/{pid}/task").iterdir())
+    except FileNotFoundError:
+        raise ProcessLookupError(f"no process {pid} in /proc") from None
+    return sorted(int(e.name) for e in entries if e.name.isdigit())
+
+
+def _thread_name(pid: int, tid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/task/{tid}/comm").read_text().rstrip("\n")
+    except (FileNotFoundError, ProcessLookupError):
+        return None  # the thread exited between listing and reading
+
+
+def discover_threads(pid: int | None = None, *, loader: bool = False) -> list[ThreadInfo]:
+    """The threads of process ``pid`` (default: this one) with their roles, sorted by TID.
+
+    All threads of a loader worker get role ``loader``: of a process whose main thread is named
+    ``pt_data_worker``, or of any process with ``loader=True`` (a worker of a torch that does not
+    name it). On old torch the pin-memory thread is recognised only in the calling process.
+    """
+    pid = os.getpid() if pid is None else pid
+    pinners = _pin_memory_tids() if pid == os.getpid() else frozenset()
+    named = [(tid, _thread_name(pid, tid)) for tid in _task_ids(pid)]
+    threads = [(tid, name) for tid, name in named if name is not None]
+    loader = loader or any(tid == pid and name == _WORKER_NAME for tid, name in threads)
+    return [
+        ThreadInfo(
+            tid=tid,
+            pid=pid,
+            name=name,
+            role=Role.LOADER
+            if loader
+            else classify_thread(name, is_main=tid == pid, is_pin_memory=tid in pinners),
+        )
+        for tid, name in threads
+    ]
+
+
+def _row(info: ThreadInfo, planned: frozenset[int] | None) -> ThreadRow | None:
+    try:
+        actual = os.sched_getaffinity(info.tid)
+    except ProcessLookupError:
+        return None
+    return ThreadRow(
+        tid=info.tid,
+        pid=info.pid,
+        role=info.role,
+        name=info.name,
+        cpus_planned="" if planned is None else cpulist(planned),
+        cpus_actual=cpulist(actual),
+    )
+
+
+def _pin(info: ThreadInfo, cpus: frozenset[int], placement: Placement) -> bool:
+    """Pin one thread; ``False`` if it has exited. Never outside the job's allowed set."""
+    target = cpus & placement.allowed
+    if not target:
+        raise PlacementError(
+            f"{placement.policy.value}: planned CPUs {_braced(cpus)} for {info.role.value} "
+            f"thread {info.tid} ({info.name!r}) lie outside the job's allowed "
+            f"{_braced(placement.allowed)}"
+        )
+    try:
+        os.sched_setaffinity(info.tid, target)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def record_threads(
+    placement: Placement, pid: int | None = None, *, worker_id: int | None = None
+) -> list[ThreadRow]:
+    """Rows of every thread of ``pid`` with its planned and actual mask; changes nothing.
+
+    ``worker_id`` marks ``pid`` as that loader worker (the main process records its workers by
+    the PIDs DataLoader gives it).
+    """
+    infos = discover_threads(pid, loader=worker_id is not None)
+    rows = (_row(i, placement.cpus_for(i.role, worker_id)) for i in infos)
+    return [r for r in rows if r is not None]
+
+
+def apply_threads(placement: Placement, pid: int | None = None) -> list[ThreadRow]:
+    """Pin the threads of rank process ``pid`` (default: this one) and return their rows.
+
+    Launch-role threads (launch, autograd, pin_memory, comm) go to ``placement.launch``, other
+    threads to the rank's share. Idempotent: the harness calls it at start and after step 0.
+    Threads that exit meanwhile are skipped. Policy ``none`` only records.
+    """
+    rows: list[ThreadRow] = []
+    for info in discover_threads(pid):
+        planned = placement.cpus_for(info.role)
+        if planned is not None and not _pin(info, planned, placement):
+            continue
+        row = _row(info, planned)
+        if row is not None:
+            rows.append(row)
+    return rows
+
+
+def apply_worker(placement: Placement, worker_id: int) -> list[ThreadRow]:
+    """Pin the calling loader worker process, all its threads, to ``placement.workers[id]``.
+
+    Meant for ``worker_init_fn=functools.partial(apply_worker, placement)``. The worker's own
+    mask at this point is the one inherited from the thread that forked it (a launch CPU), so
+    the bound against widening is ``placement.allowed``, captured by the rank at start, not the
+    worker's current mask. Threads the worker creates later inherit the mask of their creator.
+    """
+    rows: list[ThreadRow] = []
+    for info in discover_threads(os.getpid(), loader=True):
+        planned = placement.cpus_for(Role.LOADER, worker_id)
+        if planned is not None and not _pin(info, planned, placement):
+            continue
+        row = _row(info, planned)
+        if row is not None:
+            rows.append(row)
+    return rows
+
+
+def mismatches(rows: Iterable[ThreadRow]) -> list[str]:
+    """One line per thread whose actual mask differs from the planned one (unplanned: skipped)."""
+    out: list[str] = []
+    for r in rows:
+        if not r.cpus_planned:
+            continue
+        planned, actual = parse_cpulist(r.cpus_planned), parse_cpulist(r.cpus_actual)
+        if planned != actual:
+            out.append(
+                f"{r.role.value} thread {r.tid} ({r.name!r}) of pid {r.pid}: planned "
+                f"{r.cpus_planned or '-'}, actual {r.cpus_actual or '-'}"
+            )
+    return out

@@ -1,0 +1,382 @@
+"""Chrome / Perfetto trace JSON from a codl trace, for looking at one run by eye.
+
+Open the output in https://ui.perfetto.dev (or chrome://tracing). Layout:
+
+- one process per OS process: ``rank N`` (the training process of rank N) and ``loader worker W``
+  (DataLoader worker processes, labelled with their rank), one track per thread named
+  ``role: comm`` from ``/threads``;
+- synthetic processes ``GPU rank N`` (one track per CUDA stream: kernels, memcpy, memset) and
+  ``comm rank N`` (one track of AllReduce buckets);
+- counters: per-thread run-queue wait per sampling interval (``samples/sched``) in the thread's
+  process, and NVML utilisation, memory, clock and power in ``GPU rank N``.
+
+Times are microseconds (floats, so nanoseconds survive) relative to the earliest exported
+timestamp; ``otherData`` records that base as CLOCK_MONOTONIC ns, and as Unix ns when the trace
+has clock anchors, so absolute times can be recovered.
+
+The JSON holds one dict per event: export a time window (``t0``/``t1``) of long runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+import pandas as pd
+
+from codl.trace.schema import SCHEMA_VERSION
+from codl.trace.store import Trace, open_trace
+
+# Linux pids stay below 2**22 (pid_max limit), so synthetic pids above 2**30 never collide with a
+# real process and stay inside int32 for viewers that parse pids as int.
+GPU_PID_BASE: Final = 1 << 30
+COMM_PID_BASE: Final = (1 << 30) + (1 << 20)
+COMM_TID: Final = 1
+
+_EVENT_TABLES: Final = ("events/app", "events/loader", "events/cuda", "events/comm")
+_SAMPLE_TABLES: Final = ("samples/sched", "samples/device")
+_DEVICE_COUNTERS: Final = ("util_pct", "mem_util_pct", "mem_used", "sm_clock", "power")
+
+
+def gpu_pid(rank: int) -> int:
+    """Synthetic pid of the ``GPU rank N`` process."""
+    return GPU_PID_BASE + rank
+
+
+def comm_pid(rank: int) -> int:
+    """Synthetic pid of the ``comm rank N`` process."""
+    return COMM_PID_BASE + rank
+
+
+def _ints(s: pd.Series[Any]) -> list[int]:
+    return [int(v) for v in s.to_numpy(dtype=np.int64)]
+
+
+def _strs(s: pd.Series[Any]) -> list[str]:
+    return [str(v) for v in s.tolist()]
+
+
+class _Builder:
+    def __init__(self, base_ns: int) -> None:
+        self.base_ns = base_ns
+        self.meta: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
+        self._named_threads: set[tuple[int, int]] = set()
+        self._named_processes: set[int] = set()
+
+    def us(self, ns: pd.Series[Any]) -> list[float]:
+        # Subtract in int64 first: absolute monotonic ns do not fit a double exactly.
+        rel = ns.to_numpy(dtype=np.int64) - np.int64(self.base_ns)
+        return (rel / 1e3).tolist()  # type: ignore[no-any-return]
+
+    def process(self, pid: int, name: str, sort_index: int, label: str | None = None) -> None:
+        if pid in self._named_processes:
+            return
+        self._named_processes.add(pid)
+        self.meta.append(
+            {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}}
+        )
+        self.meta.append(
+            {
+                "ph": "M",
+                "name": "process_sort_index",
+                "pid": pid,
+                "tid": 0,
+                "args": {"sort_index": sort_index},
+            }
+        )
+        if label:
+            self.meta.append(
+                {
+                    "ph": "M",
+                    "name": "process_labels",
+                    "pid": pid,
+                    "tid": 0,
+                    "args": {"labels": label},
+                }
+            )
+
+    def thread(self, pid: int, tid: int, name: str) -> None:
+        if (pid, tid) in self._named_threads:
+            return
+        self._named_threads.add((pid, tid))
+        self.meta.append(
+            {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}}
+        )
+
+    def complete(
+        self,
+        cat: str,
+        *,
+        names: Iterable[str],
+        pids: Iterable[int],
+        tids: Iterable[int],
+        start_ns: pd.Series[Any],
+        end_ns: pd.Series[Any],
+        args: Iterable[dict[str, Any]],
+    ) -> None:
+        ts = self.us(start_ns)
+        dur = ((end_ns - start_ns).clip(lower=0).to_numpy(dtype=np.int64) / 1e3).tolist()
+        for name, pid, tid, t, d, a in zip(names, pids, tids, ts, dur, args, strict=True):
+            self.events.append(
+                {
+                    "name": name,
+                    "cat": cat,
+                    "ph": "X",
+                    "ts": t,
+                    "dur": d,
+                    "pid": pid,
+                    "tid": tid,
+                    "args": a,
+                }
+            )
+
+    def counter(self, pid: int, name: str, ts_us: float, values: dict[str, float]) -> None:
+        self.events.append({"name": name, "ph": "C", "ts": ts_us, "pid": pid, "args": values})
+
+
+def _time_base(trace: Trace, tables: dict[str, pd.DataFrame]) -> int:
+    lows: list[int] = []
+    for name, df in tables.items():
+        if df.empty:
+            continue
+        col = "start_ns" if name in _EVENT_TABLES else "t_ns"
+        lows.append(int(df[col].min()))
+    if lows:
+        return min(lows)
+    t_begin = trace.attrs.get("t_begin_ns")
+    return int(t_begin) if isinstance(t_begin, int) else 0
+
+
+def _unix_base(trace: Trace, base_ns: int) -> int | None:
+    anchor = trace.attrs.get("anchors_start")
+    if not isinstance(anchor, dict):
+        return None
+    real, mono = anchor.get("realtime_ns"), anchor.get("monotonic_ns")
+    if not isinstance(real, int) or not isinstance(mono, int):
+        return None
+    return base_ns - mono + real
+
+
+def to_chrome_trace(
+    trace: Trace, *, t0: int | None = None, t1: int | None = None
+) -> dict[str, Any]:
+    """The Chrome trace-event JSON object of ``trace`` (optionally only the window [t0, t1))."""
+    tables = {name: trace.table(name, t0=t0, t1=t1) for name in _EVENT_TABLES + _SAMPLE_TABLES}
+    threads = trace.table("threads").drop_duplicates(subset=["pid", "tid"], keep="last")
+    b = _Builder(_time_base(trace, tables))
+
+    loader = tables["events/loader"]
+    worker_of: dict[int, int] = dict(
+        zip(_ints(loader["pid"]), _ints(loader["worker"]), strict=True)
+    )
+    rank_of_pid: dict[int, int] = dict(
+        zip(_ints(loader["pid"]), _ints(loader["rank"]), strict=True)
+    )
+    rank_of_pid.update(zip(_ints(threads["pid"]), _ints(threads["rank"]), strict=True))
+    roles_of_pid: dict[int, set[str]] = {}
+    for pid, role in zip(_ints(threads["pid"]), _strs(threads["role"]), strict=True):
+        roles_of_pid.setdefault(pid, set()).add(role)
+    # A worker process runs only loader threads; the rank's main process runs everything else.
+    loader_pids = set(worker_of) | {p for p, roles in roles_of_pid.items() if roles == {"loader"}}
+    main_pid_of_rank: dict[int, int] = {}
+    for pid, rank in sorted(rank_of_pid.items()):
+        if pid in loader_pids:
+            b.process(pid, f"loader worker {worker_of.get(pid, '?')}", 4 * rank + 1, f"rank {rank}")
+        else:
+            main_pid_of_rank.setdefault(rank, pid)
+            b.process(pid, f"rank {rank}", 4 * rank, None)
+
+    pid_of_tid: dict[int, int] = {}
+    for pid, tid, role, name in zip(
+        _ints(threads["pid"]),
+        _ints(threads["tid"]),
+        _strs(threads["role"]),
+        _strs(threads["name"]),
+        strict=True,
+    ):
+        pid_of_tid[tid] = pid
+        b.thread(pid, tid, f"{role}: {name}")
+    label_of_tid = {
+        tid: f"{role}: {name}"
+        for tid, role, name in zip(
+            _ints(threads["tid"]), _strs(threads["role"]), _strs(threads["name"]), strict=True
+        )
+    }
+
+    def host_pid(rank: int, tid: int) -> int:
+        # Threads missing from /threads (captured late or exited early) go to their rank's main
+        # process; the main thread's tid equals its pid as a last resort.
+        return pid_of_tid.get(tid, main_pid_of_rank.get(rank, tid))
+
+    app = tables["events/app"]
+    if not app.empty:
+        ranks, tids = _ints(app["rank"]), _ints(app["tid"])
+        gpu = _ints(app["gpu_ns"])
+        b.complete(
+            "app",
+            names=_strs(app["phase"]),
+            pids=(host_pid(r, t) for r, t in zip(ranks, tids, strict=True)),
+            tids=tids,
+            start_ns=app["start_ns"],
+            end_ns=app["end_ns"],
+            args=(
+                {"step": s, "rank": r, **({"gpu_ns": g} if g >= 0 else {})}
+                for s, r, g in zip(_ints(app["step"]), ranks, gpu, strict=True)
+            ),
+        )
+
+    if not loader.empty:
+        pids, tids = _ints(loader["pid"]), _ints(loader["tid"])
+        for pid, tid in zip(pids, tids, strict=True):
+            b.thread(pid, tid, f"loader: worker {worker_of.get(pid, '?')}")
+        b.complete(
+            "loader",
+            names=_strs(loader["stage"]),
+            pids=pids,
+            tids=tids,
+            start_ns=loader["start_ns"],
+            end_ns=loader["end_ns"],
+            args=(
+                {"item": i, "step": s, "cpu": c, "worker": w}
+                for i, s, c, w in zip(
+                    _ints(loader["item"]),
+                    _ints(loader["step"]),
+                    _ints(loader["cpu"]),
+                    _ints(loader["worker"]),
+                    strict=True,
+                )
+            ),
+        )
+
+    cuda = tables["events/cuda"]
+    if not cuda.empty:
+        ranks, tids, streams = _ints(cuda["rank"]), _ints(cuda["tid"]), _ints(cuda["stream"])
+        kinds = _strs(cuda["kind"])
+        pids_out: list[int] = []
+        tids_out: list[int] = []
+        for rank, tid, stream in zip(ranks, tids, streams, strict=True):
+            if stream < 0:  # a runtime API call, on the host thread that made it
+                pids_out.append(host_pid(rank, tid))
+                tids_out.append(tid)
+            else:
+                b.process(gpu_pid(rank), f"GPU rank {rank}", 4 * rank + 2, None)
+                b.thread(gpu_pid(rank), stream, f"stream {stream}")
+                pids_out.append(gpu_pid(rank))
+                tids_out.append(stream)
+        b.complete(
+            "cuda",
+            names=_strs(cuda["name"]),
+            pids=pids_out,
+            tids=tids_out,
+            start_ns=cuda["start_ns"],
+            end_ns=cuda["end_ns"],
+            args=(
+                {"kind": k, "step": s, "correlation": c}
+                for k, s, c in zip(
+                    kinds, _ints(cuda["step"]), _ints(cuda["correlation"]), strict=True
+                )
+            ),
+        )
+
+    comm = tables["events/comm"]
+    if not comm.empty:
+        ranks = _ints(comm["rank"])
+        for rank in sorted(set(ranks)):
+            b.process(comm_pid(rank), f"comm rank {rank}", 4 * rank + 3, None)
+            b.thread(comm_pid(rank), COMM_TID, "collectives")
+        b.complete(
+            "comm",
+            names=_strs(comm["op"]),
+            pids=(comm_pid(r) for r in ranks),
+            tids=(COMM_TID for _ in ranks),
+            start_ns=comm["start_ns"],
+            end_ns=comm["end_ns"],
+            args=(
+                {"bucket": k, "bytes": n, "step": s, "gpu_ns": g}
+                for k, n, s, g in zip(
+                    _ints(comm["bucket"]),
+                    _ints(comm["bytes"]),
+                    _ints(comm["step"]),
+                    _ints(comm["gpu_ns"]),
+                    strict=True,
+                )
+            ),
+        )
+
+    _sched_counters(b, tables["samples/sched"], label_of_tid)
+    _device_counters(b, tables["samples/device"])
+
+    # Metadata first, then time order: viewers do not need it, but diffs and tests read better.
+    b.events.sort(key=lambda e: float(e["ts"]))
+    other: dict[str, str] = {
+        "producer": "codl.trace.export",
+        "schema_version": str(SCHEMA_VERSION),
+        "run_id": str(trace.attrs.get("run_id", "")),
+        "complete": str(trace.complete).lower(),
+        "time_base_monotonic_ns": str(b.base_ns),
+    }
+    unix = _unix_base(trace, b.base_ns)
+    if unix is not None:
+        other["time_base_unix_ns"] = str(unix)
+    # No "displayTimeUnit": Perfetto's JSON importer reads "ns" there as the unit of `ts` itself
+    # (not just of the display, as in Chrome's spec), which would shrink every span 1000x.
+    return {"traceEvents": b.meta + b.events, "otherData": other}
+
+
+def _sched_counters(b: _Builder, sched: pd.DataFrame, label_of_tid: dict[int, str]) -> None:
+    if sched.empty:
+        return
+    sched = sched.sort_values(["pid", "tid", "t_ns"], kind="stable")
+    pids, tids = _ints(sched["pid"]), _ints(sched["tid"])
+    ts = b.us(sched["t_ns"])
+    wait = _ints(sched["wait_ns"])
+    for i in range(len(ts)):
+        pid, tid = pids[i], tids[i]
+        name = f"run-queue wait {label_of_tid.get(tid, 'thread')} [{tid}]"
+        last = i + 1 == len(ts) or (pids[i + 1], tids[i + 1]) != (pid, tid)
+        # Each value covers [this sample, next sample), so the step sits under the interval it
+        # measured; the thread's last sample closes its track at 0. A negative delta means the
+        # tid was reused and its counter restarted.
+        delta = 0 if last else max(0, wait[i + 1] - wait[i])
+        b.counter(pid, name, ts[i], {"wait_ns": float(delta)})
+
+
+def _device_counters(b: _Builder, device: pd.DataFrame) -> None:
+    if device.empty:
+        return
+    ts = b.us(device["t_ns"])
+    ranks, gpus = _ints(device["rank"]), _ints(device["gpu"])
+    values = {k: _ints(device[k]) for k in _DEVICE_COUNTERS}
+    for i, (rank, gpu) in enumerate(zip(ranks, gpus, strict=True)):
+        b.process(gpu_pid(rank), f"GPU rank {rank}", 4 * rank + 2, None)
+        for k in _DEVICE_COUNTERS:
+            b.counter(gpu_pid(rank), f"GPU {gpu} {k}", ts[i], {k: float(values[k][i])})
+
+
+def export_chrome(
+    trace_path: str | os.PathLike[str],
+    out_path: str | os.PathLike[str],
+    *,
+    allow_incomplete: bool = False,
+    t0: int | None = None,
+    t1: int | None = None,
+) -> Path:
+    """Write the Chrome trace JSON of the trace at ``trace_path`` to ``out_path``; returns it."""
+    out = Path(out_path)
+    with open_trace(trace_path, allow_incomplete=allow_incomplete) as trace:
+        doc = to_chrome_trace(trace, t0=t0, t1=t1)
+    # Via a temporary name, so a viewer never opens a half-written file.
+    tmp = out.with_name(out.name + ".partial")
+    try:
+        with tmp.open("w", encoding="utf-8") as fh:
+            json.dump(doc, fh, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+        tmp.replace(out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return out

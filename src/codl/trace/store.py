@@ -1,0 +1,739 @@
+"""The per-run HDF5 trace: a writer that never leaves a valid-looking partial file, and a reader.
+
+Layout (schema v1, see ``codl.trace.schema`` and ``docs/trace-format.md``): one group per table
+(``/events/app``, ``/samples/sched``, ``/threads`` ...) holding parallel 1-D datasets, one per
+column; interned strings in ``/strings``; provenance in root attributes.
+
+Crash safety: the writer works on ``<final>.partial`` and only ``finish()`` renames it to the final
+name, after ``complete=True`` was written last and the file was fsync'ed. A failed or interrupted
+run is renamed to ``<stem>.incomplete.h5`` (its measurements are kept), and a killed process
+leaves only ``<final>.partial``. So a file at the final name is always a complete trace, and
+``open_trace`` refuses everything else unless asked explicitly.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import os
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final, Literal, Self
+
+import h5py
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+from codl.errors import TraceFormatError
+from codl.trace.schema import SCHEMA_VERSION, TABLES, Column
+
+Compression = Literal["gzip", "lzf"]
+COMPRESSIONS: Final[tuple[Compression, ...]] = ("gzip", "lzf")
+# benchmarks/trace_store.py, 10 M loader events: gzip-1 stores 6.1 bytes/event against lzf's 7.0
+# and reads 30 % faster, writing only ~10 % slower (2.6 vs 2.9 M events/s); traces are written
+# after the measured steps, so size and read speed win. gzip is also in every HDF5 build, while
+# lzf is an h5py-only filter that C, Julia or MATLAB readers would need a plugin for.
+DEFAULT_COMPRESSION: Final[Compression] = "gzip"
+GZIP_LEVEL: Final = 1
+
+# ~0.5 MiB chunks (STYLE.md): large enough for compression and few chunk-index entries at 10 M
+# rows, small enough that one chunk per dataset fits HDF5's chunk cache while appending.
+CHUNK_BYTES: Final = 512 * 1024
+MIN_CHUNK_ROWS: Final = 1024
+MAX_CHUNK_ROWS: Final = 131072
+# The cache must hold a whole chunk, or HDF5 re-reads and re-compresses the partial last chunk on
+# every append.
+_CHUNK_CACHE_BYTES: Final = 4 * CHUNK_BYTES
+
+STRINGS: Final = "strings"
+PARTIAL_SUFFIX: Final = ".partial"
+INCOMPLETE_SUFFIX: Final = ".incomplete.h5"
+
+# Root attributes that always hold JSON text, whatever type they were given as.
+JSON_ATTRS: Final[tuple[str, ...]] = ("spec", "versions", "anchors_start", "anchors_end")
+# Written by the writer itself; set_attrs must not overwrite the completion protocol.
+RESERVED_ATTRS: Final = frozenset({"schema_version", "complete", "incomplete_reason", "json_attrs"})
+
+_VERIFY_BLOCK_ROWS: Final = 1 << 20
+
+
+def chunk_rows(column: Column) -> int:
+    """Rows per HDF5 chunk for ``column``: ~``CHUNK_BYTES``, clamped to a sane row count."""
+    itemsize = np.dtype(column.numpy_dtype).itemsize
+    return max(MIN_CHUNK_ROWS, min(MAX_CHUNK_ROWS, CHUNK_BYTES // itemsize))
+
+
+def partial_path(final: str | os.PathLike[str]) -> Path:
+    """Where a trace is written while it is being measured: ``<final>.partial``."""
+    p = Path(final)
+    return p.with_name(p.name + PARTIAL_SUFFIX)
+
+
+def incomplete_path(final: str | os.PathLike[str]) -> Path:
+    """Where an aborted trace is kept: ``<final stem>.incomplete.h5`` next to ``final``."""
+    p = Path(final)
+    return p.with_name(p.stem + INCOMPLETE_SUFFIX)
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(directory: Path) -> None:
+    # The rename is only durable once the directory entry is; without this a power loss can
+    # bring back the .partial name (or nothing) after finish() returned.
+    _fsync_path(directory)
+
+
+def _strings_digest(strings: list[str]) -> str:
+    # intern() rejects NUL, so joining on it is unambiguous.
+    return hashlib.sha256("\0".join(strings).encode("utf-8")).hexdigest()
+
+
+def _json_default(value: object) -> object:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _schema(table: str) -> tuple[Column, ...]:
+    schema = TABLES.get(table)
+    if schema is None:
+        raise ValueError(
+            f"unknown table {table!r}; schema v{SCHEMA_VERSION} has {', '.join(TABLES)}"
+        )
+    return schema
+
+
+class _State(enum.Enum):
+    NEW = "new"
+    OPEN = "open"
+    FINISHED = "finished"
+    ABORTED = "aborted"
+
+
+class TraceWriter:
+    """Writes one run's trace; use as ``with TraceWriter(path) as w: ...; w.finish()``.
+
+    The constructor does no I/O. ``__enter__`` creates ``<path>.partial``; ``finish()`` makes it
+    ``path``; an exception in the ``with`` block, or leaving it without ``finish()``, keeps the data
+    as ``<stem>.incomplete.h5`` (see ``abort``). Not thread-safe: one writer per process, fed by
+    the recorders' flush.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, compression: Compression = DEFAULT_COMPRESSION
+    ) -> None:
+        self._path = Path(path)
+        if self._path.name.endswith((INCOMPLETE_SUFFIX, PARTIAL_SUFFIX)):
+            raise ValueError(
+                f"{self._path}: a final trace name must not end in {INCOMPLETE_SUFFIX!r} or "
+                f"{PARTIAL_SUFFIX!r}; those names mark unfinished traces"
+            )
+        if compression not in COMPRESSIONS:
+            raise ValueError(f"compression {compression!r}: expected one of {COMPRESSIONS}")
+        self._compression: Compression = compression
+        self._file: Any = None  # h5py.File while open
+        self._strings: list[str] = [""]
+        self._index: dict[str, int] = {"": 0}
+        self._json_attrs: set[str] = set()
+        self._rows: dict[str, int] = {}
+        self._state = _State.NEW
+
+    @property
+    def path(self) -> Path:
+        """The final path, which exists only after ``finish()``."""
+        return self._path
+
+    @property
+    def partial_path(self) -> Path:
+        return partial_path(self._path)
+
+    @property
+    def incomplete_path(self) -> Path:
+        return incomplete_path(self._path)
+
+    def rows(self, table: str) -> int:
+        """Rows appended to ``table`` so far."""
+        _schema(table)
+        return self._rows.get(table, 0)
+
+    def __enter__(self) -> Self:
+        if self._state is not _State.NEW:
+            raise RuntimeError(f"TraceWriter for {self._path} can be entered only once")
+        if not self._path.parent.is_dir():
+            raise FileNotFoundError(f"{self._path}: directory {self._path.parent} does not exist")
+        # "w" truncates a .partial left behind by a killed earlier attempt of the same run.
+        self._file = h5py.File(self.partial_path, "w", rdcc_nbytes=_CHUNK_CACHE_BYTES)
+        self._state = _State.OPEN
+        self._file.attrs["schema_version"] = SCHEMA_VERSION
+        self._file.attrs["complete"] = False
+        self._file.attrs["json_attrs"] = "[]"
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._state is not _State.OPEN:
+            return
+        if exc is None:
+            warnings.warn(
+                f"TraceWriter for {self._path}: finish() not called; "
+                f"kept as {self.incomplete_path}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            self.abort("finish() not called")
+            return
+        try:
+            self.abort(repr(exc))
+        except Exception as abort_exc:
+            # The measurement's own exception is the one the user must see.
+            exc.add_note(f"aborting trace {self._path} failed too: {abort_exc!r}")
+
+    def _require_open(self) -> Any:
+        if self._state is not _State.OPEN or self._file is None:
+            raise RuntimeError(
+                f"TraceWriter for {self._path} is {self._state.value}; "
+                "use it inside its `with` block, before finish()/abort()"
+            )
+        return self._file
+
+    def intern(self, s: str) -> int:
+        """Index of ``s`` in the string table, adding it if new. Index 0 is ``""``."""
+        idx = self._index.get(s)
+        if idx is not None:
+            return idx
+        if not isinstance(s, str):
+            raise TypeError(f"intern() takes str, got {type(s).__name__}: {s!r}")
+        if "\0" in s:
+            raise ValueError(f"cannot intern {s!r}: HDF5 strings cannot hold NUL")
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError as e:
+            # Surrogate-escaped bytes (e.g. a /proc comm decoded with os.fsdecode) would only fail
+            # at finish(), after the run; fail at the call that brought them in.
+            raise ValueError(f"cannot intern {s!r}: not encodable as UTF-8 ({e})") from e
+        idx = len(self._strings)
+        self._strings.append(s)
+        self._index[s] = idx
+        return idx
+
+    def set_attrs(self, **attrs: object) -> None:
+        """Set root provenance attributes.
+
+        dict, list, tuple and None values, and every value of ``spec``, ``versions``,
+        ``anchors_start`` and ``anchors_end``, are stored as JSON text and listed in the root
+        attribute ``json_attrs`` (a str given for those four must already be JSON). Other values
+        must be str, bool, int, float or numpy scalars.
+        """
+        f = self._require_open()
+        for name, value in attrs.items():
+            if name in RESERVED_ATTRS:
+                raise ValueError(f"attribute {name!r} is written by TraceWriter itself")
+            is_json = name in JSON_ATTRS or value is None or isinstance(value, dict | list | tuple)
+            stored: object
+            if is_json and isinstance(value, str):
+                try:
+                    json.loads(value)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"attribute {name!r}: str given but not JSON ({e})") from e
+                stored = value
+            elif is_json:
+                try:
+                    stored = json.dumps(value, ensure_ascii=False, default=_json_default)
+                except (TypeError, ValueError) as e:
+                    raise ValueError(f"attribute {name!r}: not JSON serializable ({e})") from e
+            elif isinstance(value, str | bool | int | float | np.generic):
+                stored = value
+            else:
+                raise TypeError(
+                    f"attribute {name!r}: {type(value).__name__} is not storable; "
+                    "use str, bool, int, float, or dict/list (stored as JSON)"
+                )
+            f.attrs[name] = stored
+            if is_json:
+                self._json_attrs.add(name)
+            else:
+                self._json_attrs.discard(name)
+        f.attrs["json_attrs"] = json.dumps(sorted(self._json_attrs))
+
+    def append(self, table: str, columns: Mapping[str, npt.ArrayLike]) -> None:
+        """Append rows to ``table``; ``columns`` maps every column name of the table to values.
+
+        ``sym`` columns take str sequences (interned here) or int indices from ``intern()``.
+        Integers must fit the column's dtype; nothing is silently truncated.
+        """
+        f = self._require_open()
+        schema = _schema(table)
+        expected = [c.name for c in schema]
+        missing = [n for n in expected if n not in columns]
+        unknown = sorted(set(columns) - set(expected))
+        if missing or unknown:
+            raise ValueError(
+                f"table {table!r}: missing columns {missing}, unknown columns {unknown}; "
+                f"expected exactly {expected}"
+            )
+        arrays = {c.name: self._coerce(table, c, columns[c.name]) for c in schema}
+        lengths = {name: len(a) for name, a in arrays.items()}
+        if len(set(lengths.values())) > 1:
+            raise ValueError(f"table {table!r}: columns differ in length: {lengths}")
+        n = lengths[expected[0]]
+        group = f.get(table)
+        if group is None:
+            group = self._create_table(f, table, schema)
+        start = self._rows.get(table, 0)
+        for c in schema:
+            ds = group[c.name]
+            ds.resize((start + n,))
+            ds[start : start + n] = arrays[c.name]
+        # `rows` is the commit point: a reader ignores anything past it, e.g. the columns that an
+        # append interrupted half-way had already extended.
+        group.attrs["rows"] = start + n
+        self._rows[table] = start + n
+
+    def _coerce(self, table: str, col: Column, values: npt.ArrayLike) -> npt.NDArray[Any]:
+        where = f"table {table!r} column {col.name!r}"
+        arr = np.asarray(values)
+        if arr.ndim != 1:
+            raise ValueError(f"{where}: expected a 1-D sequence, got shape {arr.shape}")
+        if col.is_symbol and arr.dtype.kind in "UO":
+            return self._intern_array(where, arr)
+        target = np.dtype(col.numpy_dtype)
+        if arr.size == 0:
+            return np.empty(0, dtype=target)
+        if arr.dtype.kind not in "iu":
+            kinds = "integers or strings" if col.is_symbol else "integers"
+            raise ValueError(f"{where}: expected {kinds}, got dtype {arr.dtype}")
+        lo, hi = int(arr.min()), int(arr.max())
+        info = np.iinfo(target)
+        if lo < info.min or hi > info.max:
+            raise ValueError(f"{where}: values {lo}..{hi} do not fit {target}")
+        if col.is_symbol and (lo < 0 or hi >= len(self._strings)):
+            raise ValueError(
+                f"{where}: {lo}..{hi} are not all string indices (0..{len(self._strings) - 1})"
+            )
+        return arr.astype(target, copy=False)
+
+    def _intern_array(self, where: str, arr: npt.NDArray[Any]) -> npt.NDArray[np.int32]:
+        # Hash once per distinct label instead of a dict lookup per row: batches are 100k rows
+        # of a handful of stage or phase names.
+        codes, uniques = pd.factorize(arr)
+        if codes.size and codes.min() < 0:
+            raise ValueError(f"{where}: missing values (None/NaN) where strings were expected")
+        ids = np.empty(len(uniques), dtype=np.int32)
+        for i, label in enumerate(uniques):
+            if not isinstance(label, str):
+                raise ValueError(f"{where}: expected str labels, got {type(label).__name__}")
+            ids[i] = self.intern(str(label))
+        return ids[codes]
+
+    def _create_table(self, f: Any, table: str, schema: tuple[Column, ...]) -> Any:
+        group = f.require_group(table)
+        for c in schema:
+            ds = group.create_dataset(
+                c.name,
+                shape=(0,),
+                maxshape=(None,),
+                dtype=c.numpy_dtype,
+                chunks=(chunk_rows(c),),
+                compression=self._compression,
+                compression_opts=GZIP_LEVEL if self._compression == "gzip" else None,
+                shuffle=True,
+                fletcher32=True,
+            )
+            ds.attrs["unit"] = c.unit
+            ds.attrs["doc"] = c.doc
+            # Lets a plain-h5py reader tell symbol columns from numbers without codl.
+            ds.attrs["schema_dtype"] = c.dtype
+        group.attrs["rows"] = 0
+        return group
+
+    def _write_strings(self, f: Any) -> None:
+        if STRINGS in f:
+            del f[STRINGS]
+        data = np.array(self._strings, dtype=object)
+        ds = f.create_dataset(STRINGS, data=data, dtype=h5py.string_dtype("utf-8"))
+        # HDF5 filters do not cover variable-length data, so fletcher32 cannot protect this one.
+        ds.attrs["sha256"] = _strings_digest(self._strings)
+        ds.attrs["doc"] = "interned strings; sym columns index this, index 0 is ''"
+
+    def finish(self) -> Path:
+        """Write the string table, mark the trace complete, and move it to its final path."""
+        f = self._require_open()
+        self._write_strings(f)
+        f.attrs["complete"] = True  # last attribute written: everything before it is in
+        f.flush()
+        f.close()
+        self._file = None
+        partial = self.partial_path
+        _fsync_path(partial)
+        partial.replace(self._path)  # atomic rename (os.replace)
+        _fsync_dir(self._path.parent)
+        self._state = _State.FINISHED
+        return self._path
+
+    def abort(self, reason: str, keep: bool = True) -> Path | None:
+        """Give up on the trace: mark it incomplete with ``reason``.
+
+        With ``keep`` the measured data moves to ``incomplete_path`` (never the final path) and
+        that path is returned; without it the partial file is deleted. Calling it again is a
+        no-op; calling it after ``finish()`` is an error (the trace is complete).
+        """
+        if self._state is _State.FINISHED:
+            raise RuntimeError(f"{self._path} is already finished; it cannot be aborted")
+        if self._state is not _State.OPEN:
+            self._state = _State.ABORTED
+            return None
+        partial = self.partial_path
+        mark_error: Exception | None = None
+        try:
+            # finish() may have failed after closing the file (fsync, rename): reopen to unmark.
+            f = self._file if self._file is not None else h5py.File(partial, "r+")
+            try:
+                f.attrs["complete"] = False
+                f.attrs["incomplete_reason"] = reason
+                self._write_strings(f)
+            finally:
+                f.close()
+        except Exception as e:
+            mark_error = e
+        self._file = None
+        self._state = _State.ABORTED
+        kept: Path | None = None
+        if keep:
+            kept = self.incomplete_path
+            _fsync_path(partial)
+            partial.replace(kept)
+            _fsync_dir(kept.parent)
+        else:
+            partial.unlink(missing_ok=True)
+        if mark_error is not None:
+            raise TraceFormatError(
+                f"{partial}: could not mark the aborted trace incomplete ({mark_error!r}); "
+                f"{'kept as ' + str(kept) if kept else 'deleted'}"
+            ) from mark_error
+        return kept
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return value
+
+
+class Trace:
+    """An open trace file; get one from ``open_trace`` and use it as a context manager."""
+
+    def __init__(self, file: Any, path: Path, attrs: dict[str, Any], strings: list[str]) -> None:
+        self._file = file
+        self._path = path
+        self._attrs = attrs
+        self._strings = strings
+        self._categories = pd.Index(strings, dtype="str")
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._file.close()
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def attrs(self) -> dict[str, Any]:
+        """Root attributes, JSON ones (``json_attrs``) decoded; a copy."""
+        return dict(self._attrs)
+
+    @property
+    def complete(self) -> bool:
+        return bool(self._attrs.get("complete", False))
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        spec = self._attrs.get("spec")
+        if not isinstance(spec, dict):
+            raise TraceFormatError(f"{self._path}: no run spec (root attribute 'spec')")
+        return spec
+
+    @property
+    def strings(self) -> list[str]:
+        """The interned string table; ``sym`` columns index it."""
+        return list(self._strings)
+
+    def tables(self) -> list[str]:
+        """Names of the tables present in this file, in schema order."""
+        return [name for name in TABLES if isinstance(self._file.get(name), h5py.Group)]
+
+    def _corrupt(self, what: str, e: BaseException) -> TraceFormatError:
+        return TraceFormatError(
+            f"{self._path}: {what} is unreadable ({e}); the file is corrupt or truncated"
+        )
+
+    def _read(self, table: str, column: str, sel: slice) -> npt.NDArray[Any]:
+        try:
+            return np.asarray(self._file[table][column][sel])
+        except (OSError, KeyError) as e:
+            raise self._corrupt(f"dataset /{table}/{column}", e) from e
+
+    def _row_count(self, table: str, schema: tuple[Column, ...]) -> int:
+        group = self._file[table]
+        try:
+            rows = int(group.attrs["rows"])
+        except (KeyError, OSError, TypeError, ValueError) as e:
+            raise self._corrupt(f"attribute 'rows' of /{table}", e) from e
+        for c in schema:
+            ds = group.get(c.name)
+            if not isinstance(ds, h5py.Dataset):
+                raise TraceFormatError(f"{self._path}: dataset /{table}/{c.name} is missing")
+            if ds.shape[0] < rows:
+                raise TraceFormatError(
+                    f"{self._path}: dataset /{table}/{c.name} has {ds.shape[0]} rows, "
+                    f"fewer than the table's {rows}"
+                )
+        return rows
+
+    def _decode(self, table: str, column: str, codes: npt.NDArray[Any]) -> pd.Categorical:
+        if codes.size and (codes.min() < 0 or codes.max() >= len(self._strings)):
+            raise TraceFormatError(
+                f"{self._path}: dataset /{table}/{column} holds indices outside the "
+                f"{len(self._strings)}-entry string table"
+                + ("" if STRINGS in self._file else " (no /strings: the writer was killed)")
+            )
+        return pd.Categorical.from_codes(
+            codes, categories=self._categories
+        ).remove_unused_categories()
+
+    def table(self, name: str, *, t0: int | None = None, t1: int | None = None) -> pd.DataFrame:
+        """Rows of table ``name`` within the half-open window ``[t0, t1)`` (ns, monotonic).
+
+        Event tables (start_ns/end_ns) keep rows that overlap the window; a zero-length event
+        counts as the instant ``start_ns``. ``samples/*`` keep ``t0 <= t_ns < t1``. ``threads``
+        is never filtered. ``sym`` columns come back as categoricals of str. A table absent from
+        the file gives an empty frame with the schema's columns and dtypes.
+        """
+        schema = _schema(name)
+        if name not in self.tables():
+            return empty_frame(name)
+        n = self._row_count(name, schema)
+        names = {c.name for c in schema}
+        cache: dict[str, npt.NDArray[Any]] = {}
+        mask: npt.NDArray[np.bool_] | None = None
+        if t0 is not None or t1 is not None:
+            lo_t = np.iinfo(np.int64).min if t0 is None else t0
+            hi_t = np.iinfo(np.int64).max if t1 is None else t1
+            if {"start_ns", "end_ns"} <= names:
+                s = cache["start_ns"] = self._read(name, "start_ns", slice(0, n))
+                e = cache["end_ns"] = self._read(name, "end_ns", slice(0, n))
+                mask = (s < hi_t) & ((e > lo_t) | (s >= lo_t))
+            elif name.startswith("samples/"):
+                t = cache["t_ns"] = self._read(name, "t_ns", slice(0, n))
+                mask = (t >= lo_t) & (t < hi_t)
+        lo, hi = 0, n
+        if mask is not None:
+            idx = np.flatnonzero(mask)
+            if idx.size == 0:
+                return empty_frame(name)
+            # Rows are mostly in time order, so read only the span that holds the window.
+            lo, hi = int(idx[0]), int(idx[-1]) + 1
+            mask = None if idx.size == hi - lo else mask[lo:hi]
+        data: dict[str, Any] = {}
+        for c in schema:
+            arr = (
+                cache[c.name][lo:hi] if c.name in cache else self._read(name, c.name, slice(lo, hi))
+            )
+            if mask is not None:
+                arr = arr[mask]
+            data[c.name] = self._decode(name, c.name, arr) if c.is_symbol else arr
+        return pd.DataFrame(data)
+
+    def verify(self) -> None:
+        """Read every byte of every dataset, so fletcher32 checksums are all checked.
+
+        Also checks the tables against the schema and the string table against its digest.
+        Raises TraceFormatError naming the file and the first bad dataset.
+        """
+        datasets: list[str] = []
+        try:
+            self._file.visititems(
+                lambda name, obj: datasets.append(name) if isinstance(obj, h5py.Dataset) else None
+            )
+        except (OSError, RuntimeError) as e:
+            raise self._corrupt("the group structure", e) from e
+        for name in datasets:
+            try:
+                ds = self._file[name]
+                total = ds.shape[0] if ds.shape else 0
+                for start in range(0, max(total, 1), _VERIFY_BLOCK_ROWS):
+                    ds[start : start + _VERIFY_BLOCK_ROWS]
+            except OSError as e:
+                raise self._corrupt(f"dataset /{name}", e) from e
+        for table in self.tables():
+            schema = _schema(table)
+            n = self._row_count(table, schema)
+            for c in schema:
+                dtype = self._file[table][c.name].dtype
+                if dtype != np.dtype(c.numpy_dtype):
+                    raise TraceFormatError(
+                        f"{self._path}: dataset /{table}/{c.name} has dtype {dtype}, "
+                        f"schema v{SCHEMA_VERSION} says {c.numpy_dtype}"
+                    )
+                if c.is_symbol:
+                    self._decode(table, c.name, self._read(table, c.name, slice(0, n)))
+
+
+def empty_frame(table: str) -> pd.DataFrame:
+    """A zero-row frame with ``table``'s columns and the dtypes ``Trace.table`` returns."""
+    data: dict[str, Any] = {}
+    for c in _schema(table):
+        if c.is_symbol:
+            data[c.name] = pd.Categorical([], categories=pd.Index([], dtype="str"))
+        else:
+            data[c.name] = np.empty(0, dtype=c.numpy_dtype)
+    return pd.DataFrame(data)
+
+
+def _read_attrs(f: Any, path: Path) -> dict[str, Any]:
+    raw = {name: _plain(f.attrs[name]) for name in f.attrs}
+    json_names: set[str] = {n for n in JSON_ATTRS if n in raw}
+    listed = raw.get("json_attrs")
+    if listed is not None:
+        try:
+            decoded_list = json.loads(listed)
+        except (TypeError, json.JSONDecodeError) as e:
+            raise TraceFormatError(f"{path}: root attribute 'json_attrs' is not JSON ({e})") from e
+        raw["json_attrs"] = decoded_list
+        json_names.update(n for n in decoded_list if n in raw)
+    for name in json_names:
+        try:
+            raw[name] = json.loads(raw[name])
+        except (TypeError, json.JSONDecodeError) as e:
+            raise TraceFormatError(f"{path}: root attribute {name!r} is not JSON ({e})") from e
+    return raw
+
+
+def _read_strings(f: Any, path: Path, complete: bool) -> list[str]:
+    ds = f.get(STRINGS)
+    if ds is None:
+        if complete:
+            raise TraceFormatError(f"{path}: the string table /{STRINGS} is missing")
+        # A writer killed before abort() never wrote it; numeric columns are still readable.
+        return [""]
+    try:
+        strings = [s.decode("utf-8") if isinstance(s, bytes) else str(s) for s in ds[()].tolist()]
+        digest = ds.attrs.get("sha256")
+    except OSError as e:
+        raise TraceFormatError(f"{path}: dataset /{STRINGS} is unreadable ({e})") from e
+    if digest is not None and _plain(digest) != _strings_digest(strings):
+        raise TraceFormatError(f"{path}: dataset /{STRINGS} does not match its sha256; corrupt")
+    if len(set(strings)) != len(strings) or not strings or strings[0] != "":
+        raise TraceFormatError(f"{path}: dataset /{STRINGS} is not an interned string table")
+    return strings
+
+
+def open_trace(path: str | os.PathLike[str], *, allow_incomplete: bool = False) -> Trace:
+    """Open a trace for reading, checking it is a complete codl trace of a supported version.
+
+    ``allow_incomplete`` also opens aborted (``*.incomplete.h5``) and killed (``*.partial``)
+    traces, for salvaging what they measured.
+    """
+    p = Path(path)
+    if not p.is_file():
+        hints = [str(c) for c in (incomplete_path(p), partial_path(p)) if c.exists()]
+        hint = f" (found unfinished {', '.join(hints)})" if hints else ""
+        raise TraceFormatError(f"{p}: no such trace file{hint}")
+    try:
+        is_hdf5 = h5py.is_hdf5(os.fspath(p))
+    except OSError as e:
+        raise TraceFormatError(f"{p}: cannot read ({e})") from e
+    if not is_hdf5:
+        raise TraceFormatError(f"{p}: not an HDF5 file")
+    try:
+        f = h5py.File(p, "r")
+    except OSError as e:
+        raise TraceFormatError(f"{p}: cannot open as HDF5 ({e}); truncated or corrupt") from e
+    try:
+        try:
+            attrs = _read_attrs(f, p)
+        except OSError as e:
+            raise TraceFormatError(f"{p}: root attributes are unreadable ({e})") from e
+        version = attrs.get("schema_version")
+        if version is None:
+            raise TraceFormatError(f"{p}: no 'schema_version' attribute; not a codl trace")
+        if version != SCHEMA_VERSION:
+            raise TraceFormatError(
+                f"{p}: trace schema version {version!r}, this codl reads version {SCHEMA_VERSION}"
+            )
+        complete = attrs.get("complete") is True
+        if not complete and not allow_incomplete:
+            reason = attrs.get(
+                "incomplete_reason", "no reason recorded: the writer was killed or never finished"
+            )
+            raise TraceFormatError(
+                f"{p}: incomplete trace ({reason}); pass allow_incomplete=True to read "
+                "what it measured"
+            )
+        strings = _read_strings(f, p, complete)
+    except BaseException:
+        f.close()
+        raise
+    return Trace(f, p, attrs, strings)
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _dtype_label(c: Column) -> str:
+    if c.is_symbol:
+        return "sym (int32 → `/strings`)"
+    return np.dtype(c.dtype).name
+
+
+def schema_markdown() -> str:
+    """The column tables of ``docs/trace-format.md``, generated from ``TABLES``.
+
+    The docs must contain this text verbatim (tests/test_trace_store.py checks it), so the prose
+    cannot drift from the schema.
+    """
+    lines = [
+        f"<!-- generated by codl.trace.store.schema_markdown() from codl.trace.schema "
+        f"(schema v{SCHEMA_VERSION}); edit schema.py, then paste the output here -->",
+        "",
+    ]
+    for table, columns in TABLES.items():
+        lines += [f"### `/{table}`", "", "| column | dtype | unit | meaning |", "|---|---|---|---|"]
+        lines += [
+            f"| `{c.name}` | {_dtype_label(c)} | {c.unit} | {_md_cell(c.doc)} |" for c in columns
+        ]
+        lines.append("")
+    return "\n".join(lines)

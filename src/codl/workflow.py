@@ -1,0 +1,52 @@
+"""What the Snakemake rules need beyond paths: data-set locations and per-run resources."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from codl.config import Plan
+from codl.paths import ResultPaths
+from codl.spec import DeviceKind, RunSpec, _to_jsonable
+
+
+def dataset_dir(paths: ResultPaths, tiers: Mapping[str, str], name: str, tier: str) -> Path:
+    """Where a run reads data set ``name`` from: resources/datasets/ or the tier's directory."""
+    if tier == "default":
+        return paths.dataset_dir(name)
+    return Path(os.path.expandvars(os.path.expanduser(tiers[tier]))) / name
+
+
+def dataset_input(paths: ResultPaths, spec: RunSpec) -> list[str]:
+    """The file a run waits for: the manifest (default tier) or the staging marker."""
+    if not spec.mode.loads:
+        return []
+    if spec.dataset.tier == "default":
+        return [str(paths.dataset_manifest(spec.dataset.name))]
+    return [str(paths.staged_marker(spec.dataset.tier, spec.dataset.name))]
+
+
+def dataset_spec_json(plan: Plan, name: str) -> str:
+    for (dname, _tier), spec in plan.datasets().items():
+        if dname == name:
+            return json.dumps(_to_jsonable(spec), sort_keys=True)
+    raise KeyError(f"no run of the config reads data set {name!r}")
+
+
+def run_resources(spec: RunSpec, slurm: Mapping[str, Any], attempt: int) -> dict[str, Any]:
+    """Slurm resources of one run job: one task per rank, GPUs per rank, attempt-scaled limits."""
+    ranks = spec.layout.ranks_per_node
+    gpus = int(slurm.get("gpus_per_rank", 1)) if spec.device is DeviceKind.CUDA else 0
+    cpus = int(slurm.get("cpus_per_rank", 0))
+    return {
+        "nodes": spec.layout.nodes,
+        "tasks": spec.layout.world_size,
+        "tasks_per_node": ranks,
+        "cpus_per_task": cpus,
+        "gpus_per_task": gpus,
+        "mem_mb": int(slurm.get("mem_mb_per_rank", 8000)) * ranks * attempt,
+        "runtime": int(slurm.get("runtime_min", 30)) * attempt,
+    }

@@ -1,0 +1,387 @@
+#!/usr/bin/env bash
+# A single-node Slurm cluster for the test suite: slurmctld + slurmd + munged, with slurmdbd and
+# MariaDB so that `sacct` (the status command of snakemake-executor-plugin-slurm) works.
+#
+#   tests/slurm/cluster.sh up       # install packages if missing, start the daemons (idempotent)
+#   tests/slurm/cluster.sh status   # exit 0 when every daemon is alive and the node takes jobs
+#   tests/slurm/cluster.sh down     # stop the daemons by PID; keeps the database and job state
+#   tests/slurm/cluster.sh down --purge   # ... and delete the state directory
+#
+# Needs root. There is no init system in the containers we test in, so every daemon is started
+# directly in the foreground in its own session, and its PID is written to $STATE/pid/<name>.pid.
+# Generated configuration lives in $STATE/etc; clients find it through `source $STATE/env.sh`.
+#
+# Environment: CODL_SLURM_STATE (default /tmp/codl-slurm), CODL_SLURM_DB_PORT (default 13306),
+# CODL_SLURM_CGROUP = auto|yes|no (default auto: cgroup plugins only where cgroup v1 is writable).
+set -euo pipefail
+
+STATE=${CODL_SLURM_STATE:-/tmp/codl-slurm}
+DB_PORT=${CODL_SLURM_DB_PORT:-13306}
+CGROUP_MODE=${CODL_SLURM_CGROUP:-auto}
+CLUSTER=codl
+ACCOUNT=codl
+PARTITION=debug
+NODE=$(hostname -s)
+ETC=$STATE/etc
+DAEMONS=(munged mariadbd slurmdbd slurmctld slurmd)
+PACKAGES=(munge mariadb-server slurmdbd slurmctld slurmd slurm-client)
+COMMANDS=(munged mungekey mariadbd mariadb-install-db mariadb slurmdbd slurmctld slurmd sbatch
+    sacct sacctmgr squeue sinfo scontrol srun)
+
+log() { printf 'cluster.sh: %s\n' "$*" >&2; }
+die() {
+    log "error: $*"
+    exit 1
+}
+
+# Polls "$@" every 0.5 s for at most $1 seconds.
+wait_for() {
+    local timeout=$1
+    shift
+    local end=$((SECONDS + timeout))
+    until "$@" >/dev/null 2>&1; do
+        ((SECONDS < end)) || return 1
+        sleep 0.5
+    done
+}
+
+# Like wait_for, but gives up at once when daemon $1 has exited.
+wait_daemon() {
+    local name=$1 timeout=$2
+    shift 2
+    local end=$((SECONDS + timeout))
+    until "$@" >/dev/null 2>&1; do
+        alive "$name" && ((SECONDS < end)) || return 1
+        sleep 0.5
+    done
+}
+
+pid_of() { cat "$STATE/pid/$1.pid" 2>/dev/null || true; }
+
+# A PID file can outlive its process and the PID be reused: also check the command name.
+alive() {
+    local pid
+    pid=$(pid_of "$1")
+    [[ -n $pid ]] && [[ -r /proc/$pid/comm ]] && [[ $(cat "/proc/$pid/comm") == "$1"* ]]
+}
+
+# Starts "$@" as daemon $name in the foreground of a new session; stdout to $STATE/log/$name.out.
+# `setpriv` (not runuser/su) execs in place, so $! is the daemon's own PID.
+start() {
+    local name=$1
+    shift
+    setsid "$@" >>"$STATE/log/$name.out" 2>&1 </dev/null &
+    echo $! >"$STATE/pid/$name.pid"
+}
+
+as_user() {
+    local user=$1
+    shift
+    setpriv --reuid="$user" --regid="$user" --init-groups -- "$@"
+}
+
+export_env() {
+    export SLURM_CONF=$ETC/slurm.conf
+}
+
+install_packages() {
+    local missing=0 c
+    for c in "${COMMANDS[@]}"; do
+        command -v "$c" >/dev/null || missing=1
+    done
+    ((missing)) || return 0
+    log "installing ${PACKAGES[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    # The postinst scripts try to start the services through invoke-rc.d; without an init system
+    # that fails harmlessly ("policy-rc.d denied execution"), we start them ourselves below.
+    apt-get install -y -qq --no-install-recommends "${PACKAGES[@]}" >/dev/null
+}
+
+cgroup_plugins_usable() {
+    case $CGROUP_MODE in
+        yes) return 0 ;;
+        no) return 1 ;;
+    esac
+    # Slurm 22.05's cgroup/v2 plugin wants slurmd started by systemd with Delegate=yes; with no
+    # systemd in the container only cgroup v1 can work, and only if its hierarchies are writable
+    # (a container usually gets them read-only).
+    [[ $(stat -fc %T /sys/fs/cgroup) == tmpfs ]] || return 1
+    local c
+    for c in freezer cpuset memory devices; do
+        mkdir "/sys/fs/cgroup/$c/codl-probe.$$" 2>/dev/null || return 1
+        rmdir "/sys/fs/cgroup/$c/codl-probe.$$"
+    done
+}
+
+write_configs() {
+    local hw cpus mem proctrack task
+    # The node must advertise what slurmd detects, else slurmd registers it as INVALID.
+    hw=$(slurmd -C | head -n1)
+    cpus=$(sed -n 's/.* CPUs=\([0-9]*\).*/\1/p' <<<"$hw")
+    mem=$(sed -n 's/.* RealMemory=\([0-9]*\).*/\1/p' <<<"$hw")
+    if cgroup_plugins_usable; then
+        proctrack=proctrack/cgroup task=task/cgroup,task/affinity
+        cat >"$ETC/cgroup.conf" <<EOF
+CgroupPlugin=cgroup/v1
+CgroupAutomount=yes
+ConstrainCores=yes
+ConstrainRAMSpace=yes
+ConstrainDevices=no
+EOF
+    else
+        # No writable cgroup hierarchy: track processes by parent PID, and bind CPUs with
+        # sched_setaffinity. The binding is advisory: a job can widen its own CPU mask.
+        proctrack=proctrack/linuxproc task=task/affinity
+        rm -f "$ETC/cgroup.conf"
+    fi
+    cat >"$ETC/slurm.conf" <<EOF
+# Generated by tests/slurm/cluster.sh; regenerated on every \`up\`.
+ClusterName=$CLUSTER
+SlurmctldHost=$NODE
+SlurmUser=slurm
+AuthType=auth/munge
+StateSaveLocation=$STATE/spool/ctld
+SlurmdSpoolDir=$STATE/spool/d
+SlurmctldPidFile=$STATE/run/slurmctld.pid
+SlurmdPidFile=$STATE/run/slurmd.pid
+SlurmctldLogFile=$STATE/log/slurmctld.log
+SlurmdLogFile=$STATE/log/slurmd.log
+ReturnToService=2
+ProctrackType=$proctrack
+TaskPlugin=$task
+SchedulerType=sched/backfill
+# Cores and memory are consumable: several jobs share the node, each confined to what it asked.
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+# Without a default, a job that does not ask for memory is given the whole node's memory.
+DefMemPerCPU=1000
+# Keep finished jobs in slurmctld for a day, so that \`squeue\`-based status checks see them too.
+MinJobAge=86400
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=localhost
+AccountingStorageEnforce=associations
+JobAcctGatherType=jobacct_gather/linux
+JobAcctGatherFrequency=5
+JobCompType=jobcomp/none
+MpiDefault=none
+SlurmctldTimeout=30
+SlurmdTimeout=30
+NodeName=$NODE CPUs=$cpus RealMemory=$mem State=UNKNOWN
+PartitionName=$PARTITION Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
+EOF
+    # slurmdbd.conf holds the database password: slurmdbd refuses it unless owned by SlurmUser
+    # with mode 600.
+    install -m 600 -o slurm -g slurm /dev/null "$ETC/slurmdbd.conf"
+    cat >"$ETC/slurmdbd.conf" <<EOF
+AuthType=auth/munge
+DbdHost=localhost
+SlurmUser=slurm
+PidFile=$STATE/run/slurmdbd.pid
+LogFile=$STATE/log/slurmdbd.log
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort=$DB_PORT
+StorageUser=slurm
+StoragePass=codl-test
+StorageLoc=slurm_acct_db
+EOF
+    link_system_conf
+    cat >"$STATE/env.sh" <<EOF
+# source this file to talk to the CoDL test cluster
+export SLURM_CONF=$ETC/slurm.conf
+# read by profiles/slurm/config.yaml
+export CODL_SLURM_PARTITION=$PARTITION
+export CODL_SLURM_ACCOUNT=$ACCOUNT
+EOF
+}
+
+# snakemake-executor-plugin-slurm-jobstep strips every SLURM_* variable but the job's identity
+# (SLURM_CONF included) before it runs `srun ... snakemake` inside the job; that srun then finds no
+# configuration ("fetch_config: DNS SRV lookup failed") unless slurm.conf is at the compiled-in
+# path. So link it there, unless a real cluster's slurm.conf already lives there.
+SYSTEM_CONF=/etc/slurm/slurm.conf
+link_system_conf() {
+    if [[ -e $SYSTEM_CONF || -L $SYSTEM_CONF ]] && [[ $(readlink "$SYSTEM_CONF") != "$ETC/slurm.conf" ]]; then
+        log "warning: $SYSTEM_CONF exists and is not ours; jobs run by Snakemake's slurm plugin will use it"
+        return 0
+    fi
+    install -d /etc/slurm
+    ln -sfn "$ETC/slurm.conf" "$SYSTEM_CONF"
+}
+
+unlink_system_conf() {
+    if [[ -L $SYSTEM_CONF && $(readlink "$SYSTEM_CONF") == "$ETC/slurm.conf" ]]; then
+        rm -f "$SYSTEM_CONF"
+    fi
+}
+
+start_munge() {
+    alive munged && return 0
+    # munged refuses to run as root; it runs as user munge, whose socket directory must exist.
+    install -d -m 755 -o munge -g munge /run/munge /var/lib/munge
+    install -d -m 700 -o munge -g munge /var/log/munge
+    [[ -s /etc/munge/munge.key ]] || as_user munge mungekey --create
+    start munged setpriv --reuid=munge --regid=munge --init-groups -- munged --foreground
+    wait_daemon munged 20 bash -c 'munge -n | unmunge' || die "munged did not start: $STATE/log/munged.out, /var/log/munge/munged.log"
+}
+
+mysql_root() { mariadb --no-defaults --protocol=socket --socket="$STATE/mysql/mysqld.sock" -uroot "$@"; }
+
+start_mariadb() {
+    alive mariadbd && return 0
+    if [[ ! -d $STATE/mysql/mysql ]]; then
+        log "initialising the accounting database in $STATE/mysql"
+        install -d -o mysql -g mysql "$STATE/mysql"
+        mariadb-install-db --no-defaults --user=mysql --datadir="$STATE/mysql" \
+            --auth-root-authentication-method=socket --skip-test-db >>"$STATE/log/mariadbd.out" 2>&1 ||
+            die "mariadb-install-db failed: $STATE/log/mariadbd.out"
+    fi
+    # A private instance (own datadir, socket and port) that leaves any system MariaDB alone;
+    # --no-defaults keeps /etc/mysql out of it.
+    start mariadbd mariadbd --no-defaults --user=mysql --datadir="$STATE/mysql" \
+        --socket="$STATE/mysql/mysqld.sock" --pid-file="$STATE/mysql/mysqld.pid" \
+        --bind-address=127.0.0.1 --port="$DB_PORT" --skip-name-resolve \
+        --innodb-buffer-pool-size=64M --innodb-lock-wait-timeout=900
+    wait_daemon mariadbd 60 mysql_root -e 'SELECT 1' || die "mariadbd did not start: $STATE/log/mariadbd.out"
+    mysql_root <<'EOF'
+CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY 'codl-test';
+GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';
+FLUSH PRIVILEGES;
+EOF
+}
+
+start_slurmdbd() {
+    alive slurmdbd && return 0
+    start slurmdbd slurmdbd -D
+    wait_daemon slurmdbd 60 sacctmgr -n show cluster || die "slurmdbd did not start: $STATE/log/slurmdbd.log"
+}
+
+# Cluster, account and root's association; `sacctmgr -i add` of an existing entity is a no-op.
+add_associations() {
+    sacctmgr -n list cluster format=cluster | grep -qw "$CLUSTER" ||
+        sacctmgr -i add cluster "$CLUSTER" >/dev/null
+    sacctmgr -n list account format=account | grep -qw "$ACCOUNT" ||
+        sacctmgr -i add account "$ACCOUNT" cluster="$CLUSTER" description=CoDL organization=codl \
+            >/dev/null
+    sacctmgr -n list assoc user=root account="$ACCOUNT" format=user | grep -qw root ||
+        sacctmgr -i add user root account="$ACCOUNT" defaultaccount="$ACCOUNT" >/dev/null
+}
+
+node_state() { sinfo -h -n "$NODE" -o %T 2>/dev/null; }
+node_ready() { [[ $(node_state) =~ ^(idle|mixed|allocated)$ ]]; }
+
+start_slurm() {
+    if ! alive slurmctld; then
+        # Job state is kept across down/up: job IDs keep increasing, so `sacct -j ID` never
+        # returns a record of an older cluster with the same ID.
+        start slurmctld slurmctld -D -i
+        wait_daemon slurmctld 30 scontrol ping || die "slurmctld did not start: $STATE/log/slurmctld.log"
+    fi
+    if ! alive slurmd; then
+        start slurmd slurmd -D
+    fi
+    if ! wait_for 30 node_ready; then
+        scontrol update nodename="$NODE" state=resume 2>/dev/null || true
+        wait_for 15 node_ready ||
+            die "node $NODE is '$(node_state)', not idle: $STATE/log/slurmd.log, slurmctld.log"
+    fi
+}
+
+all_alive() {
+    local d
+    for d in "${DAEMONS[@]}"; do
+        alive "$d" || return 1
+    done
+}
+
+status() {
+    local d rc=0
+    for d in "${DAEMONS[@]}"; do
+        if alive "$d"; then
+            printf '%-10s running, pid %s\n' "$d" "$(pid_of "$d")"
+        else
+            printf '%-10s stopped\n' "$d"
+            rc=1
+        fi
+    done
+    if ((rc == 0)); then
+        export_env
+        printf 'node       %s is %s\n' "$NODE" "$(node_state)"
+        node_ready || rc=1
+    fi
+    return $rc
+}
+
+stop_daemon() {
+    local name=$1 pid
+    pid=$(pid_of "$name")
+    if alive "$name"; then
+        kill -TERM "$pid"
+        local end=$((SECONDS + 20))
+        while [[ -e /proc/$pid ]] && ((SECONDS < end)); do sleep 0.2; done
+        if [[ -e /proc/$pid ]]; then
+            log "$name (pid $pid) ignored SIGTERM for 20 s; sending SIGKILL"
+            kill -KILL "$pid" 2>/dev/null || true
+        fi
+    fi
+    rm -f "$STATE/pid/$name.pid"
+}
+
+down() {
+    local d i
+    # Reverse start order: slurmd before slurmctld before slurmdbd before the database.
+    for ((i = ${#DAEMONS[@]} - 1; i >= 0; i--)); do
+        d=${DAEMONS[i]}
+        stop_daemon "$d"
+    done
+    rm -f "$STATE"/run/*.pid "$STATE/mysql/mysqld.sock"
+    unlink_system_conf
+    if [[ ${1:-} == --purge ]]; then
+        rm -rf "$STATE"
+    fi
+}
+
+print_usage_hint() {
+    cat <<EOF
+Slurm cluster '$CLUSTER' is up on node $NODE ($(sinfo -h -n "$NODE" -o '%c CPUs, %m MB'))
+  source $STATE/env.sh
+  partition: $PARTITION   account: $ACCOUNT
+  snakemake --profile profiles/slurm ...   (after sourcing env.sh)
+EOF
+}
+
+up() {
+    install_packages
+    install -d -m 755 "$STATE" "$STATE/etc" "$STATE/pid"
+    install -d -m 755 -o slurm -g slurm "$STATE/log" "$STATE/run" "$STATE/spool" \
+        "$STATE/spool/ctld"
+    install -d -m 755 "$STATE/spool/d"
+    export_env
+    if all_alive && node_ready; then
+        print_usage_hint
+        return 0
+    fi
+    # A half-started cluster (a daemon died, or a config would change under a live daemon):
+    # restart the Slurm daemons from fresh configuration; munged and the database may stay.
+    local d
+    for d in slurmd slurmctld slurmdbd; do stop_daemon "$d"; done
+    write_configs
+    start_munge
+    start_mariadb
+    start_slurmdbd
+    add_associations
+    start_slurm
+    print_usage_hint
+}
+
+[[ $EUID -eq 0 ]] || die "must run as root (it installs packages and starts daemons)"
+case ${1:-} in
+    up) up ;;
+    down) down "${2:-}" ;;
+    status) status ;;
+    *)
+        echo "usage: $0 up|down [--purge]|status" >&2
+        exit 2
+        ;;
+esac

@@ -1,0 +1,570 @@
+"""The HDF5 trace store: round trips, the temp-name protocol, and rejection of bad files."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import pandas as pd
+import pytest
+
+from codl.errors import TraceFormatError
+from codl.trace.schema import SCHEMA_VERSION, TABLES
+from codl.trace.store import (
+    COMPRESSIONS,
+    TraceWriter,
+    chunk_rows,
+    incomplete_path,
+    open_trace,
+    partial_path,
+    schema_markdown,
+)
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "trace-format.md"
+
+# Directory names a cluster user can plausibly have; the store must not care.
+DIR_NAMES = ["plain", "with space", "ünïcødé ✓ 跟踪"]
+
+ANCHOR_START = {"realtime_ns": 1_700_000_000_000_000_000, "monotonic_ns": 5_000, "error_ns": 120}
+ANCHOR_END = {"realtime_ns": 1_700_000_000_000_900_000, "monotonic_ns": 905_000, "error_ns": 80}
+ATTRS: dict[str, Any] = {
+    "run_id": "abc123def456",
+    "spec": {"mode": "combined", "loader": {"workers": 4}, "seeds": [1, 2]},
+    "host": "node-07",
+    "slurm_job_id": "123456",
+    "git_revision": "0123abcd",
+    "versions": {"torch": "2.14.1", "h5py": "3.16.0"},
+    "anchors_start": ANCHOR_START,
+    "anchors_end": ANCHOR_END,
+    "t_begin_ns": 10_000,
+    "t_end_ns": 900_000,
+    "warmup_steps": 2,
+    "clk_tck": 100,
+}
+
+
+def known_columns() -> dict[str, dict[str, list[Any]]]:
+    """Three rows per table with distinct, recognisable values (strings for sym columns)."""
+    strings = {
+        "phase": ["forward", "backward", "optimizer"],
+        "stage": ["fetch", "decode", "collate"],
+        "kind": ["runtime", "kernel", "memcpy"],
+        "name": ["cudaLaunchKernel", "sm90_xmma_gemm_ñ", "Memcpy HtoD"],
+        "op": ["allreduce", "allreduce", "group_allreduce"],
+        "role": ["launch", "pin_memory", "loader"],
+        "cpus_planned": ["0-3", "", "8,9"],
+        "cpus_actual": ["0-3", "0-63", "8,9"],
+    }
+    out: dict[str, dict[str, list[Any]]] = {}
+    for t_i, (table, columns) in enumerate(TABLES.items()):
+        cols: dict[str, list[Any]] = {}
+        for c_i, c in enumerate(columns):
+            if c.is_symbol:
+                if table == "threads" and c.name == "name":
+                    cols[c.name] = ["python3", "pt_autograd_0", "pt_data_worker"]
+                else:
+                    cols[c.name] = strings[c.name]
+            elif c.name == "start_ns":
+                cols[c.name] = [10_000, 20_000, 30_000]
+            elif c.name == "end_ns":
+                cols[c.name] = [15_000, 28_000, 30_500]
+            elif c.name == "t_ns":
+                cols[c.name] = [10_000, 20_000, 30_000]
+            else:
+                # Distinct per table and column, and negative in one row to catch sign bugs.
+                cols[c.name] = [t_i * 100 + c_i, -(t_i * 100 + c_i + 1), 7]
+        out[table] = cols
+    return out
+
+
+def write_trace(path: Path, columns: dict[str, dict[str, list[Any]]] | None = None) -> Path:
+    with TraceWriter(path) as w:
+        w.set_attrs(**ATTRS)
+        for table, cols in (columns or known_columns()).items():
+            w.append(table, cols)
+        return w.finish()
+
+
+@pytest.fixture(params=DIR_NAMES)
+def trace_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    d = tmp_path / str(request.param)
+    d.mkdir()
+    return d
+
+
+def test_round_trip_every_table(trace_dir: Path) -> None:
+    path = write_trace(trace_dir / "run ✓.h5")
+    assert path == trace_dir / "run ✓.h5"
+    assert sorted(p.name for p in trace_dir.iterdir()) == ["run ✓.h5"]
+    expected = known_columns()
+    with open_trace(path) as t:
+        assert t.tables() == list(TABLES)
+        for table, columns in TABLES.items():
+            df = t.table(table)
+            assert list(df.columns) == [c.name for c in columns]
+            assert len(df) == 3
+            for c in columns:
+                if c.is_symbol:
+                    assert isinstance(df[c.name].dtype, pd.CategoricalDtype)
+                    assert df[c.name].tolist() == expected[table][c.name]
+                else:
+                    assert df[c.name].dtype == np.dtype(c.numpy_dtype), (table, c.name)
+                    assert df[c.name].tolist() == expected[table][c.name], (table, c.name)
+
+
+def test_root_attributes_round_trip(tmp_path: Path) -> None:
+    path = write_trace(tmp_path / "t.h5")
+    with open_trace(path) as t:
+        attrs = t.attrs
+        assert t.spec == ATTRS["spec"]
+        assert t.complete is True
+    for name, value in ATTRS.items():
+        assert attrs[name] == value, name
+    assert attrs["schema_version"] == SCHEMA_VERSION
+    assert attrs["complete"] is True
+    assert "incomplete_reason" not in attrs
+    assert attrs["json_attrs"] == ["anchors_end", "anchors_start", "spec", "versions"]
+    # Plain h5py sees the JSON attributes as text, which is what the docs promise.
+    with h5py.File(path, "r") as f:
+        assert json.loads(f.attrs["spec"]) == ATTRS["spec"]
+        assert json.loads(f.attrs["json_attrs"]) == attrs["json_attrs"]
+
+
+def test_set_attrs_stores_any_dict_or_list_as_json(tmp_path: Path) -> None:
+    with TraceWriter(tmp_path / "t.h5") as w:
+        w.set_attrs(spec='{"already": "json"}', extra={"k": [1, np.int64(2)]}, tags=["a", "b"])
+        w.set_attrs(tags="plain now")  # re-set as a plain str: no longer JSON
+        w.finish()
+    with open_trace(tmp_path / "t.h5") as t:
+        assert t.spec == {"already": "json"}
+        assert t.attrs["extra"] == {"k": [1, 2]}
+        assert t.attrs["tags"] == "plain now"
+        assert t.attrs["json_attrs"] == ["extra", "spec"]
+
+
+@pytest.mark.parametrize("name", ["complete", "schema_version", "incomplete_reason", "json_attrs"])
+def test_set_attrs_refuses_protocol_attributes(tmp_path: Path, name: str) -> None:
+    with TraceWriter(tmp_path / "t.h5") as w:
+        with pytest.raises(ValueError, match=name):
+            w.set_attrs(**{name: 1})
+        w.finish()
+
+
+def test_set_attrs_rejects_bad_json_text(tmp_path: Path) -> None:
+    with TraceWriter(tmp_path / "t.h5") as w:
+        with pytest.raises(ValueError, match="spec"):
+            w.set_attrs(spec="{not json")
+        w.finish()
+
+
+@pytest.mark.parametrize("compression", COMPRESSIONS)
+def test_datasets_are_chunked_compressed_checksummed_with_units(
+    tmp_path: Path, compression: Any
+) -> None:
+    path = tmp_path / "t.h5"
+    with TraceWriter(path, compression=compression) as w:
+        for table, cols in known_columns().items():
+            w.append(table, cols)
+        w.finish()
+    with h5py.File(path, "r") as f:
+        for table, columns in TABLES.items():
+            group = f[table]
+            assert group.attrs["rows"] == 3
+            for c in columns:
+                ds = group[c.name]
+                assert ds.maxshape == (None,)
+                assert ds.chunks == (chunk_rows(c),)
+                assert 256 * 1024 <= chunk_rows(c) * ds.dtype.itemsize <= 1024 * 1024
+                assert ds.compression == compression
+                assert ds.shuffle is True
+                assert ds.fletcher32 is True
+                assert ds.attrs["unit"] == c.unit
+                assert ds.attrs["doc"] == c.doc
+                assert ds.attrs["schema_dtype"] == c.dtype
+        assert f["events/app/start_ns"].attrs["unit"] == "ns"
+        assert f["events/comm/bytes"].attrs["unit"] == "bytes"
+        strings = [s.decode() for s in f["strings"][()]]
+        assert strings[0] == ""
+        assert "cudaLaunchKernel" in strings
+        assert len(set(strings)) == len(strings)
+
+
+def test_appends_extend_and_symbols_accept_ints(tmp_path: Path) -> None:
+    path = tmp_path / "t.h5"
+    n = 250_000  # spans several chunks of every column
+    rng = np.random.default_rng(1)
+    start = np.cumsum(rng.integers(1, 1000, n)).astype(np.int64)
+    with TraceWriter(path) as w:
+        fwd, bwd = w.intern("forward"), w.intern("backward")
+        assert w.intern("forward") == fwd
+        assert w.intern("") == 0
+        phase = np.where(np.arange(n) % 2 == 0, fwd, bwd)
+        for lo in range(0, n, 100_000):
+            sl = slice(lo, min(n, lo + 100_000))
+            w.append(
+                "events/app",
+                {
+                    "rank": np.zeros(sl.stop - lo, np.int16),
+                    "step": np.arange(lo, sl.stop) // 10,
+                    "phase": phase[sl],
+                    "tid": np.full(sl.stop - lo, 77),
+                    "start_ns": start[sl],
+                    "end_ns": start[sl] + 5,
+                    "gpu_ns": np.full(sl.stop - lo, -1),
+                },
+            )
+        assert w.rows("events/app") == n
+        w.finish()
+    with open_trace(path) as t:
+        df = t.table("events/app")
+        t.verify()
+    assert len(df) == n
+    np.testing.assert_array_equal(df["start_ns"].to_numpy(), start)
+    np.testing.assert_array_equal(df["step"].to_numpy(), np.arange(n) // 10)
+    assert df["phase"].iloc[0] == "forward"
+    assert df["phase"].iloc[1] == "backward"
+    assert df["phase"].value_counts().to_dict() == {"forward": n // 2, "backward": n // 2}
+
+
+def _window_trace(path: Path) -> Path:
+    # Event i spans [starts[i], ends[i]]; event 4 is zero-length at 300.
+    starts = [0, 100, 150, 250, 300, 400]
+    ends = [90, 200, 160, 350, 300, 500]
+    with TraceWriter(path) as w:
+        w.append(
+            "events/comm",
+            {
+                "rank": [0] * 6,
+                "step": list(range(6)),
+                "bucket": [0] * 6,
+                "op": ["allreduce"] * 6,
+                "bytes": [1 << 20] * 6,
+                "start_ns": starts,
+                "end_ns": ends,
+                "gpu_ns": [-1] * 6,
+            },
+        )
+        w.append(
+            "samples/device",
+            {
+                "t_ns": [0, 100, 200, 300, 400],
+                "rank": [0] * 5,
+                "step": [0, 1, 2, 3, 4],
+                "gpu": [0] * 5,
+                "util_pct": [10, 20, 30, 40, 50],
+                "mem_util_pct": [1] * 5,
+                "mem_used": [1] * 5,
+                "sm_clock": [1980] * 5,
+                "power": [300_000] * 5,
+            },
+        )
+        w.append(
+            "threads",
+            {
+                "t_ns": [0, 450],
+                "rank": [0, 0],
+                "pid": [1, 1],
+                "tid": [1, 2],
+                "role": ["launch", "comm"],
+                "name": ["python", "nccl"],
+                "cpus_planned": ["", ""],
+                "cpus_actual": ["0-7", "0-7"],
+            },
+        )
+        return w.finish()
+
+
+@pytest.mark.parametrize(
+    ("t0", "t1", "steps"),
+    [
+        (None, None, [0, 1, 2, 3, 4, 5]),
+        (100, 300, [1, 2, 3]),  # [100, 300): event 0 ended before, event 4 starts at t1
+        (90, 100, []),  # event 0 ends exactly at 90: touching is not overlapping
+        (300, 301, [3, 4]),  # the zero-length event at 300 is inside, event 3 overlaps
+        (155, 156, [1, 2]),  # a window inside two events
+        (None, 150, [0, 1]),
+        (450, None, [5]),
+        (600, 700, []),
+    ],
+)
+def test_event_window_is_overlap(
+    tmp_path: Path, t0: int | None, t1: int | None, steps: list[int]
+) -> None:
+    with open_trace(_window_trace(tmp_path / "w.h5")) as t:
+        df = t.table("events/comm", t0=t0, t1=t1)
+    assert df["step"].tolist() == steps
+    assert list(df.columns) == [c.name for c in TABLES["events/comm"]]
+    assert df["op"].tolist() == ["allreduce"] * len(steps)
+
+
+def test_sample_window_is_half_open_and_threads_unfiltered(tmp_path: Path) -> None:
+    with open_trace(_window_trace(tmp_path / "w.h5")) as t:
+        assert t.table("samples/device", t0=100, t1=300)["t_ns"].tolist() == [100, 200]
+        assert t.table("samples/device", t0=401)["util_pct"].tolist() == []
+        assert t.table("threads", t0=100, t1=200)["name"].tolist() == ["python", "nccl"]
+
+
+def test_missing_table_is_empty_with_schema_dtypes(tmp_path: Path) -> None:
+    with open_trace(_window_trace(tmp_path / "w.h5")) as t:
+        assert "events/cuda" not in t.tables()
+        df = t.table("events/cuda")
+        empty_window = t.table("events/comm", t0=10_000, t1=20_000)
+    for frame, table in ((df, "events/cuda"), (empty_window, "events/comm")):
+        assert len(frame) == 0
+        assert list(frame.columns) == [c.name for c in TABLES[table]]
+        for c in TABLES[table]:
+            if c.is_symbol:
+                assert isinstance(frame[c.name].dtype, pd.CategoricalDtype)
+            else:
+                assert frame[c.name].dtype == np.dtype(c.numpy_dtype)
+
+
+def test_unknown_table_is_an_error(tmp_path: Path) -> None:
+    with (
+        open_trace(_window_trace(tmp_path / "w.h5")) as t,
+        pytest.raises(ValueError, match="events/gpu"),
+    ):
+        t.table("events/gpu")
+
+
+def test_constructor_does_no_io(tmp_path: Path) -> None:
+    TraceWriter(tmp_path / "t.h5")
+    TraceWriter(tmp_path / "missing-dir" / "t.h5")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_final_path_appears_only_at_finish(trace_dir: Path) -> None:
+    final = trace_dir / "t.h5"
+    with TraceWriter(final) as w:
+        w.append("threads", known_columns()["threads"])
+        assert not final.exists()
+        assert partial_path(final).exists()
+        assert partial_path(final).name == "t.h5.partial"
+        with pytest.raises(TraceFormatError, match=re.escape(str(final))):
+            open_trace(final)
+        w.finish()
+    assert final.exists()
+    assert not partial_path(final).exists()
+    assert not incomplete_path(final).exists()
+
+
+def test_missing_finish_keeps_data_as_incomplete(trace_dir: Path) -> None:
+    final = trace_dir / "t.h5"
+    with pytest.warns(RuntimeWarning, match="finish"), TraceWriter(final) as w:
+        w.set_attrs(**ATTRS)
+        w.append("threads", known_columns()["threads"])
+    kept = trace_dir / "t.incomplete.h5"
+    assert sorted(p.name for p in trace_dir.iterdir()) == [kept.name]
+    with pytest.raises(TraceFormatError, match=r"no such trace file.*t\.incomplete\.h5"):
+        open_trace(final)
+    with pytest.raises(TraceFormatError, match=r"incomplete.*finish\(\) not called") as err:
+        open_trace(kept)
+    assert str(kept) in str(err.value)
+    with open_trace(kept, allow_incomplete=True) as t:
+        assert t.complete is False
+        assert t.attrs["incomplete_reason"] == "finish() not called"
+        assert t.table("threads")["name"].tolist() == known_columns()["threads"]["name"]
+
+
+def test_exception_in_with_block_aborts_with_reason(trace_dir: Path) -> None:
+    final = trace_dir / "run.h5"
+    with pytest.raises(ZeroDivisionError), TraceWriter(final) as w:
+        w.append("events/app", known_columns()["events/app"])
+        _ = 1 / 0
+    assert not final.exists()
+    assert not partial_path(final).exists()
+    with open_trace(trace_dir / "run.incomplete.h5", allow_incomplete=True) as t:
+        assert "ZeroDivisionError" in t.attrs["incomplete_reason"]
+        assert t.table("events/app")["phase"].tolist() == ["forward", "backward", "optimizer"]
+
+
+def test_killed_writer_leaves_only_a_partial_file(tmp_path: Path) -> None:
+    final = tmp_path / "t.h5"
+    script = f"""
+import os, signal
+from codl.trace.store import TraceWriter
+w = TraceWriter({str(final)!r}).__enter__()
+w.append("samples/device", {{c: [1, 2] for c in {[c.name for c in TABLES["samples/device"]]!r}}})
+w.append("threads", {known_columns()["threads"]!r})
+w._file.flush()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+    proc = subprocess.run([sys.executable, "-c", script], check=False)
+    assert proc.returncode == -signal.SIGKILL
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.h5.partial"]
+    with pytest.raises(TraceFormatError, match=r"found unfinished .*t\.h5\.partial"):
+        open_trace(final)
+    with pytest.raises(TraceFormatError, match="killed or never finished"):
+        open_trace(partial_path(final))
+    with open_trace(partial_path(final), allow_incomplete=True) as t:
+        assert t.table("samples/device")["util_pct"].tolist() == [1, 2]  # numbers survive
+        with pytest.raises(TraceFormatError, match="no /strings"):
+            t.table("threads")
+
+
+def test_abort_without_keep_deletes(tmp_path: Path) -> None:
+    final = tmp_path / "t.h5"
+    with TraceWriter(final) as w:
+        w.append("threads", known_columns()["threads"])
+        assert w.abort("dry run", keep=False) is None
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_abort_after_finish_is_refused(tmp_path: Path) -> None:
+    with TraceWriter(tmp_path / "t.h5") as w:
+        w.finish()
+        with pytest.raises(RuntimeError, match="finished"):
+            w.abort("late")
+    with open_trace(tmp_path / "t.h5") as t:
+        assert t.complete
+
+
+def test_reserved_final_names_are_refused(tmp_path: Path) -> None:
+    for name in ("t.incomplete.h5", "t.h5.partial"):
+        with pytest.raises(ValueError, match="unfinished"):
+            TraceWriter(tmp_path / name)
+
+
+@pytest.mark.parametrize(
+    ("columns", "pattern"),
+    [
+        ({"rank": [0], "step": [0], "bucket": [0], "op": ["allreduce"], "bytes": [1],
+          "start_ns": [0], "end_ns": [1]}, r"missing columns \['gpu_ns'\]"),
+        ({"rank": [0], "step": [0], "bucket": [0], "op": ["allreduce"], "bytes": [1],
+          "start_ns": [0], "end_ns": [1], "gpu_ns": [1], "size": [1]},
+         r"unknown columns \['size'\]"),
+        ({"rank": [0, 1], "step": [0], "bucket": [0], "op": ["allreduce"], "bytes": [1],
+          "start_ns": [0], "end_ns": [1], "gpu_ns": [1]}, r"differ in length"),
+        ({"rank": [40_000], "step": [0], "bucket": [0], "op": ["allreduce"], "bytes": [1],
+          "start_ns": [0], "end_ns": [1], "gpu_ns": [1]}, r"'rank'.*do not fit int16"),
+        ({"rank": [0], "step": [0], "bucket": [0], "op": ["allreduce"], "bytes": [1.5],
+          "start_ns": [0], "end_ns": [1], "gpu_ns": [1]}, r"'bytes'.*expected integers"),
+        ({"rank": [0], "step": [0], "bucket": [0], "op": [99], "bytes": [1],
+          "start_ns": [0], "end_ns": [1], "gpu_ns": [1]}, r"'op'.*not all string indices"),
+    ],
+)  # fmt: skip
+def test_append_rejects_bad_columns(tmp_path: Path, columns: dict[str, Any], pattern: str) -> None:
+    with TraceWriter(tmp_path / "t.h5") as w:
+        with pytest.raises(ValueError, match=pattern) as err:
+            w.append("events/comm", columns)
+        assert "events/comm" in str(err.value)
+        assert w.rows("events/comm") == 0
+        w.finish()
+
+
+def test_append_rejects_unknown_table(tmp_path: Path) -> None:
+    with TraceWriter(tmp_path / "t.h5") as w:
+        with pytest.raises(ValueError, match="events/gpu"):
+            w.append("events/gpu", {"x": [1]})
+        w.finish()
+
+
+def test_missing_file_and_non_hdf5_are_rejected(trace_dir: Path) -> None:
+    missing = trace_dir / "nope.h5"
+    with pytest.raises(TraceFormatError, match=re.escape(str(missing))):
+        open_trace(missing)
+    text = trace_dir / "text.h5"
+    text.write_text("not hdf5\n" * 100)
+    with pytest.raises(TraceFormatError, match=re.escape(str(text)) + ".*not an HDF5 file"):
+        open_trace(text)
+
+
+def test_schema_version_mismatch_is_rejected(trace_dir: Path) -> None:
+    path = write_trace(trace_dir / "t.h5")
+    with h5py.File(path, "r+") as f:
+        f.attrs["schema_version"] = SCHEMA_VERSION + 1
+    with pytest.raises(TraceFormatError) as err:
+        open_trace(path, allow_incomplete=True)
+    msg = str(err.value)
+    assert str(path) in msg
+    assert f"version {SCHEMA_VERSION + 1}" in msg
+    assert f"reads version {SCHEMA_VERSION}" in msg
+
+
+def _big_trace(path: Path, n: int = 300_000) -> Path:
+    rng = np.random.default_rng(7)
+    start = np.cumsum(rng.integers(1, 10_000, n)).astype(np.int64)
+    with TraceWriter(path, compression="gzip") as w:
+        w.append(
+            "events/loader",
+            {
+                "rank": np.zeros(n, np.int16),
+                "step": np.arange(n) // 64,
+                "worker": np.arange(n) % 8,
+                "pid": 1000 + np.arange(n) % 8,
+                "tid": 1000 + np.arange(n) % 8,
+                "cpu": rng.integers(0, 64, n),
+                "item": rng.permutation(n),
+                "stage": np.asarray(["fetch", "decode", "transform"], dtype=object)[
+                    np.arange(n) % 3
+                ],
+                "start_ns": start,
+                "end_ns": start + rng.integers(0, 100_000, n),
+            },
+        )
+        return w.finish()
+
+
+def test_truncated_file_is_rejected(trace_dir: Path) -> None:
+    path = _big_trace(trace_dir / "t.h5")
+    size = path.stat().st_size
+    with path.open("r+b") as fh:
+        fh.truncate(size // 2)
+    # Depending on where the cut falls, HDF5 refuses to open the file or a dataset read fails.
+    with pytest.raises(TraceFormatError, match=re.escape(str(path))), open_trace(path) as t:
+        t.verify()
+
+
+def test_flipped_bytes_in_data_are_caught_by_checksum(trace_dir: Path) -> None:
+    path = _big_trace(trace_dir / "t.h5")
+    with h5py.File(path, "r") as f:
+        info = f["events/loader/item"].id.get_chunk_info(1)
+    with path.open("r+b") as fh:
+        # Inside the second compressed chunk of one column, away from its header: only the
+        # fletcher32 checksum (or the decompressor) can notice.
+        fh.seek(info.byte_offset + info.size // 2)
+        chunk = bytearray(fh.read(16))
+        fh.seek(info.byte_offset + info.size // 2)
+        fh.write(bytes(b ^ 0xFF for b in chunk))
+    with open_trace(path) as t:  # metadata is intact, so opening works
+        assert len(t.table("events/loader", t0=0, t1=1)) == 0  # reads only the time columns
+        with pytest.raises(TraceFormatError, match=re.escape(str(path)) + ".*/events/loader/item"):
+            t.table("events/loader")
+        with pytest.raises(TraceFormatError, match=re.escape(str(path)) + ".*/events/loader/item"):
+            t.verify()
+
+
+def test_verify_passes_on_a_good_file(tmp_path: Path) -> None:
+    with open_trace(_big_trace(tmp_path / "t.h5")) as t:
+        t.verify()
+
+
+def test_tampered_string_table_is_rejected(tmp_path: Path) -> None:
+    path = write_trace(tmp_path / "t.h5")
+    with h5py.File(path, "r+") as f:
+        strings = [s.decode() for s in f["strings"][()]]
+        digest = f["strings"].attrs["sha256"]
+        del f["strings"]
+        strings[1] = strings[1] + "x"
+        f.create_dataset("strings", data=strings, dtype=h5py.string_dtype())
+        f["strings"].attrs["sha256"] = digest
+    with pytest.raises(TraceFormatError, match="sha256"):
+        open_trace(path)
+
+
+def test_docs_contain_generated_schema_tables() -> None:
+    generated = schema_markdown()
+    for table, columns in TABLES.items():
+        assert f"### `/{table}`" in generated
+        for c in columns:
+            assert f"| `{c.name}` |" in generated
+    assert generated in DOCS.read_text(encoding="utf-8"), (
+        "docs/trace-format.md is out of date: paste codl.trace.store.schema_markdown() into it"
+    )

@@ -1,0 +1,70 @@
+rule summarize:
+    input:
+        trace=PATHS.trace("{run_id}"),
+    output:
+        steps=PATHS.steps("{run_id}"),
+        summary=PATHS.summary("{run_id}"),
+        attribution=PATHS.attribution("{run_id}"),
+    log:
+        PATHS.summarize_log("{run_id}"),
+    threads: 1
+    conda:
+        "../../envs/codl.yaml"
+    script:
+        "../scripts/summarize.py"
+
+
+rule compare:
+    input:
+        summaries=all_of("summary"),
+        steps=all_of("steps"),
+        attributions=all_of("attribution"),
+    output:
+        runs=report(
+            PATHS.runs_table,
+            caption="../report/runs.rst",
+            category="Tables",
+        ),
+        steps=PATHS.steps_table,
+        comparison=report(
+            PATHS.comparison_table,
+            caption="../report/comparison.rst",
+            category="Tables",
+        ),
+        attribution=report(
+            PATHS.attribution_table,
+            caption="../report/attribution.rst",
+            category="Tables",
+        ),
+    log:
+        str(PATHS.logs / "compare.log"),
+    threads: 1
+    conda:
+        "../../envs/codl.yaml"
+    script:
+        "../scripts/compare.py"
+
+
+rule figures:
+    input:
+        runs=PATHS.runs_table,
+        steps=PATHS.steps_table,
+        comparison=PATHS.comparison_table,
+        traces=all_of("trace"),
+    output:
+        figures=report(
+            expand(
+                str(PATHS.figures / "{name}.{fmt}"),
+                name=FIGURES,
+                fmt=FIGURE_FORMATS,
+            ),
+            caption="../report/figures.rst",
+            category="Figures",
+        ),
+    log:
+        str(PATHS.logs / "figures.log"),
+    threads: 1
+    conda:
+        "../../envs/codl.yaml"
+    script:
+        "../scripts/figures.py"

@@ -1,0 +1,72 @@
+# Every Python helper of the workflow lives here and delegates to the `codl` package: the plan
+# (config -> runs), the paths (codl.paths.ResultPaths) and the per-run resources.
+import json
+
+from codl.config import build_plan
+from codl.paths import FIGURES, FIGURE_FORMATS, ResultPaths
+from codl.workflow import dataset_dir, dataset_input, dataset_spec_json, run_resources
+
+
+PATHS = ResultPaths()
+PLAN = build_plan(config, source="the workflow config")
+SPECS = PLAN.specs
+
+
+wildcard_constraints:
+    run_id="[0-9a-f]{12}",
+    dataset="[A-Za-z0-9][A-Za-z0-9_.-]*",
+    tier="[A-Za-z0-9][A-Za-z0-9_.-]*",
+
+
+def get_spec(wildcards):
+    return SPECS[wildcards.run_id]
+
+
+def get_spec_json(wildcards):
+    return json.dumps(get_spec(wildcards).to_dict(), sort_keys=True)
+
+
+def get_dataset_spec_json(wildcards):
+    return dataset_spec_json(PLAN, wildcards.dataset)
+
+
+def get_dataset_out_dir(wildcards):
+    return str(PATHS.dataset_dir(wildcards.dataset))
+
+
+def get_tier_target(wildcards):
+    return str(dataset_dir(PATHS, PLAN.tiers, wildcards.dataset, wildcards.tier))
+
+
+def get_dataset_input(wildcards):
+    return dataset_input(PATHS, get_spec(wildcards))
+
+
+def get_dataset_arg(wildcards):
+    spec = get_spec(wildcards)
+    if not spec.mode.loads:
+        return ""
+    return "--dataset-dir '{}'".format(
+        dataset_dir(PATHS, PLAN.tiers, spec.dataset.name, spec.dataset.tier)
+    )
+
+
+def get_run_resource(name):
+    def lookup(wildcards, attempt):
+        return run_resources(get_spec(wildcards), config.get("slurm", {}), attempt)[name]
+
+    return lookup
+
+
+def get_trace(wildcards):
+    return str(PATHS.trace(wildcards.run_id))
+
+
+def all_of(kind):
+    return [str(getattr(PATHS, kind)(run_id)) for run_id in SPECS]
+
+
+def get_final_outputs():
+    figures = [str(PATHS.figure(n, fmt)) for n in FIGURES for fmt in FIGURE_FORMATS]
+    tables = [str(PATHS.runs_table), str(PATHS.comparison_table)]
+    return tables + figures

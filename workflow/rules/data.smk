@@ -1,0 +1,34 @@
+# Data sets are generated once per name into resources/datasets/<name>/ and, for runs that read
+# from another storage tier (node-local disk, /dev/shm), copied there; the copy's marker lives
+# in resources/staged/ so the tier directory itself can be anywhere.
+
+
+rule dataset:
+    output:
+        manifest=PATHS.dataset_manifest("{dataset}"),
+    params:
+        spec=get_dataset_spec_json,
+        out=get_dataset_out_dir,
+    log:
+        str(PATHS.logs / "dataset" / "{dataset}.log"),
+    threads: 1
+    conda:
+        "../../envs/codl.yaml"
+    shell:
+        "codl dataset --spec-json '{params.spec}' --out '{params.out}' > '{log}' 2>&1"
+
+
+rule stage_dataset:
+    input:
+        manifest=PATHS.dataset_manifest("{dataset}"),
+    output:
+        marker=PATHS.staged_marker("{tier}", "{dataset}"),
+    params:
+        target=get_tier_target,
+    log:
+        str(PATHS.logs / "stage" / "{tier}-{dataset}.log"),
+    threads: 1
+    conda:
+        "../../envs/codl.yaml"
+    shell:
+        "codl stage '{input.manifest}' --to '{params.target}' --marker '{output.marker}' > '{log}' 2>&1"

@@ -1,0 +1,46 @@
+# One job per run. Locally a run takes every core (threads: workflow.cores) so that nothing the
+# experiment did not ask for (another run, a summarize job) shares its CPUs; on Slurm it becomes
+# one job of `tasks` ranks (see profiles/slurm).
+
+
+localrules:
+    spec,
+
+
+rule spec:
+    output:
+        spec=PATHS.spec("{run_id}"),
+    params:
+        spec=get_spec_json,
+    log:
+        str(PATHS.logs / "spec" / "{run_id}.log"),
+    conda:
+        "../../envs/codl.yaml"
+    shell:
+        "codl write-spec '{params.spec}' --out '{output.spec}' > '{log}' 2>&1"
+
+
+rule run:
+    input:
+        spec=PATHS.spec("{run_id}"),
+        dataset=get_dataset_input,
+    output:
+        trace=PATHS.trace("{run_id}"),
+    params:
+        dataset=get_dataset_arg,
+        kineto=str(PATHS.kineto_dir("{run_id}")),
+    log:
+        PATHS.run_log("{run_id}"),
+    threads: workflow.cores
+    resources:
+        nodes=get_run_resource("nodes"),
+        tasks=get_run_resource("tasks"),
+        tasks_per_node=get_run_resource("tasks_per_node"),
+        gpus_per_task=get_run_resource("gpus_per_task"),
+        mem_mb=get_run_resource("mem_mb"),
+        runtime=get_run_resource("runtime"),
+    conda:
+        "../../envs/codl.yaml"
+    shell:
+        "codl run '{input.spec}' --trace '{output.trace}' {params.dataset} "
+        "--kineto-dir '{params.kineto}' > '{log}' 2>&1"

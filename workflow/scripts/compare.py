@@ -1,0 +1,16 @@
+import sys
+from pathlib import Path
+
+sys.stderr = open(snakemake.log[0], "w", buffering=1)
+
+from codl.analysis.pipeline import compare_to
+
+compare_to(
+    summaries=[Path(p) for p in snakemake.input.summaries],
+    steps=[Path(p) for p in snakemake.input.steps],
+    attributions=[Path(p) for p in snakemake.input.attributions],
+    runs_table=Path(snakemake.output.runs),
+    steps_table=Path(snakemake.output.steps),
+    comparison_table=Path(snakemake.output.comparison),
+    attribution_table=Path(snakemake.output.attribution),
+)

@@ -1,0 +1,14 @@
+import sys
+from pathlib import Path
+
+sys.stderr = open(snakemake.log[0], "w", buffering=1)
+
+from codl.analysis.pipeline import figures_to
+
+figures_to(
+    runs_table=Path(snakemake.input.runs),
+    steps_table=Path(snakemake.input.steps),
+    comparison_table=Path(snakemake.input.comparison),
+    traces=[Path(p) for p in snakemake.input.traces],
+    figdir=Path(snakemake.output.figures[0]).parent,
+)

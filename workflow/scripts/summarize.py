@@ -1,0 +1,13 @@
+import sys
+from pathlib import Path
+
+sys.stderr = open(snakemake.log[0], "w", buffering=1)
+
+from codl.analysis.pipeline import summarize_to
+
+summarize_to(
+    Path(snakemake.input.trace),
+    steps=Path(snakemake.output.steps),
+    summary=Path(snakemake.output.summary),
+    attribution=Path(snakemake.output.attribution),
+)
