@@ -34,6 +34,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         trace_path=trace,
         dataset_dir=Path(args.dataset_dir) if args.dataset_dir else None,
         kineto_dir=Path(args.kineto_dir) if args.kineto_dir else trace.parent / "kineto",
+        argv=[sys.executable, "-m", "codl.cli", *sys.argv[1:]],
+        cpus_per_task=args.cpus_per_task,
     )
     print(trace)
     return 0
@@ -135,6 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--trace", help="trace path (default: trace.h5 next to the spec)")
     r.add_argument("--dataset-dir", help="data set directory (modes that load data)")
     r.add_argument("--kineto-dir", help="where the raw Kineto trace goes (cupti level)")
+    r.add_argument(
+        "--cpus-per-task",
+        type=int,
+        default=0,
+        help="CPUs per rank when a multi-rank run starts its ranks with srun (0: Slurm's default)",
+    )
     r.set_defaults(func=cmd_run)
 
     i = sub.add_parser("inspect", help="human summary of a trace")

@@ -18,7 +18,9 @@ import jsonschema
 import yaml
 
 from codl.errors import ConfigError
-from codl.spec import DatasetSpec, Mode, RunSpec, field_paths
+from codl.spec import _SAFE_NAME, DatasetSpec, Mode, RunSpec, did_you_mean, field_paths
+
+_SAFE_NAME_PATTERN = _SAFE_NAME.pattern
 
 
 def schema() -> dict[str, Any]:
@@ -27,17 +29,48 @@ def schema() -> dict[str, Any]:
     return data
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that rejects duplicate keys: plain YAML keeps the last one silently, so a
+    second `loader:` section would quietly drop the first."""
+
+
+def _construct_unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> Any:
+    first_line: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            if key in first_line:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"duplicate key {key!r} (first defined at line {first_line[key]})",
+                    key_node.start_mark,
+                )
+            first_line[key] = key_node.start_mark.line + 1
+        except TypeError:  # an unhashable key; construct_mapping reports it
+            break
+    return loader.construct_mapping(node, deep=True)
+
+
+_StrictLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+    _construct_unique_mapping,
+)
+
+
 def load_yaml(path: Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError([f"{path}: no such config file"], source=str(path))
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(), Loader=_StrictLoader)  # a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError(
-            [f"{path}: YAML syntax error{where}: {getattr(exc, 'problem', exc)}"],
+            [f"{path}: YAML error{where}: {getattr(exc, 'problem', exc)}"],
             source=str(path),
         ) from None
     if data is None:
@@ -59,17 +92,52 @@ def _key_path(path: Any) -> str:
     return out or "<root>"
 
 
-def schema_problems(cfg: Mapping[str, Any]) -> list[str]:
+def _schema_errors(cfg: Mapping[str, Any]) -> list[tuple[tuple[Any, ...], str]]:
+    """(absolute path, message) of every schema violation, one per offending key."""
     validator = jsonschema.Draft202012Validator(schema())
-    problems = []
+    out: list[tuple[tuple[Any, ...], str]] = []
     for err in sorted(validator.iter_errors(cfg), key=lambda e: list(map(str, e.absolute_path))):
-        key = _key_path(err.absolute_path)
-        if err.validator == "additionalProperties":
+        path = tuple(err.absolute_path)
+        if err.validator == "additionalProperties" and isinstance(err.instance, Mapping):
             allowed = sorted(err.schema.get("properties", {}))
-            problems.append(f"{key}: {err.message}; allowed keys: {allowed}")
+            for extra in err.instance:
+                if extra not in allowed:
+                    key = _key_path((*path, extra))
+                    out.append(
+                        (
+                            (*path, extra),
+                            f"{key}: unknown key, expected one of {allowed}"
+                            + did_you_mean(str(extra), allowed),
+                        )
+                    )
+        elif "propertyNames" in err.schema_path:
+            # jsonschema reports a bad name at its parent's path; name the key itself.
+            key = _key_path((*path, err.instance))
+            out.append(((*path, err.instance), f"{key}: invalid key name, {err.message}"))
+        elif err.validator == "enum":
+            choices = [str(c) for c in err.validator_value]
+            out.append(
+                (
+                    path,
+                    f"{_key_path(path)}: got {err.instance!r}, expected one of {choices}"
+                    + did_you_mean(err.instance, choices),
+                )
+            )
+        elif err.validator == "pattern" and err.validator_value == _SAFE_NAME_PATTERN:
+            out.append(
+                (
+                    path,
+                    f"{_key_path(path)}: got {err.instance!r}, expected letters, digits, '_', "
+                    "'.', '-', starting with a letter or digit (it becomes a path)",
+                )
+            )
         else:
-            problems.append(f"{key}: {err.message}")
-    return problems
+            out.append((path, f"{_key_path(path)}: {err.message}"))
+    return out
+
+
+def schema_problems(cfg: Mapping[str, Any]) -> list[str]:
+    return [msg for _, msg in _schema_errors(cfg)]
 
 
 @dataclass(frozen=True)
@@ -140,9 +208,24 @@ def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def build_plan(cfg: Mapping[str, Any], *, source: str | None = None) -> Plan:
-    """Validate ``cfg`` and expand it; raise one ConfigError listing every problem."""
-    problems = schema_problems(cfg)
-    if problems:
+    """Validate ``cfg`` and expand it; raise one ConfigError listing every problem.
+
+    Schema violations do not stop the semantic checks of the experiments they leave intact, so
+    that one round trip reports every mistake the config makes.
+    """
+    errors = _schema_errors(cfg)
+    problems = [msg for _, msg in errors]
+    if not isinstance(cfg, Mapping):
+        raise ConfigError(problems or ["<root>: expected a mapping"], source=source)
+    if "experiments" not in cfg:
+        problems.append("experiments: missing, expected a list of experiments (each with a name)")
+    # Shared sections broken: nothing downstream can be trusted.
+    shared_broken = any(not path or path[0] in {"defaults", "tiers"} for path, _ in errors)
+    broken_experiments = {
+        path[1] for path, _ in errors if len(path) >= 2 and path[0] == "experiments"
+    }
+    experiments = cfg.get("experiments", [])
+    if shared_broken or any(path == ("experiments",) for path, _ in errors):
         raise ConfigError(problems, source=source)
     defaults = cfg.get("defaults", {}) or {}
     tiers = dict(cfg.get("tiers", {}) or {})
@@ -150,55 +233,81 @@ def build_plan(cfg: Mapping[str, Any], *, source: str | None = None) -> Plan:
     runs: list[PlannedRun] = []
     seen_names: set[str] = set()
     datasets: dict[tuple[str, str], tuple[DatasetSpec, str]] = {}
-    for i, exp in enumerate(cfg.get("experiments", [])):
-        name = exp["name"]
+    for i, exp in enumerate(experiments):
         where = f"experiments[{i}]"
-        if name in seen_names:
+        name = exp.get("name") if isinstance(exp, Mapping) else None
+        if isinstance(name, str) and name in seen_names:
             problems.append(f"{where}.name: duplicate experiment name {name!r}")
+            continue
+        if i in broken_experiments or not isinstance(name, str):
             continue
         seen_names.add(name)
         base = _merge(defaults, exp.get("base", {}) or {})
         factors: dict[str, list[Any]] = dict(exp.get("factors", {}) or {})
         bad = [k for k in factors if k not in valid_keys or k == "repeat"]
         for k in bad:
+            factor_keys = sorted(valid_keys - {"repeat"})
             problems.append(
-                f"{where}.factors.{k}: unknown factor, expected a dotted run-spec key such as "
-                f"mode, loader.workers, pinning.policy (all: {sorted(valid_keys - {'repeat'})})"
+                f"{where}.factors.{k}: unknown factor"
+                + ("; `repeat` is set by `repeats`" if k == "repeat" else "")
+                + did_you_mean(k, factor_keys)
+                + f" (a dotted run-spec key; all: {factor_keys})"
             )
         if bad:
             continue
         keys = list(factors)
         combos = list(itertools.product(*(factors[k] for k in keys))) if keys else [()]
+        # problem -> labels of the combinations it occurs in, to report a mistake of `base`
+        # once rather than once per combination.
+        found: dict[str, list[str]] = {}
         for combo in combos:
+            label = ", ".join(f"{k}={v}" for k, v in zip(keys, combo, strict=True))
+            run_where = f"{where} ({name}: {label})" if label else f"{where} ({name})"
             for rep in range(int(exp.get("repeats", 1))):
                 d = copy.deepcopy(base)
                 for k, v in zip(keys, combo, strict=True):
                     _set_dotted(d, k, v)
                 d["repeat"] = rep
-                label = ", ".join(f"{k}={v}" for k, v in zip(keys, combo, strict=True))
-                run_where = f"{where} ({name}: {label})" if label else f"{where} ({name})"
                 try:
                     spec = RunSpec.from_dict(d, where="")
                 except ConfigError as exc:
-                    problems.extend(f"{run_where}: {p}" for p in exc.problems)
+                    for p in exc.problems:
+                        found.setdefault(p, []).append(label)
                     continue
-                problems.extend(f"{run_where}: {p}" for p in _plan_problems(spec, tiers))
+                for p in _plan_problems(spec, tiers):
+                    found.setdefault(p, []).append(label)
                 if spec.mode.loads:
                     key = (spec.dataset.name, spec.dataset.tier)
                     prior = datasets.get(key)
                     if prior is not None and prior[0] != spec.dataset:
                         problems.append(
                             f"{run_where}: dataset.name {spec.dataset.name!r} is defined with "
-                            f"different parameters in {prior[1]}; give each variant its own name"
+                            f"different parameters in {prior[1]} "
+                            f"({_dataset_diff(prior[0], spec.dataset)}); "
+                            "give each variant its own name"
                         )
                     else:
                         datasets[key] = (spec.dataset, run_where)
                 runs.append(PlannedRun(name, spec))
-    # De-duplicate problems while keeping order: a bad base value repeats for every combination.
+        for p, occurrences in found.items():
+            labels = list(dict.fromkeys(occurrences))
+            if len(combos) > 1 and len(labels) == len(combos):
+                problems.append(f"{where} ({name}, every combination): {p}")
+            else:
+                problems.extend(
+                    f"{where} ({name}: {label}): {p}" if label else f"{where} ({name}): {p}"
+                    for label in labels
+                )
+    # De-duplicate problems while keeping order.
     unique = list(dict.fromkeys(problems))
     if unique:
         raise ConfigError(unique, source=source)
     return Plan(runs=tuple(runs), tiers=tiers)
+
+
+def _dataset_diff(a: DatasetSpec, b: DatasetSpec) -> str:
+    da, db = a.__dict__, b.__dict__
+    return ", ".join(f"{k}: {da[k]!r} vs {db[k]!r}" for k in da if da[k] != db[k])
 
 
 def _plan_problems(spec: RunSpec, tiers: Mapping[str, str]) -> list[str]:

@@ -9,13 +9,14 @@ re-runs the runs that load data, not the compute-only runs whose loader never st
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import enum
 import hashlib
 import json
 import re
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -290,7 +291,9 @@ class RunSpec:
             )
         if self.trace.cupti and self.device is not DeviceKind.CUDA:
             out.append(f"{p}trace.cupti: true needs device 'cuda'")
-        if self.trace.cupti_steps > self.steps.measured:
+        # Only when the window is on: with CUPTI off, `steps.measured: 1` must not fail on a
+        # default the run never reads.
+        if self.trace.cupti and self.trace.cupti_steps > self.steps.measured:
             out.append(
                 f"{p}trace.cupti_steps: got {self.trace.cupti_steps}, expected <= "
                 f"steps.measured ({self.steps.measured})"
@@ -320,6 +323,7 @@ def _from_mapping(cls: type[_T], data: Any, where: str, problems: list[str]) -> 
         if key not in fields:
             problems.append(
                 f"{_join(where, str(key))}: unknown key, expected one of {sorted(fields)}"
+                + did_you_mean(str(key), fields)
             )
     kwargs: dict[str, Any] = {}
     for name in fields:
@@ -350,7 +354,9 @@ def _convert(hint: Any, value: Any, path: str, problems: list[str]) -> Any:
         allowed = [m.value for m in hint]
         if value in allowed:
             return hint(value)
-        problems.append(f"{path}: got {value!r}, expected one of {allowed}")
+        problems.append(
+            f"{path}: got {value!r}, expected one of {allowed}" + did_you_mean(value, allowed)
+        )
         return _INVALID
     if hint is bool:
         if isinstance(value, bool):
@@ -375,6 +381,14 @@ def _convert(hint: Any, value: Any, path: str, problems: list[str]) -> Any:
     if isinstance(hint, types.UnionType):  # pragma: no cover - no optional fields yet
         return value
     raise TypeError(f"unsupported spec field type {hint!r} at {path}")  # pragma: no cover
+
+
+def did_you_mean(value: Any, choices: Iterable[str]) -> str:
+    """``"; did you mean 'x'?"`` for the closest choice to a misspelled ``value``, else ``""``."""
+    if not isinstance(value, str):
+        return ""
+    close = difflib.get_close_matches(value, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def _join(where: str, key: str) -> str:

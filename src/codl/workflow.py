@@ -40,13 +40,19 @@ def run_resources(spec: RunSpec, slurm: Mapping[str, Any], attempt: int) -> dict
     """Slurm resources of one run job: one task per rank, GPUs per rank, attempt-scaled limits."""
     ranks = spec.layout.ranks_per_node
     gpus = int(slurm.get("gpus_per_rank", 1)) if spec.device is DeviceKind.CUDA else 0
-    cpus = int(slurm.get("cpus_per_rank", 0))
-    return {
+    out: dict[str, Any] = {
         "nodes": spec.layout.nodes,
         "tasks": spec.layout.world_size,
-        "tasks_per_node": ranks,
-        "cpus_per_task": cpus,
-        "gpus_per_task": gpus,
-        "mem_mb": int(slurm.get("mem_mb_per_rank", 8000)) * ranks * attempt,
+        "cpus_per_task": int(slurm.get("cpus_per_rank", 2)),
+        "mem_mb": int(slurm.get("mem_mb_per_rank", 4000)) * ranks * attempt,
         "runtime": int(slurm.get("runtime_min", 30)) * attempt,
+        # With `mpi` set the Slurm plugin runs the command once in the batch step instead of
+        # wrapping it in `srun -n1`; `codl run` then starts one task per rank itself.
+        "mpi": "srun",
     }
+    if gpus:
+        # sbatch --gpus=N with one task per GPU (the plugin's default ties --ntasks-per-gpu to
+        # `tasks`, which would start tasks x GPUs ranks).
+        out["gpu"] = gpus * spec.layout.world_size
+        out["tasks_per_gpu"] = 1
+    return out

@@ -244,11 +244,8 @@ start_mariadb() {
         --bind-address=127.0.0.1 --port="$DB_PORT" --skip-name-resolve \
         --innodb-buffer-pool-size=64M --innodb-lock-wait-timeout=900
     wait_daemon mariadbd 60 mysql_root -e 'SELECT 1' || die "mariadbd did not start: $STATE/log/mariadbd.out"
-    mysql_root <<'EOF'
-CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY 'codl-test';
-GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';
-FLUSH PRIVILEGES;
-EOF
+    mysql_root -e "CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY 'codl-test';
+        GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1'; FLUSH PRIVILEGES;"
 }
 
 start_slurmdbd() {
@@ -330,6 +327,13 @@ stop_daemon() {
 
 down() {
     local d i
+    # Cancel jobs first: slurmstepd processes outlive slurmd and would keep running.
+    if alive slurmctld; then
+        export_env
+        squeue -h -o %A | xargs -r scancel
+        # shellcheck disable=SC2016 # expanded by the inner bash, on every poll
+        wait_for 20 bash -c '[[ -z $(squeue -h -t running,completing -o %A) ]]' || true
+    fi
     # Reverse start order: slurmd before slurmctld before slurmdbd before the database.
     for ((i = ${#DAEMONS[@]} - 1; i >= 0; i--)); do
         d=${DAEMONS[i]}

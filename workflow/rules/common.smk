@@ -53,7 +53,7 @@ def get_dataset_arg(wildcards):
 
 def get_run_resource(name):
     def lookup(wildcards, attempt):
-        return run_resources(get_spec(wildcards), config.get("slurm", {}), attempt)[name]
+        return run_resources(get_spec(wildcards), config.get("slurm", {}), attempt).get(name, 0)
 
     return lookup
 

@@ -35,12 +35,14 @@ rule run:
     resources:
         nodes=get_run_resource("nodes"),
         tasks=get_run_resource("tasks"),
-        tasks_per_node=get_run_resource("tasks_per_node"),
-        gpus_per_task=get_run_resource("gpus_per_task"),
+        cpus_per_task=get_run_resource("cpus_per_task"),
+        gpu=get_run_resource("gpu"),
+        tasks_per_gpu=get_run_resource("tasks_per_gpu"),
+        mpi=get_run_resource("mpi"),
         mem_mb=get_run_resource("mem_mb"),
         runtime=get_run_resource("runtime"),
     conda:
         "../../envs/codl.yaml"
     shell:
         "codl run '{input.spec}' --trace '{output.trace}' {params.dataset} "
-        "--kineto-dir '{params.kineto}' > '{log}' 2>&1"
+        "--kineto-dir '{params.kineto}' --cpus-per-task {resources.cpus_per_task} > '{log}' 2>&1"

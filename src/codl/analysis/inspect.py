@@ -35,7 +35,7 @@ def describe(path: Path, *, allow_incomplete: bool = False) -> dict[str, Any]:
             "git_revision": attrs.get("git_revision"),
             "duration_s": (int(attrs["t_end_ns"]) - int(attrs["t_begin_ns"])) / 1e9,
             "anchor_error_ns": attrs.get("anchors_start", {}).get("error_ns"),
-            "measured_steps": int(len(measured)),
+            "measured_steps": len(measured),
             "step_ms_median": float(dur.median()) if len(dur) else None,
             "rows": tables,
             "thread_roles": {str(k): int(v) for k, v in roles.items()},
@@ -46,9 +46,10 @@ def describe(path: Path, *, allow_incomplete: bool = False) -> dict[str, Any]:
 
 
 def render(info: dict[str, Any]) -> str:
+    state = "complete" if info["complete"] else f"INCOMPLETE: {info['incomplete_reason']}"
     lines = [
         f"trace      {info['path']}",
-        f"run        {info['run_id']}  ({'complete' if info['complete'] else 'INCOMPLETE: ' + str(info['incomplete_reason'])})",
+        f"run        {info['run_id']}  ({state})",
         f"spec       mode={info['mode']} device={info['device']} model={info['model']} "
         f"policy={info['policy']} workers={info['workers']} ranks={info['world_size']}",
         f"host       {info['host']}  git {str(info['git_revision'])[:10] or '-'}",

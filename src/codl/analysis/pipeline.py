@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from codl.analysis import compare as cmp
@@ -107,8 +108,9 @@ def figures_to(
                 app = tables["events/app"]
                 st = app[(app["phase"].astype(str) == "step") & (app["step"] >= warm)]
                 if len(st):
-                    dur = st["end_ns"] - st["start_ns"]
-                    step = int(st.loc[(dur - dur.median()).abs().idxmin(), "step"])
+                    dur = (st["end_ns"] - st["start_ns"]).to_numpy()
+                    pick = int(np.argmin(np.abs(dur - np.median(dur))))
+                    step = int(st["step"].to_numpy()[pick])
                     timeline = figdata.step_timeline(tables, step=step)
                     title = (
                         f"One {mode} step (run {t.attrs.get('run_id')}, step {step}, policy "

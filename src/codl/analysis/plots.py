@@ -7,6 +7,7 @@ the figure instead of staying blank.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -14,9 +15,9 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
 
 ISO_COLOR = "#4c72b0"
 COMB_COLOR = "#dd8452"
@@ -29,6 +30,18 @@ ROLE_COLORS = {
     "other": "#8c8c8c",
     "gpu": "#dd8452",
 }
+# Launch-thread (and GPU) phases get their own colours so a timeline shows where the step goes;
+# data_wait is grey-ish on purpose: it is time the launch thread spends idle, not working.
+PHASE_COLORS = {
+    "data_wait": "#b0b0b0",
+    "h2d": "#937860",
+    "forward": "#c44e52",
+    "backward": "#8172b3",
+    "optimizer": "#da8bc3",
+    "sleep": "#ccb974",
+    "allreduce": "#55a868",
+}
+WAIT_COLOR = "#8c8c8c"
 METRIC_LABELS = {
     "compute_eff_ms": "compute duration (ms/step)",
     "launch_wait_ms": "launch-thread run-queue wait (ms/step)",
@@ -36,8 +49,9 @@ METRIC_LABELS = {
     "data_wait_ms": "data wait (ms/step)",
     "launch_kernel_us_mean": "cudaLaunchKernel latency (us)",
     "step_ms": "step time (ms)",
-    "loader_items_per_step_ms": "loader time per item (ms)",
+    "loader_item_ms": "loader service time per item (ms)",
 }
+DEFAULT_COMPONENT_METRICS = ("compute_eff_ms", "launch_wait_ms", "allreduce_ms", "loader_item_ms")
 
 
 def _save(fig: Any, outputs: Sequence[Path]) -> None:
@@ -56,14 +70,24 @@ def _note(ax: Any, text: str) -> None:
 def component_durations(
     comparison: pd.DataFrame, outputs: Sequence[Path], *, metrics: Sequence[str] | None = None
 ) -> None:
-    """Fig. 1: isolation vs combined per policy, bars with 95 % CI and % change labels."""
-    metrics = list(metrics or ("compute_eff_ms", "launch_wait_ms", "allreduce_ms", "data_wait_ms"))
-    ok = comparison[comparison["status"] == "ok"] if len(comparison) else comparison
+    """Fig. 1: isolation vs combined per policy, bars with 95 % CI and % change labels.
+
+    The data component is shown as per-item loader service time, not data wait: an isolation
+    `data` run waits for data all step long, so its data wait is not comparable.
+    """
+    metrics = list(metrics or DEFAULT_COMPONENT_METRICS)
+    usable = len(comparison) and {"status", "metric"} <= set(comparison)
+    ok = comparison[comparison["status"] == "ok"] if usable else pd.DataFrame()
     present = [m for m in metrics if len(ok) and m in set(ok["metric"])]
     fig, axes = plt.subplots(1, max(1, len(present)), figsize=(4.2 * max(1, len(present)), 3.8))
     axes = np.atleast_1d(axes)
     if not present:
-        _note(axes[0], "no isolation/combined pairs in this run set\n(add isolation modes)")
+        why = "no isolation/combined pairs in this run set\n(add isolation modes)"
+        if usable:
+            missing = comparison.loc[comparison["status"] != "ok", "status"].astype(str)
+            if len(missing):
+                why += "\n\n" + "\n".join(textwrap.wrap(missing.iloc[0], 70))
+        _note(axes[0], why)
         _save(fig, outputs)
         return
     for ax, metric in zip(axes, present, strict=True):
@@ -93,7 +117,9 @@ def component_durations(
         for xi, c, r in zip(x, comb, d["ratio"].to_numpy(), strict=True):
             if np.isfinite(r):
                 ax.text(xi + 0.2, c, f"{(r - 1) * 100:+.0f}%", ha="center", va="bottom", fontsize=8)
-        ax.set_xticks(x, d["label"], fontsize=7)
+        # Labels carry the mode too when modes are mixed: tilt them so they do not collide.
+        many = d["mode"].nunique() > 1
+        ax.set_xticks(x, d["label"], fontsize=6 if many else 7, rotation=35 if many else 0)
         ax.set_ylabel(METRIC_LABELS.get(metric, metric))
         ax.set_title(METRIC_LABELS.get(metric, metric).split(" (")[0], fontsize=9)
     axes[0].legend(fontsize=8)
@@ -104,6 +130,8 @@ def component_durations(
 def api_latency_cdf(api: pd.DataFrame, outputs: Sequence[Path]) -> None:
     """Fig. 2: CDF of CUDA runtime API call latency, isolation vs combined."""
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    # A log axis cannot show zero-length calls (clock granularity); they are left out.
+    api = api[api["us"] > 0] if {"label", "us"} <= set(api) else pd.DataFrame()
     if api.empty:
         _note(
             ax,
@@ -126,10 +154,11 @@ def api_latency_cdf(api: pd.DataFrame, outputs: Sequence[Path]) -> None:
 def launch_wait_vs_compute(steps: pd.DataFrame, outputs: Sequence[Path]) -> None:
     """Fig. 3: per step, launch-thread run-queue wait against compute duration."""
     fig, ax = plt.subplots(figsize=(5.5, 4))
-    d = steps.dropna(subset=["launch_wait_ms", "compute_eff_ms"]) if len(steps) else steps
-    if "compute_eff_ms" in d:
+    need = {"launch_wait_ms", "compute_eff_ms", "mode", "policy"}
+    d = steps.dropna(subset=["launch_wait_ms", "compute_eff_ms"]) if need <= set(steps) else None
+    if d is not None:
         d = d[d["compute_eff_ms"] > 0]
-    if d.empty:
+    if d is None or d.empty:
         _note(ax, "no steps with both compute and launch-thread samples")
         _save(fig, outputs)
         return
@@ -151,28 +180,41 @@ def launch_wait_vs_compute(steps: pd.DataFrame, outputs: Sequence[Path]) -> None
 
 
 def step_timeline(timeline: pd.DataFrame, outputs: Sequence[Path], *, title: str = "") -> None:
-    """Fig. 4: one combined step, every track (threads, workers, GPU) on one time axis."""
+    """Fig. 4: one combined step, every track (threads, workers, GPU) on one time axis.
+
+    Launch-thread and GPU spans are coloured by phase, other tracks by thread role; run-queue
+    waits are hatched (schedstat gives their total, so they are drawn ending at the step end).
+    """
     tracks = list(dict.fromkeys(timeline["track"])) if len(timeline) else []
-    fig, ax = plt.subplots(figsize=(10, 0.35 * max(4, len(tracks)) + 1.2))
+    fig, ax = plt.subplots(figsize=(10, 0.35 * max(4, len(tracks)) + 1.6))
     if not tracks:
         _note(ax, "no combined run with a loader in this run set")
         _save(fig, outputs)
         return
     ypos = {t: i for i, t in enumerate(tracks)}
-    for _, r in timeline.iterrows():
-        color = ROLE_COLORS.get(str(r["role"]), "#8c8c8c")
-        alpha = 0.35 if r["kind"] == "wait" else 0.9
-        ax.barh(
+    span_ms = float(timeline["end_ms"].max())
+    phases = timeline["phase"] if "phase" in timeline else pd.Series("", index=timeline.index)
+    legend: dict[str, Any] = {}
+    for (_, r), phase in zip(timeline.iterrows(), phases.astype(str), strict=True):
+        wait = r["kind"] == "wait"
+        by_phase = r["role"] in {"launch", "gpu"} and phase in PHASE_COLORS
+        if by_phase:
+            color, key = PHASE_COLORS[phase], phase
+        else:
+            color = ROLE_COLORS.get(str(r["role"]), WAIT_COLOR)
+            key = f"{r['role']} (run-queue wait)" if wait else str(r["role"])
+        bar = ax.barh(
             ypos[r["track"]],
             r["end_ms"] - r["start_ms"],
             left=r["start_ms"],
             height=0.7,
             color=color,
-            alpha=alpha,
-            hatch="//" if r["kind"] == "wait" else None,
+            alpha=0.35 if wait else 0.9,
+            hatch="//" if wait else None,
             edgecolor="none",
         )
-        if r["end_ms"] - r["start_ms"] > 0.04 * float(timeline["end_ms"].max()) and r["label"]:
+        legend.setdefault(key, bar)
+        if r["end_ms"] - r["start_ms"] > 0.04 * span_ms and r["label"]:
             ax.text(
                 (r["start_ms"] + r["end_ms"]) / 2,
                 ypos[r["track"]],
@@ -185,6 +227,16 @@ def step_timeline(timeline: pd.DataFrame, outputs: Sequence[Path], *, title: str
     ax.invert_yaxis()
     ax.set_xlabel("time since step start (ms)")
     ax.set_title(title or "One combined step", fontsize=10)
+    # Phases first, in step order, then roles: the legend reads like the step.
+    order = [p for p in PHASE_COLORS if p in legend] + [k for k in legend if k not in PHASE_COLORS]
+    ax.legend(
+        [legend[k] for k in order],
+        order,
+        fontsize=7,
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        frameon=False,
+    )
     _save(fig, outputs)
 
 
@@ -213,20 +265,18 @@ def policy_heatmap(table: pd.DataFrame, outputs: Sequence[Path]) -> None:
 
 def step_time_distributions(steps: pd.DataFrame, outputs: Sequence[Path]) -> None:
     """Fig. 6: step-time distribution per mode (and policy)."""
-    fig, ax = plt.subplots(
-        figsize=(
-            max(5, 0.7 * max(1, len(steps.groupby(["mode", "policy"])) if len(steps) else 1)),
-            4,
-        )
-    )
-    if steps.empty:
+    groups: list[tuple[str, Any]] = []
+    if len(steps) and {"mode", "policy", "step_ms"} <= set(steps):
+        groups = [
+            (f"{m}\n{p}", g["step_ms"].dropna().to_numpy())
+            for (m, p), g in steps.groupby(["mode", "policy"])
+        ]
+        groups = [(n, v) for n, v in groups if len(v)]
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.7 * len(groups)), 4))
+    if not groups:
         _note(ax, "no measured steps")
         _save(fig, outputs)
         return
-    groups = [
-        (f"{m}\n{p}", g["step_ms"].dropna().to_numpy())
-        for (m, p), g in steps.groupby(["mode", "policy"])
-    ]
     ax.boxplot([g for _, g in groups], showfliers=True)
     ax.set_xticks(range(1, len(groups) + 1), [n for n, _ in groups], fontsize=7, rotation=45)
     ax.set_ylabel("step time (ms)")

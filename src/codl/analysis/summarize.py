@@ -1,20 +1,30 @@
 """Per-run analysis: trace tables -> per-step metrics, one-row run summary, mechanism attribution.
 
 Pure functions take the trace's DataFrames and return DataFrames; ``summarize_trace`` is the only
-one that reads a file. Warm-up steps are dropped everywhere.
+one that reads a file. Warm-up steps are dropped everywhere. Every per-step table is keyed by
+(rank, step): ranks may run on different nodes, whose CLOCK_MONOTONIC timelines are unrelated, so
+nothing here compares timestamps across ranks.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 
-from codl.trace.store import open_trace
+from codl.trace.store import empty_frame, open_trace
 
 PHASES = ("step", "data_wait", "h2d", "forward", "backward", "optimizer", "compute", "sleep")
+# The app's own `allreduce` span (comm mode) is named apart from `allreduce_ms`, which sums the
+# per-bucket rows of events/comm and is what the comm component is compared on.
+APP_ALLREDUCE = "allreduce_wall"
+LOADER_ITEM_STAGES = ("fetch", "decode", "transform")
+KEYS = ["rank", "step"]
 SPEC_COLUMNS = {
     "mode": ("mode",),
     "device": ("device",),
@@ -35,92 +45,183 @@ SPEC_COLUMNS = {
     "cupti": ("trace", "cupti"),
     "repeat": ("repeat",),
 }
+LOADING_MODES = frozenset({"data", "data+compute", "combined", "data+sleep"})
+SCHED_COUNTERS = ("run_ns", "wait_ns", "timeslices", "voluntary", "involuntary")
 
 
-def spec_columns(spec: dict[str, Any]) -> dict[str, Any]:
+def spec_columns(spec: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for col, path in SPEC_COLUMNS.items():
         node: Any = spec
         for p in path:
-            node = node.get(p) if isinstance(node, dict) else None
+            node = node.get(p) if isinstance(node, Mapping) else None
         out[col] = node
-    if out["mode"] not in {"data", "data+compute", "combined", "data+sleep"}:
+    if out["mode"] not in LOADING_MODES:
+        # A mode without a loader never reads these settings; zeroing them is what lets
+        # compare.py match a `compute` run with the `combined` runs of every worker count.
         out["workers"] = 0
+        out["prefetch_factor"] = None
+        out["pin_memory"] = None
     return out
 
 
-def _ms(ns: pd.Series | np.ndarray) -> Any:
-    return np.asarray(ns, dtype=float) / 1e6
+def _ms(ns: pd.Series | npt.NDArray[Any]) -> npt.NDArray[np.float64]:
+    return np.asarray(ns, dtype=np.float64) / 1e6
+
+
+def _empty(columns: Mapping[str, str]) -> pd.DataFrame:
+    """A zero-row frame with real dtypes, so that merges on rank/step never meet `object`."""
+    return pd.DataFrame({c: pd.Series(dtype=d) for c, d in columns.items()})
+
+
+def _keys_int64(df: pd.DataFrame) -> pd.DataFrame:
+    # Trace columns are i2/i4; per-step tables from different sources must merge on one dtype.
+    return df.astype({k: "int64" for k in KEYS if k in df})
+
+
+def _measured(df: pd.DataFrame, warmup: int) -> pd.DataFrame:
+    return df[df["step"] >= warmup]
+
+
+def _phase_columns() -> dict[str, str]:
+    cols: dict[str, str] = {}
+    for phase in (*PHASES, APP_ALLREDUCE):
+        cols[f"{phase}_ms"] = "float64"
+        cols[f"{phase}_gpu_ms"] = "float64"
+    return cols
+
+
+STEP_COLUMNS: dict[str, str] = {
+    "rank": "int64",
+    "step": "int64",
+    **_phase_columns(),
+    "start_ns": "int64",
+    "end_ns": "int64",
+    "compute_eff_ms": "float64",
+    "allreduce_ms": "float64",
+    "allreduce_bytes": "float64",
+    "buckets": "int64",
+}
 
 
 def step_metrics(app: pd.DataFrame, comm: pd.DataFrame, *, warmup: int) -> pd.DataFrame:
-    """One row per (rank, step) after warm-up: wall and GPU ms of every phase, AllReduce ms."""
-    app = app[app["step"] >= warmup].copy()
-    app["phase"] = app["phase"].astype(str)
-    app["wall_ms"] = _ms(app["end_ns"] - app["start_ns"])
-    app["gpu_ms"] = np.where(app["gpu_ns"] >= 0, _ms(app["gpu_ns"]), np.nan)
-    keys = ["rank", "step", "phase"]
+    """One row per (rank, step) after warm-up: wall and GPU ms of every phase, AllReduce ms.
+
+    Phase ``*_gpu_ms`` is NaN where CUDA events did not measure it (``gpu_ns == -1``).
+    ``allreduce_ms`` sums the step's buckets (GPU duration when measured, host wall otherwise).
+    """
+    app = _measured(app, warmup)
+    if app.empty:
+        return _empty(STEP_COLUMNS)
+    phase = app["phase"].astype(str).replace({"allreduce": APP_ALLREDUCE})
+    app = app.assign(
+        phase=phase,
+        wall_ms=_ms(app["end_ns"] - app["start_ns"]),
+        gpu_ms=np.where(app["gpu_ns"] >= 0, _ms(app["gpu_ns"]), np.nan),
+    )
+    keys = [*KEYS, "phase"]
     # min_count=1 keeps "not measured" as NaN instead of summing it to 0.
     wall = app.groupby(keys)["wall_ms"].sum(min_count=1).unstack("phase")
     gpu = app.groupby(keys)["gpu_ms"].sum(min_count=1).unstack("phase")
     out = pd.DataFrame(index=wall.index)
-    for phase in PHASES:
-        out[f"{phase}_ms"] = wall[phase] if phase in wall else np.nan
-        out[f"{phase}_gpu_ms"] = gpu[phase] if phase in gpu else np.nan
-    step_start = app[app["phase"] == "step"].set_index(["rank", "step"])
-    out["start_ns"] = step_start["start_ns"]
-    out["end_ns"] = step_start["end_ns"]
+    for name in (*PHASES, APP_ALLREDUCE):
+        out[f"{name}_ms"] = wall.get(name, np.nan)
+        out[f"{name}_gpu_ms"] = gpu.get(name, np.nan)
+    # A step without its `step` span never finished (the run stopped inside it): drop it, so
+    # that start/end stay exact int64 nanoseconds and step_ms is never missing.
+    step_span = app[app["phase"] == "step"].drop_duplicates(KEYS, keep="last").set_index(KEYS)
+    out = out[out.index.isin(step_span.index)]
+    step_span = step_span.reindex(out.index)
+    out["start_ns"] = step_span["start_ns"].astype("int64")
+    out["end_ns"] = step_span["end_ns"].astype("int64")
     # The compute figure of merit: GPU time from first forward launch to optimizer end when
     # CUDA events exist (it includes the GPU idling on late launches), host wall time otherwise.
     out["compute_eff_ms"] = out["compute_gpu_ms"].fillna(out["compute_ms"])
-    comm = comm[comm["step"] >= warmup]
+    comm = _measured(comm, warmup)
     if len(comm):
         dur = np.where(comm["gpu_ns"] >= 0, comm["gpu_ns"], comm["end_ns"] - comm["start_ns"])
         c = (
-            comm.assign(ms=_ms(dur))
-            .groupby(["rank", "step"])
+            comm.assign(ms=_ms(dur), nbytes=comm["bytes"].astype(np.float64))
+            .groupby(KEYS)
             .agg(
-                allreduce_ms=("ms", "sum"), allreduce_bytes=("bytes", "sum"), buckets=("ms", "size")
+                allreduce_ms=("ms", "sum"),
+                allreduce_bytes=("nbytes", "sum"),
+                buckets=("ms", "size"),
             )
         )
         out = out.join(c)
+        # A step without a bucket row did no collective; its time stays NaN (not measured).
+        out["buckets"] = out["buckets"].fillna(0)
     else:
         out["allreduce_ms"] = np.nan
         out["allreduce_bytes"] = np.nan
         out["buckets"] = 0
-    return out.reset_index()
+    out = out.reset_index()
+    out.columns.name = None
+    return out.astype({"buckets": "int64"}).pipe(_keys_int64)[list(STEP_COLUMNS)]
 
 
 def launch_tids(threads: pd.DataFrame) -> dict[int, int]:
-    """rank -> TID of its launch (main) thread."""
+    """rank -> TID of its launch (main) thread (the latest row wins if it was captured twice)."""
     t = threads[threads["role"].astype(str) == "launch"]
     return {int(r): int(tid) for r, tid in zip(t["rank"], t["tid"], strict=True)}
+
+
+SCHED_DELTA_COLUMNS: dict[str, str] = {
+    "rank": "int64",
+    "pid": "int64",
+    "tid": "int64",
+    "step": "int64",
+    "cpu": "int64",
+    **dict.fromkeys(SCHED_COUNTERS, "int64"),
+}
 
 
 def sched_deltas(sched: pd.DataFrame) -> pd.DataFrame:
     """Per-thread, per-step differences of the cumulative scheduler counters.
 
     A sample tagged step s is taken right after step s ends, so the difference to the thread's
-    previous sample is what happened during step s (plus the few microseconds of sampling).
+    previous sample is what happened during step s (plus the few microseconds of sampling). A
+    thread's first sample has no predecessor: its counters cover its whole life so far, which
+    cannot be placed in a step, so it yields no row. Threads are keyed by (rank, pid, tid)
+    because TIDs of different nodes can coincide.
     """
     if sched.empty:
-        return pd.DataFrame(
-            columns=["rank", "pid", "tid", "step", "run_ns", "wait_ns", "involuntary", "cpu"]
-        )
-    s = sched.sort_values(["tid", "t_ns"])
-    g = s.groupby("tid")
-    out = s[["rank", "pid", "tid", "step", "cpu"]].copy()
-    for col in ("run_ns", "wait_ns", "timeslices", "voluntary", "involuntary"):
+        return _empty(SCHED_DELTA_COLUMNS)
+    thread = ["rank", "pid", "tid"]
+    s = sched.sort_values([*thread, "t_ns"], kind="stable")
+    g = s.groupby(thread, sort=False)
+    out = s[[*thread, "step", "cpu"]].copy()
+    for col in SCHED_COUNTERS:
         out[col] = g[col].diff()
-    return out.dropna(subset=["run_ns"]).astype({"run_ns": "int64", "wait_ns": "int64"})
+    out = out.dropna(subset=["run_ns"])
+    # A negative difference means the TID was reused by a new thread: not a measurement.
+    out = out[(out["run_ns"] >= 0) & (out["wait_ns"] >= 0)]
+    if out.empty:
+        return _empty(SCHED_DELTA_COLUMNS)
+    # Two samples tagged with one step (e.g. a final flush) add up to that step.
+    agg: dict[str, Any] = dict.fromkeys(SCHED_COUNTERS, "sum")
+    agg["cpu"] = "last"
+    out = out.groupby([*thread, "step"], as_index=False, sort=True).agg(agg)
+    return out.astype(SCHED_DELTA_COLUMNS)[list(SCHED_DELTA_COLUMNS)]
+
+
+LAUNCH_COLUMNS: dict[str, str] = {
+    "rank": "int64",
+    "step": "int64",
+    "launch_wait_ms": "float64",
+    "launch_run_ms": "float64",
+    "launch_involuntary": "int64",
+    "launch_timeslices": "int64",
+}
 
 
 def launch_metrics(sched: pd.DataFrame, threads: pd.DataFrame, *, warmup: int) -> pd.DataFrame:
-    tids = launch_tids(threads)
-    d = sched_deltas(sched)
+    """Per (rank, step): the launch thread's run-queue wait, on-CPU time, involuntary switches."""
+    d = _measured(sched_deltas(sched), warmup)
     rows = []
-    for rank, tid in tids.items():
-        x = d[(d["tid"] == tid) & (d["step"] >= warmup)]
+    for rank, tid in launch_tids(threads).items():
+        x = d[(d["rank"] == rank) & (d["tid"] == tid)]
         rows.append(
             pd.DataFrame(
                 {
@@ -133,53 +234,148 @@ def launch_metrics(sched: pd.DataFrame, threads: pd.DataFrame, *, warmup: int) -
                 }
             )
         )
+    rows = [r for r in rows if len(r)]
     if not rows:
-        return pd.DataFrame(columns=["rank", "step", "launch_wait_ms", "launch_run_ms"])
-    return pd.concat(rows, ignore_index=True)
+        return _empty(LAUNCH_COLUMNS)
+    return pd.concat(rows, ignore_index=True).astype(LAUNCH_COLUMNS)
+
+
+def _runtime_calls(cuda: pd.DataFrame, warmup: int) -> pd.DataFrame:
+    """Measured CUDA runtime API calls with their name as str and duration in microseconds."""
+    rt = _measured(cuda[cuda["kind"].astype(str) == "runtime"], warmup)
+    return rt.assign(
+        name=rt["name"].astype(str),
+        us=np.asarray(rt["end_ns"] - rt["start_ns"], dtype=np.float64) / 1e3,
+    )
+
+
+def _is_launch_kernel(names: pd.Series) -> pd.Series:
+    # cudaLaunchKernel and its variants (cudaLaunchKernelExC, cuLaunchKernel).
+    return names.str.contains("LaunchKernel", regex=False)
+
+
+API_STEP_COLUMNS: dict[str, str] = {
+    "rank": "int64",
+    "step": "int64",
+    "api_calls": "int64",
+    "api_us_mean": "float64",
+    "launch_kernel_calls": "int64",
+    "launch_kernel_us_mean": "float64",
+}
 
 
 def api_metrics(cuda: pd.DataFrame, *, warmup: int) -> pd.DataFrame:
     """Per-step CUDA runtime API latency (all runtime calls, and cudaLaunchKernel alone)."""
-    if cuda.empty:
-        return pd.DataFrame(columns=["rank", "step"])
-    rt = cuda[(cuda["kind"].astype(str) == "runtime") & (cuda["step"] >= warmup)].copy()
-    rt["us"] = (rt["end_ns"] - rt["start_ns"]) / 1e3
-    rt["name"] = rt["name"].astype(str)
-    allc = rt.groupby(["rank", "step"])["us"].agg(api_us_mean="mean", api_calls="size")
-    lk = rt[rt["name"].str.contains("LaunchKernel")]
-    launch = lk.groupby(["rank", "step"])["us"].agg(launch_kernel_us_mean="mean")
-    return allc.join(launch).reset_index()
+    rt = _runtime_calls(cuda, warmup)
+    if rt.empty:
+        return _empty(API_STEP_COLUMNS)
+    allc = rt.groupby(KEYS)["us"].agg(api_us_mean="mean", api_calls="size")
+    lk = rt[_is_launch_kernel(rt["name"])]
+    launch = lk.groupby(KEYS)["us"].agg(launch_kernel_us_mean="mean", launch_kernel_calls="size")
+    out = allc.join(launch).reset_index()
+    out["launch_kernel_calls"] = out["launch_kernel_calls"].fillna(0)
+    return _keys_int64(out).astype(API_STEP_COLUMNS)[list(API_STEP_COLUMNS)]
+
+
+API_TABLE_COLUMNS: dict[str, str] = {
+    "name": "str",
+    "calls": "int64",
+    "mean_us": "float64",
+    "p50_us": "float64",
+    "p99_us": "float64",
+}
+
+
+def api_latency_table(cuda: pd.DataFrame, warmup: int) -> pd.DataFrame:
+    """Long form: one row per runtime API name over all measured calls of all ranks, sorted by
+    total time spent in the API (the APIs that cost the launch thread most come first)."""
+    rt = _runtime_calls(cuda, warmup)
+    if rt.empty:
+        return _empty(API_TABLE_COLUMNS)
+    g = rt.groupby("name")["us"]
+    out = pd.DataFrame(
+        {
+            "calls": g.size(),
+            "mean_us": g.mean(),
+            "p50_us": g.median(),
+            "p99_us": g.quantile(0.99),
+            "total": g.sum(),
+        }
+    )
+    out = out.sort_values(["total", "calls"], ascending=False).drop(columns="total")
+    return out.reset_index().astype(API_TABLE_COLUMNS)[list(API_TABLE_COLUMNS)]
+
+
+def _latency_stats(us: pd.Series, prefix: str) -> dict[str, float | int]:
+    return {
+        f"{prefix}_calls": len(us),
+        f"{prefix}_us_mean": float(us.mean()) if len(us) else np.nan,
+        f"{prefix}_us_p50": float(us.median()) if len(us) else np.nan,
+        f"{prefix}_us_p99": float(us.quantile(0.99)) if len(us) else np.nan,
+    }
+
+
+LOADER_COLUMNS: dict[str, str] = {
+    "rank": "int64",
+    "step": "int64",
+    **{f"loader_{s}_ms": "float64" for s in (*LOADER_ITEM_STAGES, "collate")},
+    "loader_items": "int64",
+    "loader_item_ms": "float64",
+}
 
 
 def loader_metrics(loader: pd.DataFrame, *, warmup: int) -> pd.DataFrame:
-    if loader.empty:
-        return pd.DataFrame(columns=["rank", "step"])
-    x = loader[loader["step"] >= warmup].copy()
-    x["stage"] = x["stage"].astype(str)
-    x["ms"] = _ms(x["end_ns"] - x["start_ns"])
-    per = x.pivot_table(index=["rank", "step"], columns="stage", values="ms", aggfunc="sum")
+    """Per (rank, step) of the consuming step: summed worker time per stage, items loaded, and
+    ``loader_item_ms``, the mean per-item service time (fetch + decode + transform).
+
+    The per-item service time is the data component's speed: it does not depend on how long
+    the step's compute took (unlike items per step time), so isolation `data` runs and
+    combined runs compare on it directly; it grows when workers are starved of CPU.
+    """
+    x = _measured(loader, warmup)
+    if x.empty:
+        return _empty(LOADER_COLUMNS)
+    x = x.assign(stage=x["stage"].astype(str), ms=_ms(x["end_ns"] - x["start_ns"]))
+    per = x.pivot_table(index=KEYS, columns="stage", values="ms", aggfunc="sum", observed=True)
     per.columns = [f"loader_{c}_ms" for c in per.columns]
-    items = x[x["item"] >= 0].groupby(["rank", "step"])["item"].nunique().rename("loader_items")
-    return per.join(items).reset_index()
+    # An item is identified by its worker process and data-set index: two epochs can load the
+    # same index, but only in different steps.
+    items = x[(x["item"] >= 0) & x["stage"].isin(LOADER_ITEM_STAGES)]
+    per_item = items.groupby([*KEYS, "pid", "item"])["ms"].sum()
+    by_step = per_item.groupby(level=KEYS).agg(loader_items="size", loader_item_ms="mean")
+    out = per.join(by_step, how="outer").reset_index()
+    for col, dtype in LOADER_COLUMNS.items():
+        if col not in out:
+            out[col] = 0 if dtype == "int64" else np.nan
+    out["loader_items"] = out["loader_items"].fillna(0)
+    return _keys_int64(out).astype(LOADER_COLUMNS)[list(LOADER_COLUMNS)]
 
 
-def interval_union(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Merge intervals; returns an (n, 2) array of disjoint sorted intervals."""
-    if len(starts) == 0:
+def interval_union(starts: npt.ArrayLike, ends: npt.ArrayLike) -> npt.NDArray[np.int64]:
+    """Merge intervals; returns an (n, 2) array of disjoint sorted intervals.
+
+    Touching intervals ([0, 5) and [5, 9)) merge; empty or reversed ones are dropped.
+    """
+    s = np.asarray(starts, dtype=np.int64)
+    e = np.asarray(ends, dtype=np.int64)
+    keep = e > s
+    s, e = s[keep], e[keep]
+    if len(s) == 0:
         return np.empty((0, 2), dtype=np.int64)
-    order = np.argsort(starts)
-    s, e = np.asarray(starts)[order], np.asarray(ends)[order]
-    merged: list[list[int]] = [[int(s[0]), int(e[0])]]
-    for a, b in zip(s[1:], e[1:], strict=True):
-        if a <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], int(b))
-        else:
-            merged.append([int(a), int(b)])
-    return np.asarray(merged, dtype=np.int64)
+    order = np.argsort(s, kind="stable")
+    s, e = s[order], e[order]
+    reach = np.maximum.accumulate(e)
+    # A new interval starts wherever the start lies beyond everything seen so far.
+    new = np.empty(len(s), dtype=bool)
+    new[0] = True
+    new[1:] = s[1:] > reach[:-1]
+    first = np.flatnonzero(new)
+    last = np.append(first[1:] - 1, len(s) - 1)
+    return np.column_stack([s[first], reach[last]]).astype(np.int64)
 
 
-def overlap_ns(a: np.ndarray, b: np.ndarray) -> int:
-    """Total overlap of two disjoint sorted interval sets."""
+def overlap_ns(a: npt.NDArray[np.int64], b: npt.NDArray[np.int64]) -> int:
+    """Total overlap of two disjoint sorted interval sets (as from ``interval_union``)."""
     i = j = 0
     total = 0
     while i < len(a) and j < len(b):
@@ -194,72 +390,143 @@ def overlap_ns(a: np.ndarray, b: np.ndarray) -> int:
     return total
 
 
+def _overlap_fraction(target: pd.DataFrame, busy: pd.DataFrame, ranks: npt.NDArray[Any]) -> float:
+    """Fraction of `target`'s time (union over intervals) covered by `busy`, summed over ranks.
+
+    Per rank, because the timestamps of ranks on different nodes are on different clocks.
+    """
+    covered = total = 0
+    for rank in ranks:
+        t = target[target["rank"] == rank]
+        if t.empty:
+            continue
+        b = busy[busy["rank"] == rank]
+        tu = interval_union(t["start_ns"].to_numpy(), t["end_ns"].to_numpy())
+        bu = interval_union(b["start_ns"].to_numpy(), b["end_ns"].to_numpy())
+        total += int((tu[:, 1] - tu[:, 0]).sum())
+        covered += overlap_ns(tu, bu)
+    return covered / total if total else np.nan
+
+
 def overlaps(
     app: pd.DataFrame, loader: pd.DataFrame, cuda: pd.DataFrame, *, warmup: int
 ) -> dict[str, float]:
-    """Fractions of compute (host spans) and of GPU kernel time during which a worker was busy."""
+    """Fractions of compute (host spans) and of GPU kernel time during which a worker was busy.
+
+    NaN when there is nothing to measure (no loader, no compute spans, no CUPTI kernels).
+    """
     out = {"loader_compute_overlap": np.nan, "kernel_loader_overlap": np.nan}
     if loader.empty:
         return out
-    ld = loader[(loader["step"] >= warmup) & (loader["item"] >= 0)]
-    busy = interval_union(ld["start_ns"].to_numpy(), ld["end_ns"].to_numpy())
-    comp = app[(app["phase"].astype(str) == "compute") & (app["step"] >= warmup)]
-    if len(comp):
-        cu = interval_union(comp["start_ns"].to_numpy(), comp["end_ns"].to_numpy())
-        total = int((cu[:, 1] - cu[:, 0]).sum())
-        out["loader_compute_overlap"] = overlap_ns(cu, busy) / total if total else np.nan
+    busy = _measured(loader[loader["item"] >= 0], warmup)
+    ranks = np.unique(np.asarray(busy["rank"]))
+    comp = _measured(app[app["phase"].astype(str) == "compute"], warmup)
+    out["loader_compute_overlap"] = _overlap_fraction(comp, busy, ranks)
     if not cuda.empty:
-        k = cuda[(cuda["kind"].astype(str) == "kernel") & (cuda["step"] >= warmup)]
-        if len(k):
-            ku = interval_union(k["start_ns"].to_numpy(), k["end_ns"].to_numpy())
-            total = int((ku[:, 1] - ku[:, 0]).sum())
-            out["kernel_loader_overlap"] = overlap_ns(ku, busy) / total if total else np.nan
+        k = _measured(cuda[cuda["kind"].astype(str) == "kernel"], warmup)
+        out["kernel_loader_overlap"] = _overlap_fraction(k, busy, ranks)
     return out
 
 
+ATTRIBUTION_COLUMNS: dict[str, str] = {
+    "rank": "int64",
+    "step": "int64",
+    "thread_rank": "int64",
+    "tid": "int64",
+    "pid": "int64",
+    "role": "str",
+    "name": "str",
+    "share_ns": "float64",
+    "launch_wait_ns": "int64",
+    "attributed_wait_ns": "float64",
+}
+
+
+def _thread_info(
+    threads: pd.DataFrame,
+) -> tuple[pd.DataFrame, dict[tuple[int, int], set[int]]]:
+    """Latest row per (rank, tid): role and name, and its CPU mask (actual, else planned)."""
+    info = threads.drop_duplicates(["rank", "tid"], keep="last")
+    actual = info["cpus_actual"].astype(str)
+    planned = info["cpus_planned"].astype(str)
+    masks = {
+        (int(r), int(t)): _cpuset(a if a.strip() else p)
+        for r, t, a, p in zip(info["rank"], info["tid"], actual, planned, strict=True)
+    }
+    idx = pd.MultiIndex.from_arrays(
+        [info["rank"].astype("int64"), info["tid"].astype("int64")], names=["rank", "tid"]
+    )
+    named = pd.DataFrame(
+        {"role": info["role"].astype(str).to_numpy(), "name": info["name"].astype(str).to_numpy()},
+        index=idx,
+    )
+    return named, masks
+
+
 def attribute_launch_wait(
-    sched: pd.DataFrame, threads: pd.DataFrame, *, warmup: int
+    sched: pd.DataFrame,
+    threads: pd.DataFrame,
+    *,
+    warmup: int,
+    ranks_per_node: int | None = None,
 ) -> pd.DataFrame:
-    """Which threads ran on the launch thread's CPUs while it waited, per step.
+    """Which threads ran on the launch thread's CPUs while it waited, per (rank, step).
 
     For step s, every other thread's on-CPU time during s is weighted by the fraction of its CPU
     mask that lies inside the launch thread's mask (a thread confined to the launch cores counts
     fully; one spread over 16 cores including 1 launch core counts 1/16), and the launch
     thread's run-queue wait is split in proportion. Threads whose mask misses the launch cores
     get nothing: under `isolated` the loader workers can never be blamed.
+
+    Candidates are the threads of the launch thread's own rank and, given ``ranks_per_node``,
+    of the other ranks on its node (their workers share the node's cores; threads of other
+    nodes cannot preempt it). Other ranks' steps are matched by index, which DDP keeps in step.
+    ``launch_wait_ns`` repeats the launch thread's total wait of the step on each row.
     """
-    cols = ["rank", "step", "tid", "pid", "role", "name", "share_ns", "attributed_wait_ns"]
-    d = sched_deltas(sched)
-    d = d[d["step"] >= warmup]
+    d = _measured(sched_deltas(sched), warmup)
     if d.empty or threads.empty:
-        return pd.DataFrame(columns=cols)
-    info = threads.drop_duplicates("tid", keep="last").set_index("tid")
-    masks = {int(t): _cpuset(str(m)) for t, m in info["cpus_actual"].items()}
+        return _empty(ATTRIBUTION_COLUMNS)
+    info, masks = _thread_info(threads)
+    node = (d["rank"] // ranks_per_node) if ranks_per_node else d["rank"]
     out = []
     for rank, ltid in launch_tids(threads).items():
-        lmask = masks.get(ltid, set())
-        lw = d[d["tid"] == ltid].set_index("step")["wait_ns"]
-        others = d[(d["tid"] != ltid) & (d["rank"] == rank)].copy()
-        if others.empty or not lmask:
+        lmask = masks.get((rank, ltid), set())
+        if not lmask:
             continue
-        frac = {t: (len(m & lmask) / len(m) if m else 0.0) for t, m in masks.items() if t != ltid}
-        others["share_ns"] = others["run_ns"] * others["tid"].map(frac).fillna(0.0)
+        lw = d[(d["rank"] == rank) & (d["tid"] == ltid)].set_index("step")["wait_ns"]
+        my_node = rank // ranks_per_node if ranks_per_node else rank
+        others = d[(node == my_node) & ~((d["rank"] == rank) & (d["tid"] == ltid))].copy()
+        if others.empty:
+            continue
+        frac = [
+            len(m & lmask) / len(m) if (m := masks.get((int(r), int(t)), set())) else 0.0
+            for r, t in zip(others["rank"], others["tid"], strict=True)
+        ]
+        others["share_ns"] = others["run_ns"].to_numpy(dtype=np.float64) * np.asarray(frac)
         others = others[others["share_ns"] > 0]
+        if others.empty:
+            continue
         tot = others.groupby("step")["share_ns"].transform("sum")
-        others["attributed_wait_ns"] = others["step"].map(lw).fillna(0) * others["share_ns"] / tot
-        others["role"] = others["tid"].map(info["role"].astype(str)).fillna("other")
-        others["name"] = others["tid"].map(info["name"].astype(str)).fillna("")
+        others["launch_wait_ns"] = others["step"].map(lw).fillna(0).to_numpy(dtype=np.int64)
+        others["attributed_wait_ns"] = others["launch_wait_ns"] * others["share_ns"] / tot
+        idx = pd.MultiIndex.from_arrays([others["rank"], others["tid"]])
+        others["role"] = info["role"].reindex(idx).fillna("other").to_numpy()
+        others["name"] = info["name"].reindex(idx).fillna("").to_numpy()
+        others["thread_rank"] = others["rank"]
         others["rank"] = rank
-        out.append(others[cols])
+        out.append(others[list(ATTRIBUTION_COLUMNS)])
     if not out:
-        return pd.DataFrame(columns=cols)
-    return pd.concat(out, ignore_index=True)
+        return _empty(ATTRIBUTION_COLUMNS)
+    res = pd.concat(out, ignore_index=True).astype(ATTRIBUTION_COLUMNS)
+    res = res.sort_values(["rank", "step", "attributed_wait_ns"], ascending=[True, True, False])
+    return res.reset_index(drop=True)
 
 
 def _cpuset(text: str) -> set[int]:
+    """Parse a Linux cpulist ("0-3,8,10-11")."""
     cpus: set[int] = set()
-    for part in text.split(","):
-        part = part.strip()
+    for raw in text.split(","):
+        part = raw.strip()
         if not part:
             continue
         if "-" in part:
@@ -270,89 +537,128 @@ def _cpuset(text: str) -> set[int]:
     return cpus
 
 
+# Per-step columns whose median and mean over measured steps go into the summary.
+SUMMARY_STEP_COLUMNS = (
+    "compute_eff_ms",
+    "compute_ms",
+    "compute_gpu_ms",
+    "forward_ms",
+    "backward_ms",
+    "optimizer_ms",
+    "data_wait_ms",
+    "h2d_ms",
+    "sleep_ms",
+    "allreduce_ms",
+    "launch_wait_ms",
+    "launch_involuntary",
+    "loader_item_ms",
+    "loader_items",
+)
+TABLES = ("events/app", "events/comm", "events/loader", "events/cuda", "samples/sched", "threads")
+
+
+def _spec(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    spec = attrs.get("spec", {})
+    if isinstance(spec, str):
+        try:
+            spec = json.loads(spec)
+        except ValueError:
+            spec = {}
+    return dict(spec) if isinstance(spec, Mapping) else {}
+
+
+def _per_rank_rate(steps: pd.DataFrame, col: str) -> float:
+    """Sum over ranks of (col summed over steps) / (that rank's measured wall span).
+
+    Spans are taken per rank because ranks on different nodes have unrelated clocks.
+    """
+    if col not in steps or steps.empty:
+        return np.nan
+    rate = 0.0
+    for _, g in steps.groupby("rank"):
+        span = g["end_ns"].max() - g["start_ns"].min()
+        if pd.isna(span) or span <= 0:
+            continue
+        rate += float(g[col].sum()) / (float(span) / 1e9)
+    return rate if rate > 0 else np.nan
+
+
 def summarize_tables(
-    tables: dict[str, pd.DataFrame], attrs: dict[str, Any]
+    tables: Mapping[str, pd.DataFrame], attrs: Mapping[str, Any]
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """(steps, summary, attribution) from a trace's tables and root attributes."""
+    """(steps, summary, attribution) from a trace's tables and root attributes.
+
+    A table missing from ``tables`` counts as empty (a level that was not traced).
+    """
+    t = {n: tables[n] if n in tables else empty_frame(n) for n in TABLES}
     warm = int(attrs.get("warmup_steps", 0))
-    spec = attrs["spec"] if isinstance(attrs["spec"], dict) else {}
+    spec = _spec(attrs)
     run_id = str(attrs.get("run_id", ""))
-    steps = step_metrics(tables["events/app"], tables["events/comm"], warmup=warm)
-    for extra in (
-        launch_metrics(tables["samples/sched"], tables["threads"], warmup=warm),
-        api_metrics(tables["events/cuda"], warmup=warm),
-        loader_metrics(tables["events/loader"], warmup=warm),
-    ):
-        if len(extra.columns) > 2:
-            steps = steps.merge(extra, on=["rank", "step"], how="left")
     ident = {"run_id": run_id, **spec_columns(spec)}
+    steps = step_metrics(t["events/app"], t["events/comm"], warmup=warm)
+    for extra in (
+        launch_metrics(t["samples/sched"], t["threads"], warmup=warm),
+        api_metrics(t["events/cuda"], warmup=warm),
+        loader_metrics(t["events/loader"], warmup=warm),
+    ):
+        steps = steps.merge(extra, on=KEYS, how="left")
     for k, v in reversed(ident.items()):
         steps.insert(0, k, v)
-    attribution = attribute_launch_wait(tables["samples/sched"], tables["threads"], warmup=warm)
+    rpn = ident["ranks_per_node"]
+    attribution = attribute_launch_wait(
+        t["samples/sched"],
+        t["threads"],
+        warmup=warm,
+        ranks_per_node=int(rpn) if isinstance(rpn, int | np.integer) and rpn > 0 else None,
+    )
     attribution.insert(0, "run_id", run_id)
 
     st = steps["step_ms"].dropna()
     world = int(attrs.get("world_size", 1))
     batch = int(ident["batch_size"] or 0)
-    span_s = (steps["end_ns"].max() - steps["start_ns"].min()) / 1e9 if len(steps) else np.nan
     row: dict[str, Any] = dict(ident)
     row.update(
         {
             "world_size": world,
             "host": attrs.get("host", ""),
             "steps": int(steps["step"].nunique()),
-            "step_ms_p50": st.median(),
-            "step_ms_p95": st.quantile(0.95),
-            "step_ms_p99": st.quantile(0.99),
-            "step_ms_mean": st.mean(),
-            "step_ms_cv": st.std(ddof=1) / st.mean() if len(st) > 1 else np.nan,
-            "throughput_samples_s": batch * world * 1000.0 / st.median() if len(st) else np.nan,
+            "step_ms_p50": st.median() if len(st) else np.nan,
+            "step_ms_p95": st.quantile(0.95) if len(st) else np.nan,
+            "step_ms_p99": st.quantile(0.99) if len(st) else np.nan,
+            "step_ms_mean": st.mean() if len(st) else np.nan,
+            "step_ms_cv": st.std(ddof=1) / st.mean() if len(st) > 1 and st.mean() else np.nan,
+            # Every rank consumes one batch per step; the median step is robust to stragglers.
+            "throughput_samples_s": (
+                batch * world * 1000.0 / st.median() if len(st) and batch else np.nan
+            ),
             "sleep_ns": attrs.get("sleep_ns", np.nan),
         }
     )
-    for col in (
-        "compute_eff_ms",
-        "compute_ms",
-        "compute_gpu_ms",
-        "forward_ms",
-        "backward_ms",
-        "optimizer_ms",
-        "data_wait_ms",
-        "h2d_ms",
-        "allreduce_ms",
-        "launch_wait_ms",
-        "launch_involuntary",
-        "api_us_mean",
-        "launch_kernel_us_mean",
-    ):
+    for col in SUMMARY_STEP_COLUMNS:
         vals = steps[col].dropna() if col in steps else pd.Series(dtype=float)
-        row[f"{col}_p50"] = vals.median() if len(vals) else np.nan
-        row[f"{col}_mean"] = vals.mean() if len(vals) else np.nan
-    cuda = tables["events/cuda"]
-    if not cuda.empty:
-        rt = cuda[(cuda["kind"].astype(str) == "runtime") & (cuda["step"] >= warm)]
-        us = (rt["end_ns"] - rt["start_ns"]) / 1e3
-        row["api_us_p99"] = us.quantile(0.99) if len(us) else np.nan
-    else:
-        row["api_us_p99"] = np.nan
-    items = steps["loader_items"].sum() if "loader_items" in steps else 0
-    row["loader_items_per_s"] = items / span_s if items and span_s else np.nan
-    row.update(overlaps(tables["events/app"], tables["events/loader"], cuda, warmup=warm))
+        row[f"{col}_p50"] = float(vals.median()) if len(vals) else np.nan
+        row[f"{col}_mean"] = float(vals.mean()) if len(vals) else np.nan
+    lw = steps["launch_wait_ms"].dropna()
+    row["launch_wait_ms_p99"] = float(lw.quantile(0.99)) if len(lw) else np.nan
+    # Call-level latency (not a mean of per-step means): what the API CDF figure shows.
+    rt = _runtime_calls(t["events/cuda"], warm)
+    row.update(_latency_stats(rt["us"], "api"))
+    row.update(_latency_stats(rt.loc[_is_launch_kernel(rt["name"]), "us"], "launch_kernel"))
+    row["loader_items_per_s"] = _per_rank_rate(steps, "loader_items")
+    total_wait = float(attribution.drop_duplicates(["rank", "step"])["launch_wait_ns"].sum())
+    loader_wait = float(
+        attribution.loc[attribution["role"] == "loader", "attributed_wait_ns"].sum()
+    )
+    # Share of the launch thread's run-queue wait that the mechanism blames on loader workers.
+    row["launch_wait_loader_share"] = loader_wait / total_wait if total_wait > 0 else np.nan
+    row.update(overlaps(t["events/app"], t["events/loader"], t["events/cuda"], warmup=warm))
     summary = pd.DataFrame([row])
     return steps, summary, attribution
 
 
 def summarize_trace(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    names = (
-        "events/app",
-        "events/comm",
-        "events/loader",
-        "events/cuda",
-        "samples/sched",
-        "threads",
-    )
     with open_trace(path) as t:
         t.verify()
-        tables = {n: t.table(n) for n in names}
+        tables = {n: t.table(n) for n in TABLES}
         attrs = dict(t.attrs)
     return summarize_tables(tables, attrs)

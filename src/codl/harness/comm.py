@@ -8,13 +8,13 @@ collective, and the end event inside the future's callback: the callback's strea
 for the collective, so the pair brackets the GPU-side duration.
 """
 
-from __future__ import annotations
-
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from codl.spec import CommPattern, RunSpec
 from codl.trace.clock import now_ns
@@ -69,9 +69,11 @@ class CommRecorder:
         return out
 
     @staticmethod
-    def ddp_hook(state: CommRecorder, bucket: Any) -> Any:
-        import torch.distributed as dist
-
+    def ddp_hook(
+        state: "CommRecorder", bucket: dist.GradBucket
+    ) -> torch.futures.Future[torch.Tensor]:
+        # No postponed annotations in this module: DDP inspects this signature at runtime and
+        # accepts only the real dist.GradBucket class as the bucket's annotation.
         buf = bucket.buffer()
         cuda = buf.is_cuda
         ev = (
@@ -86,7 +88,7 @@ class CommRecorder:
         world = dist.get_world_size()
         fut = dist.all_reduce(buf, async_op=True).get_future()
 
-        def done(f: Any) -> Any:
+        def done(f: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
             if ev:
                 ev[1].record()
             state.set_end(idx, now_ns())
@@ -101,40 +103,36 @@ def subgroups(world: int) -> list[list[int]]:
     return [list(range(i, min(i + size, world))) for i in range(0, world, size)]
 
 
-_GROUPS: dict[tuple[int, ...], Any] = {}
-
-
-def _my_group(rank: int, world: int) -> Any:
-    import torch.distributed as dist
-
+def comm_group(spec: RunSpec) -> Any:
+    """The process group `comm` mode reduces over: the world, or this rank's subgroup."""
+    if spec.layout.comm_pattern is not CommPattern.SUBGROUPS:
+        return None
+    rank = dist.get_rank()
+    mine = None
     # new_group is collective: every rank must create every group, in the same order.
-    if not _GROUPS:
-        for members in subgroups(world):
-            _GROUPS[tuple(members)] = dist.new_group(members)
-    for members, group in _GROUPS.items():
+    for members in subgroups(dist.get_world_size()):
+        group = dist.new_group(members)
         if rank in members:
-            return group
-    return None  # pragma: no cover - every rank is in one group
+            mine = group
+    return mine
 
 
-def prepare_tensors(sizes: list[int], spec: RunSpec, device: torch.device) -> list[torch.Tensor]:
+def prepare_tensors(
+    sizes: Sequence[int], spec: RunSpec, device: torch.device
+) -> list[torch.Tensor]:
     if spec.layout.comm_pattern is CommPattern.SEGMENTED:
         # Merge consecutive buckets into a few per-layer-group segments.
         per = max(1, -(-len(sizes) // SEGMENTS))
-        sizes = [sum(sizes[i : i + per]) for i in range(0, len(sizes), per)]
-    return [torch.empty(n, device=device, dtype=torch.float32) for n in sizes]
+        sizes = tuple(sum(sizes[i : i + per]) for i in range(0, len(sizes), per))
+    return [torch.empty(int(n), device=device, dtype=torch.float32) for n in sizes]
 
 
 def run_comm_step(
-    tensors: list[torch.Tensor], spec: RunSpec, rec: CommRecorder, *, cuda: bool
+    tensors: list[torch.Tensor], spec: RunSpec, rec: CommRecorder, *, cuda: bool, group: Any
 ) -> None:
     """One step of `comm` mode: every tensor reduced once, each collective timed."""
-    import torch.distributed as dist
-
     rank = dist.get_rank()
-    world = dist.get_world_size()
     pattern = spec.layout.comm_pattern
-    group = _my_group(rank, world) if pattern is CommPattern.SUBGROUPS else None
     op = {
         CommPattern.BUCKETS: "allreduce",
         CommPattern.SUBGROUPS: "group_allreduce",

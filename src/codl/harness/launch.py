@@ -16,9 +16,11 @@ from typing import Any
 
 from codl.errors import CodlError, TraceFormatError
 from codl.harness.runner import RankEnv, execute
-from codl.spec import RunSpec
+from codl.spec import DeviceKind, RunSpec
 
 MERGE_TIMEOUT_S = 300.0
+# Set in the environment of the tasks that `codl run` starts through srun.
+SRUN_MARK = "CODL_SRUN_TASK"
 
 
 def rank_trace_path(trace_path: Path, rank: int) -> Path:
@@ -31,43 +33,30 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def slurm_env() -> RankEnv | None:
-    """This task's place when started by srun with more than one task; else None."""
-    if int(os.environ.get("SLURM_NTASKS", "1")) <= 1 or "SLURM_PROCID" not in os.environ:
+def cluster_env() -> RankEnv | None:
+    """This task's place when a cluster launcher started it as one of several ranks.
+
+    ``srun`` with more than one task, or submitit (its Slurm or local executor): both are read
+    through submitit's ``TorchDistributedEnvironment``, which also picks the rendezvous host
+    (first node of the job) and a port derived from the job id, identical on every task.
+    """
+    under_submitit = bool(os.environ.get("SUBMITIT_EXECUTOR"))
+    under_srun = bool(os.environ.get(SRUN_MARK)) or (
+        int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in os.environ
+    )
+    if not (under_submitit or under_srun):
         return None
-    import submitit
+    from submitit.helpers import TorchDistributedEnvironment
 
-    job = submitit.JobEnvironment()
-    master = os.environ.get("MASTER_ADDR") or _first_host(os.environ.get("SLURM_JOB_NODELIST", ""))
-    port = int(
-        os.environ.get("MASTER_PORT", 20000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 20000)
-    )
+    dist_env = TorchDistributedEnvironment()
     return RankEnv(
-        rank=job.global_rank,
-        local_rank=job.local_rank,
-        world_size=job.num_tasks,
-        local_world_size=job.num_tasks // max(1, job.num_nodes),
-        master_addr=master or "127.0.0.1",
-        master_port=port,
+        rank=dist_env.rank,
+        local_rank=dist_env.local_rank,
+        world_size=dist_env.world_size,
+        local_world_size=dist_env.local_world_size,
+        master_addr=dist_env.master_addr,
+        master_port=dist_env.master_port,
     )
-
-
-def _first_host(nodelist: str) -> str:
-    if not nodelist:
-        return ""
-    try:
-        import subprocess
-
-        out = subprocess.run(
-            ["scontrol", "show", "hostnames", nodelist],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=30,
-        )
-        return out.stdout.split()[0]
-    except (OSError, subprocess.SubprocessError, IndexError):
-        return nodelist.split(",")[0]
 
 
 def _rank_main(
@@ -95,18 +84,54 @@ def _rank_main(
     )
 
 
+def srun_command(spec: RunSpec, argv: list[str], *, cpus_per_task: int) -> list[str]:
+    """``srun`` line that starts one task per rank of ``spec`` running ``argv`` again.
+
+    Snakemake's Slurm jobstep strips the SLURM_* task variables before running a rule's command,
+    so a bare ``srun`` would start one task: the layout is passed explicitly. CPU binding stays
+    Slurm's (each task gets its ``cpus_per_task`` cores); the CPU-set policy then splits those
+    inside each task and never widens them.
+    """
+    cmd = [
+        "srun",
+        f"--nodes={spec.layout.nodes}",
+        f"--ntasks={spec.layout.world_size}",
+        f"--ntasks-per-node={spec.layout.ranks_per_node}",
+        "--kill-on-bad-exit=1",
+    ]
+    if cpus_per_task > 0:
+        cmd.append(f"--cpus-per-task={cpus_per_task}")
+    if spec.device is DeviceKind.CUDA:
+        cmd.append("--gpus-per-task=1")
+    return [*cmd, *argv]
+
+
 def launch(
     spec: RunSpec,
     *,
     trace_path: Path,
     dataset_dir: Path | None,
     kineto_dir: Path | None = None,
+    argv: list[str] | None = None,
+    cpus_per_task: int = 0,
 ) -> Path:
+    """Run every rank of ``spec``. ``argv`` is this process's own command line, re-run under
+    ``srun`` when a multi-rank spec starts inside a Slurm job as a single process."""
     trace_path = Path(trace_path)
     world = spec.layout.world_size
     if world == 1:
         return execute(spec, trace_path=trace_path, dataset_dir=dataset_dir, kineto_dir=kineto_dir)
-    env = slurm_env()
+    env = cluster_env()
+    if env is None and os.environ.get("SLURM_JOB_ID") and argv and not os.environ.get(SRUN_MARK):
+        import subprocess
+
+        cmd = srun_command(spec, argv, cpus_per_task=cpus_per_task)
+        proc = subprocess.run(cmd, env={**os.environ, SRUN_MARK: "1"}, check=False)
+        if proc.returncode != 0:
+            raise CodlError(f"srun exited with {proc.returncode}: {' '.join(cmd)}")
+        if not trace_path.exists():
+            raise TraceFormatError(f"{trace_path}: srun finished but rank 0 wrote no trace")
+        return trace_path
     if env is not None:
         if env.world_size != world:
             raise CodlError(
@@ -128,10 +153,10 @@ def launch(
             f"layout.nodes={spec.layout.nodes} needs a multi-node launcher: run it under Slurm "
             "(snakemake --profile profiles/slurm), which starts one task per rank with srun"
         )
-    import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import start_processes
 
     port = _free_port()
-    mp.start_processes(
+    start_processes(
         _rank_main,
         args=(spec, trace_path, dataset_dir, port, kineto_dir),
         nprocs=world,

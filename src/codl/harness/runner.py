@@ -35,7 +35,7 @@ from codl import __version__, pinning
 from codl.errors import CodlError, RunInterruptedError
 from codl.harness import data as hdata
 from codl.harness import workloads
-from codl.harness.comm import CommRecorder, prepare_tensors, run_comm_step
+from codl.harness.comm import CommRecorder, comm_group, prepare_tensors, run_comm_step
 from codl.spec import DeviceKind, Mode, Policy, Precision, RunSpec
 from codl.trace import kineto
 from codl.trace.clock import now_ns, take_anchor
@@ -194,12 +194,14 @@ def execute(
         gpu_cpus=pinning.gpu_local_cpus(env.local_rank) if numa else None,
     )
     launch_cpus = placement.launch if placement.launch is not None else placement.rank_cpus
+    threads_before = torch.get_num_threads()
     if not cuda:
         # On CPU the intra-op pool does the compute; size it to the launch role's cores so that
         # a policy's core budget means the same on CPU and GPU. Threads inherit the launch
         # thread's mask because pinning happens before the first parallel region.
         torch.set_num_threads(max(1, len(launch_cpus)))
-    thread_rows: list[pinning.ThreadRow] = pinning.apply_threads(placement)
+    # (capture time, rows): masks are recorded at start, after step 0 and at the end.
+    thread_rows: list[tuple[int, pinning.ThreadRow]] = _stamped(pinning.apply_threads(placement))
 
     torch.manual_seed(spec.seed + 1000 * spec.repeat + env.rank)
     np.random.seed(spec.seed + env.rank)
@@ -280,12 +282,13 @@ def execute(
             )
             if len(loader) == 0:
                 raise CodlError(
-                    f"data set {dataset_dir} has {len(dataset)} samples, fewer than one batch "
+                    f"data set {dataset_dir} has {len(loader.dataset)} samples, fewer than one batch "
                     f"of {bs}"
                 )
         batches = _batches(loader) if loader is not None else None
         comm_buckets = _bucket_sizes(model, spec.layout.bucket_cap_mb) if mode is Mode.COMM else []
         comm_tensors = prepare_tensors(comm_buckets, spec, device)
+        group = comm_group(spec) if mode is Mode.COMM and pg_started else None
         sleep_s: float | None = None
         warm_compute: list[float] = []
         if spec.trace.cupti:
@@ -373,7 +376,7 @@ def execute(
                 rec.span(step, "sleep", t0, now_ns())
             if mode is Mode.COMM:
                 t0 = now_ns()
-                run_comm_step(comm_tensors, spec, comm_rec, cuda=cuda)
+                run_comm_step(comm_tensors, spec, comm_rec, cuda=cuda, group=group)
                 rec.span(step, "allreduce", t0, now_ns())
             if step_ev:
                 step_ev[1].record()
@@ -388,7 +391,7 @@ def execute(
             dev.sample(step)
             if step == 0:
                 # Autograd, pin-memory and communication threads exist only now.
-                thread_rows += pinning.apply_threads(placement)
+                thread_rows += _stamped(pinning.apply_threads(placement))
         rec.resolve_gpu()
         status = "complete"
     except KeyboardInterrupt:
@@ -408,8 +411,8 @@ def execute(
         if profiler is not None and status == "complete":
             cupti_rows, cupti_attrs = kineto.collect(profiler, kineto_dir, rec, anchor_start)
             attrs.update(cupti_attrs)
-        worker_rows = _worker_thread_rows(loader_items, placement)
-        thread_rows += pinning.record_threads(placement)
+        thread_rows += _stamped(_worker_thread_rows(loader_items, placement))
+        thread_rows += _stamped(pinning.record_threads(placement))
         if loader is not None:
             del batches
             del loader
@@ -437,7 +440,7 @@ def execute(
                 "clk_tck": os.sysconf("SC_CLK_TCK"),
                 "allowed_cpus": pinning.cpulist(allowed),
                 "placement": placement.to_dict(),
-                "placement_mismatches": pinning.mismatches(thread_rows),
+                "placement_mismatches": pinning.mismatches(r for _, r in thread_rows),
                 "device_level": dev.unavailable_reason or ("on" if dev.rows["t_ns"] else "off"),
             }
         )
@@ -451,13 +454,32 @@ def execute(
             dev=dev,
             comm=comm_rec,
             loader=(loader_items, loader_collate, loader_steps, env.rank),
-            threads=[*thread_rows, *worker_rows],
+            threads=thread_rows,
             rank=env.rank,
             cupti=cupti_rows,
         )
         sched.close()
         dev.close()
+        _restore_affinity(allowed)
+        if not cuda:
+            torch.set_num_threads(threads_before)
     return trace_path
+
+
+def _restore_affinity(allowed: frozenset[int]) -> None:
+    """Give every thread of this process the job's CPU set back.
+
+    A run may execute inside a longer-lived process (tests, benchmarks alternating runs); the
+    next run must start from the set the job was given, not from this run's launch cores.
+    """
+    for info in pinning.discover_threads():
+        with contextlib.suppress(ProcessLookupError, OSError):
+            os.sched_setaffinity(info.tid, allowed)
+
+
+def _stamped(rows: list[pinning.ThreadRow]) -> list[tuple[int, pinning.ThreadRow]]:
+    t = now_ns()
+    return [(t, r) for r in rows]
 
 
 def _sync(device: torch.device) -> None:
@@ -538,7 +560,7 @@ def _write_trace(
     dev: DeviceSampler,
     comm: CommRecorder,
     loader: tuple[list[np.ndarray], list[np.ndarray], list[int], int],
-    threads: list[pinning.ThreadRow],
+    threads: list[tuple[int, pinning.ThreadRow]],
     rank: int,
     cupti: dict[str, Any] | None,
 ) -> None:
@@ -561,18 +583,18 @@ def _write_trace(
         if cupti:
             writer.append("events/cuda", cupti)
         if threads:
-            t = now_ns()
+            rows = [r for _, r in threads]
             writer.append(
                 "threads",
                 {
-                    "t_ns": [t] * len(threads),
-                    "rank": [rank] * len(threads),
-                    "pid": [r.pid for r in threads],
-                    "tid": [r.tid for r in threads],
-                    "role": [r.role for r in threads],
-                    "name": [r.name for r in threads],
-                    "cpus_planned": [r.cpus_planned for r in threads],
-                    "cpus_actual": [r.cpus_actual for r in threads],
+                    "t_ns": [t for t, _ in threads],
+                    "rank": [rank] * len(rows),
+                    "pid": [r.pid for r in rows],
+                    "tid": [r.tid for r in rows],
+                    "role": [str(r.role) for r in rows],
+                    "name": [r.name for r in rows],
+                    "cpus_planned": [r.cpus_planned for r in rows],
+                    "cpus_actual": [r.cpus_actual for r in rows],
                 },
             )
         if complete:

@@ -77,17 +77,18 @@ def _cosmoflow(spec: WorkloadSpec) -> Any:
             nn.MaxPool3d(2),
         ]
         ch_in = ch_out
+    head = nn.Linear(128, 4)
+    # Zero bias: the tanh head starts centred on the targets' mean (zero).
+    torch.nn.init.zeros_(head.bias)
     layers += [
         nn.AdaptiveAvgPool3d(2),
         nn.Flatten(),
         nn.Linear(ch_in * 8, 128),
         nn.LeakyReLU(0.3),
-        nn.Linear(128, 4),
+        head,
         nn.Tanh(),
     ]
-    model = nn.Sequential(*layers)
-    torch.nn.init.zeros_(layers[-2].bias)
-    return model
+    return nn.Sequential(*layers)
 
 
 register(Workload("resnet50", DatasetKind.JPEG, _resnet("resnet50"), "torchvision ResNet-50"))

@@ -6,6 +6,7 @@ nothing; the reason is kept for the trace's provenance instead of failing the ru
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +44,7 @@ class DeviceSampler:
             pynvml.nvmlInit()
             self._handle = pynvml.nvmlDeviceGetHandleByIndex(self.gpu_index)
             self._nvml = pynvml
-        except Exception as exc:  # noqa: BLE001 - any NVML failure means "no device level"
+        except Exception as exc:
             self.unavailable_reason = f"NVML unavailable: {exc}"
             self._handle = None
             return False
@@ -75,9 +76,8 @@ class DeviceSampler:
 
     def close(self) -> None:
         if self._nvml is not None:
-            try:
+            # Shutting down a library we only read from: nothing to recover.
+            with contextlib.suppress(Exception):
                 self._nvml.nvmlShutdown()
-            except Exception:  # noqa: BLE001, S110 - shutting down a library we only read from
-                pass
             self._nvml = None
             self._handle = None

@@ -1,0 +1,237 @@
+"""Every figure writes a real PNG and PDF from small frames, and says why when it has no data."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from codl.analysis import figdata, plots
+from codl.trace.store import empty_frame
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def outputs(tmp_path: Path, name: str) -> list[Path]:
+    return [tmp_path / f"{name}.png", tmp_path / f"{name}.pdf"]
+
+
+def check(paths: list[Path]) -> None:
+    png, pdf = paths
+    assert png.stat().st_size > 1000
+    assert png.read_bytes()[:8] == PNG_MAGIC
+    assert pdf.stat().st_size > 500
+    assert pdf.read_bytes()[:5] == b"%PDF-"
+
+
+def comparison() -> pd.DataFrame:
+    rows = []
+    for policy, workers, infl in (("none", 4, 2.27), ("isolated", 4, 1.05), ("shared", 8, 1.8)):
+        for metric, iso in (
+            ("compute_eff_ms", 100.0),
+            ("launch_wait_ms", 0.5),
+            ("loader_item_ms", 3.0),
+            ("data_wait_ms", 50.0),
+        ):
+            rows.append(
+                {
+                    "mode": "combined",
+                    "policy": policy,
+                    "workers": workers,
+                    "metric": metric,
+                    "status": "ok",
+                    "isolation": iso,
+                    "combined": iso * infl,
+                    "ratio": infl,
+                    "ci_low": infl * 0.95,
+                    "ci_high": infl * 1.05,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def steps() -> pd.DataFrame:
+    rng = np.random.default_rng(0)
+    frames = []
+    for mode in ("compute", "combined"):
+        for policy in ("none", "isolated"):
+            n = 20
+            wait = rng.exponential(2.0 if mode == "combined" else 0.1, n)
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "mode": mode,
+                        "policy": policy,
+                        "step": np.arange(n),
+                        "launch_wait_ms": wait,
+                        "compute_eff_ms": 50 + 3 * wait + rng.normal(0, 1, n),
+                        "step_ms": 60 + 3 * wait,
+                    }
+                )
+            )
+    return pd.concat(frames, ignore_index=True)
+
+
+def timeline() -> pd.DataFrame:
+    rows = [
+        ("launch thread", "launch", "span", "data_wait", "data_wait", 0.0, 2.0),
+        ("launch thread", "launch", "span", "h2d", "h2d", 2.0, 3.0),
+        ("launch thread", "launch", "span", "forward", "forward", 3.0, 8.0),
+        ("launch thread", "launch", "span", "backward", "backward", 8.0, 16.0),
+        ("launch thread", "launch", "span", "optimizer", "optimizer", 16.0, 18.0),
+        ("GPU (events)", "gpu", "span", "forward", "forward", 3.0, 9.0),
+        ("loader worker 0", "loader", "span", "f", "fetch", 1.0, 4.0),
+        ("loader worker 0", "loader", "span", "d", "decode", 4.0, 12.0),
+        ("collectives", "comm", "span", "b0", "", 10.0, 14.0),
+        ("loader w (5000) wait", "loader", "wait", "2.0 ms", "", 18.0, 20.0),
+    ]
+    return pd.DataFrame(rows, columns=figdata.TIMELINE_COLUMNS)
+
+
+def api() -> pd.DataFrame:
+    rng = np.random.default_rng(0)
+    return pd.DataFrame(
+        {
+            "label": ["isolation / none"] * 50 + ["combined / none"] * 50,
+            "name": "cudaLaunchKernel",
+            "us": np.concatenate([rng.lognormal(1.5, 0.3, 50), rng.lognormal(2.5, 0.5, 50)]),
+        }
+    )
+
+
+def heatmap() -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "policy": ["none", "none", "isolated", "isolated"],
+            "workers": [4, 8, 4, 8],
+            "throughput_samples_s": [900.0, 950.0, 1200.0, 1210.0],
+            "ratio": [2.2, 2.5, 1.05, np.nan],
+        }
+    )
+
+
+CASES: dict[str, tuple[Callable[[Path], None], Callable[[Path], None]]] = {
+    # name: (draw with data, draw with nothing)
+    "component_durations": (
+        lambda p: plots.component_durations(comparison(), outputs(p, "x")),
+        lambda p: plots.component_durations(pd.DataFrame(), outputs(p, "x")),
+    ),
+    "api_latency_cdf": (
+        lambda p: plots.api_latency_cdf(api(), outputs(p, "x")),
+        lambda p: plots.api_latency_cdf(pd.DataFrame(), outputs(p, "x")),
+    ),
+    "launch_wait_vs_compute": (
+        lambda p: plots.launch_wait_vs_compute(steps(), outputs(p, "x")),
+        lambda p: plots.launch_wait_vs_compute(pd.DataFrame(), outputs(p, "x")),
+    ),
+    "step_timeline": (
+        lambda p: plots.step_timeline(timeline(), outputs(p, "x"), title="one step"),
+        lambda p: plots.step_timeline(pd.DataFrame(), outputs(p, "x")),
+    ),
+    "policy_heatmap": (
+        lambda p: plots.policy_heatmap(heatmap(), outputs(p, "x")),
+        lambda p: plots.policy_heatmap(pd.DataFrame(), outputs(p, "x")),
+    ),
+    "step_time_distributions": (
+        lambda p: plots.step_time_distributions(steps(), outputs(p, "x")),
+        lambda p: plots.step_time_distributions(pd.DataFrame(), outputs(p, "x")),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_figure_with_data(name: str, tmp_path: Path) -> None:
+    CASES[name][0](tmp_path)
+    check(outputs(tmp_path, "x"))
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_figure_without_data(name: str, tmp_path: Path) -> None:
+    CASES[name][1](tmp_path)
+    check(outputs(tmp_path, "x"))
+
+
+def test_empty_figures_say_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    notes: list[str] = []
+    real = plots._note
+    monkeypatch.setattr(plots, "_note", lambda ax, text: (notes.append(text), real(ax, text)))
+    for _, empty in CASES.values():
+        empty(tmp_path)
+    # One explanation per empty figure (the heatmap has two panels).
+    assert len(notes) == len(CASES) + 1
+    assert all(n.strip() for n in notes)
+    assert any("CUPTI" in n for n in notes)
+
+
+def test_component_durations_names_missing_twin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    notes: list[str] = []
+    monkeypatch.setattr(plots, "_note", lambda ax, text: notes.append(text))
+    missing = comparison().assign(status="missing isolation run: mode=compute with ...")
+    plots.component_durations(missing, outputs(tmp_path, "x"))
+    assert "mode=compute" in notes[0]
+
+
+def test_component_durations_defaults_to_loader_item_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    figs: list[Any] = []
+    real = plots._save
+    monkeypatch.setattr(plots, "_save", lambda fig, outs: (figs.append(fig), real(fig, outs)))
+    plots.component_durations(comparison(), outputs(tmp_path, "x"))
+    ylabels = [ax.get_ylabel() for ax in figs[0].axes]
+    # Data wait is not comparable between isolation and combined: per-item time replaces it.
+    assert plots.METRIC_LABELS["loader_item_ms"] in ylabels
+    assert plots.METRIC_LABELS["data_wait_ms"] not in ylabels
+    check(outputs(tmp_path, "x"))
+
+
+def test_step_timeline_legend_names_phases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    figs: list[Any] = []
+    real = plots._save
+    monkeypatch.setattr(plots, "_save", lambda fig, outs: (figs.append(fig), real(fig, outs)))
+    plots.step_timeline(timeline(), outputs(tmp_path, "x"))
+    legend = figs[0].axes[0].get_legend()
+    names = [t.get_text() for t in legend.get_texts()]
+    assert names[:5] == ["data_wait", "h2d", "forward", "backward", "optimizer"]
+    assert "loader" in names
+    assert "loader (run-queue wait)" in names
+    colours = {plots.PHASE_COLORS[p] for p in ("data_wait", "h2d", "forward", "backward")}
+    assert len(colours) == 4
+
+
+def test_step_timeline_from_trace_tables(tmp_path: Path) -> None:
+    """figdata.step_timeline -> plots.step_timeline, phases carried for colouring."""
+    base = 5_000_000_000_000
+    ms = 1_000_000
+    app = pd.DataFrame(
+        {
+            "rank": np.array([0] * 4, dtype="i2"),
+            "step": np.array([3] * 4, dtype="i4"),
+            "phase": pd.Categorical(["step", "data_wait", "forward", "backward"]),
+            "tid": 1,
+            "start_ns": np.array([0, 0, 2, 6]) * ms + base,
+            "end_ns": np.array([10, 2, 6, 10]) * ms + base,
+            "gpu_ns": np.array([-1, -1, 3 * ms, -1]),
+        }
+    )
+    tables = {
+        "events/app": app,
+        "events/loader": empty_frame("events/loader"),
+        "events/comm": empty_frame("events/comm"),
+        "samples/sched": empty_frame("samples/sched"),
+        "threads": empty_frame("threads"),
+    }
+    tl = figdata.step_timeline(tables, step=3)
+    launch = tl[tl["track"] == "launch thread"]
+    assert list(launch["phase"]) == ["data_wait", "forward", "backward"]
+    gpu = tl[tl["track"] == "GPU (events)"].iloc[0]
+    assert (gpu["start_ms"], gpu["end_ms"]) == (2.0, 5.0)
+    plots.step_timeline(tl, outputs(tmp_path, "x"), title="t")
+    check(outputs(tmp_path, "x"))
+    assert figdata.step_timeline(tables, step=99).empty

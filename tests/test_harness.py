@@ -1,0 +1,196 @@
+"""Real runs on CPU: every mode does exactly its components, and the trace says so truthfully."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from codl.datasets import generate
+from codl.harness.launch import launch
+from codl.pinning import parse_cpulist
+from codl.spec import DatasetSpec, RunSpec
+from codl.trace.store import open_trace
+
+pytestmark = pytest.mark.slow
+
+LEVEL_TABLES = ("events/app", "samples/sched", "samples/cpu", "threads")
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("data set with spaces ü") / "jpeg"
+    generate(DatasetSpec(samples=48, height=40, width=48), out)
+    return out
+
+
+def tiny(mode: str, **over: Any) -> RunSpec:
+    d: dict[str, Any] = {
+        "mode": mode,
+        "workload": {"batch_size": 4, "image_size": 32},
+        "dataset": {"samples": 48, "height": 40, "width": 48},
+        "loader": {"workers": 2},
+        "steps": {"warmup": 2, "measured": 4},
+    }
+    for k, v in over.items():
+        node = d
+        *parents, leaf = k.split("__")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = v
+    return RunSpec.from_dict(d)
+
+
+def run(spec: RunSpec, tmp_path: Path, dataset: Path) -> dict[str, Any]:
+    trace = tmp_path / spec.run_id / "trace.h5"
+    launch(spec, trace_path=trace, dataset_dir=dataset if spec.mode.loads else None)
+    with open_trace(trace) as t:
+        t.verify()
+        tables = {name: t.table(name) for name in (*LEVEL_TABLES, "events/loader", "events/comm")}
+        return {"attrs": dict(t.attrs), "tables": tables, "path": trace}
+
+
+def phases(app: pd.DataFrame, *, measured_from: int = 0) -> set[str]:
+    return set(app[app["step"] >= measured_from]["phase"].astype(str))
+
+
+@pytest.mark.parametrize(
+    ("mode", "loads", "computes"),
+    [
+        ("data", True, False),
+        ("compute", False, True),
+        ("combined", True, True),
+        ("data+compute", True, True),
+    ],
+)
+def test_single_rank_modes_run_exactly_their_components(
+    mode: str, loads: bool, computes: bool, tmp_path: Path, dataset: Path
+) -> None:
+    spec = tiny(mode)
+    out = run(spec, tmp_path, dataset)
+    attrs, t = out["attrs"], out["tables"]
+    app, loader = t["events/app"], t["events/loader"]
+    got = phases(app)
+    assert ("forward" in got) is computes
+    assert ("backward" in got) is computes
+    assert ("data_wait" in got) is loads
+    assert (len(loader) > 0) is loads
+    assert attrs["complete"] is True
+    assert attrs["run_id"] == spec.run_id
+    # One step span per step, in order, each inside the run.
+    steps = app[app["phase"].astype(str) == "step"].sort_values("step")
+    assert steps["step"].tolist() == list(range(spec.steps.total))
+    assert (steps["start_ns"].diff().dropna() > 0).all()
+    assert (app["end_ns"] >= app["start_ns"]).all()
+    # Every phase of a step lies inside that step's span.
+    bounds = steps.set_index("step")
+    inner = app[app["phase"].astype(str) != "step"]
+    assert (inner["start_ns"].to_numpy() >= bounds.loc[inner["step"], "start_ns"].to_numpy()).all()
+    assert (inner["end_ns"].to_numpy() <= bounds.loc[inner["step"], "end_ns"].to_numpy()).all()
+
+
+def test_every_cpu_level_is_on_one_clock_inside_the_anchors(
+    tmp_path: Path, dataset: Path
+) -> None:
+    spec = tiny("combined")
+    out = run(spec, tmp_path, dataset)
+    attrs, t = out["attrs"], out["tables"]
+    t0, t1 = int(attrs["t_begin_ns"]), int(attrs["t_end_ns"])
+    a0 = attrs["anchors_start"]
+    assert a0["monotonic_ns"] <= t0 + 1_000_000
+    assert a0["error_ns"] < 1_000_000
+    for name in (*LEVEL_TABLES, "events/loader"):
+        df = t[name]
+        assert len(df) > 0, f"{name} is empty on a CPU combined run"
+        for col in ("start_ns", "end_ns", "t_ns"):
+            if col in df:
+                assert df[col].min() >= t0, (name, col)
+                assert df[col].max() <= t1, (name, col)
+    # Loader events come from the worker processes, as many as configured.
+    loader = t["events/loader"]
+    pids = set(loader["pid"].unique())
+    assert len(pids) == spec.loader.workers
+    assert os.getpid() not in pids
+    threads = t["threads"]
+    loader_pids = set(threads[threads["role"].astype(str) == "loader"]["pid"])
+    assert pids <= loader_pids
+    # Each item went through fetch -> decode -> transform in order, on one thread.
+    items = loader[loader["item"] >= 0].pivot_table(
+        index=["step", "item"], columns="stage", values=["start_ns", "end_ns"], observed=True
+    )
+    assert (items[("end_ns", "fetch")] <= items[("start_ns", "decode")]).all()
+    assert (items[("end_ns", "decode")] <= items[("start_ns", "transform")]).all()
+    # The launch thread's cumulative run-queue wait never decreases.
+    launch_tid = int(threads[threads["role"].astype(str) == "launch"]["tid"].iloc[0])
+    sched = t["samples/sched"]
+    lw = sched[sched["tid"] == launch_tid].sort_values("t_ns")
+    assert len(lw) == spec.steps.total + 1
+    assert (np.diff(lw["wait_ns"].to_numpy()) >= 0).all()
+    assert (np.diff(lw["run_ns"].to_numpy()) > 0).all()
+
+
+def test_data_sleep_replaces_compute_by_its_measured_duration(
+    tmp_path: Path, dataset: Path
+) -> None:
+    spec = tiny("data+sleep", steps__warmup=3)
+    out = run(spec, tmp_path, dataset)
+    app = out["tables"]["events/app"]
+    warm = spec.steps.warmup
+    assert "forward" in phases(app[app["step"] < warm])
+    measured = phases(app, measured_from=warm)
+    assert "forward" not in measured
+    assert "sleep" in measured
+    compute = app[(app["phase"].astype(str) == "compute") & (app["step"] < warm)]
+    expected = float(np.median((compute["end_ns"] - compute["start_ns"]).to_numpy()[1:]))
+    assert out["attrs"]["sleep_ns"] == pytest.approx(expected, rel=1e-6)
+    sleeps = app[app["phase"].astype(str) == "sleep"]
+    assert ((sleeps["end_ns"] - sleeps["start_ns"]) >= expected).all()
+
+
+@pytest.mark.parametrize("policy", ["isolated", "shared"])
+def test_policy_places_launch_thread_and_workers_where_planned(
+    policy: str, tmp_path: Path, dataset: Path
+) -> None:
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("needs 2 CPUs")
+    spec = tiny("combined", pinning__policy=policy)
+    out = run(spec, tmp_path, dataset)
+    attrs, t = out["attrs"], out["tables"]
+    placement = attrs["placement"]
+    launch_cpus = parse_cpulist(placement["launch"])
+    assert launch_cpus == {allowed[0]}
+    threads = t["threads"]
+    assert attrs["placement_mismatches"] == []
+    launch_rows = threads[threads["role"].astype(str) == "launch"]
+    assert {parse_cpulist(c) for c in launch_rows["cpus_actual"].astype(str)} == {launch_cpus}
+    workers = threads[threads["role"].astype(str) == "loader"]
+    worker_masks = {parse_cpulist(c) for c in workers["cpus_actual"].astype(str)}
+    if policy == "isolated":
+        assert all(not (m & launch_cpus) for m in worker_masks)
+    else:
+        assert all(launch_cpus <= m for m in worker_masks)
+    # What actually ran where: the CPU each loader stage ended on, and the launch thread's
+    # last CPU at every sample, stay inside the planned sets.
+    loader = t["events/loader"]
+    worker_union = set().union(*worker_masks)
+    assert set(loader["cpu"].unique()) <= worker_union
+    sched = t["samples/sched"]
+    launch_tid = int(launch_rows["tid"].iloc[0])
+    assert set(sched[sched["tid"] == launch_tid]["cpu"].unique()) <= launch_cpus
+
+
+def test_impossible_policy_fails_before_the_run_with_the_numbers(
+    tmp_path: Path, dataset: Path
+) -> None:
+    n = len(os.sched_getaffinity(0))
+    spec = tiny("combined", pinning__policy="isolated", pinning__launch_cores=n)
+    from codl.errors import PlacementError
+
+    with pytest.raises(PlacementError, match=f"launch_cores={n}"):
+        launch(spec, trace_path=tmp_path / "t.h5", dataset_dir=dataset)
+    assert not (tmp_path / "t.h5").exists()
