@@ -76,9 +76,7 @@ def test_two_rank_modes_do_exactly_their_components(
 
 
 def _reduce_worker(rank: int, port: int, pattern: str, out: Any) -> None:
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2
-    )
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     spec = two_ranks("comm", comm_pattern=pattern)
     from codl.harness.comm import comm_group
 

@@ -93,9 +93,7 @@ def test_single_rank_modes_run_exactly_their_components(
     assert (inner["end_ns"].to_numpy() <= bounds.loc[inner["step"], "end_ns"].to_numpy()).all()
 
 
-def test_every_cpu_level_is_on_one_clock_inside_the_anchors(
-    tmp_path: Path, dataset: Path
-) -> None:
+def test_every_cpu_level_is_on_one_clock_inside_the_anchors(tmp_path: Path, dataset: Path) -> None:
     spec = tiny("combined")
     out = run(spec, tmp_path, dataset)
     attrs, t = out["attrs"], out["tables"]

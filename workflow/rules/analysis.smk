@@ -7,9 +7,9 @@ rule summarize:
         attribution=PATHS.attribution("{run_id}"),
     log:
         PATHS.summarize_log("{run_id}"),
-    threads: 1
     conda:
         "../../envs/codl.yaml"
+    threads: 1
     script:
         "../scripts/summarize.py"
 
@@ -38,9 +38,9 @@ rule compare:
         ),
     log:
         str(PATHS.logs / "compare.log"),
-    threads: 1
     conda:
         "../../envs/codl.yaml"
+    threads: 1
     script:
         "../scripts/compare.py"
 
@@ -63,8 +63,8 @@ rule figures:
         ),
     log:
         str(PATHS.logs / "figures.log"),
-    threads: 1
     conda:
         "../../envs/codl.yaml"
+    threads: 1
     script:
         "../scripts/figures.py"

@@ -6,7 +6,6 @@ from codl.config import build_plan
 from codl.paths import FIGURES, FIGURE_FORMATS, ResultPaths
 from codl.workflow import dataset_dir, dataset_input, dataset_spec_json, run_resources
 
-
 PATHS = ResultPaths()
 PLAN = build_plan(config, source="the workflow config")
 SPECS = PLAN.specs
@@ -53,7 +52,9 @@ def get_dataset_arg(wildcards):
 
 def get_run_resource(name):
     def lookup(wildcards, attempt):
-        return run_resources(get_spec(wildcards), config.get("slurm", {}), attempt).get(name, 0)
+        return run_resources(get_spec(wildcards), config.get("slurm", {}), attempt).get(
+            name, 0
+        )
 
     return lookup
 

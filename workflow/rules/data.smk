@@ -6,14 +6,14 @@
 rule dataset:
     output:
         manifest=PATHS.dataset_manifest("{dataset}"),
+    log:
+        str(PATHS.logs / "dataset" / "{dataset}.log"),
+    conda:
+        "../../envs/codl.yaml"
+    threads: 1
     params:
         spec=get_dataset_spec_json,
         out=get_dataset_out_dir,
-    log:
-        str(PATHS.logs / "dataset" / "{dataset}.log"),
-    threads: 1
-    conda:
-        "../../envs/codl.yaml"
     shell:
         "codl dataset --spec-json '{params.spec}' --out '{params.out}' > '{log}' 2>&1"
 
@@ -23,12 +23,12 @@ rule stage_dataset:
         manifest=PATHS.dataset_manifest("{dataset}"),
     output:
         marker=PATHS.staged_marker("{tier}", "{dataset}"),
-    params:
-        target=get_tier_target,
     log:
         str(PATHS.logs / "stage" / "{tier}-{dataset}.log"),
-    threads: 1
     conda:
         "../../envs/codl.yaml"
+    threads: 1
+    params:
+        target=get_tier_target,
     shell:
         "codl stage '{input.manifest}' --to '{params.target}' --marker '{output.marker}' > '{log}' 2>&1"

@@ -10,12 +10,12 @@ localrules:
 rule spec:
     output:
         spec=PATHS.spec("{run_id}"),
-    params:
-        spec=get_spec_json,
     log:
         str(PATHS.logs / "spec" / "{run_id}.log"),
     conda:
         "../../envs/codl.yaml"
+    params:
+        spec=get_spec_json,
     shell:
         "codl write-spec '{params.spec}' --out '{output.spec}' > '{log}' 2>&1"
 
@@ -26,11 +26,10 @@ rule run:
         dataset=get_dataset_input,
     output:
         trace=PATHS.trace("{run_id}"),
-    params:
-        dataset=get_dataset_arg,
-        kineto=str(PATHS.kineto_dir("{run_id}")),
     log:
         PATHS.run_log("{run_id}"),
+    conda:
+        "../../envs/codl.yaml"
     threads: workflow.cores
     resources:
         nodes=get_run_resource("nodes"),
@@ -41,8 +40,9 @@ rule run:
         mpi=get_run_resource("mpi"),
         mem_mb=get_run_resource("mem_mb"),
         runtime=get_run_resource("runtime"),
-    conda:
-        "../../envs/codl.yaml"
+    params:
+        dataset=get_dataset_arg,
+        kineto=str(PATHS.kineto_dir("{run_id}")),
     shell:
         "codl run '{input.spec}' --trace '{output.trace}' {params.dataset} "
         "--kineto-dir '{params.kineto}' --cpus-per-task {resources.cpus_per_task} > '{log}' 2>&1"
