@@ -117,3 +117,42 @@ def test_workflow_runs_once_and_reruns_only_changed_specs(tmp_path: Path) -> Non
     report = workdir / "results" / "report.html"
     snakemake(workdir, cfg_path, "--report", str(report))
     assert report.stat().st_size > 10_000
+
+
+def test_configfile_replaces_the_default_config_instead_of_merging(tmp_path: Path) -> None:
+    """From the repo root, --configfile smoke.yaml must give exactly smoke.yaml's runs."""
+    import json
+
+    from codl.config import load_plan
+
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    smoke = REPO / "config" / "smoke.yaml"
+    proc = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "snakemake"),
+            "--configfile",
+            str(smoke),
+            "--dry-run",
+            "--printshellcmds",
+            "--cores",
+            "1",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    specs = [
+        json.loads(m.group(1))
+        for m in re.finditer(r"codl write-spec '(\{.*?\})' --out", proc.stdout + proc.stderr)
+    ]
+    expected = load_plan(smoke).specs
+    if not specs:
+        pytest.skip("results of the smoke config already exist in the checkout")
+    from codl.spec import RunSpec
+
+    assert {RunSpec.from_dict(s).run_id for s in specs} <= set(expected)

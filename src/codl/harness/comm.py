@@ -70,7 +70,8 @@ class CommRecorder:
 
     @staticmethod
     def ddp_hook(
-        state: "CommRecorder", bucket: dist.GradBucket
+        state: "CommRecorder",
+        bucket: dist.GradBucket,  # type: ignore[name-defined]  # missing from torch stubs
     ) -> torch.futures.Future[torch.Tensor]:
         # No postponed annotations in this module: DDP inspects this signature at runtime and
         # accepts only the real dist.GradBucket class as the bucket's annotation.

@@ -282,8 +282,8 @@ def execute(
             )
             if len(loader) == 0:
                 raise CodlError(
-                    f"data set {dataset_dir} has {len(loader.dataset)} samples, fewer than one batch "
-                    f"of {bs}"
+                    f"data set {dataset_dir} has {len(loader.dataset)} samples, fewer than one "
+                    f"batch of {bs}"
                 )
         batches = _batches(loader) if loader is not None else None
         comm_buckets = _bucket_sizes(model, spec.layout.bucket_cap_mb) if mode is Mode.COMM else []
