@@ -46,10 +46,13 @@ def run_resources(spec: RunSpec, slurm: Mapping[str, Any], attempt: int) -> dict
         "cpus_per_task": int(slurm.get("cpus_per_rank", 2)),
         "mem_mb": int(slurm.get("mem_mb_per_rank", 4000)) * ranks * attempt,
         "runtime": int(slurm.get("runtime_min", 30)) * attempt,
-        # With `mpi` set the Slurm plugin runs the command once in the batch step instead of
-        # wrapping it in `srun -n1`; `codl run` then starts one task per rank itself.
-        "mpi": "srun",
     }
+    if spec.layout.world_size > 1:
+        # With `mpi` set the Slurm plugin runs the command once in the batch step instead of
+        # wrapping it in `srun -n1`; `codl run` then starts one task per rank itself. Only with
+        # several ranks: the plugin refuses `mpi` with tasks=1 ("For MPI jobs, 'tasks' must be
+        # greater than 1"), and one rank needs no srun of its own.
+        out["mpi"] = "srun"
     if gpus:
         # sbatch --gpus=N with one task per GPU (the plugin's default ties --ntasks-per-gpu to
         # `tasks`, which would start tasks x GPUs ranks).

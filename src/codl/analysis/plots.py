@@ -98,6 +98,10 @@ def component_durations(
             + d["workers"].astype(str)
             + ("\n" + d["mode"].astype(str) if d["mode"].nunique() > 1 else "")
         )
+        if "cupti" in d:
+            # CUPTI runs are slower by themselves: mark them so that no one compares across.
+            cupti = d["cupti"].astype(str).str.lower() == "true"
+            d.loc[cupti, "label"] = d.loc[cupti, "label"] + "\n+CUPTI"
         d = d.sort_values(["policy", "workers", "mode"])
         x = np.arange(len(d))
         iso = d["isolation"].to_numpy()

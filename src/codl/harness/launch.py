@@ -46,6 +46,11 @@ def cluster_env() -> RankEnv | None:
     )
     if not (under_submitit or under_srun):
         return None
+    if not under_submitit:
+        # submitit's JobEnvironment recognises Slurm only by SUBMITIT_EXECUTOR=slurm, which its
+        # own executor sets; a task of a plain srun has every SLURM_* variable it reads but not
+        # that one ("Could not figure out which environment the job is runnning in").
+        os.environ["SUBMITIT_EXECUTOR"] = "slurm"
     from submitit.helpers import TorchDistributedEnvironment
 
     dist_env = TorchDistributedEnvironment()

@@ -1,0 +1,215 @@
+"""Tracer overhead: the same spec untraced and traced, alternating in one process.
+
+Each pair runs the untraced spec and one traced variant back to back (order alternates between
+pairs, so drift hits both sides alike); the statistic is the ratio of median step times within a
+pair, summarised as the median over pairs with a bootstrap 95 % interval. CUPTI's cost lingers in
+the process after the profiler stops, so every CUPTI run comes after all other variants have
+finished, and its ratio is taken against untraced runs measured in the same CUPTI phase *and*
+against the clean pre-CUPTI untraced runs (the honest figure is the latter).
+
+    python benchmarks/tracer_overhead.py --device cpu --pairs 10 --csv out.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from codl.datasets import generate
+from codl.harness.runner import execute
+from codl.spec import RunSpec, TraceSpec
+from codl.trace.store import open_trace
+
+OFF = TraceSpec(
+    app=True,
+    loader=False,
+    sched=False,
+    cpu=False,
+    cuda_events=False,
+    comm=False,
+    device=False,
+    cupti=False,
+)
+LEVELS: dict[str, dict[str, bool]] = {
+    "sched+cpu": {"sched": True, "cpu": True},
+    "loader": {"loader": True},
+    "cuda_events": {"cuda_events": True},
+    "device": {"device": True},
+    "all (no cupti)": {
+        "sched": True,
+        "cpu": True,
+        "loader": True,
+        "cuda_events": True,
+        "comm": True,
+        "device": True,
+    },
+}
+
+
+def base_spec(args: argparse.Namespace) -> RunSpec:
+    gpu = args.device == "cuda"
+    return RunSpec.from_dict(
+        {
+            "mode": args.mode,
+            "device": args.device,
+            "workload": {
+                "model": args.model,
+                "batch_size": args.batch_size,
+                "image_size": args.image_size,
+                "classes": 1000 if gpu else 10,
+                "precision": "bf16" if gpu else "fp32",
+                "channels_last": gpu,
+            },
+            "dataset": {
+                "samples": args.samples,
+                "height": args.height,
+                "width": args.width,
+                "classes": 10,
+            },
+            "loader": {"workers": args.workers, "pin_memory": gpu},
+            "steps": {"warmup": args.warmup, "measured": args.measured},
+        }
+    )
+
+
+def measure(spec: RunSpec, data: Path, out: Path) -> float:
+    """Median step time (ms) of one in-process run."""
+    trace = out / f"{time.monotonic_ns()}.h5"
+    execute(
+        spec,
+        trace_path=trace,
+        dataset_dir=data if spec.mode.loads else None,
+        kineto_dir=out / "kineto",
+    )
+    with open_trace(trace) as t:
+        app = t.table("events/app")
+        warm = int(t.attrs["warmup_steps"])
+    trace.unlink()
+    st = app[(app["phase"].astype(str) == "step") & (app["step"] >= warm)]
+    return float(np.median((st["end_ns"] - st["start_ns"]).to_numpy()) / 1e6)
+
+
+def bootstrap_median(values: list[float], n: int = 5000, seed: int = 0) -> tuple[float, float]:
+    rng = np.random.default_rng(seed)
+    a = np.asarray(values)
+    meds = np.median(rng.choice(a, (n, len(a))), axis=1)
+    lo, hi = np.percentile(meds, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--mode", default="data+compute")
+    p.add_argument("--model", default=None)
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--image-size", type=int, default=None)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--samples", type=int, default=256)
+    p.add_argument("--height", type=int, default=96)
+    p.add_argument("--width", type=int, default=128)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--measured", type=int, default=12)
+    p.add_argument("--pairs", type=int, default=10)
+    p.add_argument("--levels", default=",".join(LEVELS), help="comma-separated level names")
+    p.add_argument("--cupti", action="store_true", help="also measure the CUPTI level (CUDA)")
+    p.add_argument("--csv", type=Path, default=Path("benchmarks/results/tracer_overhead.csv"))
+    args = p.parse_args(argv)
+    gpu = args.device == "cuda"
+    args.model = args.model or ("resnet50" if gpu else "resnet_tiny")
+    args.batch_size = args.batch_size or (128 if gpu else 16)
+    args.image_size = args.image_size or (224 if gpu else 64)
+    base = base_spec(args)
+    untraced = dataclasses.replace(base, trace=OFF)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tmpdir = Path(tmp)
+        data = tmpdir / "data"
+        generate(base.dataset, data)
+        measure(untraced, data, tmpdir)  # process warm-up: imports, allocator, cuDNN plans
+        clean_untraced: list[float] = []
+        for level in [lv for lv in args.levels.split(",") if lv]:
+            traced = dataclasses.replace(base, trace=dataclasses.replace(OFF, **LEVELS[level]))
+            ratios = []
+            for i in range(args.pairs):
+                order = [(untraced, "u"), (traced, "t")]
+                if i % 2:
+                    order.reverse()
+                got = {tag: measure(spec, data, tmpdir) for spec, tag in order}
+                clean_untraced.append(got["u"])
+                ratios.append(got["t"] / got["u"])
+            rows.append(summary_row(level, ratios, "pairs"))
+            print_row(rows[-1])
+            write_csv(rows, args)
+        if args.cupti:
+            cupti_spec = dataclasses.replace(
+                base,
+                trace=dataclasses.replace(
+                    OFF, **LEVELS["all (no cupti)"], cupti=True, cupti_steps=args.measured
+                ),
+            )
+            ref = statistics.median(clean_untraced)
+            cupti_times, after = [], []
+            for _ in range(args.pairs):
+                cupti_times.append(measure(cupti_spec, data, tmpdir))
+                after.append(measure(untraced, data, tmpdir))
+            rows.append(
+                summary_row("cupti vs clean untraced", [c / ref for c in cupti_times], "runs")
+            )
+            print_row(rows[-1])
+            rows.append(
+                summary_row(
+                    "untraced after cupti vs clean untraced", [a / ref for a in after], "runs"
+                )
+            )
+            print_row(rows[-1])
+            write_csv(rows, args)
+    print(f"\nwrote {args.csv}")
+    return 0
+
+
+def write_csv(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    """Rewritten after every level, so a run cut short keeps what it measured."""
+    import pandas as pd
+
+    args.csv.parent.mkdir(parents=True, exist_ok=True)
+    df = pd.DataFrame(rows)
+    for k, v in vars(args).items():
+        if k != "csv":
+            df[k] = v
+    df.to_csv(args.csv, index=False)
+
+
+def summary_row(level: str, ratios: list[float], unit: str) -> dict[str, Any]:
+    lo, hi = bootstrap_median(ratios)
+    return {
+        "level": level,
+        "n": len(ratios),
+        "unit": unit,
+        "ratio_median": statistics.median(ratios),
+        "ci_low": lo,
+        "ci_high": hi,
+        "ratio_min": min(ratios),
+        "ratio_max": max(ratios),
+        "overhead_pct": (statistics.median(ratios) - 1) * 100,
+    }
+
+
+def print_row(r: dict[str, Any]) -> None:
+    print(
+        f"{r['level']:<42} n={r['n']:<3} traced/untraced median step = {r['ratio_median']:.4f} "
+        f"[{r['ci_low']:.4f}, {r['ci_high']:.4f}]  ({r['overhead_pct']:+.2f} %)",
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

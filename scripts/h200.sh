@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Run CoDL on a GPU node that has PyTorch/CUDA but no Snakemake (the lent H200 machine):
+# wheels carried in .whl/ are installed to /tmp/site, the package is used from src/, and `codl`
+# is a shim on PATH. Usage: scripts/h200.sh setup|tests|overhead|reproduce CONFIG|pack
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD/src:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+export PATH="/tmp/codl-bin:/tmp/site/bin:$PATH"
+OUT="${OUT:-$PWD/out}"
+
+setup() {
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl
+  mkdir -p /tmp/codl-bin
+  printf '#!/bin/sh\nexec python3 -m codl.cli "$@"\n' > /tmp/codl-bin/codl
+  printf '#!/bin/sh\nexec python3 -m snakemake "$@"\n' > /tmp/codl-bin/snakemake
+  chmod +x /tmp/codl-bin/codl /tmp/codl-bin/snakemake
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv
+  python3 -c 'import torch, torchvision, snakemake, submitit; print("torch", torch.__version__, "cuda", torch.version.cuda, "tv", torchvision.__version__, "snakemake", snakemake.__version__, "gpus", torch.cuda.device_count())'
+  nproc; lscpu | grep -E "Model name|NUMA|Socket" || true
+}
+
+case "${1:-}" in
+  setup) setup ;;
+  tests)
+    python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_harness.py \
+      tests/test_pinning.py -x 2>&1 | tail -15 ;;
+  overhead)
+    shift
+    (cd benchmarks && python3 tracer_overhead.py --device cuda "$@") ;;
+  harness)
+    shift
+    (cd benchmarks && python3 harness_overhead.py --device cuda "$@") ;;
+  reproduce)
+    cfg="${2:-config/config.yaml}"
+    snakemake --profile profiles/local --configfile "$cfg" --cores all
+    snakemake --profile profiles/local --configfile "$cfg" --report results/report.html ;;
+  *) echo "usage: $0 setup|tests|overhead ARGS|harness ARGS|reproduce [CONFIG]" >&2; exit 2 ;;
+esac
