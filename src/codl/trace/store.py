@@ -87,6 +87,14 @@ def _fsync_path(path: Path) -> None:
         os.close(fd)
 
 
+def _write_image(image: bytes, path: Path) -> None:
+    """Write a finished in-memory HDF5 image and fsync it (OSError on a full disk)."""
+    with path.open("wb") as fh:
+        fh.write(image)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
 def _fsync_dir(directory: Path) -> None:
     # The rename is only durable once the directory entry is; without this a power loss can
     # bring back the .partial name (or nothing) after finish() returned.
@@ -175,8 +183,17 @@ class TraceWriter:
             raise RuntimeError(f"TraceWriter for {self._path} can be entered only once")
         if not self._path.parent.is_dir():
             raise FileNotFoundError(f"{self._path}: directory {self._path.parent} does not exist")
-        # "w" truncates a .partial left behind by a killed earlier attempt of the same run.
-        self._file = h5py.File(self.partial_path, "w", rdcc_nbytes=_CHUNK_CACHE_BYTES)
+        # The file is built in memory and written out in one piece at finish()/abort(): HDF5
+        # crashes the process (SIGSEGV in its cache flush) when the disk fills mid-write,
+        # whereas a plain write of the finished image fails with a clean ENOSPC. A killed run
+        # therefore leaves nothing on disk at all.
+        self._file = h5py.File(
+            self.partial_path,
+            "w",
+            driver="core",
+            backing_store=False,
+            rdcc_nbytes=_CHUNK_CACHE_BYTES,
+        )
         self._state = _State.OPEN
         self._file.attrs["schema_version"] = SCHEMA_VERSION
         self._file.attrs["complete"] = False
@@ -379,12 +396,20 @@ class TraceWriter:
         self._write_strings(f)
         f.attrs["complete"] = True  # last attribute written: everything before it is in
         f.flush()
+        partial = self.partial_path
+        try:
+            _write_image(f.id.get_file_image(), partial)
+            partial.replace(self._path)  # atomic rename (os.replace)
+            _fsync_dir(self._path.parent)
+        except OSError as e:
+            partial.unlink(missing_ok=True)
+            f.attrs["complete"] = False
+            raise TraceFormatError(
+                f"{self._path}: could not write the trace ({e.strerror or e}); nothing was left "
+                "at the final path"
+            ) from e
         f.close()
         self._file = None
-        partial = self.partial_path
-        _fsync_path(partial)
-        partial.replace(self._path)  # atomic rename (os.replace)
-        _fsync_dir(self._path.parent)
         self._state = _State.FINISHED
         return self._path
 
@@ -401,33 +426,33 @@ class TraceWriter:
             self._state = _State.ABORTED
             return None
         partial = self.partial_path
-        mark_error: Exception | None = None
-        try:
-            # finish() may have failed after closing the file (fsync, rename): reopen to unmark.
-            f = self._file if self._file is not None else h5py.File(partial, "r+")
-            try:
-                f.attrs["complete"] = False
-                f.attrs["incomplete_reason"] = reason
-                self._write_strings(f)
-            finally:
-                f.close()
-        except Exception as e:
-            mark_error = e
+        f = self._file
         self._file = None
         self._state = _State.ABORTED
-        kept: Path | None = None
-        if keep:
-            kept = self.incomplete_path
-            _fsync_path(partial)
+        try:
+            f.attrs["complete"] = False
+            f.attrs["incomplete_reason"] = reason
+            if STRINGS in f:
+                del f[STRINGS]  # finish() may have written it before its disk write failed
+            self._write_strings(f)
+            f.flush()
+            image = f.id.get_file_image()
+        finally:
+            f.close()
+        if not keep:
+            partial.unlink(missing_ok=True)
+            return None
+        kept = self.incomplete_path
+        try:
+            _write_image(image, partial)
             partial.replace(kept)
             _fsync_dir(kept.parent)
-        else:
+        except OSError as e:
             partial.unlink(missing_ok=True)
-        if mark_error is not None:
             raise TraceFormatError(
-                f"{partial}: could not mark the aborted trace incomplete ({mark_error!r}); "
-                f"{'kept as ' + str(kept) if kept else 'deleted'}"
-            ) from mark_error
+                f"{kept}: could not keep the incomplete trace ({e.strerror or e}); the measured "
+                "data of this run is lost"
+            ) from e
         return kept
 
 
