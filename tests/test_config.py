@@ -154,29 +154,42 @@ def test_experiment_order_and_run_order_follow_the_config() -> None:
 # --- the shipped configs ----------------------------------------------------------------------
 
 
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
 def _expected_counts(cfg: dict[str, Any]) -> tuple[int, int]:
     """(runs, distinct runs) derived from the factor lists.
 
     A combination whose mode does not load data ignores its `loader.*` and `dataset.*` factors,
-    so those factors' values collapse into one run.
+    so those factors' values collapse into one run; a combination that two experiments share
+    (same base and factor values) is one run too.
     """
-    runs = distinct = 0
+    runs = 0
+    seen: set[tuple[Any, ...]] = set()
     for exp in cfg["experiments"]:
         factors = exp.get("factors", {})
         repeats = exp.get("repeats", 1)
+        base = {**_flatten(cfg.get("defaults", {})), **_flatten(exp.get("base", {}))}
         runs += math.prod(len(v) for v in factors.values()) * repeats
         keys = list(factors)
-        seen = set()
         for combo in itertools.product(*factors.values()):
-            values = dict(zip(keys, combo, strict=True))
-            mode = Mode(values.get("mode", exp.get("base", {}).get("mode", "combined")))
+            values = {**base, **dict(zip(keys, combo, strict=True))}
+            mode = Mode(values.get("mode", "combined"))
             if not mode.loads:
                 values = {
                     k: v for k, v in values.items() if not k.startswith(("loader.", "dataset."))
                 }
-            seen.add(tuple(sorted(values.items())))
-        distinct += len(seen) * repeats
-    return runs, distinct
+            for rep in range(repeats):
+                seen.add((*sorted(values.items()), rep))
+    return runs, len(seen)
 
 
 @pytest.mark.parametrize(
@@ -196,11 +209,12 @@ def test_shipped_configs_load(name: str, dataset: str) -> None:
 
 def test_shipped_config_counts_by_hand() -> None:
     # The derivation above, spelled out once for the paper config: `policies` is
-    # 3 modes x 4 policies x 3 worker counts x 3 repeats = 108 runs, of which compute's
-    # 4 x 3 x 3 = 36 collapse over the worker counts to 12; `sleep-baseline` is 3 x 3 = 9.
+    # 2 modes x 4 policies x 3 repeats = 24 runs; `workers` is 3 modes x 2 worker counts x
+    # 3 repeats = 18, of which data+compute/none/24 workers (3) is already in `policies`;
+    # `cupti` is 2 modes x 2 policies = 4 (distinct: CUPTI is part of the spec).
     plan = load_plan(REPO / "config" / "config.yaml")
-    assert len(plan.runs) == 108 + 9
-    assert len(plan.run_ids) == (108 - 36 + 12) + 9
+    assert len(plan.runs) == 24 + 18 + 4
+    assert len(plan.run_ids) == 24 + (18 - 3) + 4
     # smoke: 4 modes x 3 policies, no collapse (no loader factor).
     assert len(load_plan(REPO / "config" / "smoke.yaml").run_ids) == 4 * 3
 

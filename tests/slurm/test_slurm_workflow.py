@@ -13,6 +13,7 @@ so sacct's SubmitLine (the sbatch line, --comment included) is what ties a job t
 from __future__ import annotations
 
 import copy
+import itertools
 import os
 import re
 import subprocess
@@ -323,7 +324,18 @@ def test_failing_run_is_failed_in_sacct_and_leaves_no_complete_trace(
     print(f"failing workflow: {wf.seconds:.0f} s, {len(wf.submissions)} Slurm jobs")
 
     assert wf.returncode != 0, wf.tail()
-    errors = [b for b in wf.output.split("Error in rule ")[1:] if b.startswith("run:")]
+    # An error block is its header line plus the indented lines under it; later output (other
+    # jobs' submissions) must not count as part of it.
+    errors = [
+        "\n".join(
+            [
+                b.splitlines()[0],
+                *itertools.takewhile(lambda ln: ln.startswith((" ", "\t")), b.splitlines()[1:]),
+            ]
+        )
+        for b in wf.output.split("Error in rule ")[1:]
+        if b.startswith("run:")
+    ]
     assert any(f"results/runs/{bad}/" in b for b in errors), wf.tail()
     assert not any(f"results/runs/{good}/" in b for b in errors), wf.tail()
     (bad_job,) = [s.job_id for s in wf.jobs("run") if s.wildcards == bad]
