@@ -27,6 +27,7 @@ import torch
 
 from codl.datasets import generate
 from codl.harness import workloads
+from codl.harness.data import train_transform
 from codl.harness.runner import execute
 from codl.spec import RunSpec
 from codl.trace.store import open_trace
@@ -35,20 +36,11 @@ from tracer_overhead import OFF, base_spec, bootstrap_median
 
 class PlainFiles(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
     def __init__(self, root: Path, image_size: int) -> None:
-        from torchvision.transforms import v2
-
         classes = sorted(p.name for p in root.iterdir() if p.is_dir())
         self.samples = [
             (str(f), i) for i, c in enumerate(classes) for f in sorted((root / c).glob("*.jpg"))
         ]
-        self.transform = v2.Compose(
-            [
-                v2.RandomResizedCrop(image_size, antialias=True),
-                v2.RandomHorizontalFlip(),
-                v2.ToDtype(torch.float32, scale=True),
-                v2.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]),
-            ]
-        )
+        self.transform = train_transform(image_size)
 
     def __len__(self) -> int:
         return len(self.samples)

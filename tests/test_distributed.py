@@ -12,7 +12,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from codl.datasets import generate
-from codl.harness.comm import CommRecorder, prepare_tensors, run_comm_step, subgroups
+from codl.harness import workloads
+from codl.harness.comm import (
+    CommRecorder,
+    comm_group,
+    prepare_tensors,
+    run_comm_step,
+    subgroups,
+)
 from codl.harness.launch import launch
 from codl.spec import CommPattern, DatasetSpec, RunSpec
 from codl.trace.store import open_trace
@@ -50,9 +57,13 @@ def read(path: Path) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("mode", "forward", "loader", "comm"),
     [
+        ("data", False, True, False),
+        ("compute", True, False, False),
         ("comm", False, False, True),
         ("compute+comm", True, False, True),
+        ("data+compute", True, True, False),
         ("combined", True, True, True),
+        ("data+sleep", True, True, False),  # forward only in the warm-up step
     ],
 )
 def test_two_rank_modes_do_exactly_their_components(
@@ -68,9 +79,14 @@ def test_two_rank_modes_do_exactly_their_components(
     assert (len(t["events/loader"]) > 0) is loader
     c = t["events/comm"]
     assert (len(c) > 0) is comm
-    # Every rank reduced the same buckets in every step.
-    per_rank = c.groupby("rank")["bytes"].apply(list)
-    assert per_rank[0] == per_rank[1]
+    if comm:
+        # Every rank reduced the same buckets in every step, and together they are the model.
+        per_rank = c.groupby("rank")["bytes"].apply(list)
+        assert per_rank[0] == per_rank[1]
+        step0 = c[(c["rank"] == 0) & (c["step"] == 0)]
+        model = workloads.get("resnet_tiny").build_model(spec.workload)
+        n_params = sum(p.numel() for p in model.parameters())
+        assert step0["bytes"].sum() == 4 * n_params
     assert len(t["attrs"]["ranks"]) == 2
     assert not list(tmp_path.glob("trace.rank*"))
 
@@ -78,8 +94,6 @@ def test_two_rank_modes_do_exactly_their_components(
 def _reduce_worker(rank: int, port: int, pattern: str, out: Any) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     spec = two_ranks("comm", comm_pattern=pattern)
-    from codl.harness.comm import comm_group
-
     group = comm_group(spec)
     tensors = prepare_tensors([5, 7, 11, 13, 17], spec, torch.device("cpu"))
     rec = CommRecorder(rank=rank)

@@ -192,3 +192,30 @@ def test_impossible_policy_fails_before_the_run_with_the_numbers(
     with pytest.raises(PlacementError, match=f"launch_cores={n}"):
         launch(spec, trace_path=tmp_path / "t.h5", dataset_dir=dataset)
     assert not (tmp_path / "t.h5").exists()
+
+
+def test_cosmoflow_reads_hdf5_volumes(tmp_path: Path) -> None:
+    volumes = tmp_path / "volumes"
+    generate(DatasetSpec(kind="volume", samples=8, height=16, width=16, depth=16), volumes)
+    spec = RunSpec.from_dict(
+        {
+            "mode": "data+compute",
+            "workload": {"model": "cosmoflow", "batch_size": 2, "image_size": 16},
+            "dataset": {"kind": "volume", "samples": 8, "height": 16, "width": 16, "depth": 16},
+            "loader": {"workers": 1},
+            "steps": {"warmup": 1, "measured": 2},
+        }
+    )
+    out = run(spec, tmp_path, volumes)
+    loader = out["tables"]["events/loader"]
+    assert set(loader["stage"].astype(str)) == {"fetch", "decode", "transform", "collate"}
+    assert "forward" in phases(out["tables"]["events/app"])
+
+
+def test_app_level_off_keeps_only_step_spans(tmp_path: Path, dataset: Path) -> None:
+    spec = tiny("combined", trace__app=False, trace__sched=False, trace__loader=False)
+    out = run(spec, tmp_path, dataset)
+    t = out["tables"]
+    assert phases(t["events/app"]) == {"step"}
+    assert len(t["events/loader"]) == 0
+    assert len(t["samples/sched"]) == 0

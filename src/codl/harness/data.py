@@ -37,6 +37,37 @@ def _worker_id() -> int:
     return -1 if info is None else int(info.id)
 
 
+def train_transform(image_size: int) -> Any:
+    """The ImageNet training augmentation, on uint8 CHW tensors (torchvision transforms v2)."""
+    from torchvision.transforms import v2
+
+    return v2.Compose(
+        [
+            v2.RandomResizedCrop(image_size, antialias=True),
+            v2.RandomHorizontalFlip(),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]),
+        ]
+    )
+
+
+def _timing_row(index: int, t0: int, t1: int, t2: int, t3: int) -> np.ndarray:
+    return np.array(
+        [
+            index,
+            _worker_id(),
+            os.getpid(),
+            threading.get_native_id(),
+            current_cpu(),
+            t0,
+            t1,
+            t2,
+            t3,
+        ],
+        dtype=np.int64,
+    )
+
+
 class Batch(NamedTuple):
     inputs: torch.Tensor
     targets: torch.Tensor
@@ -48,8 +79,6 @@ class ImageFolderFiles(Dataset[tuple[torch.Tensor, int, np.ndarray]]):
     """JPEG ImageFolder read with torchvision.io: fetch bytes, decode, augment."""
 
     def __init__(self, root: Path, image_size: int, *, train: bool = True) -> None:
-        from torchvision.transforms import v2
-
         classes = sorted(p.name for p in Path(root).iterdir() if p.is_dir())
         self.samples: list[tuple[str, int]] = [
             (str(f), label)
@@ -58,14 +87,7 @@ class ImageFolderFiles(Dataset[tuple[torch.Tensor, int, np.ndarray]]):
         ]
         if not self.samples:
             raise FileNotFoundError(f"no JPEG files under {root} (expected <class>/<image>.jpg)")
-        self.transform = v2.Compose(
-            [
-                v2.RandomResizedCrop(image_size, antialias=True),
-                v2.RandomHorizontalFlip(),
-                v2.ToDtype(torch.float32, scale=True),
-                v2.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]),
-            ]
-        )
+        self.transform = train_transform(image_size)
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -82,21 +104,7 @@ class ImageFolderFiles(Dataset[tuple[torch.Tensor, int, np.ndarray]]):
         t2 = now_ns()
         out = self.transform(img)
         t3 = now_ns()
-        row = np.array(
-            [
-                index,
-                _worker_id(),
-                os.getpid(),
-                threading.get_native_id(),
-                current_cpu(),
-                t0,
-                t1,
-                t2,
-                t3,
-            ],
-            dtype=np.int64,
-        )
-        return out, label, row
+        return out, label, _timing_row(index, t0, t1, t2, t3)
 
 
 class VolumeFiles(Dataset[tuple[torch.Tensor, torch.Tensor, np.ndarray]]):
@@ -131,21 +139,7 @@ class VolumeFiles(Dataset[tuple[torch.Tensor, torch.Tensor, np.ndarray]]):
                 vol = vol.flip(axis)
         vol = vol.contiguous()
         t3 = now_ns()
-        row = np.array(
-            [
-                index,
-                _worker_id(),
-                os.getpid(),
-                threading.get_native_id(),
-                current_cpu(),
-                t0,
-                t1,
-                t2,
-                t3,
-            ],
-            dtype=np.int64,
-        )
-        return vol, target, row
+        return vol, target, _timing_row(index, t0, t1, t2, t3)
 
 
 def collate(samples: Sequence[tuple[Any, Any, np.ndarray]]) -> Batch:

@@ -61,6 +61,9 @@ class _Recorder:
     """Application spans in column lists plus the CUDA event pairs still to be resolved."""
 
     rank: int
+    # With the app level off only the step spans are kept: the step loop and every later
+    # statistic need them, the per-phase breakdown is what the level adds.
+    app: bool = True
     tid: int = field(default_factory=threading.get_native_id)
     rows: dict[str, list[int]] = field(
         default_factory=lambda: {
@@ -71,6 +74,8 @@ class _Recorder:
     pending: list[tuple[int, Any, Any]] = field(default_factory=list)
 
     def span(self, step: int, phase: str, start: int, end: int, events: Any = None) -> None:
+        if not self.app and phase != "step":
+            return
         r = self.rows
         r["rank"].append(self.rank)
         r["step"].append(step)
@@ -211,8 +216,8 @@ def execute(
         torch.cuda.set_device(device)
         torch.backends.cudnn.benchmark = True
 
-    rec = _Recorder(rank=env.rank)
-    sched = SchedSampler(rank=env.rank, per_core=spec.trace.cpu)
+    rec = _Recorder(rank=env.rank, app=spec.trace.app)
+    sched = SchedSampler(rank=env.rank, per_thread=spec.trace.sched, per_core=spec.trace.cpu)
     sched.track(os.getpid())
     dev = DeviceSampler(rank=env.rank, gpu_index=env.local_rank)
     if cuda and spec.trace.device:
@@ -386,8 +391,7 @@ def execute(
             rec.span(step, "step", t_step, t_end, step_ev)
             if profiler is not None:
                 profiler.step()
-            if spec.trace.sched:
-                sched.sample(step)
+            sched.sample(step)
             dev.sample(step)
             if step == 0:
                 # Autograd, pin-memory and communication threads exist only now.
@@ -530,23 +534,20 @@ def _wrap_ddp(model: Any, spec: RunSpec, env: RankEnv, comm: CommRecorder) -> An
 
 
 def _bucket_sizes(model: Any, cap_mb: int) -> list[int]:
-    """Gradient bucket sizes (elements) as DDP forms them: reverse parameter order, capped."""
+    """Gradient bucket sizes (elements) exactly as DDP forms them, in the order it reduces them.
+
+    DDP's own assignment: a small first bucket (``_DEFAULT_FIRST_BUCKET_BYTES``) so that
+    communication starts early, then ``bucket_cap_mb`` buckets; the list is reversed because
+    gradients become ready from the last layer backwards.
+    """
+    import torch.distributed as dist
+
     params = [p for p in model.parameters() if p.requires_grad]
-    cap = cap_mb * 1024 * 1024
-    buckets: list[int] = []
-    cur = 0
-    cur_bytes = 0
-    for p in reversed(params):
-        nbytes = p.numel() * 4
-        if cur and cur_bytes + nbytes > cap:
-            buckets.append(cur)
-            cur = 0
-            cur_bytes = 0
-        cur += p.numel()
-        cur_bytes += nbytes
-    if cur:
-        buckets.append(cur)
-    return buckets
+    # Private but stable since torch 1.x; DDP itself calls exactly these.
+    first = dist._DEFAULT_FIRST_BUCKET_BYTES  # type: ignore[attr-defined]
+    assign = dist._compute_bucket_assignment_by_size  # type: ignore[attr-defined]
+    indices, _ = assign(params, [first, cap_mb * 1024 * 1024], [False] * len(params))
+    return [sum(params[i].numel() for i in bucket) for bucket in reversed(indices)]
 
 
 def _write_trace(

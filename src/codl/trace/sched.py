@@ -54,6 +54,7 @@ class SchedSampler:
     """Samples every thread of the tracked processes; rows accumulate in column lists."""
 
     rank: int = 0
+    per_thread: bool = True
     per_core: bool = True
     _tasks: dict[int, _Task] = field(default_factory=dict)
     _pids: set[int] = field(default_factory=set)
@@ -115,6 +116,10 @@ class SchedSampler:
                 self._tasks[tid] = _Task(pid, tid, fds[0], fds[1], fds[2])
 
     def sample(self, step: int) -> None:
+        if not self.per_thread:
+            if self.per_core:
+                self._sample_cores(now_ns(), step)
+            return
         self._discover()
         t = now_ns()
         rows = self.rows
