@@ -156,3 +156,31 @@ def test_configfile_replaces_the_default_config_instead_of_merging(tmp_path: Pat
     from codl.spec import RunSpec
 
     assert {RunSpec.from_dict(s).run_id for s in specs} <= set(expected)
+
+
+def test_storage_tier_is_staged_before_the_runs_that_read_it(tmp_path: Path) -> None:
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    tier_dir = tmp_path / "node local ü"
+    cfg = {
+        "defaults": {
+            **CONFIG["defaults"],
+            "dataset": {**CONFIG["defaults"]["dataset"], "name": "tiered", "tier": "local"},
+        },
+        "tiers": {"local": str(tier_dir)},
+        "experiments": [{"name": "tier", "factors": {"mode": ["data"]}}],
+    }
+    cfg_path = tmp_path / "config.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    out, jobs = snakemake(workdir, cfg_path)
+    assert jobs["dataset"] == 1
+    assert jobs["stage_dataset"] == 1
+    # The run reads the staged copy, not the generated original.
+    assert f"--dataset-dir '{tier_dir / 'tiered'}'" in out
+    assert jobs["run"] == 1
+    assert len(list((tier_dir / "tiered").rglob("*.jpg"))) == 32
+    (run_id,) = build_plan(cfg).specs
+    log = (workdir / "logs" / "run" / f"{run_id}.log").read_text()
+    assert "Traceback" not in log
+    spec = (workdir / "results" / "runs" / run_id / "spec.json").read_text()
+    assert '"tier": "local"' in spec
