@@ -354,3 +354,79 @@ def test_failing_run_is_failed_in_sacct_and_leaves_no_complete_trace(
             open_trace(leftover)
     with open_trace(workdir / "results" / "runs" / good / "trace.h5") as t:
         assert len(t.table("events/app")) > 0
+
+
+# --------------------------------------------------------------------------- a requeued run
+
+
+def test_requeued_run_starts_cleanly_and_completes(
+    slurm_env: dict[str, str], tmp_path: Path
+) -> None:
+    """`scontrol requeue` (what preemption does) mid-run: the job restarts from scratch and the
+    workflow still ends with one complete trace; the interrupted attempt left only a trace
+    marked incomplete."""
+    defaults = copy.deepcopy(DEFAULTS)
+    defaults["mode"] = "compute"
+    defaults["steps"] = {"warmup": 1, "measured": 400}
+    cfg = {
+        "defaults": defaults,
+        "slurm": dict(SLURM),
+        "experiments": [{"name": "long", "factors": {"pinning.policy": ["none"]}}],
+    }
+    (run_id,) = build_plan(cfg).specs
+    config = _write_config(tmp_path / "config.yaml", cfg)
+    workdir = tmp_path / "work"
+    run_env = {**slurm_env, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{slurm_env['PATH']}"}
+    cmd = [
+        sys.executable, "-m", "snakemake", "-s", str(SNAKEFILE), "-d", str(workdir),
+        "--configfile", str(config), "--profile", str(PROFILE), "--retries", "0",
+    ]  # fmt: skip
+    log = tmp_path / "snakemake.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            cmd, env=run_env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT
+        )
+        try:
+            job_id = ""
+            run_log = workdir / "logs" / "run" / f"{run_id}.log"
+            deadline = time.monotonic() + 240
+            # Wait until the run is on a node and past start-up (its Snakemake log names it).
+            while time.monotonic() < deadline and proc.poll() is None:
+                found = [s.job_id for s in _parse_submissions(log.read_text()) if s.rule == "run"]
+                if found and run_log.exists():
+                    job_id = found[0]
+                    states = _sacct(slurm_env, [job_id], "JobID,State")
+                    if states and states[0]["State"] == "RUNNING":
+                        break
+                time.sleep(1)
+            assert job_id, log.read_text()[-3000:]
+            time.sleep(8)
+            subprocess.run(["scontrol", "requeue", job_id], env=slurm_env, check=True, timeout=30)
+            # Slurm keeps a requeued batch job ineligible for ~2 minutes; the test waits it out.
+            proc.wait(timeout=SNAKEMAKE_TIMEOUT_S)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    output = log.read_text()
+    assert proc.returncode == 0, output[-4000:]
+    # -D lists every attempt of the job: the requeued one, then the one that completed.
+    attempts = subprocess.run(
+        ["sacct", "-X", "-D", "-n", "-P", "-j", job_id, "-o", "JobID,State"],
+        env=slurm_env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.split()
+    states = [line.split("|")[1] for line in attempts]
+    assert states[0] == "REQUEUED", states
+    assert states[-1] == "COMPLETED", states
+    run_dir = workdir / "results" / "runs" / run_id
+    with open_trace(run_dir / "trace.h5") as t:
+        t.verify()
+        steps = t.table("events/app")
+        assert (steps["phase"].astype(str) == "step").sum() == 401
+    # The interrupted attempt may have left its measured steps, never as a complete trace.
+    for kept in run_dir.glob("*.incomplete.h5"):
+        with pytest.raises(TraceFormatError):
+            open_trace(kept).close()
