@@ -28,10 +28,8 @@ import torch
 from codl.datasets import generate
 from codl.harness import workloads
 from codl.harness.data import train_transform
-from codl.harness.runner import execute
 from codl.spec import RunSpec
-from codl.trace.store import open_trace
-from tracer_overhead import OFF, base_spec, bootstrap_median
+from tracer_overhead import OFF, base_spec, bootstrap_median, measured_steps
 
 
 class PlainFiles(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
@@ -103,13 +101,8 @@ def plain_loop(spec: RunSpec, data: Path) -> float:
 
 
 def harness(spec: RunSpec, data: Path, out: Path) -> float:
-    trace = out / f"{time.monotonic_ns()}.h5"
-    execute(spec, trace_path=trace, dataset_dir=data)
-    with open_trace(trace) as t:
-        app = t.table("events/app")
-        warm = int(t.attrs["warmup_steps"])
-    trace.unlink()
-    st = app[(app["phase"].astype(str) == "step") & (app["step"] >= warm)]
+    """Samples/s of the harness over its measured steps (first start to last end)."""
+    st = measured_steps(spec, data, out)
     elapsed = (st["end_ns"].max() - st["start_ns"].min()) / 1e9
     return spec.steps.measured * spec.workload.batch_size / elapsed
 

@@ -80,8 +80,8 @@ def base_spec(args: argparse.Namespace) -> RunSpec:
     )
 
 
-def measure(spec: RunSpec, data: Path, out: Path) -> float:
-    """Median step time (ms) of one in-process run."""
+def measured_steps(spec: RunSpec, data: Path, out: Path) -> Any:
+    """Step spans (start_ns, end_ns) after warm-up of one in-process run; the trace is removed."""
     trace = out / f"{time.monotonic_ns()}.h5"
     execute(
         spec,
@@ -93,7 +93,12 @@ def measure(spec: RunSpec, data: Path, out: Path) -> float:
         app = t.table("events/app")
         warm = int(t.attrs["warmup_steps"])
     trace.unlink()
-    st = app[(app["phase"].astype(str) == "step") & (app["step"] >= warm)]
+    return app[(app["phase"].astype(str) == "step") & (app["step"] >= warm)]
+
+
+def measure(spec: RunSpec, data: Path, out: Path) -> float:
+    """Median step time (ms) of one in-process run."""
+    st = measured_steps(spec, data, out)
     return float(np.median((st["end_ns"] - st["start_ns"]).to_numpy()) / 1e6)
 
 
