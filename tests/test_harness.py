@@ -219,3 +219,15 @@ def test_app_level_off_keeps_only_step_spans(tmp_path: Path, dataset: Path) -> N
     assert phases(t["events/app"]) == {"step"}
     assert len(t["events/loader"]) == 0
     assert len(t["samples/sched"]) == 0
+
+
+def test_too_small_data_set_fails_with_a_clear_message(tmp_path: Path) -> None:
+    small = tmp_path / "small"
+    generate(DatasetSpec(samples=2, height=40, width=48), small)
+    spec = tiny("data")
+    from codl.errors import CodlError
+
+    with pytest.raises(CodlError, match="fewer than one batch"):
+        launch(spec, trace_path=tmp_path / "t.h5", dataset_dir=small)
+    assert not (tmp_path / "t.h5").exists()
+    assert (tmp_path / "t.incomplete.h5").exists()

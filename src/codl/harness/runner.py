@@ -232,6 +232,7 @@ def execute(
     reason = ""
     profiler: Any = None
     loader: Any = None
+    batches: Any = None
     pg_started = False
     try:
         if env.world_size > 1:
@@ -417,9 +418,9 @@ def execute(
             attrs.update(cupti_attrs)
         thread_rows += _stamped(_worker_thread_rows(loader_items, placement))
         thread_rows += _stamped(pinning.record_threads(placement))
-        if loader is not None:
-            del batches
-            del loader
+        # Dropping the iterator and loader shuts the workers down before the trace is written.
+        batches = None
+        loader = None
         anchor_end = take_anchor()
         t_end_run = now_ns()
         if pg_started:
