@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from codl.pinning import parse_cpulist
 from codl.trace.store import empty_frame, open_trace
 
 PHASES = ("step", "data_wait", "h2d", "forward", "backward", "optimizer", "compute", "sleep")
@@ -444,13 +445,13 @@ ATTRIBUTION_COLUMNS: dict[str, str] = {
 
 def _thread_info(
     threads: pd.DataFrame,
-) -> tuple[pd.DataFrame, dict[tuple[int, int], set[int]]]:
+) -> tuple[pd.DataFrame, dict[tuple[int, int], frozenset[int]]]:
     """Latest row per (rank, tid): role and name, and its CPU mask (actual, else planned)."""
     info = threads.drop_duplicates(["rank", "tid"], keep="last")
     actual = info["cpus_actual"].astype(str)
     planned = info["cpus_planned"].astype(str)
     masks = {
-        (int(r), int(t)): _cpuset(a if a.strip() else p)
+        (int(r), int(t)): parse_cpulist(a if a.strip() else p)
         for r, t, a, p in zip(info["rank"], info["tid"], actual, planned, strict=True)
     }
     idx = pd.MultiIndex.from_arrays(
@@ -490,7 +491,7 @@ def attribute_launch_wait(
     node = (d["rank"] // ranks_per_node) if ranks_per_node else d["rank"]
     out = []
     for rank, ltid in launch_tids(threads).items():
-        lmask = masks.get((rank, ltid), set())
+        lmask = masks.get((rank, ltid), frozenset())
         if not lmask:
             continue
         lw = d[(d["rank"] == rank) & (d["tid"] == ltid)].set_index("step")["wait_ns"]
@@ -499,7 +500,7 @@ def attribute_launch_wait(
         if others.empty:
             continue
         frac = [
-            len(m & lmask) / len(m) if (m := masks.get((int(r), int(t)), set())) else 0.0
+            len(m & lmask) / len(m) if (m := masks.get((int(r), int(t)), frozenset())) else 0.0
             for r, t in zip(others["rank"], others["tid"], strict=True)
         ]
         others["share_ns"] = others["run_ns"].to_numpy(dtype=np.float64) * np.asarray(frac)
@@ -520,21 +521,6 @@ def attribute_launch_wait(
     res = pd.concat(out, ignore_index=True).astype(ATTRIBUTION_COLUMNS)
     res = res.sort_values(["rank", "step", "attributed_wait_ns"], ascending=[True, True, False])
     return res.reset_index(drop=True)
-
-
-def _cpuset(text: str) -> set[int]:
-    """Parse a Linux cpulist ("0-3,8,10-11")."""
-    cpus: set[int] = set()
-    for raw in text.split(","):
-        part = raw.strip()
-        if not part:
-            continue
-        if "-" in part:
-            lo, hi = part.split("-")
-            cpus.update(range(int(lo), int(hi) + 1))
-        else:
-            cpus.add(int(part))
-    return cpus
 
 
 # Per-step columns whose median and mean over measured steps go into the summary.

@@ -12,26 +12,28 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from codl.spec import CommPattern, RunSpec
 from codl.trace.clock import now_ns
+from codl.trace.schema import empty_columns
 
 SEGMENTS = 4
+
+
+def cuda_event_pair(enabled: bool) -> tuple[Any, Any] | None:
+    """Two timing CUDA events to bracket work on the current stream; None when not timing."""
+    if not enabled:
+        return None
+    return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
 
 @dataclass
 class CommRecorder:
     rank: int = 0
     step: int = -1
-    rows: dict[str, list[int]] = field(
-        default_factory=lambda: {
-            k: [] for k in ("rank", "step", "bucket", "bytes", "start_ns", "end_ns", "gpu_ns")
-        }
-    )
-    ops: list[str] = field(default_factory=list)
+    rows: dict[str, list[Any]] = field(default_factory=lambda: empty_columns("events/comm"))
     _pending: list[tuple[int, Any, Any]] = field(default_factory=list)
     _bucket_in_step: int = 0
 
@@ -47,7 +49,7 @@ class CommRecorder:
         r["start_ns"].append(start)
         r["end_ns"].append(end)
         r["gpu_ns"].append(-1)
-        self.ops.append(op)
+        r["op"].append(op)
         idx = len(r["step"]) - 1
         if events is not None:
             self._pending.append((idx, events[0], events[1]))
@@ -63,10 +65,9 @@ class CommRecorder:
         self._pending.clear()
         self._bucket_in_step = 0
 
-    def columns(self) -> dict[str, Any]:
-        out: dict[str, Any] = {k: np.asarray(v, dtype=np.int64) for k, v in self.rows.items()}
-        out["op"] = self.ops
-        return out
+    @property
+    def ops(self) -> list[str]:
+        return self.rows["op"]
 
     @staticmethod
     def ddp_hook(
@@ -76,12 +77,7 @@ class CommRecorder:
         # No postponed annotations in this module: DDP inspects this signature at runtime and
         # accepts only the real dist.GradBucket class as the bucket's annotation.
         buf = bucket.buffer()
-        cuda = buf.is_cuda
-        ev = (
-            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-            if cuda
-            else None
-        )
+        ev = cuda_event_pair(buf.is_cuda)
         t0 = now_ns()
         if ev:
             ev[0].record()
@@ -142,11 +138,7 @@ def run_comm_step(
     for t in tensors:
         # Known input (rank + 1) so the result is checkable: sum over the group.
         t.fill_(rank + 1)
-        ev = (
-            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-            if cuda and spec.trace.cuda_events
-            else None
-        )
+        ev = cuda_event_pair(cuda and spec.trace.cuda_events)
         t0 = now_ns()
         if ev:
             ev[0].record()

@@ -35,12 +35,19 @@ from codl import __version__, pinning
 from codl.errors import CodlError, RunInterruptedError
 from codl.harness import data as hdata
 from codl.harness import workloads
-from codl.harness.comm import CommRecorder, comm_group, prepare_tensors, run_comm_step
+from codl.harness.comm import (
+    CommRecorder,
+    comm_group,
+    cuda_event_pair,
+    prepare_tensors,
+    run_comm_step,
+)
 from codl.spec import DeviceKind, Mode, Policy, Precision, RunSpec
 from codl.trace import kineto
 from codl.trace.clock import now_ns, take_anchor
 from codl.trace.device import DeviceSampler
 from codl.trace.sched import SchedSampler
+from codl.trace.schema import empty_columns
 from codl.trace.store import TraceWriter
 
 
@@ -64,13 +71,9 @@ class _Recorder:
     # With the app level off only the step spans are kept: the step loop and every later
     # statistic need them, the per-phase breakdown is what the level adds.
     app: bool = True
+    cuda_events: bool = False
     tid: int = field(default_factory=threading.get_native_id)
-    rows: dict[str, list[int]] = field(
-        default_factory=lambda: {
-            k: [] for k in ("rank", "step", "phase", "tid", "start_ns", "end_ns", "gpu_ns")
-        }
-    )
-    phases: list[str] = field(default_factory=list)
+    rows: dict[str, list[Any]] = field(default_factory=lambda: empty_columns("events/app"))
     pending: list[tuple[int, Any, Any]] = field(default_factory=list)
 
     def span(self, step: int, phase: str, start: int, end: int, events: Any = None) -> None:
@@ -79,7 +82,7 @@ class _Recorder:
         r = self.rows
         r["rank"].append(self.rank)
         r["step"].append(step)
-        self.phases.append(phase)
+        r["phase"].append(phase)
         r["tid"].append(self.tid)
         r["start_ns"].append(start)
         r["end_ns"].append(end)
@@ -94,22 +97,24 @@ class _Recorder:
             self.rows["gpu_ns"][idx] = round(start.elapsed_time(end) * 1e6)
         self.pending.clear()
 
-    def columns(self) -> dict[str, Any]:
-        out: dict[str, Any] = {k: np.asarray(v, dtype=np.int64) for k, v in self.rows.items()}
-        out["phase"] = self.phases
-        return out
+    def events(self) -> tuple[Any, Any] | None:
+        return cuda_event_pair(self.cuda_events)
 
+    @contextlib.contextmanager
+    def phase(self, step: int, name: str, *, gpu: bool = True) -> Iterator[list[int]]:
+        """Time the block as span ``name`` of ``step`` (host clock, and CUDA events if ``gpu``).
 
-class _Events:
-    """CUDA event pairs on the current stream; a no-op on CPU."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-
-    def pair(self) -> tuple[Any, Any] | None:
-        if not self.enabled:
-            return None
-        return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        Yields a list that holds ``[start_ns, end_ns]`` once the block has ended.
+        """
+        ev = self.events() if gpu else None
+        times = [now_ns()]
+        if ev:
+            ev[0].record()
+        yield times
+        if ev:
+            ev[1].record()
+        times.append(now_ns())
+        self.span(step, name, times[0], times[1], ev)
 
 
 def _terminate(signum: int, frame: FrameType | None) -> None:
@@ -216,7 +221,7 @@ def execute(
         torch.cuda.set_device(device)
         torch.backends.cudnn.benchmark = True
 
-    rec = _Recorder(rank=env.rank, app=spec.trace.app)
+    rec = _Recorder(rank=env.rank, app=spec.trace.app, cuda_events=cuda and spec.trace.cuda_events)
     sched = SchedSampler(rank=env.rank, per_thread=spec.trace.sched, per_core=spec.trace.cpu)
     sched.track(os.getpid())
     dev = DeviceSampler(rank=env.rank, gpu_index=env.local_rank)
@@ -226,7 +231,6 @@ def execute(
     loader_items: list[np.ndarray] = []
     loader_collate: list[np.ndarray] = []
     loader_steps: list[int] = []
-    events = _Events(cuda and spec.trace.cuda_events)
     attrs: dict[str, Any] = {}
     status = "failed"
     reason = ""
@@ -304,15 +308,13 @@ def execute(
         for step in range(spec.steps.total):
             comm_rec.step = step
             t_step = now_ns()
-            step_ev = events.pair()
+            step_ev = rec.events()
             if step_ev:
                 step_ev[0].record()
             x, y = synthetic_x, synthetic_y
             if batches is not None:
-                t0 = now_ns()
-                batch = next(batches)
-                t1 = now_ns()
-                rec.span(step, "data_wait", t0, t1)
+                with rec.phase(step, "data_wait", gpu=False):
+                    batch = next(batches)
                 if spec.trace.loader:
                     loader_items.append(batch.items)
                     loader_collate.append(batch.collate)
@@ -320,70 +322,36 @@ def execute(
                     # Batches arrive round-robin from the workers: track each new pid.
                     for pid in set(batch.items[:, 2].tolist()):
                         sched.track(int(pid))
-                ev = events.pair()
-                t0 = now_ns()
-                if ev:
-                    ev[0].record()
-                x = batch.inputs.to(device, non_blocking=spec.loader.pin_memory)
-                x = x.to(memory_format=memory_format)
-                y = batch.targets.to(device, non_blocking=spec.loader.pin_memory)
-                if ev:
-                    ev[1].record()
-                rec.span(step, "h2d", t0, now_ns(), ev)
+                with rec.phase(step, "h2d"):
+                    x = batch.inputs.to(device, non_blocking=spec.loader.pin_memory)
+                    x = x.to(memory_format=memory_format)
+                    y = batch.targets.to(device, non_blocking=spec.loader.pin_memory)
             run_compute = mode.computes or (mode.sleeps and step < spec.steps.warmup)
             if run_compute:
-                c_ev = events.pair()
-                tc0 = now_ns()
-                if c_ev:
-                    c_ev[0].record()
-                ev = events.pair()
-                t0 = now_ns()
-                if ev:
-                    ev[0].record()
-                with autocast:
-                    out = ddp_model(x)
-                    loss = loss_fn(out.float(), y)
-                if ev:
-                    ev[1].record()
-                t1 = now_ns()
-                rec.span(step, "forward", t0, t1, ev)
-                ev = events.pair()
-                if ev:
-                    ev[0].record()
-                loss.backward()
-                if ev:
-                    ev[1].record()
-                t2 = now_ns()
-                rec.span(step, "backward", t1, t2, ev)
-                ev = events.pair()
-                if ev:
-                    ev[0].record()
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                if ev:
-                    ev[1].record()
-                if c_ev:
-                    c_ev[1].record()
+                with rec.phase(step, "compute") as compute:
+                    with rec.phase(step, "forward"), autocast:
+                        out = ddp_model(x)
+                        loss = loss_fn(out.float(), y)
+                    with rec.phase(step, "backward"):
+                        loss.backward()
+                    with rec.phase(step, "optimizer"):
+                        optimizer.step()
+                        optimizer.zero_grad(set_to_none=True)
+                        if mode.sleeps:
+                            # The sleep replaces compute *as observed*, synchronisation included.
+                            _sync(device)
                 if mode.sleeps:
-                    # The sleep replaces compute *as observed*, synchronisation included.
-                    _sync(device)
-                t3 = now_ns()
-                rec.span(step, "optimizer", t2, t3, ev)
-                rec.span(step, "compute", tc0, t3, c_ev)
-                if mode.sleeps:
-                    warm_compute.append((t3 - tc0) / 1e9)
+                    warm_compute.append((compute[1] - compute[0]) / 1e9)
             elif mode.sleeps:
                 if sleep_s is None:
                     usable = warm_compute[1:] or warm_compute
                     sleep_s = statistics.median(usable)
                     attrs["sleep_ns"] = round(sleep_s * 1e9)
-                t0 = now_ns()
-                time.sleep(sleep_s)
-                rec.span(step, "sleep", t0, now_ns())
+                with rec.phase(step, "sleep", gpu=False):
+                    time.sleep(sleep_s)
             if mode is Mode.COMM:
-                t0 = now_ns()
-                run_comm_step(comm_tensors, spec, comm_rec, cuda=cuda, group=group)
-                rec.span(step, "allreduce", t0, now_ns())
+                with rec.phase(step, "allreduce", gpu=False):
+                    run_comm_step(comm_tensors, spec, comm_rec, cuda=cuda, group=group)
             if step_ev:
                 step_ev[1].record()
             _sync(device)
@@ -570,7 +538,7 @@ def _write_trace(
     writer = TraceWriter(path)
     with writer:
         writer.set_attrs(**attrs)
-        writer.append("events/app", rec.columns())
+        writer.append("events/app", rec.rows)
         if sched.rows["tid"]:
             writer.append("samples/sched", sched.rows)
         if sched.cpu_rows["cpu"]:
@@ -578,7 +546,7 @@ def _write_trace(
         if dev.rows["t_ns"]:
             writer.append("samples/device", dev.rows)
         if comm.rows["bucket"]:
-            writer.append("events/comm", comm.columns())
+            writer.append("events/comm", comm.rows)
         items, collates, steps, rk = loader
         if items:
             writer.append("events/loader", _loader_columns(items, collates, steps, rk))
@@ -609,21 +577,7 @@ def _loader_columns(
     items: list[np.ndarray], collates: list[np.ndarray], steps: list[int], rank: int
 ) -> dict[str, Any]:
     """Expand per-item rows (fetch/decode/transform) and per-batch collate rows into events."""
-    cols: dict[str, list[Any]] = {
-        k: []
-        for k in (
-            "rank",
-            "step",
-            "worker",
-            "pid",
-            "tid",
-            "cpu",
-            "item",
-            "stage",
-            "start_ns",
-            "end_ns",
-        )
-    }
+    cols = empty_columns("events/loader")
     for arr, col, step in zip(items, collates, steps, strict=True):
         n = arr.shape[0]
         for stage, (a, b) in zip(

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from codl.trace.clock import now_ns
+from codl.trace.schema import empty_columns
 
 
 @dataclass
@@ -20,22 +21,7 @@ class DeviceSampler:
     unavailable_reason: str = ""
     _handle: Any = None
     _nvml: Any = None
-    rows: dict[str, list[int]] = field(
-        default_factory=lambda: {
-            k: []
-            for k in (
-                "t_ns",
-                "rank",
-                "step",
-                "gpu",
-                "util_pct",
-                "mem_util_pct",
-                "mem_used",
-                "sm_clock",
-                "power",
-            )
-        }
-    )
+    rows: dict[str, list[Any]] = field(default_factory=lambda: empty_columns("samples/device"))
 
     def start(self) -> bool:
         try:

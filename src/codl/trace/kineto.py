@@ -22,6 +22,7 @@ import numpy as np
 
 from codl.spec import RunSpec
 from codl.trace.clock import Anchor
+from codl.trace.schema import empty_columns
 
 RUNTIME_KINDS = {
     "cuda_runtime": "runtime",
@@ -34,8 +35,7 @@ RUNTIME_KINDS = {
 
 
 class _Spans(Protocol):
-    rows: dict[str, list[int]]
-    phases: list[str]
+    rows: dict[str, list[Any]]  # events/app columns
 
 
 def start_window(spec: RunSpec, out_dir: Path | None) -> Any:
@@ -92,7 +92,7 @@ def convert(
             spans.rows["start_ns"],
             spans.rows["end_ns"],
             spans.rows["step"],
-            spans.phases,
+            spans.rows["phase"],
             strict=True,
         )
         if ph == "step"
@@ -102,20 +102,7 @@ def convert(
     steps = np.array([r[2] for r in step_rows], dtype=np.int64)
     rank = spans.rows["rank"][0] if spans.rows["rank"] else 0
 
-    cols: dict[str, list[Any]] = {
-        k: []
-        for k in (
-            "rank",
-            "step",
-            "kind",
-            "name",
-            "tid",
-            "stream",
-            "correlation",
-            "start_ns",
-            "end_ns",
-        )
-    }
+    cols = empty_columns("events/cuda")
     offsets: list[int] = []
     for ev in doc.get("traceEvents", []):
         if ev.get("ph") != "X":

@@ -12,8 +12,10 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 from codl.trace.clock import now_ns
+from codl.trace.schema import empty_columns
 
 _READ = 4096
 
@@ -59,30 +61,8 @@ class SchedSampler:
     _tasks: dict[int, _Task] = field(default_factory=dict)
     _pids: set[int] = field(default_factory=set)
     _proc_stat: int | None = None
-    rows: dict[str, list[int]] = field(
-        default_factory=lambda: {
-            k: []
-            for k in (
-                "t_ns",
-                "rank",
-                "step",
-                "pid",
-                "tid",
-                "run_ns",
-                "wait_ns",
-                "timeslices",
-                "voluntary",
-                "involuntary",
-                "cpu",
-            )
-        }
-    )
-    cpu_rows: dict[str, list[int]] = field(
-        default_factory=lambda: {
-            k: []
-            for k in ("t_ns", "rank", "step", "cpu", "user", "system", "idle", "iowait", "other")
-        }
-    )
+    rows: dict[str, list[Any]] = field(default_factory=lambda: empty_columns("samples/sched"))
+    cpu_rows: dict[str, list[Any]] = field(default_factory=lambda: empty_columns("samples/cpu"))
 
     def track(self, pid: int) -> None:
         self._pids.add(pid)

@@ -10,6 +10,7 @@ of this module; keep both in step and bump ``SCHEMA_VERSION`` on any incompatibl
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 SCHEMA_VERSION = 1
 
@@ -136,6 +137,12 @@ TABLES: dict[str, tuple[Column, ...]] = {
         _c("cpus_actual", "sym", doc="cpulist from sched_getaffinity at capture"),
     ),
 }
+
+
+def empty_columns(table: str) -> dict[str, list[Any]]:
+    """One empty list per column of ``table``: the recorders' row buffers, in schema order."""
+    return {c.name: [] for c in TABLES[table]}
+
 
 ROLES = ("launch", "autograd", "pin_memory", "comm", "loader", "other")
 PHASES = (
