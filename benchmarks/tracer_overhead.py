@@ -2,10 +2,11 @@
 
 Each pair runs the untraced spec and one traced variant back to back (order alternates between
 pairs, so drift hits both sides alike); the statistic is the ratio of median step times within a
-pair, summarised as the median over pairs with a bootstrap 95 % interval. CUPTI's cost lingers in
-the process after the profiler stops, so every CUPTI run comes after all other variants have
-finished, and its ratio is taken against untraced runs measured in the same CUPTI phase *and*
-against the clean pre-CUPTI untraced runs (the honest figure is the latter).
+pair, summarised as the median over pairs with a bootstrap 95 % interval. CUPTI's cost can linger
+in the process after it stops, so the CUPTI levels (--cuda-api: callbacks, then --cupti: Kineto)
+run after all other variants, every level on, and are divided by the median of the clean
+untraced runs measured before any CUPTI; the untraced runs interleaved with them show whether
+anything lingers. (benchmarks/launch_api_cost.py compares the CUPTI ways one process per run.)
 
     python benchmarks/tracer_overhead.py --device cpu --pairs 10 --csv out.csv
 """
@@ -125,7 +126,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--measured", type=int, default=12)
     p.add_argument("--pairs", type=int, default=10)
     p.add_argument("--levels", default=",".join(LEVELS), help="comma-separated level names")
-    p.add_argument("--cupti", action="store_true", help="also measure the CUPTI level (CUDA)")
+    p.add_argument("--cupti", action="store_true", help="also measure the Kineto level (CUDA)")
+    p.add_argument(
+        "--cuda-api", action="store_true", help="also measure the CUPTI callback level (CUDA)"
+    )
     p.add_argument("--csv", type=Path, default=Path("benchmarks/results/tracer_overhead.csv"))
     args = p.parse_args(argv)
     gpu = args.device == "cuda"
@@ -154,31 +158,47 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(summary_row(level, ratios, "pairs"))
             print_row(rows[-1])
             write_csv(rows, args)
+        ref = (
+            statistics.median(clean_untraced) if clean_untraced else measure(untraced, data, tmpdir)
+        )
+        # CUPTI levels last: their cost may stay in the process after they stop.
+        everything = dataclasses.replace(OFF, **LEVELS["all (no cupti)"])
+        if args.cuda_api:
+            spec = dataclasses.replace(base, trace=dataclasses.replace(everything, cuda_api=True))
+            rows += lingering_phase("all + cuda_api", spec, untraced, ref, args, data, tmpdir)
+            write_csv(rows, args)
         if args.cupti:
-            cupti_spec = dataclasses.replace(
+            spec = dataclasses.replace(
                 base,
-                trace=dataclasses.replace(
-                    OFF, **LEVELS["all (no cupti)"], cupti=True, cupti_steps=args.measured
-                ),
+                trace=dataclasses.replace(everything, cupti=True, cupti_steps=args.measured),
             )
-            ref = statistics.median(clean_untraced)
-            cupti_times, after = [], []
-            for _ in range(args.pairs):
-                cupti_times.append(measure(cupti_spec, data, tmpdir))
-                after.append(measure(untraced, data, tmpdir))
-            rows.append(
-                summary_row("cupti vs clean untraced", [c / ref for c in cupti_times], "runs")
-            )
-            print_row(rows[-1])
-            rows.append(
-                summary_row(
-                    "untraced after cupti vs clean untraced", [a / ref for a in after], "runs"
-                )
-            )
-            print_row(rows[-1])
+            rows += lingering_phase("all + cupti", spec, untraced, ref, args, data, tmpdir)
             write_csv(rows, args)
     print(f"\nwrote {args.csv}")
     return 0
+
+
+def lingering_phase(
+    name: str,
+    traced: RunSpec,
+    untraced: RunSpec,
+    ref: float,
+    args: argparse.Namespace,
+    data: Path,
+    tmpdir: Path,
+) -> list[dict[str, Any]]:
+    """Traced runs and the untraced runs after them, both against the clean untraced median."""
+    times, after = [], []
+    for _ in range(args.pairs):
+        times.append(measure(traced, data, tmpdir))
+        after.append(measure(untraced, data, tmpdir))
+    rows = [
+        summary_row(f"{name} vs clean untraced", [t / ref for t in times], "runs"),
+        summary_row(f"untraced after {name} vs clean untraced", [a / ref for a in after], "runs"),
+    ]
+    for r in rows:
+        print_row(r)
+    return rows
 
 
 def write_csv(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:

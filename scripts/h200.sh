@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Run CoDL on a GPU node that has PyTorch/CUDA but no Snakemake (the lent H200 machine):
 # wheels carried in .whl/ are installed to /tmp/site, the package is used from src/, and `codl`
-# is a shim on PATH. Usage: scripts/h200.sh setup|tests|overhead|reproduce CONFIG|pack
+# is a shim on PATH. Usage: scripts/h200.sh setup|tests|overhead|apicost|harness|reproduce CONFIG
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD/src:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 export PATH="/tmp/codl-bin:/tmp/site/bin:$PATH"
 OUT="${OUT:-$PWD/out}"
+export CODL_CACHE_DIR="${CODL_CACHE_DIR:-/tmp/codl-cache}"
 
 setup() {
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -29,6 +30,9 @@ case "${1:-}" in
   overhead)
     shift
     (cd benchmarks && python3 tracer_overhead.py --device cuda "$@") ;;
+  apicost)
+    shift
+    (cd benchmarks && python3 launch_api_cost.py "$@") ;;
   harness)
     shift
     (cd benchmarks && python3 harness_overhead.py --device cuda "$@") ;;
@@ -36,5 +40,5 @@ case "${1:-}" in
     cfg="${2:-config/config.yaml}"
     snakemake --profile profiles/local --configfile "$cfg" --cores all
     snakemake --profile profiles/local --configfile "$cfg" --report results/report.html ;;
-  *) echo "usage: $0 setup|tests|overhead ARGS|harness ARGS|reproduce [CONFIG]" >&2; exit 2 ;;
+  *) echo "usage: $0 setup|tests|overhead ARGS|apicost ARGS|harness ARGS|reproduce [CONFIG]" >&2; exit 2 ;;
 esac

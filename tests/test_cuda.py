@@ -1,7 +1,10 @@
-"""CUDA-only checks (skipped without a GPU): CUDA-event durations and the Kineto/CUPTI level."""
+"""CUDA-only checks (skipped without a GPU): CUDA-event durations and the two CUPTI levels."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +14,7 @@ import torch
 from codl.datasets import generate
 from codl.harness.launch import launch
 from codl.spec import DatasetSpec, RunSpec
+from codl.trace import cuda_api
 from codl.trace.store import open_trace
 
 pytestmark = [
@@ -19,7 +23,7 @@ pytestmark = [
 ]
 
 
-def gpu_spec(mode: str, *, cupti: bool) -> RunSpec:
+def gpu_spec(mode: str, *, cupti: bool, cuda_api: bool = False) -> RunSpec:
     return RunSpec.from_dict(
         {
             "mode": mode,
@@ -34,7 +38,7 @@ def gpu_spec(mode: str, *, cupti: bool) -> RunSpec:
             "dataset": {"samples": 256, "height": 120, "width": 160},
             "loader": {"workers": 4, "pin_memory": True},
             "steps": {"warmup": 3, "measured": 6},
-            "trace": {"cupti": cupti, "cupti_steps": 3},
+            "trace": {"cupti": cupti, "cupti_steps": 3, "cuda_api": cuda_api},
         }
     )
 
@@ -89,3 +93,87 @@ def test_kineto_launches_land_inside_their_steps(tmp_path: Path, dataset: Path) 
     kernels = cuda[cuda["kind"].astype(str) == "kernel"]
     assert len(kernels) > 100
     assert np.median((kernels["end_ns"] - kernels["start_ns"]).to_numpy()) > 0
+
+
+def test_callback_level_times_every_launch_of_every_step(tmp_path: Path, dataset: Path) -> None:
+    spec = gpu_spec("data+compute", cupti=False, cuda_api=True)
+    # A fresh process, as the workflow runs it: once torch.profiler has run in a process, Kineto
+    # keeps CUPTI's only subscriber slot until the process ends.
+    (tmp_path / "spec.json").write_text(json.dumps(spec.to_dict()))
+    trace = tmp_path / "t.h5"
+    cmd = [sys.executable, "-m", "codl.cli", "run", str(tmp_path / "spec.json")]
+    cmd += ["--trace", str(trace), "--dataset-dir", str(dataset)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open_trace(trace) as t:
+        cuda = t.table("events/cuda")
+        app = t.table("events/app")
+        threads = t.table("threads")
+        attrs = t.attrs
+    assert attrs["cuda_api"] == "on"
+    assert attrs["cuda_api_dropped"] == 0
+    assert "cudaLaunchKernel" in attrs["cuda_api_functions"]
+    names = cuda["name"].astype(str)
+    launches = cuda[names.str.contains("LaunchKernel")]
+    # Every step launches, and about as often as every other step (the same model each time).
+    per_step = launches[launches["step"] >= 0].groupby("step").size()
+    assert list(per_step.index) == list(range(spec.steps.total))
+    measured = per_step.loc[spec.steps.warmup :]
+    assert measured.min() > 100
+    assert measured.max() <= 1.2 * measured.min()
+    # Launches come from this process's launch and autograd threads, inside their step spans.
+    ours = set(threads[threads["role"].astype(str).isin(["launch", "autograd"])]["tid"])
+    assert set(launches["tid"]) <= ours
+    spans = app[app["phase"].astype(str) == "step"].set_index("step")
+    inside = launches[launches["step"] >= 0]
+    s = inside["step"].to_numpy()
+    assert (inside["start_ns"].to_numpy() >= spans.loc[s, "start_ns"].to_numpy()).all()
+    dur = (launches["end_ns"] - launches["start_ns"]).to_numpy()
+    assert (dur > 0).all()
+    assert np.median(dur) < 1_000_000  # a launch queues work; it does not wait for it
+    # The per-step synchronisation is seen as a sync call that lasts as long as the GPU work.
+    assert (cuda["kind"].astype(str) == "sync").any()
+
+
+def _cupti_include_dirs() -> list[Path]:
+    import nvidia  # the CUDA wheels PyTorch depends on
+
+    roots = [Path("/usr/local/cuda/extras/CUPTI/include"), Path("/usr/local/cuda/include")]
+    for root in nvidia.__path__:
+        roots += sorted(Path(root).glob("*/include"))
+    return [r for r in roots if r.is_dir()]
+
+
+def test_shim_callback_data_matches_the_cupti_header(tmp_path: Path) -> None:
+    dirs = _cupti_include_dirs()
+    if not any((d / "cupti_callbacks.h").exists() for d in dirs):
+        pytest.skip("no cupti_callbacks.h on this machine")
+    shim = Path(cuda_api.__file__).with_name("cuda_api_shim.c")
+    fields = [
+        ("callback_site", "callbackSite"),
+        ("function_name", "functionName"),
+        ("context_uid", "contextUid"),
+        ("correlation_data", "correlationData"),
+        ("correlation_id", "correlationId"),
+    ]
+    checks = "\n".join(
+        f"_Static_assert(offsetof(codl_callback_data, {a}) == offsetof(CUpti_CallbackData, {b}),"
+        f' "{a}");'
+        for a, b in fields
+    )
+    src = tmp_path / "layout.c"
+    src.write_text(
+        "#define _GNU_SOURCE\n#include <stddef.h>\n#include <cupti.h>\n"
+        f'#include "{shim}"\n{checks}\n'
+        '_Static_assert(sizeof(codl_callback_data) == sizeof(CUpti_CallbackData), "size");\n'
+        '_Static_assert(CODL_DOMAIN_RUNTIME == CUPTI_CB_DOMAIN_RUNTIME_API, "runtime");\n'
+        '_Static_assert(CODL_DOMAIN_DRIVER == CUPTI_CB_DOMAIN_DRIVER_API, "driver");\n'
+    )
+    include = [f"-I{d}" for d in dirs]
+    proc = subprocess.run(
+        ["cc", "-std=c11", "-fsyntax-only", *include, str(src)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr

@@ -164,7 +164,7 @@ def test_empty_figures_say_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     # One explanation per empty figure (the heatmap has two panels).
     assert len(notes) == len(CASES) + 1
     assert all(n.strip() for n in notes)
-    assert any("CUPTI" in n for n in notes)
+    assert any("trace.cuda_api or trace.cupti" in n for n in notes)
 
 
 def test_component_durations_names_missing_twin(

@@ -203,7 +203,9 @@ def test_canonical_json_is_sorted_and_compact() -> None:
         return dict(pairs)
 
     parsed = json.loads(text, object_pairs_hook=hook)
-    assert parsed == spec.normalized().to_dict()
+    expected = spec.normalized().to_dict()
+    del expected["trace"]["cuda_api"]  # at its default: left out (ids of earlier runs hold)
+    assert parsed == expected
     assert len(key_orders) == 1 + sum(
         1 for f in dataclasses.fields(RunSpec) if dataclasses.is_dataclass(f.default_factory)
     )
@@ -350,3 +352,38 @@ def test_mode_components(value: str, row: tuple[Any, ...]) -> None:
 def test_enums_are_strings() -> None:
     assert Mode("combined") == "combined" and Policy.ISOLATED == "isolated"
     assert json.dumps(Backend.NCCL) == '"nccl"'
+
+
+def test_published_run_ids_survive_the_cuda_api_level() -> None:
+    """The H200 results were measured before `trace.cuda_api` existed: their ids must hold."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    from codl.config import load_plan
+
+    root = Path(__file__).resolve().parents[1] / "results" / "h200"
+    published = set(pd.read_csv(root / "tables" / "runs.csv")["run_id"])
+    assert set(load_plan(root / "config.yaml").run_ids) == published
+    base = RunSpec.from_dict({"device": "cuda"})
+    on = RunSpec.from_dict({"device": "cuda", "trace": {"cuda_api": True}})
+    assert on.run_id != base.run_id
+    assert '"cuda_api":true' in on.canonical_json()
+
+
+@pytest.mark.parametrize(
+    ("trace", "device", "message"),
+    [
+        ({"cuda_api": True}, "cpu", "trace.cuda_api: true needs device 'cuda'"),
+        (
+            {"cuda_api": True, "cupti": True},
+            "cuda",
+            "trace.cuda_api: true with trace.cupti: true, expected at most one",
+        ),
+    ],
+)
+def test_cuda_api_level_rejects_what_cannot_run(
+    trace: dict[str, Any], device: str, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        RunSpec.from_dict({"device": device, "trace": trace})

@@ -23,6 +23,9 @@ from typing import Any, TypeVar
 from codl.errors import ConfigError
 
 RUN_ID_LENGTH = 12
+# Fields added after run ids were first published, left out of the id while at their default so
+# that every run measured before them keeps its id (and its results stay valid).
+_ID_OPTIONAL_DEFAULTS: dict[tuple[str, str], Any] = {("trace", "cuda_api"): False}
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -174,7 +177,10 @@ class StepsSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class TraceSpec:
-    """Tracing levels; each can be switched off. `cupti` is expensive and off by default."""
+    """Tracing levels; each can be switched off. `cupti` (Kineto: runtime API calls and kernels
+    of a window of steps) is expensive and off by default; `cuda_api` (CUPTI callbacks: the
+    latency of every launch, memcpy/memset and synchronisation call on every step) is the cheap
+    way to get per-call runtime API latency. CUPTI takes one subscriber: they exclude each other."""
 
     app: bool = True
     loader: bool = True
@@ -185,6 +191,7 @@ class TraceSpec:
     device: bool = True
     cupti: bool = False
     cupti_steps: int = 2
+    cuda_api: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -212,7 +219,11 @@ class RunSpec:
         return _to_jsonable(self)  # type: ignore[no-any-return]
 
     def canonical_json(self) -> str:
-        return json.dumps(self.normalized().to_dict(), sort_keys=True, separators=(",", ":"))
+        d = self.normalized().to_dict()
+        for (group, key), default in _ID_OPTIONAL_DEFAULTS.items():
+            if d[group][key] == default:
+                del d[group][key]
+        return json.dumps(d, sort_keys=True, separators=(",", ":"))
 
     @property
     def run_id(self) -> str:
@@ -289,8 +300,14 @@ class RunSpec:
                 f"{p}loader.workers: got 0 with mode {self.mode.value!r}, expected >= 1 "
                 "(loading in the main process has no worker to trace or pin)"
             )
-        if self.trace.cupti and self.device is not DeviceKind.CUDA:
-            out.append(f"{p}trace.cupti: true needs device 'cuda'")
+        for key, on in (("cupti", self.trace.cupti), ("cuda_api", self.trace.cuda_api)):
+            if on and self.device is not DeviceKind.CUDA:
+                out.append(f"{p}trace.{key}: true needs device 'cuda'")
+        if self.trace.cupti and self.trace.cuda_api:
+            out.append(
+                f"{p}trace.cuda_api: true with trace.cupti: true, expected at most one "
+                "(CUPTI admits one subscriber per process; Kineto already records runtime calls)"
+            )
         # Only when the window is on: with CUPTI off, `steps.measured: 1` must not fail on a
         # default the run never reads.
         if self.trace.cupti and self.trace.cupti_steps > self.steps.measured:

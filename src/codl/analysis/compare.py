@@ -53,6 +53,7 @@ GROUP_COLUMNS = (
     "comm_pattern",
     "tier",
     "cupti",
+    "cuda_api",
 )
 # Read only by modes that load; replaced by NO_LOADER for the others (the normalisation).
 LOADER_COLUMNS = ("workers", "prefetch_factor", "pin_memory")
@@ -167,7 +168,8 @@ def _describe_missing(row: pd.Series, comp: str) -> str:
         f"missing isolation run: mode={comp} with model={row.get('model')}, "
         f"batch_size={_norm(row.get('batch_size'))}, policy={row.get('policy')}{loader}, "
         f"layout {_norm(row.get('nodes'))}x{_norm(row.get('ranks_per_node'))} "
-        f"({row.get('backend')}), cupti={row.get('cupti')} is not in the run set"
+        f"({row.get('backend')}), cupti={row.get('cupti')}, "
+        f"cuda_api={row.get('cuda_api')} is not in the run set"
     )
 
 

@@ -101,6 +101,8 @@ def figures_to(
             if len(cuda):
                 label = "isolation" if mode == "compute" else mode
                 label += f" / {spec['pinning']['policy']}"
+                # The two sources perturb differently (Kineto far more): never pooled.
+                label += " / callbacks" if spec["trace"].get("cuda_api") else " / Kineto"
                 api_frames.append(figdata.api_latencies(cuda, label, warmup=warm))
             if timeline.empty and mode in {"combined", "data+compute"}:
                 tables = {n: t.table(n) for n in names}

@@ -98,10 +98,11 @@ def component_durations(
             + d["workers"].astype(str)
             + ("\n" + d["mode"].astype(str) if d["mode"].nunique() > 1 else "")
         )
-        if "cupti" in d:
-            # CUPTI runs are slower by themselves: mark them so that no one compares across.
-            cupti = d["cupti"].astype(str).str.lower() == "true"
-            d.loc[cupti, "label"] = d.loc[cupti, "label"] + "\n+CUPTI"
+        # Runs with a CUPTI level are slower by themselves: mark them so no one compares across.
+        for col, mark in (("cupti", "\n+CUPTI"), ("cuda_api", "\n+API")):
+            if col in d:
+                on = d[col].astype(str).str.lower() == "true"
+                d.loc[on, "label"] = d.loc[on, "label"] + mark
         d = d.sort_values(["policy", "workers", "mode"])
         x = np.arange(len(d))
         iso = d["isolation"].to_numpy()
@@ -139,8 +140,8 @@ def api_latency_cdf(api: pd.DataFrame, outputs: Sequence[Path]) -> None:
     if api.empty:
         _note(
             ax,
-            "CUDA runtime API latency needs the CUPTI level (trace.cupti: true)\n"
-            "on a CUDA run; none of these runs has it.",
+            "CUDA runtime API latency needs trace.cuda_api or trace.cupti\n"
+            "on a CUDA run; none of these runs has either.",
         )
         _save(fig, outputs)
         return

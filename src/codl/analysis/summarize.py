@@ -44,6 +44,7 @@ SPEC_COLUMNS = {
     "comm_pattern": ("layout", "comm_pattern"),
     "tier": ("dataset", "tier"),
     "cupti": ("trace", "cupti"),
+    "cuda_api": ("trace", "cuda_api"),
     "repeat": ("repeat",),
 }
 LOADING_MODES = frozenset({"data", "data+compute", "combined", "data+sleep"})
@@ -57,6 +58,8 @@ def spec_columns(spec: Mapping[str, Any]) -> dict[str, Any]:
         for p in path:
             node = node.get(p) if isinstance(node, Mapping) else None
         out[col] = node
+    # Traces written before the level existed ran without it.
+    out["cuda_api"] = bool(out["cuda_api"])
     if out["mode"] not in LOADING_MODES:
         # A mode without a loader never reads these settings; zeroing them is what lets
         # compare.py match a `compute` run with the `combined` runs of every worker count.

@@ -43,7 +43,7 @@ from codl.harness.comm import (
     run_comm_step,
 )
 from codl.spec import DeviceKind, Mode, Policy, Precision, RunSpec
-from codl.trace import kineto
+from codl.trace import cuda_api, kineto
 from codl.trace.clock import now_ns, take_anchor
 from codl.trace.device import DeviceSampler
 from codl.trace.sched import SchedSampler
@@ -235,6 +235,7 @@ def execute(
     status = "failed"
     reason = ""
     profiler: Any = None
+    api_tracer: cuda_api.ApiTracer | None = None
     loader: Any = None
     batches: Any = None
     pg_started = False
@@ -303,6 +304,10 @@ def execute(
         warm_compute: list[float] = []
         if spec.trace.cupti:
             profiler = kineto.start_window(spec, kineto_dir)
+        if spec.trace.cuda_api:
+            # From the first warm-up step: the subscription's one-off cost lands in warm-up.
+            api_tracer = cuda_api.ApiTracer()
+            api_tracer.start()
         sched.sample(-1)
         dev.sample(-1)
         for step in range(spec.steps.total):
@@ -384,6 +389,16 @@ def execute(
         if profiler is not None and status == "complete":
             cupti_rows, cupti_attrs = kineto.collect(profiler, kineto_dir, rec, anchor_start)
             attrs.update(cupti_attrs)
+        if api_tracer is not None:
+            # Cheap and already on our clock: kept for incomplete runs too.
+            try:
+                cupti_rows, api_attrs = cuda_api.collect(api_tracer, rec)
+                attrs.update(api_attrs)
+            except Exception as exc:
+                attrs["cuda_api"] = f"lost: {type(exc).__name__}: {exc}"
+            finally:
+                with contextlib.suppress(Exception):
+                    api_tracer.close()
         thread_rows += _stamped(_worker_thread_rows(loader_items, placement))
         thread_rows += _stamped(pinning.record_threads(placement))
         # Dropping the iterator and loader shuts the workers down before the trace is written.

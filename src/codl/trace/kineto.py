@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from codl.spec import RunSpec
 from codl.trace.clock import Anchor
@@ -36,6 +37,36 @@ RUNTIME_KINDS = {
 
 class _Spans(Protocol):
     rows: dict[str, list[Any]]  # events/app columns
+
+
+class StepIndex:
+    """The run's step spans, to place an event that starts at time t into its step."""
+
+    def __init__(self, spans: _Spans) -> None:
+        rows = spans.rows
+        pick = [i for i, ph in enumerate(rows["phase"]) if ph == "step"]
+        self.starts = np.array([rows["start_ns"][i] for i in pick], dtype=np.int64)
+        self.ends = np.array([rows["end_ns"][i] for i in pick], dtype=np.int64)
+        self.steps = np.array([rows["step"][i] for i in pick], dtype=np.int64)
+        self.rank = int(rows["rank"][0]) if rows["rank"] else 0
+
+    def step_of(self, t_ns: int) -> int:
+        """The step whose span contains t_ns, or -1 (between steps, before or after the loop)."""
+        return int(self.steps_of(np.array([t_ns], dtype=np.int64))[0])
+
+    def steps_of(self, t_ns: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        out = np.full(t_ns.shape, -1, dtype=np.int64)
+        if not self.starts.size:
+            return out
+        i = np.searchsorted(self.starts, t_ns, side="right") - 1
+        j = np.clip(i, 0, None)
+        inside = (i >= 0) & (t_ns <= self.ends[j])
+        out[inside] = self.steps[j[inside]]
+        return out
+
+    def end_of(self, step: int) -> int | None:
+        hit = np.nonzero(self.steps == step)[0]
+        return int(self.ends[hit[0]]) if hit.size else None
 
 
 def start_window(spec: RunSpec, out_dir: Path | None) -> Any:
@@ -86,21 +117,8 @@ def convert(
     def mono(ts_us: float) -> int:
         return anchor.to_monotonic(base + round(float(ts_us) * 1000))
 
-    step_rows = [
-        (s, e, st)
-        for s, e, st, ph in zip(
-            spans.rows["start_ns"],
-            spans.rows["end_ns"],
-            spans.rows["step"],
-            spans.rows["phase"],
-            strict=True,
-        )
-        if ph == "step"
-    ]
-    starts = np.array([r[0] for r in step_rows], dtype=np.int64)
-    ends = np.array([r[1] for r in step_rows], dtype=np.int64)
-    steps = np.array([r[2] for r in step_rows], dtype=np.int64)
-    rank = spans.rows["rank"][0] if spans.rows["rank"] else 0
+    index = StepIndex(spans)
+    rank = index.rank
 
     cols = empty_columns("events/cuda")
     offsets: list[int] = []
@@ -110,11 +128,9 @@ def convert(
         cat = ev.get("cat", "")
         name = str(ev.get("name", ""))
         if cat == "user_annotation" and name.startswith("ProfilerStep#"):
-            n = int(name.split("#", 1)[1])
-            hit = np.nonzero(steps == n)[0]
-            if hit.size:
-                end = mono(ev["ts"] + ev.get("dur", 0))
-                offsets.append(end - int(ends[hit[0]]))
+            step_end = index.end_of(int(name.split("#", 1)[1]))
+            if step_end is not None:
+                offsets.append(mono(ev["ts"] + ev.get("dur", 0)) - step_end)
             continue
         kind = RUNTIME_KINDS.get(cat)
         if kind is None:
@@ -125,10 +141,8 @@ def convert(
         end = mono(ev["ts"] + ev.get("dur", 0))
         args = ev.get("args", {})
         gpu_side = kind in {"kernel", "memcpy", "memset"}
-        idx = int(np.searchsorted(starts, start, side="right")) - 1
-        step = int(steps[idx]) if idx >= 0 and start <= ends[idx] else -1
         cols["rank"].append(rank)
-        cols["step"].append(step)
+        cols["step"].append(index.step_of(start))
         cols["kind"].append(kind)
         cols["name"].append(name)
         cols["tid"].append(0 if gpu_side else int(ev.get("tid", 0)))

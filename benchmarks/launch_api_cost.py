@@ -1,0 +1,257 @@
+"""The cheapest way to get per-call CUDA runtime API latency: cost of each way, side by side.
+
+Variants, each a fresh process running the same compute-only training steps (synthetic batch on
+the GPU, no loader: the question is the cost on the launch path):
+
+  plain        no CUPTI at all;
+  callbacks-idle  the same subscription with recording off: the callback returns at once, so
+               what is left is CUPTI's own cost of dispatching it;
+  callbacks    codl's `cuda_api` level: CUPTI callback API on launch/memcpy/memset/sync only,
+               a C callback stamping entry and exit (src/codl/trace/cuda_api_shim.c);
+  kineto-cuda  torch.profiler with ProfilerActivity.CUDA only (CUPTI activity API: runtime
+               calls and kernels, no PyTorch operator recording);
+  kineto       torch.profiler with CPU and CUDA activities (what the `cupti` level uses).
+
+Every traced variant is on from the first warm-up step to the last measured step. CUPTI's
+cost lingers inside a process, hence one process per run; the order of variants rotates from
+round to round. Per round, each variant's median step time is divided by the plain run's of
+the same round; the table gives the median of those ratios over rounds with a bootstrap 95 %
+interval, plus the cudaLaunchKernel latency each tracing variant reports.
+
+    python benchmarks/launch_api_cost.py --rounds 5 --csv benchmarks/results/launch_api_cost.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+VARIANTS = ("plain", "callbacks-idle", "callbacks", "kineto-cuda", "kineto")
+
+
+def child(variant: str, args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from codl.harness import workloads
+    from codl.spec import Precision, WorkloadSpec
+    from codl.trace import cuda_api
+    from codl.trace.clock import take_anchor
+
+    if not torch.cuda.is_available():
+        raise SystemExit("launch_api_cost.py needs a CUDA GPU (CUPTI)")
+    dev = torch.device("cuda")
+    wl = WorkloadSpec(
+        model=args.model,
+        batch_size=args.batch_size,
+        image_size=args.image_size,
+        classes=1000,
+        precision=Precision.BF16,
+        channels_last=True,
+    )
+    model = workloads.get(wl.model).build_model(wl).to(dev, memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    x = torch.randn(wl.batch_size, 3, wl.image_size, wl.image_size, device=dev)
+    x = x.to(memory_format=torch.channels_last)
+    y = torch.randint(0, wl.classes, (wl.batch_size,), device=dev)
+    torch.cuda.synchronize()
+
+    tracer = None
+    prof = None
+    anchor = take_anchor()
+    if variant.startswith("callbacks"):
+        tracer = cuda_api.ApiTracer()
+        tracer.start(arm=variant == "callbacks")
+    elif variant.startswith("kineto"):
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CUDA]
+        if variant == "kineto":
+            acts.insert(0, ProfilerActivity.CPU)
+        prof = profile(activities=acts, record_shapes=False, with_stack=False)
+        prof.start()
+    spans: list[tuple[int, int]] = []
+    for _ in range(args.warmup + args.measured):
+        t0 = time.monotonic_ns()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = loss_fn(model(x).float(), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        spans.append((t0, time.monotonic_ns()))
+    measured = spans[args.warmup :]
+    first, last = measured[0][0], measured[-1][1]
+    launch: list[float] = []
+    api_calls = 0
+    if tracer is not None:
+        tracer.stop()
+        rec = tracer.records()
+        keep = rec[(rec["start_ns"] >= first) & (rec["end_ns"] <= last)]
+        api_calls = int(keep.size)
+        keys = zip(keep["domain"].tolist(), keep["cbid"].tolist(), strict=True)
+        names = [tracer.names.get(k, "") for k in keys]
+        is_launch = np.array(["LaunchKernel" in n for n in names], dtype=bool)
+        launch = ((keep["end_ns"] - keep["start_ns"])[is_launch] / 1e3).tolist()
+        tracer.close()
+    if prof is not None:
+        prof.stop()
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "trace.json"
+            prof.export_chrome_trace(str(path))
+            doc = json.loads(path.read_text())
+        base = int(doc.get("baseTimeNanoseconds", 0))
+        for ev in doc.get("traceEvents", []):
+            if ev.get("ph") != "X" or ev.get("cat") not in {"cuda_runtime", "cuda_driver"}:
+                continue
+            start = anchor.to_monotonic(base + round(float(ev["ts"]) * 1000))
+            if not first <= start <= last:
+                continue
+            api_calls += 1
+            if "LaunchKernel" in str(ev.get("name", "")):
+                launch.append(float(ev.get("dur", 0)))
+    step_ms = [(e - s) / 1e6 for s, e in measured]
+    return {
+        "variant": variant,
+        "step_ms_median": statistics.median(step_ms),
+        "launch_calls_per_step": len(launch) / len(measured),
+        "api_calls_per_step": api_calls / len(measured),
+        "launch_us_p50": float(np.median(launch)) if launch else float("nan"),
+        "launch_us_mean": float(np.mean(launch)) if launch else float("nan"),
+    }
+
+
+def bootstrap(values: list[float], n: int = 5000) -> tuple[float, float]:
+    rng = np.random.default_rng(0)
+    a = np.asarray(values)
+    lo, hi = np.percentile(np.median(rng.choice(a, (n, a.size)), axis=1), [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def table(df: Any, variants: list[str]) -> Any:
+    """Per variant: median step time, ratio to plain of the same round (median, bootstrap 95 %
+    interval), launch latency and calls per step. Prints the table and returns it."""
+    import pandas as pd
+
+    plain = df[df["variant"] == "plain"].set_index("round")["step_ms_median"]
+    ratio = df["step_ms_median"] / df["round"].map(plain)
+    out = []
+    for v in variants:
+        d = df[df["variant"] == v]
+        r = ratio[d.index].tolist()
+        lo, hi = bootstrap(r)
+        calls = float(d["api_calls_per_step"].median())
+        step = float(d["step_ms_median"].median())
+        out.append(
+            {
+                "variant": v,
+                "rounds": len(r),
+                "step_ms": step,
+                "ratio": statistics.median(r),
+                "ci_low": lo,
+                "ci_high": hi,
+                "launch_us_p50": float(d["launch_us_p50"].median()),
+                "launches_per_step": float(d["launch_calls_per_step"].median()),
+                "api_calls_per_step": calls,
+            }
+        )
+    res = pd.DataFrame(out)
+    print(
+        f"\n{'variant':14s} {'rounds':>6s} {'step ms':>8s} {'ratio':>7s} {'95% CI':>17s} "
+        f"{'launch p50 us':>13s} {'calls/step':>10s}"
+    )
+    for r in res.itertuples():
+        print(
+            f"{r.variant:14s} {r.rounds:6d} {r.step_ms:8.3f} {r.ratio:7.4f} "
+            f"[{r.ci_low:.4f}, {r.ci_high:.4f}] {r.launch_us_p50:13.2f} "
+            f"{r.api_calls_per_step:10.0f}"
+        )
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--model", default="resnet50")
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--measured", type=int, default=40)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
+    p.add_argument("--csv", type=Path, default=Path("benchmarks/results/launch_api_cost.csv"))
+    p.add_argument(
+        "--pool",
+        type=Path,
+        nargs="+",
+        help="summarise earlier CSVs of one configuration instead of measuring",
+    )
+    args = p.parse_args(argv)
+    if args.pool:
+        import pandas as pd
+
+        # Rounds are numbered per file: each file's rounds keep their own plain reference.
+        frames = [
+            pd.read_csv(f).assign(round=lambda d, i=i: d["round"] + 1000 * i)
+            for i, f in enumerate(args.pool)
+        ]
+        pooled = pd.concat(frames, ignore_index=True)
+        order = [v for v in VARIANTS if v in set(pooled["variant"])]
+        table(pooled, order).to_csv(args.csv, index=False)
+        print(f"pooled {len(args.pool)} files; wrote {args.csv}")
+        return 0
+    if args.child:
+        print(json.dumps(child(args.child, args)))
+        return 0
+    variants = [v for v in args.variants.split(",") if v]
+    if "plain" not in variants:
+        raise SystemExit("--variants must include 'plain' (the reference of every ratio)")
+    passthrough = [
+        f"--model={args.model}",
+        f"--batch-size={args.batch_size}",
+        f"--image-size={args.image_size}",
+        f"--warmup={args.warmup}",
+        f"--measured={args.measured}",
+    ]
+    import pandas as pd
+
+    rows: list[dict[str, Any]] = []
+    for r in range(args.rounds):
+        shift = r % len(variants)
+        for order, v in enumerate(variants[shift:] + variants[:shift]):
+            proc = subprocess.run(
+                [sys.executable, __file__, f"--child={v}", *passthrough],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if proc.returncode != 0:
+                print(proc.stderr[-3000:], file=sys.stderr)
+                raise SystemExit(f"round {r} variant {v} failed (exit {proc.returncode})")
+            res = json.loads(proc.stdout.strip().splitlines()[-1])
+            rows.append({"round": r, "order": order, **res})
+            print(
+                f"round {r} {v:12s} step {res['step_ms_median']:.3f} ms  "
+                f"launch p50 {res['launch_us_p50']:.2f} us  {res['api_calls_per_step']:.0f} calls"
+            )
+        # Written after every round: a run cut short still leaves what it measured.
+        args.csv.parent.mkdir(parents=True, exist_ok=True)
+        pd.DataFrame(rows).to_csv(args.csv, index=False)
+    df = pd.DataFrame(rows)
+    table(df, variants).to_csv(args.csv.with_suffix(".summary.csv"), index=False)
+    print(f"{args.model} b{args.batch_size}, {args.measured} measured steps, {args.rounds} rounds")
+    print(f"wrote {args.csv}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,249 @@
+"""The `cuda_api` level without a GPU: the C shim driven as CUPTI would drive it, its build cache,
+and the conversion of its records into events/cuda rows. (tests/test_cuda.py runs it under real
+CUPTI on a GPU and checks the shim's struct against cupti_callbacks.h.)"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from codl.errors import CodlError
+from codl.trace import cuda_api
+
+ENTER, EXIT = 0, 1
+LAUNCH, SYNC = 211, 165  # arbitrary callback ids; names come from the map passed to to_rows
+
+
+class CallbackData(ctypes.Structure):
+    """CUpti_CallbackData, as CUPTI hands it to the callback."""
+
+    _fields_ = (
+        ("callback_site", ctypes.c_int32),
+        ("function_name", ctypes.c_char_p),
+        ("function_params", ctypes.c_void_p),
+        ("function_return_value", ctypes.c_void_p),
+        ("symbol_name", ctypes.c_char_p),
+        ("context", ctypes.c_void_p),
+        ("context_uid", ctypes.c_uint32),
+        ("correlation_data", ctypes.POINTER(ctypes.c_uint64)),
+        ("correlation_id", ctypes.c_uint32),
+    )
+
+
+class Shim:
+    """The compiled shim, called the way CUPTI calls it (one shared library per process)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.lib = ctypes.CDLL(str(cuda_api.build_shim()))
+        self.lib.codl_init.argtypes = [ctypes.c_uint64]
+        self.lib.codl_arm.argtypes = [ctypes.c_int]
+        self.lib.codl_claimed.restype = ctypes.c_uint64
+        self.lib.codl_written.restype = ctypes.c_uint64
+        self.lib.codl_records.restype = ctypes.c_void_p
+        self.lib.codl_cupti_callback.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_int32,
+            ctypes.c_uint32,
+            ctypes.c_void_p,
+        ]
+        assert self.lib.codl_init(capacity) == 0
+        self.capacity = capacity
+        self.lib.codl_arm(1)
+
+    def call(self, domain: int, cbid: int, correlation: int, inner: Any = None) -> None:
+        """One API call: entry, optionally something nested inside, exit."""
+        slot = ctypes.c_uint64(0)
+        data = CallbackData(correlation_data=ctypes.pointer(slot), correlation_id=correlation)
+        data.callback_site = ENTER
+        self.lib.codl_cupti_callback(None, domain, cbid, ctypes.byref(data))
+        if inner is not None:
+            inner()
+        data.callback_site = EXIT
+        self.lib.codl_cupti_callback(None, domain, cbid, ctypes.byref(data))
+
+    def records(self) -> np.ndarray[Any, np.dtype[Any]]:
+        n = min(int(self.lib.codl_written()), self.capacity)
+        if n == 0:
+            return np.zeros(0, dtype=cuda_api.RECORD)
+        buf = (ctypes.c_char * (n * cuda_api.RECORD.itemsize)).from_address(self.lib.codl_records())
+        return np.frombuffer(bytes(buf), dtype=cuda_api.RECORD)
+
+
+def in_thread(fn: Any) -> None:
+    # Nesting depth is per thread: each scenario gets a thread of its own.
+    t = threading.Thread(target=fn)
+    t.start()
+    t.join()
+
+
+def test_an_api_call_is_stamped_on_entry_and_exit_by_its_thread() -> None:
+    shim = Shim(16)
+    tids: list[int] = []
+
+    def run() -> None:
+        tids.append(threading.get_native_id())
+        shim.call(cuda_api.DOMAIN_RUNTIME, LAUNCH, 7)
+
+    in_thread(run)
+    (rec,) = shim.records()
+    assert rec["tid"] == tids[0]
+    assert rec["domain"] == cuda_api.DOMAIN_RUNTIME
+    assert rec["cbid"] == LAUNCH
+    assert rec["correlation"] == 7
+    assert 0 < rec["start_ns"] <= rec["end_ns"]
+
+
+def test_a_driver_launch_inside_a_runtime_call_is_not_counted_twice() -> None:
+    shim = Shim(16)
+
+    def run() -> None:
+        nested = lambda: shim.call(cuda_api.DOMAIN_DRIVER, 17, 2)  # noqa: E731
+        shim.call(cuda_api.DOMAIN_RUNTIME, LAUNCH, 1, inner=nested)
+        shim.call(cuda_api.DOMAIN_DRIVER, 17, 3)  # cuDNN-style direct driver launch
+
+    in_thread(run)
+    rec = shim.records()
+    assert rec["correlation"].tolist() == [1, 3]
+    assert rec["domain"].tolist() == [cuda_api.DOMAIN_RUNTIME, cuda_api.DOMAIN_DRIVER]
+
+
+def test_an_exit_without_entry_does_not_hide_later_driver_launches() -> None:
+    shim = Shim(16)
+
+    def run() -> None:
+        data = CallbackData(correlation_data=ctypes.pointer(ctypes.c_uint64(0)))
+        data.callback_site = EXIT  # the call began before the subscription
+        shim.lib.codl_cupti_callback(None, cuda_api.DOMAIN_RUNTIME, LAUNCH, ctypes.byref(data))
+        shim.call(cuda_api.DOMAIN_DRIVER, 17, 9)
+
+    in_thread(run)
+    rec = shim.records()
+    assert 9 in rec["correlation"].tolist()
+    # The orphan exit carries no entry stamp; to_rows drops it (start before arming).
+    rows = cuda_api.to_rows(rec, {}, _Spans([]), armed_at=1)
+    assert rows["correlation"] == [9]
+
+
+def test_disarmed_records_nothing_and_a_full_buffer_counts_drops() -> None:
+    shim = Shim(3)
+    shim.lib.codl_arm(0)
+    in_thread(lambda: shim.call(cuda_api.DOMAIN_RUNTIME, LAUNCH, 1))
+    assert shim.lib.codl_claimed() == 0
+    shim.lib.codl_arm(1)
+    in_thread(lambda: [shim.call(cuda_api.DOMAIN_RUNTIME, LAUNCH, i) for i in range(5)])
+    assert shim.lib.codl_claimed() == 5
+    assert shim.records()["correlation"].tolist() == [0, 1, 2]
+
+
+def test_threads_record_concurrently_without_losing_or_mixing_calls() -> None:
+    shim = Shim(1 << 16)
+    per_thread = 3000
+    tids: dict[int, int] = {}
+
+    def run(k: int) -> None:
+        tids[k] = threading.get_native_id()
+        for i in range(per_thread):
+            shim.call(cuda_api.DOMAIN_RUNTIME, LAUNCH, k * per_thread + i)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    rec = shim.records()
+    assert len(rec) == 4 * per_thread
+    assert sorted(rec["correlation"].tolist()) == list(range(4 * per_thread))
+    for k, tid in tids.items():
+        mine = rec[rec["tid"] == tid]["correlation"]
+        # Each thread's calls are its own, in its own order.
+        assert mine.tolist() == list(range(k * per_thread, (k + 1) * per_thread))
+
+
+class _Spans:
+    def __init__(self, steps: list[tuple[int, int, int]]) -> None:
+        self.rows: dict[str, list[Any]] = {
+            "rank": [3] * len(steps),
+            "step": [s for s, _, _ in steps],
+            "phase": ["step"] * len(steps),
+            "start_ns": [a for _, a, _ in steps],
+            "end_ns": [b for _, _, b in steps],
+        }
+
+
+def test_records_become_runtime_rows_in_their_steps() -> None:
+    rec = np.zeros(4, dtype=cuda_api.RECORD)
+    rec["start_ns"] = [50, 150, 250, 320]
+    rec["end_ns"] = [60, 160, 290, 330]
+    rec["tid"] = [11, 11, 12, 11]
+    rec["domain"] = cuda_api.DOMAIN_RUNTIME
+    rec["cbid"] = [LAUNCH, LAUNCH, SYNC, 999]
+    rec["correlation"] = [1, 2, 3, 4]
+    names = {
+        (cuda_api.DOMAIN_RUNTIME, LAUNCH): "cudaLaunchKernel",
+        (cuda_api.DOMAIN_RUNTIME, SYNC): "cudaStreamSynchronize",
+    }
+    spans = _Spans([(0, 100, 200), (1, 200, 300)])
+    rows = cuda_api.to_rows(rec, names, spans)
+    assert rows["step"] == [-1, 0, 1, -1]  # before the first step, steps 0 and 1, after the last
+    assert rows["kind"] == ["runtime", "runtime", "sync", "runtime"]
+    assert rows["name"] == [
+        "cudaLaunchKernel",
+        "cudaLaunchKernel",
+        "cudaStreamSynchronize",
+        "cbid999",
+    ]
+    assert rows["rank"] == [3] * 4
+    assert rows["stream"] == [-1] * 4
+    assert rows["end_ns"] == [60, 160, 290, 330]
+
+
+def test_wanted_functions() -> None:
+    for name in ("cudaLaunchKernel", "cudaLaunchKernelExC", "cudaMemcpyAsync", "cudaMemsetAsync"):
+        assert cuda_api.wanted(cuda_api.DOMAIN_RUNTIME, name)
+    for name in ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize"):
+        assert cuda_api.wanted(cuda_api.DOMAIN_RUNTIME, name)
+    for name in ("cudaGetDevice", "cudaEventRecord", "cudaMalloc", "cudaStreamIsCapturing"):
+        assert not cuda_api.wanted(cuda_api.DOMAIN_RUNTIME, name)
+    assert cuda_api.wanted(cuda_api.DOMAIN_DRIVER, "cuLaunchKernelEx")
+    assert not cuda_api.wanted(cuda_api.DOMAIN_DRIVER, "cuMemcpyHtoDAsync")
+
+
+def test_the_shim_is_built_once_per_source_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = cuda_api.build_shim(tmp_path)
+    stamp = first.stat().st_mtime_ns
+    assert cuda_api.build_shim(tmp_path) == first
+    assert first.stat().st_mtime_ns == stamp
+    assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temporary left behind
+    monkeypatch.setenv("CC", "no-such-compiler")
+    assert cuda_api.build_shim(tmp_path) == first  # cached: no compiler needed
+
+
+def test_a_missing_compiler_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CC", "no-such-compiler")
+    with pytest.raises(CodlError, match="'no-such-compiler' is not on PATH"):
+        cuda_api.build_shim(tmp_path)
+
+
+def test_a_compiler_error_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "bin" / "cc"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'shim.c:1: error: broken' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CC", str(fake))
+    with pytest.raises(CodlError, match=r"shim\.c:1: error: broken"):
+        cuda_api.build_shim(tmp_path / "cache")
+
+
+def test_an_unloadable_libcupti_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CODL_LIBCUPTI", os.devnull)
+    assert cuda_api.find_cupti() == os.devnull
+    with pytest.raises(CodlError, match=f"cannot load libcupti {os.devnull}"):
+        cuda_api.ApiTracer(capacity=8)
