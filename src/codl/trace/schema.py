@@ -64,7 +64,8 @@ TABLES: dict[str, tuple[Column, ...]] = {
         _c("start_ns", "i8", "ns"),
         _c("end_ns", "i8", "ns"),
     ),
-    # CUDA runtime API calls and GPU activities from Kineto/CUPTI (explicit `cupti` level).
+    # CUDA runtime API calls (from the `cuda_api` callbacks or Kineto) and GPU activities (Kineto
+    # only); both levels are explicit and exclude each other.
     "events/cuda": (
         _c("rank", "i2"),
         _c("step", "i4", doc="-1 when outside every step span"),
