@@ -468,6 +468,7 @@ SPEC = {
     "comm_pattern": "buckets",
     "tier": "default",
     "cupti": False,
+    "cuda_api": False,
     "world_size": 1,
 }
 
@@ -565,6 +566,27 @@ def test_compare_policies_and_workers_do_not_cross() -> None:
     r = out[out["metric"] == "compute_eff_ms"].iloc[0]
     assert "missing isolation run: mode=compute" in r["status"]
     assert "policy=isolated" in r["status"]
+
+
+def test_compare_pairs_launch_latency_only_within_one_cupti_level() -> None:
+    lk = "launch_kernel_us_mean"
+    steps, summaries = run_set(
+        run_frames("k0", "compute", {lk: [7.0] * 3}, cupti=True),
+        run_frames("a0", "compute", {lk: [5.0] * 3}, cuda_api=True),
+        run_frames("a1", "combined", {lk: [6.0] * 3}, cuda_api=True),
+        # Callbacks on the combined side only: no isolation twin with the same level.
+        run_frames("a2", "data+compute", {lk: [6.0] * 3}, cuda_api=True),
+        run_frames("p0", "data+compute", {lk: [9.0] * 3}),
+    )
+    out = cmp.compare(steps, summaries)
+    r = out[out["metric"] == lk].set_index("mode")
+    assert r.loc["combined", "isolation_runs"] == "a0"
+    assert r.loc["combined", "ratio"] == pytest.approx(1.2)
+    both = out[(out["mode"] == "data+compute") & (out["metric"] == lk)]
+    plain = both[~both["cuda_api"].astype(bool)].iloc[0]
+    assert "missing isolation run: mode=compute" in plain["status"]
+    assert "cuda_api=False" in plain["status"]
+    assert both[both["cuda_api"].astype(bool)].iloc[0]["isolation_runs"] == "a0"
 
 
 def test_compare_matches_after_csv_round_trip(tmp_path: Path) -> None:
