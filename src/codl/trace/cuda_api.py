@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from codl.errors import CodlError
-from codl.trace.kineto import StepIndex, _Spans
+from codl.trace.kineto import Spans, StepIndex
 from codl.trace.schema import empty_columns
 
 DOMAIN_DRIVER = 1
@@ -253,7 +253,7 @@ class ApiTracer:
 def to_rows(
     rec: np.ndarray[Any, np.dtype[Any]],
     names: dict[tuple[int, int], str],
-    spans: _Spans,
+    spans: Spans,
     *,
     armed_at: int = 0,
 ) -> dict[str, Any]:
@@ -279,7 +279,7 @@ def to_rows(
     return cols
 
 
-def collect(tracer: ApiTracer, spans: _Spans) -> tuple[dict[str, Any], dict[str, Any]]:
+def collect(tracer: ApiTracer, spans: Spans) -> tuple[dict[str, Any], dict[str, Any]]:
     tracer.stop()
     rec = tracer.records()
     rows = to_rows(rec, tracer.names, spans, armed_at=tracer.armed_at)

@@ -35,14 +35,14 @@ RUNTIME_KINDS = {
 }
 
 
-class _Spans(Protocol):
+class Spans(Protocol):
     rows: dict[str, list[Any]]  # events/app columns
 
 
 class StepIndex:
     """The run's step spans, to place an event that starts at time t into its step."""
 
-    def __init__(self, spans: _Spans) -> None:
+    def __init__(self, spans: Spans) -> None:
         rows = spans.rows
         pick = [i for i, ph in enumerate(rows["phase"]) if ph == "step"]
         self.starts = np.array([rows["start_ns"][i] for i in pick], dtype=np.int64)
@@ -88,7 +88,7 @@ def start_window(spec: RunSpec, out_dir: Path | None) -> Any:
 
 
 def collect(
-    prof: Any, out_dir: Path | None, spans: _Spans, anchor: Anchor
+    prof: Any, out_dir: Path | None, spans: Spans, anchor: Anchor
 ) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     """Export the window's Chrome trace, keep it gzipped, and convert it to events/cuda rows."""
     if out_dir is None:
@@ -109,7 +109,7 @@ def collect(
 
 
 def convert(
-    doc: dict[str, Any], spans: _Spans, anchor: Anchor
+    doc: dict[str, Any], spans: Spans, anchor: Anchor
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Chrome trace dict -> events/cuda columns on the monotonic clock, plus alignment stats."""
     base = int(doc.get("baseTimeNanoseconds", 0))
