@@ -112,8 +112,8 @@ def _loaded_cupti() -> str | None:
 
 
 def find_cupti() -> str:
-    """The libcupti to subscribe through: PyTorch's own copy when it is loaded (a second copy
-    would register with the driver twice), else $CODL_LIBCUPTI, the nvidia wheels, the linker."""
+    """The libcupti to subscribe through: $CODL_LIBCUPTI, else PyTorch's own copy when it is
+    loaded (a second copy would register with the driver twice), the nvidia wheels, the linker."""
     for candidate in (os.environ.get("CODL_LIBCUPTI"), _loaded_cupti()):
         if candidate:
             return candidate
