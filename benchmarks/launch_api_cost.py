@@ -35,7 +35,35 @@ from typing import Any
 
 import numpy as np
 
+from tracer_overhead import bootstrap_median
+
 VARIANTS = ("plain", "callbacks-idle", "callbacks", "kineto-cuda", "kineto")
+
+
+class _StepSpans:
+    """The events/app step columns that the CUPTI converters place calls into steps with."""
+
+    def __init__(self, spans: list[tuple[int, int]]) -> None:
+        n = len(spans)
+        self.rows: dict[str, list[Any]] = {
+            "rank": [0] * n,
+            "step": list(range(n)),
+            "phase": ["step"] * n,
+            "start_ns": [s for s, _ in spans],
+            "end_ns": [e for _, e in spans],
+        }
+
+
+def api_stats(rows: dict[str, Any] | None, first: int, last: int) -> tuple[list[float], int]:
+    """cudaLaunchKernel durations (us) and the number of API calls starting in [first, last]."""
+    if rows is None:
+        return [], 0
+    start = np.asarray(rows["start_ns"], dtype=np.int64)
+    dur_us = (np.asarray(rows["end_ns"], dtype=np.int64) - start) / 1e3
+    kind = np.asarray(rows["kind"], dtype=str)
+    api = np.isin(kind, ["runtime", "sync"]) & (start >= first) & (start <= last)
+    is_launch = api & (np.char.find(np.asarray(rows["name"], dtype=str), "LaunchKernel") >= 0)
+    return dur_us[is_launch].tolist(), int(api.sum())
 
 
 def child(variant: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -43,7 +71,7 @@ def child(variant: str, args: argparse.Namespace) -> dict[str, Any]:
 
     from codl.harness import workloads
     from codl.spec import Precision, WorkloadSpec
-    from codl.trace import cuda_api
+    from codl.trace import cuda_api, kineto
     from codl.trace.clock import take_anchor
 
     if not torch.cuda.is_available():
@@ -91,34 +119,17 @@ def child(variant: str, args: argparse.Namespace) -> dict[str, Any]:
         spans.append((t0, time.monotonic_ns()))
     measured = spans[args.warmup :]
     first, last = measured[0][0], measured[-1][1]
-    launch: list[float] = []
-    api_calls = 0
+    # Both levels' own converters place the calls on the run's clock.
+    steps = _StepSpans(spans)
+    rows: dict[str, Any] | None = None
     if tracer is not None:
-        tracer.stop()
-        rec = tracer.records()
-        keep = rec[(rec["start_ns"] >= first) & (rec["end_ns"] <= last)]
-        api_calls = int(keep.size)
-        keys = zip(keep["domain"].tolist(), keep["cbid"].tolist(), strict=True)
-        names = [tracer.names.get(k, "") for k in keys]
-        is_launch = np.array(["LaunchKernel" in n for n in names], dtype=bool)
-        launch = ((keep["end_ns"] - keep["start_ns"])[is_launch] / 1e3).tolist()
+        rows, _ = cuda_api.collect(tracer, steps)
         tracer.close()
     if prof is not None:
         prof.stop()
         with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "trace.json"
-            prof.export_chrome_trace(str(path))
-            doc = json.loads(path.read_text())
-        base = int(doc.get("baseTimeNanoseconds", 0))
-        for ev in doc.get("traceEvents", []):
-            if ev.get("ph") != "X" or ev.get("cat") not in {"cuda_runtime", "cuda_driver"}:
-                continue
-            start = anchor.to_monotonic(base + round(float(ev["ts"]) * 1000))
-            if not first <= start <= last:
-                continue
-            api_calls += 1
-            if "LaunchKernel" in str(ev.get("name", "")):
-                launch.append(float(ev.get("dur", 0)))
+            rows, _ = kineto.collect(prof, Path(tmp), steps, anchor)
+    launch, api_calls = api_stats(rows, first, last)
     step_ms = [(e - s) / 1e6 for s, e in measured]
     return {
         "variant": variant,
@@ -128,13 +139,6 @@ def child(variant: str, args: argparse.Namespace) -> dict[str, Any]:
         "launch_us_p50": float(np.median(launch)) if launch else float("nan"),
         "launch_us_mean": float(np.mean(launch)) if launch else float("nan"),
     }
-
-
-def bootstrap(values: list[float], n: int = 5000) -> tuple[float, float]:
-    rng = np.random.default_rng(0)
-    a = np.asarray(values)
-    lo, hi = np.percentile(np.median(rng.choice(a, (n, a.size)), axis=1), [2.5, 97.5])
-    return float(lo), float(hi)
 
 
 def table(df: Any, variants: list[str]) -> Any:
@@ -148,7 +152,7 @@ def table(df: Any, variants: list[str]) -> Any:
     for v in variants:
         d = df[df["variant"] == v]
         r = ratio[d.index].tolist()
-        lo, hi = bootstrap(r)
+        lo, hi = bootstrap_median(r)
         calls = float(d["api_calls_per_step"].median())
         step = float(d["step_ms_median"].median())
         out.append(
