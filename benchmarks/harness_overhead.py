@@ -29,7 +29,7 @@ from codl.datasets import generate
 from codl.harness import workloads
 from codl.harness.data import train_transform
 from codl.spec import RunSpec
-from tracer_overhead import OFF, base_spec, bootstrap_median, measured_steps
+from tracer_overhead import OFF, add_pair_arguments, base_spec, bootstrap_median, measured_steps
 
 
 class PlainFiles(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
@@ -109,14 +109,7 @@ def harness(spec: RunSpec, data: Path, out: Path) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--samples", type=int, default=256)
-    p.add_argument("--height", type=int, default=96)
-    p.add_argument("--width", type=int, default=128)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--measured", type=int, default=12)
-    p.add_argument("--pairs", type=int, default=10)
+    add_pair_arguments(p)
     p.add_argument("--traced", action="store_true", help="harness with every non-CUPTI level on")
     p.add_argument("--csv", type=Path, default=Path("benchmarks/results/harness_overhead.csv"))
     args = p.parse_args(argv)

@@ -111,13 +111,9 @@ def bootstrap_median(values: list[float], n: int = 5000, seed: int = 0) -> tuple
     return float(lo), float(hi)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+def add_pair_arguments(p: argparse.ArgumentParser) -> None:
+    """Device, data set and step counts of the alternating pairs (shared with harness_overhead)."""
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--mode", default="data+compute")
-    p.add_argument("--model", default=None)
-    p.add_argument("--batch-size", type=int, default=None)
-    p.add_argument("--image-size", type=int, default=None)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--samples", type=int, default=256)
     p.add_argument("--height", type=int, default=96)
@@ -125,6 +121,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--measured", type=int, default=12)
     p.add_argument("--pairs", type=int, default=10)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    add_pair_arguments(p)
+    p.add_argument("--mode", default="data+compute")
+    p.add_argument("--model", default=None)
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--image-size", type=int, default=None)
     p.add_argument("--levels", default=",".join(LEVELS), help="comma-separated level names")
     p.add_argument("--cupti", action="store_true", help="also measure the Kineto level (CUDA)")
     p.add_argument(
