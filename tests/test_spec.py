@@ -18,6 +18,7 @@ from codl.spec import (
     Backend,
     DeviceKind,
     Mode,
+    PinningSpec,
     Policy,
     RunSpec,
     field_paths,
@@ -49,6 +50,8 @@ def _alternatives(value: Any) -> list[Any]:
         return [value + 1, value - 1, value + 2]
     if isinstance(value, float):
         return [value * 2, value / 2]
+    if value == "auto":  # pinning.launch_cores
+        return [2, 3]
     if isinstance(value, str):
         return ["other-name", "resnet18", "volume"]
     raise TypeError(value)  # pragma: no cover
@@ -142,9 +145,13 @@ def test_run_id_format() -> None:
         assert spec.run_id == hashlib.sha256(spec.canonical_json().encode()).hexdigest()[:12]
 
 
+# Policy `none` reads no other pinning key, so the bases pin: every pinning leaf then counts.
+PINNED = PinningSpec(policy=Policy.ISOLATED)
+
+
 @pytest.mark.parametrize("path", field_paths())
 def test_every_leaf_changes_the_id_of_a_combined_run(path: str) -> None:
-    base = RunSpec(device=DeviceKind.CUDA)
+    base = RunSpec(device=DeviceKind.CUDA, pinning=PINNED)
     assert base.mode is Mode.COMBINED
     changed = _with_changed_leaf(base, path)
     assert changed.run_id != base.run_id, path
@@ -152,7 +159,7 @@ def test_every_leaf_changes_the_id_of_a_combined_run(path: str) -> None:
 
 @pytest.mark.parametrize("path", field_paths())
 def test_loader_and_dataset_leaves_do_not_change_the_id_of_a_compute_run(path: str) -> None:
-    base = RunSpec(mode=Mode.COMPUTE, device=DeviceKind.CUDA)
+    base = RunSpec(mode=Mode.COMPUTE, device=DeviceKind.CUDA, pinning=PINNED)
     changed = _with_changed_leaf(base, path)
     if path.startswith(LOADING_ONLY):
         assert changed.run_id == base.run_id, path
@@ -205,6 +212,8 @@ def test_canonical_json_is_sorted_and_compact() -> None:
     parsed = json.loads(text, object_pairs_hook=hook)
     expected = spec.normalized().to_dict()
     del expected["trace"]["cuda_api"]  # at its default: left out (ids of earlier runs hold)
+    for role in ("autograd", "pin_memory", "comm"):  # likewise
+        del expected["pinning"][role]
     assert parsed == expected
     assert len(key_orders) == 1 + sum(
         1 for f in dataclasses.fields(RunSpec) if dataclasses.is_dataclass(f.default_factory)
@@ -354,8 +363,14 @@ def test_enums_are_strings() -> None:
     assert json.dumps(Backend.NCCL) == '"nccl"'
 
 
-def test_published_run_ids_survive_the_cuda_api_level() -> None:
-    """The H200 results were measured before `trace.cuda_api` existed: their ids must hold."""
+def test_published_run_ids_survive_where_the_run_is_unchanged() -> None:
+    """The H200 results were measured before `trace.cuda_api` and per-role placement existed.
+
+    Runs under policy `none` do what they did: their ids must hold. Pinned runs were measured
+    with every launch role on one core (`launch_cores: 1`, the default then); under the new
+    default (`auto`, a CPU per role) they are different runs and must get new ids, so that the
+    workflow re-runs them instead of passing old results off as the new placement.
+    """
     from pathlib import Path
 
     import pandas as pd
@@ -363,12 +378,48 @@ def test_published_run_ids_survive_the_cuda_api_level() -> None:
     from codl.config import load_plan
 
     root = Path(__file__).resolve().parents[1] / "results" / "h200"
-    published = set(pd.read_csv(root / "tables" / "runs.csv")["run_id"])
-    assert set(load_plan(root / "config.yaml").run_ids) == published
+    runs = pd.read_csv(root / "tables" / "runs.csv")
+    ids = set(load_plan(root / "config.yaml").run_ids)
+    unpinned = runs["policy"] == "none"
+    assert unpinned.sum() > 0 and (~unpinned).sum() > 0
+    assert set(runs.loc[unpinned, "run_id"]) <= ids
+    assert not set(runs.loc[~unpinned, "run_id"]) & ids
+    assert len(ids) == len(runs)  # the same matrix, nothing lost or added
     base = RunSpec.from_dict({"device": "cuda"})
     on = RunSpec.from_dict({"device": "cuda", "trace": {"cuda_api": True}})
     assert on.run_id != base.run_id
     assert '"cuda_api":true' in on.canonical_json()
+    # a pinned run asked for as it was published keeps its id: only the default changed
+    old_isolated = RunSpec.from_dict({"pinning": {"policy": "isolated", "launch_cores": 1}})
+    assert '"pinning":{"launch_cores":1,"policy":"isolated"}' in old_isolated.canonical_json()
+
+
+def test_policy_none_ignores_the_other_pinning_keys() -> None:
+    base = RunSpec()
+    for pinning in (
+        {"launch_cores": 3},
+        {"autograd": "main", "pin_memory": "loader", "comm": "main"},
+    ):
+        spec = RunSpec.from_dict({"pinning": {"policy": "none", **pinning}})
+        assert spec.run_id == base.run_id, pinning
+    main_only = RunSpec.from_dict({"pinning": {"policy": "isolated-main", "autograd": "main"}})
+    assert main_only.run_id == RunSpec.from_dict({"pinning": {"policy": "isolated-main"}}).run_id
+    isolated = RunSpec.from_dict({"pinning": {"policy": "isolated", "autograd": "main"}})
+    assert isolated.run_id != RunSpec.from_dict({"pinning": {"policy": "isolated"}}).run_id
+
+
+@pytest.mark.parametrize(
+    ("launch_cores", "message"),
+    [
+        (0, "pinning.launch_cores: got 0, expected 'auto' or an integer >= 1"),
+        ("two", "pinning.launch_cores: got 'two', expected an integer or 'auto'"),
+        (True, "pinning.launch_cores: got True, expected an integer or 'auto'"),
+    ],
+)
+def test_launch_cores_is_auto_or_a_positive_integer(launch_cores: Any, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        RunSpec.from_dict({"pinning": {"launch_cores": launch_cores}})
+    assert err.value.problems == (message,)
 
 
 @pytest.mark.parametrize(

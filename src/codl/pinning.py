@@ -88,13 +88,13 @@ import enum
 import os
 import re
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from codl.errors import PlacementError
-from codl.spec import PinningSpec, Policy
+from codl.spec import AUTO, DeviceKind, PinningSpec, Policy, RolePlace, RunSpec
 
 # Messages list small CPU sets one by one ("{0,1,2}") and large ones as kernel ranges.
 _LIST_CPUS_UP_TO = 16
@@ -178,20 +178,49 @@ def _braced(cpus: Iterable[int]) -> str:
 # ---------------------------------------------------------------------------------------------
 # The placement and the pure policies
 
+#: The launch roles besides the main thread, in the order they get CPUs of their own.
+HELPER_ROLES: tuple[Role, ...] = (Role.AUTOGRAD, Role.PIN_MEMORY, Role.COMM)
+
+
+def roles_for(spec: RunSpec) -> frozenset[Role]:
+    """The helper roles whose threads a rank process of ``spec`` will have.
+
+    ``autograd``: a backward on CUDA (a CPU backward runs on the calling thread); ``pin_memory``:
+    a loader with ``pin_memory`` on CUDA (the harness pins only on CUDA); ``comm``: a process
+    group, which every run of more than one rank starts.
+    """
+    cuda = spec.device is DeviceKind.CUDA
+    roles: set[Role] = set()
+    if cuda and spec.mode.computes:
+        roles.add(Role.AUTOGRAD)
+    if cuda and spec.mode.loads and spec.loader.pin_memory:
+        roles.add(Role.PIN_MEMORY)
+    if spec.layout.world_size > 1:
+        roles.add(Role.COMM)
+    return frozenset(roles)
+
 
 @dataclass(frozen=True, kw_only=True)
 class Placement:
     """Where one rank's threads and loader workers may run; the output of :func:`plan`.
 
-    Picklable (it travels to loader workers inside the ``worker_init_fn`` partial).
-    ``launch``/``workers`` are ``None`` only for policy ``none``, which changes nothing.
+    Picklable (it travels to loader workers inside the ``worker_init_fn`` partial). Every CPU set
+    is ``None`` only under policy ``none``, which changes nothing. ``launch`` is the launch set
+    (``main``, the helpers placed ``own``, spare CPUs); ``roles`` are the helper roles the plan
+    was made for. A helper role that was not planned for has the ``other`` CPUs.
     """
 
     policy: Policy
     allowed: frozenset[int]
     rank_cpus: frozenset[int]
     launch: frozenset[int] | None
+    main: frozenset[int] | None
+    autograd: frozenset[int] | None
+    pin_memory: frozenset[int] | None
+    comm: frozenset[int] | None
+    other: frozenset[int] | None
     workers: tuple[frozenset[int], ...] | None
+    roles: frozenset[Role] = frozenset()
     warnings: tuple[str, ...] = ()
 
     def cpus_for(self, role: Role, worker_id: int | None = None) -> frozenset[int] | None:
@@ -199,10 +228,8 @@ class Placement:
 
         Nothing is planned under policy ``none``, nor for a loader thread without ``worker_id``.
         """
-        if self.launch is None or self.workers is None:
+        if self.workers is None:
             return None
-        if role in LAUNCH_ROLES:
-            return self.launch
         if role is Role.LOADER:
             if worker_id is None:
                 return None  # a worker seen from outside, whose id nobody gave
@@ -212,15 +239,29 @@ class Placement:
                     f"the plan was made for {len(self.workers)} worker(s)"
                 )
             return self.workers[worker_id]
-        return self.rank_cpus
+        return {
+            Role.LAUNCH: self.main,
+            Role.AUTOGRAD: self.autograd,
+            Role.PIN_MEMORY: self.pin_memory,
+            Role.COMM: self.comm,
+            Role.OTHER: self.other,
+        }[role]
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form, CPU sets as cpulists, for the trace's provenance attributes."""
+        per_role = None
+        if self.workers is not None:
+            per_role = {
+                role.value: cpulist(self.cpus_for(role) or ())
+                for role in (Role.LAUNCH, *HELPER_ROLES, Role.OTHER)
+            }
         return {
             "policy": self.policy.value,
             "allowed": cpulist(self.allowed),
             "rank_cpus": cpulist(self.rank_cpus),
             "launch": None if self.launch is None else cpulist(self.launch),
+            "roles": per_role,
+            "planned_roles": sorted(r.value for r in self.roles),
             "workers": None if self.workers is None else [cpulist(w) for w in self.workers],
             "warnings": list(self.warnings),
         }
@@ -238,16 +279,22 @@ class PlanRow:
 def plan_rows(placement: Placement) -> list[PlanRow]:
     """The placement asked for, one row per role (and per worker), for the trace.
 
-    Rows ``allowed`` and ``rank`` give the job's set and the rank's share; ``worker_id`` is -1
-    except on loader rows. Policy ``none`` yields only those two rows.
+    Rows ``allowed`` and ``rank`` give the job's set and the rank's share, ``launch_set`` the
+    launch set; then ``launch`` (the main thread), the helper roles planned for, ``other`` and one
+    ``loader`` row per worker. ``worker_id`` is -1 except on loader rows. Policy ``none`` yields
+    only the first two rows.
     """
     rows = [
         PlanRow(role="allowed", worker_id=-1, cpus=cpulist(placement.allowed)),
         PlanRow(role="rank", worker_id=-1, cpus=cpulist(placement.rank_cpus)),
     ]
-    if placement.launch is not None:
-        rows.append(PlanRow(role=Role.LAUNCH, worker_id=-1, cpus=cpulist(placement.launch)))
-        rows.append(PlanRow(role=Role.OTHER, worker_id=-1, cpus=cpulist(placement.rank_cpus)))
+    if placement.launch is None:
+        return rows
+    rows.append(PlanRow(role="launch_set", worker_id=-1, cpus=cpulist(placement.launch)))
+    for role in (Role.LAUNCH, *HELPER_ROLES, Role.OTHER):
+        if role in HELPER_ROLES and role not in placement.roles:
+            continue
+        rows.append(PlanRow(role=role, worker_id=-1, cpus=cpulist(placement.cpus_for(role) or ())))
     for i, cpus in enumerate(placement.workers or ()):
         rows.append(PlanRow(role=Role.LOADER, worker_id=i, cpus=cpulist(cpus)))
     return rows
@@ -277,11 +324,30 @@ def rank_share(allowed: Iterable[int], local_ranks: int, local_rank: int) -> fro
     return frozenset(ids[start : start + size])
 
 
+def role_places(spec: PinningSpec) -> dict[Role, RolePlace]:
+    """Where each helper role goes under ``spec``: its setting, or the loader's under
+    ``isolated-main``, which isolates the main thread alone."""
+    if spec.policy is Policy.ISOLATED_MAIN:
+        return dict.fromkeys(HELPER_ROLES, RolePlace.LOADER)
+    return {
+        Role.AUTOGRAD: spec.autograd,
+        Role.PIN_MEMORY: spec.pin_memory,
+        Role.COMM: spec.comm,
+    }
+
+
+def launch_need(spec: PinningSpec, roles: Iterable[Role]) -> int:
+    """CPUs the launch set must hold: the main thread's plus one per helper role placed ``own``."""
+    places = role_places(spec)
+    return 1 + sum(1 for r in set(roles) if places[r] is RolePlace.OWN)
+
+
 def plan(
     spec: PinningSpec,
     *,
     allowed: Iterable[int],
     workers: int,
+    roles: Iterable[Role] = (),
     local_ranks: int = 1,
     local_rank: int = 0,
     gpu: int | None = None,
@@ -290,18 +356,25 @@ def plan(
     """The placement of one rank under ``spec``; pure: nothing is read from or done to the machine.
 
     ``allowed`` is the job's CPU set (``os.sched_getaffinity(0)`` at start), ``workers`` the
-    number of loader workers of this rank, ``gpu`` the rank's GPU index (``None`` on CPU runs)
-    and ``gpu_cpus`` the CPUs local to that GPU (:func:`gpu_local_cpus`; ``None`` if unknown),
-    read only by policy ``numa``. Raises :class:`PlacementError` for impossible requests.
+    number of loader workers of this rank, ``roles`` the helper roles (of :data:`HELPER_ROLES`)
+    whose threads the rank will have (:func:`roles_for`), ``gpu`` the rank's GPU index (``None``
+    on CPU runs) and ``gpu_cpus`` the CPUs local to that GPU (:func:`gpu_local_cpus`; ``None`` if
+    unknown), read only by policy ``numa``. Raises :class:`PlacementError` for impossible
+    requests, with the numbers.
     """
     allowed_set = frozenset(allowed)
+    helpers = frozenset(roles)
+    name = spec.policy.value
     if not allowed_set:
-        raise PlacementError(f"{spec.policy.value}: the job's allowed CPU set is empty")
+        raise PlacementError(f"{name}: the job's allowed CPU set is empty")
     if workers < 0:
-        raise PlacementError(f"{spec.policy.value}: workers={workers}, expected >= 0")
-    if spec.launch_cores < 1:
+        raise PlacementError(f"{name}: workers={workers}, expected >= 0")
+    if isinstance(spec.launch_cores, int) and spec.launch_cores < 1:
+        raise PlacementError(f"{name}: launch_cores={spec.launch_cores}, expected 'auto' or >= 1")
+    if not helpers <= frozenset(HELPER_ROLES):
         raise PlacementError(
-            f"{spec.policy.value}: launch_cores={spec.launch_cores}, expected >= 1"
+            f"{name}: roles {sorted(r.value for r in helpers - frozenset(HELPER_ROLES))} are "
+            f"not helper roles; expected some of {[r.value for r in HELPER_ROLES]}"
         )
     if spec.policy is Policy.NONE:
         # Nothing is split or pinned, so a rank may run anywhere the job may: that is what the
@@ -311,141 +384,128 @@ def plan(
             allowed=allowed_set,
             rank_cpus=allowed_set,
             launch=None,
+            main=None,
+            autograd=None,
+            pin_memory=None,
+            comm=None,
+            other=None,
             workers=None,
+            roles=helpers,
         )
     share = rank_share(allowed_set, local_ranks, local_rank)
+    places = role_places(spec)
+    own = [r for r in HELPER_ROLES if r in helpers and places[r] is RolePlace.OWN]
+    need = 1 + len(own)
+    holds = ", ".join(["main", *(r.value for r in own)])
+    if spec.launch_cores == AUTO:
+        k = need
+        asked = f"launch_cores=auto needs {_cpus_n(need)} ({holds})"
+    else:
+        k = int(spec.launch_cores)
+        asked = f"launch_cores={k}"
+        if k < need:
+            raise PlacementError(
+                f"{name}: launch_cores={k} is too few for this run's launch roles: {holds} "
+                f"take a CPU each, {need} in all; set launch_cores: auto (or >= {need}), or "
+                "place a helper beside the main thread or with the loader "
+                "(pinning.autograd / pin_memory / comm: main or loader)"
+            )
+    head = name
     where = (
         f"rank {local_rank} of {local_ranks} has only {_cpus(share)} {_braced(share)} "
         f"of the job's {len(allowed_set)} allowed"
     )
-    k = spec.launch_cores
+    pool = share  # where the launch set is taken from
+    loader_wide = spec.policy is Policy.SHARED  # workers may run on the launch set
+    warnings: list[str] = []
     if spec.policy is Policy.NUMA:
-        return _plan_numa(
-            spec,
-            allowed_set,
-            share,
-            where,
-            workers,
-            local_rank=local_rank,
-            gpu=gpu,
-            gpu_cpus=gpu_cpus,
-        )
-    if k > len(share):
-        raise PlacementError(f"{spec.policy.value}: launch_cores={k} but {where}")
-    ordered = sorted(share)
+        local = share & gpu_cpus if gpu_cpus is not None else frozenset()
+        if local:
+            pool, loader_wide = local, True
+            where = (
+                f"only {_cpus(local)} {_braced(local)} of rank {local_rank}'s share "
+                f"{_braced(share)} are local to GPU {gpu}"
+            )
+        else:
+            warning = f"{_numa_unknown(share, local_rank, gpu, gpu_cpus)}; fell back to isolated"
+            warnings.append(warning)
+            head = f"{warning}, and isolated is impossible"
+    if k > len(pool):
+        raise PlacementError(f"{head}: {asked} but {where}")
+    ordered = sorted(pool)
     launch = frozenset(ordered[:k])
-    rest = ordered[k:]
-    if spec.policy is Policy.SHARED:
-        return Placement(
-            policy=spec.policy,
-            allowed=allowed_set,
-            rank_cpus=share,
-            launch=launch,
-            workers=(share,) * workers,
-        )
-    if workers > 0 and not rest:
+    main = frozenset(ordered[:1])
+    own_cpus = {r: frozenset({ordered[1 + i]}) for i, r in enumerate(own)}
+    spare = frozenset(ordered[need:k])
+    rest = sorted(share - launch)
+    loader_cpus = pool if loader_wide else frozenset(rest)
+    with_loader = [r.value for r in HELPER_ROLES if r in helpers and places[r] is RolePlace.LOADER]
+    if not loader_cpus and (workers > 0 or with_loader):
+        homeless = ([f"{workers} loader worker(s)"] if workers else []) + [
+            f"the {r} thread" for r in with_loader
+        ]
         raise PlacementError(
-            f"{spec.policy.value}: launch_cores={k} but {where}, leaving no CPU for "
-            f"{workers} loader worker(s)"
-        )
-    if spec.policy is Policy.ISOLATED:
-        return _isolated(
-            policy=spec.policy,
-            allowed=allowed_set,
-            share=share,
-            launch=launch,
-            rest=rest,
-            workers=workers,
-            warnings=(),
+            f"{head}: {asked} but {where}, leaving no CPU for {' and '.join(homeless)}"
         )
     if spec.policy is Policy.SPREAD:
-        warnings: tuple[str, ...] = ()
+        worker_cpus = tuple(frozenset({rest[i % len(rest)]}) for i in range(workers))
         if workers > len(rest):
-            warnings = (
+            warnings.append(
                 f"spread: oversubscribed: {workers} workers on {len(rest)} cores "
-                f"{_braced(rest)}; worker i runs on core i mod {len(rest)}",
+                f"{_braced(rest)}; worker i runs on core i mod {len(rest)}"
             )
-        return Placement(
-            policy=spec.policy,
-            allowed=allowed_set,
-            rank_cpus=share,
-            launch=launch,
-            workers=tuple(frozenset({rest[i % len(rest)]}) for i in range(workers)),
-            warnings=warnings,
+    else:
+        worker_cpus = (loader_cpus,) * workers
+    # The other threads (intra-op pool, CUDA and Python helpers) go where they cannot delay the
+    # main thread: spare launch CPUs, else what the launch set leaves (of the GPU's NUMA node
+    # first), else the helpers' CPUs.
+    other = spare or (pool - launch) or frozenset(rest) or (launch - main)
+    if not other:
+        other = main
+        warnings.append(
+            f"{name}: rank {local_rank}'s launch set {_braced(main)} is its whole share: the "
+            "other threads run on the main thread's CPU"
         )
-    raise PlacementError(f"unknown policy {spec.policy!r}")  # pragma: no cover - enum is closed
 
+    def cpus_of(role: Role) -> frozenset[int]:
+        if role not in helpers:
+            return other
+        return {
+            RolePlace.OWN: own_cpus.get(role, main),
+            RolePlace.MAIN: main,
+            RolePlace.LOADER: loader_cpus,
+        }[places[role]]
 
-def _isolated(
-    *,
-    policy: Policy,
-    allowed: frozenset[int],
-    share: frozenset[int],
-    launch: frozenset[int],
-    rest: Sequence[int],
-    workers: int,
-    warnings: tuple[str, ...],
-) -> Placement:
     return Placement(
-        policy=policy,
-        allowed=allowed,
+        policy=spec.policy,
+        allowed=allowed_set,
         rank_cpus=share,
         launch=launch,
-        workers=(frozenset(rest),) * workers,
-        warnings=warnings,
+        main=main,
+        autograd=cpus_of(Role.AUTOGRAD),
+        pin_memory=cpus_of(Role.PIN_MEMORY),
+        comm=cpus_of(Role.COMM),
+        other=other,
+        workers=worker_cpus,
+        roles=helpers,
+        warnings=tuple(warnings),
     )
 
 
-def _plan_numa(
-    spec: PinningSpec,
-    allowed: frozenset[int],
-    share: frozenset[int],
-    where: str,
-    workers: int,
-    *,
-    local_rank: int,
-    gpu: int | None,
-    gpu_cpus: frozenset[int] | None,
-) -> Placement:
-    k = spec.launch_cores
-    local = share & gpu_cpus if gpu_cpus is not None else frozenset()
-    if local:
-        if k > len(local):
-            raise PlacementError(
-                f"numa: launch_cores={k} but only {_cpus(local)} {_braced(local)} of "
-                f"rank {local_rank}'s share {_braced(share)} are local to GPU {gpu}"
-            )
-        return Placement(
-            policy=spec.policy,
-            allowed=allowed,
-            rank_cpus=share,
-            launch=frozenset(sorted(local)[:k]),
-            workers=(local,) * workers,
-        )
+def _cpus_n(n: int) -> str:
+    return "1 CPU" if n == 1 else f"{n} CPUs"
+
+
+def _numa_unknown(
+    share: frozenset[int], local_rank: int, gpu: int | None, gpu_cpus: frozenset[int] | None
+) -> str:
     if gpu is None:
-        why = f"numa: topology unknown for rank {local_rank} (no GPU: CPU run)"
-    elif gpu_cpus is None:
-        why = f"numa: topology unknown for GPU {gpu}"
-    else:
-        why = (
-            f"numa: GPU {gpu}'s local CPUs {_braced(gpu_cpus)} miss rank {local_rank}'s "
-            f"share {_braced(share)}"
-        )
-    warning = f"{why}; fell back to isolated"
-    ordered = sorted(share)
-    if k > len(ordered) or (workers > 0 and k == len(ordered)):
-        raise PlacementError(
-            f"{warning}, and isolated is impossible: launch_cores={k} but {where}"
-            + (f", leaving no CPU for {workers} loader worker(s)" if k == len(ordered) else "")
-        )
-    return _isolated(
-        policy=spec.policy,
-        allowed=allowed,
-        share=share,
-        launch=frozenset(ordered[:k]),
-        rest=ordered[k:],
-        workers=workers,
-        warnings=(warning,),
+        return f"numa: topology unknown for rank {local_rank} (no GPU: CPU run)"
+    if gpu_cpus is None:
+        return f"numa: topology unknown for GPU {gpu}"
+    return (
+        f"numa: GPU {gpu}'s local CPUs {_braced(gpu_cpus)} miss rank {local_rank}'s "
+        f"share {_braced(share)}"
     )
 
 
@@ -758,3 +818,44 @@ def mismatches(rows: Iterable[ThreadRow]) -> list[str]:
                 f"{r.cpus_planned or '-'}, actual {r.cpus_actual or '-'}"
             )
     return out
+
+
+def crowded(placement: Placement, rows: Iterable[ThreadRow]) -> list[str]:
+    """One line per pair of launch roles whose threads' actual masks share a CPU.
+
+    ``rows`` are one reading of the masks (what :func:`apply_threads` returns). Launch roles
+    (main, autograd, pin-memory, comm threads) are all busy on the path to the GPU, so two of
+    them on one CPU wait for each other; threads of one role (NCCL's several comm threads, one
+    autograd thread per device) share their role's CPUs by design and are not reported. Under
+    policy ``none`` every mask is the job's whole set and the OS decides: nothing to report.
+    """
+    if placement.launch is None:
+        return []
+    by_role: dict[Role, list[tuple[ThreadRow, frozenset[int]]]] = {}
+    for r in rows:
+        if r.role in LAUNCH_ROLES:
+            by_role.setdefault(r.role, []).append((r, parse_cpulist(r.cpus_actual)))
+    order = [Role.LAUNCH, *HELPER_ROLES]
+    out: list[str] = []
+    for i, a in enumerate(order):
+        for b in order[i + 1 :]:
+            common: set[int] = set()
+            seen_a: dict[int, ThreadRow] = {}
+            seen_b: dict[int, ThreadRow] = {}
+            for ra, ma in by_role.get(a, []):
+                for rb, mb in by_role.get(b, []):
+                    if ma & mb:
+                        common |= ma & mb
+                        seen_a[ra.tid], seen_b[rb.tid] = ra, rb
+            if common:
+                out.append(
+                    f"{placement.policy.value}: {a.value} and {b.value} threads share CPU(s) "
+                    f"{cpulist(common)}: {_tids(seen_a)} with {_tids(seen_b)}"
+                )
+    return out
+
+
+def _tids(rows: dict[int, ThreadRow], most: int = 4) -> str:
+    shown = [f"{tid} ({rows[tid].name!r})" for tid in sorted(rows)[:most]]
+    more = f" and {len(rows) - most} more" if len(rows) > most else ""
+    return ", ".join(shown) + more

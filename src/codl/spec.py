@@ -18,14 +18,24 @@ import types
 import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 from codl.errors import ConfigError
 
 RUN_ID_LENGTH = 12
 # Fields added after run ids were first published, left out of the id while at their default so
 # that every run measured before them keeps its id (and its results stay valid).
-_ID_OPTIONAL_DEFAULTS: dict[tuple[str, str], Any] = {("trace", "cuda_api"): False}
+_ID_OPTIONAL_DEFAULTS: dict[tuple[str, str], Any] = {
+    ("trace", "cuda_api"): False,
+    ("pinning", "autograd"): "own",
+    ("pinning", "pin_memory"): "own",
+    ("pinning", "comm"): "own",
+}
+#: ``pinning.launch_cores: auto`` sizes the launch set from the roles it must hold.
+AUTO: Literal["auto"] = "auto"
+# Policy `none` reads no other pinning key; its runs were published with `launch_cores: 1` (the
+# default then), and normalizing to that value keeps their ids now that the default is `auto`.
+_UNREAD_LAUNCH_CORES = 1
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -74,13 +84,28 @@ class Mode(enum.StrEnum):
 
 
 class Policy(enum.StrEnum):
-    """CPU-set policy for loader workers and launch threads (DESIGN.md sect. 7)."""
+    """CPU-set policy for loader workers and launch threads (DESIGN.md sect. 7; table in
+    ``codl.pinning``). ``isolated-main`` isolates the main thread alone and puts the other launch
+    roles with the loader workers, so that a matrix separates "launch thread alone" from "all
+    launch roles together" (``isolated``)."""
 
     NONE = "none"
     SHARED = "shared"
     ISOLATED = "isolated"
+    ISOLATED_MAIN = "isolated-main"
     SPREAD = "spread"
     NUMA = "numa"
+
+
+class RolePlace(enum.StrEnum):
+    """Where a launch helper thread (autograd, pin-memory, comm) runs under a pinned policy."""
+
+    #: a CPU of its own in the launch set
+    OWN = "own"
+    #: on the main thread's CPU: the pile-up, only when asked for
+    MAIN = "main"
+    #: on the loader workers' CPUs
+    LOADER = "loader"
 
 
 class DeviceKind(enum.StrEnum):
@@ -148,8 +173,28 @@ class LoaderSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class PinningSpec:
+    """Placement of a rank's threads and loader workers (``codl.pinning`` has the table).
+
+    ``launch_cores`` is the size of the launch set: the main thread's CPU plus one CPU per helper
+    role placed ``own``; ``auto`` sizes it from the roles the run has, a number larger than that
+    leaves spare CPUs for the other threads, a smaller one is an error when the run starts.
+    ``autograd``, ``pin_memory`` and ``comm`` place those threads (read by every pinned policy
+    except ``isolated-main``, which puts them with the loader workers).
+    """
+
     policy: Policy = Policy.NONE
-    launch_cores: int = 1
+    launch_cores: int | Literal["auto"] = AUTO
+    autograd: RolePlace = RolePlace.OWN
+    pin_memory: RolePlace = RolePlace.OWN
+    comm: RolePlace = RolePlace.OWN
+
+    def normalized(self) -> PinningSpec:
+        """This spec with the keys its policy never reads reset (they must not change ids)."""
+        if self.policy is Policy.NONE:
+            return PinningSpec(policy=Policy.NONE, launch_cores=_UNREAD_LAUNCH_CORES)
+        if self.policy is Policy.ISOLATED_MAIN:
+            return PinningSpec(policy=self.policy, launch_cores=self.launch_cores)
+        return self
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -210,7 +255,7 @@ class RunSpec:
 
     def normalized(self) -> RunSpec:
         """The spec with fields its mode never reads reset to defaults: they must not change ids."""
-        spec = self
+        spec = dataclasses.replace(self, pinning=self.pinning.normalized())
         if not self.mode.loads:
             spec = dataclasses.replace(spec, loader=LoaderSpec(), dataset=DatasetSpec())
         return spec
@@ -261,7 +306,9 @@ class RunSpec:
         positive("workload.classes", self.workload.classes, 2)
         positive("loader.workers", self.loader.workers, 0)
         positive("loader.prefetch_factor", self.loader.prefetch_factor)
-        positive("pinning.launch_cores", self.pinning.launch_cores)
+        cores = self.pinning.launch_cores
+        if isinstance(cores, int) and cores < 1:
+            out.append(f"{p}pinning.launch_cores: got {cores}, expected 'auto' or an integer >= 1")
         positive("layout.nodes", self.layout.nodes)
         positive("layout.ranks_per_node", self.layout.ranks_per_node)
         positive("layout.bucket_cap_mb", self.layout.bucket_cap_mb)
@@ -395,9 +442,30 @@ def _convert(hint: Any, value: Any, path: str, problems: list[str]) -> Any:
             return value
         problems.append(f"{path}: got {value!r}, expected a string")
         return _INVALID
-    if isinstance(hint, types.UnionType):  # pragma: no cover - no optional fields yet
-        return value
+    if isinstance(hint, types.UnionType) or get_origin(hint) is Union:
+        return _convert_union(get_args(hint), value, path, problems)
+    if get_origin(hint) is Literal:
+        if value in get_args(hint):
+            return value
+        problems.append(f"{path}: got {value!r}, expected one of {list(get_args(hint))}")
+        return _INVALID
     raise TypeError(f"unsupported spec field type {hint!r} at {path}")  # pragma: no cover
+
+
+def _convert_union(arms: tuple[Any, ...], value: Any, path: str, problems: list[str]) -> Any:
+    """The first arm that takes ``value``; one problem naming every arm when none does."""
+    wanted: list[str] = []
+    for arm in arms:
+        mine: list[str] = []
+        converted = _convert(arm, value, path, mine)
+        if converted is not _INVALID:
+            return converted
+        if get_origin(arm) is Literal:
+            wanted.extend(repr(a) for a in get_args(arm))
+        else:
+            wanted.append("an integer" if arm is int else getattr(arm, "__name__", str(arm)))
+    problems.append(f"{path}: got {value!r}, expected " + " or ".join(wanted))
+    return _INVALID
 
 
 def did_you_mean(value: Any, choices: Iterable[str]) -> str:

@@ -19,10 +19,11 @@ import signal
 import socket
 import statistics
 import subprocess
+import sys
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -200,6 +201,7 @@ def execute(
         local_ranks=env.local_world_size,
         local_rank=env.local_rank,
         workers=spec.loader.workers if mode.loads else 0,
+        roles=pinning.roles_for(spec),
         gpu=env.local_rank if cuda else None,
         gpu_cpus=pinning.gpu_local_cpus(env.local_rank) if numa else None,
     )
@@ -210,8 +212,12 @@ def execute(
         # a policy's core budget means the same on CPU and GPU. Threads inherit the launch
         # thread's mask because pinning happens before the first parallel region.
         torch.set_num_threads(max(1, len(launch_cpus)))
-    # (capture time, rows): masks are recorded at start, after step 0 and at the end.
+    # (capture time, rows): masks are read back and recorded at start, after step 0 and at the
+    # end; launch roles found sharing a CPU in a reading are warned about in the trace and log.
     thread_rows: list[tuple[int, pinning.ThreadRow]] = _stamped(pinning.apply_threads(placement))
+    _log_placement(placement.warnings)
+    crowded = pinning.crowded(placement, [r for _, r in thread_rows])
+    _log_placement(crowded)
 
     torch.manual_seed(spec.seed + 1000 * spec.repeat + env.rank)
     np.random.seed(spec.seed + env.rank)
@@ -369,7 +375,11 @@ def execute(
             dev.sample(step)
             if step == 0:
                 # Autograd, pin-memory and communication threads exist only now.
-                thread_rows += _stamped(pinning.apply_threads(placement))
+                step0_rows = pinning.apply_threads(placement)
+                thread_rows += _stamped(step0_rows)
+                new = [w for w in pinning.crowded(placement, step0_rows) if w not in crowded]
+                _log_placement(new)
+                crowded += new
         rec.resolve_gpu()
         status = "complete"
     except KeyboardInterrupt:
@@ -427,7 +437,7 @@ def execute(
                 "world_size": env.world_size,
                 "clk_tck": os.sysconf("SC_CLK_TCK"),
                 "allowed_cpus": pinning.cpulist(allowed),
-                "placement": placement.to_dict(),
+                "placement": {**placement.to_dict(), "crowded": crowded},
                 "placement_mismatches": pinning.mismatches(r for _, r in thread_rows),
                 "device_level": dev.unavailable_reason or ("on" if dev.rows["t_ns"] else "off"),
             }
@@ -463,6 +473,12 @@ def _restore_affinity(allowed: frozenset[int]) -> None:
     for info in pinning.discover_threads():
         with contextlib.suppress(ProcessLookupError, OSError):
             os.sched_setaffinity(info.tid, allowed)
+
+
+def _log_placement(lines: Iterable[str]) -> None:
+    # The workflow sends a run's stderr to its log; the trace keeps the same lines.
+    for line in lines:
+        print(f"codl run: placement warning: {line}", file=sys.stderr, flush=True)
 
 
 def _stamped(rows: list[pinning.ThreadRow]) -> list[tuple[int, pinning.ThreadRow]]:
