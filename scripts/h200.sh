@@ -2,6 +2,11 @@
 # Run CoDL on a GPU node that has PyTorch/CUDA but no Snakemake (the lent H200 machine):
 # wheels carried in .whl/ are installed to /tmp/site, the package is used from src/, and `codl`
 # is a shim on PATH. Usage: scripts/h200.sh setup|tests|overhead|apicost|harness|reproduce CONFIG
+#   scripts/h200.sh part CONFIG FROM TO [SECONDS]  runs FROM..TO-1 of the config's runs (plan
+#       order) and stops starting new ones after SECONDS, so that a command with a time limit
+#       ends cleanly (no Snakemake lock, no half-written trace); the next part picks up the rest.
+#   scripts/h200.sh pack CONFIG [FROM TO]   tars every finished run's spec + trace (+ the data-set manifest)
+#       into $OUT/runs.tar.part-* (15 MiB pieces, for a machine that returns files of <= 16 MiB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -40,5 +45,26 @@ case "${1:-}" in
     cfg="${2:-config/config.yaml}"
     snakemake --profile profiles/local --configfile "$cfg" --cores all
     snakemake --profile profiles/local --configfile "$cfg" --report results/report.html ;;
-  *) echo "usage: $0 setup|tests|overhead ARGS|apicost ARGS|harness ARGS|reproduce [CONFIG]" >&2; exit 2 ;;
+  part)
+    cfg="$2"; from="$3"; to="$4"; budget="${5:-540}"
+    snakemake --profile profiles/local --configfile "$cfg" --unlock >/dev/null 2>&1 || true
+    deadline=$(( $(date +%s) + budget ))
+    # One run per Snakemake call: the deadline is checked between runs, never inside one.
+    for id in $(codl plan "$cfg" | awk -F'run_id=' 'NF>1 {split($2, a, " "); print a[1]}' \
+                | awk -v f="$from" -v t="$to" 'NR>f && NR<=t'); do
+      if [ "$(date +%s)" -ge "$deadline" ]; then echo "part: deadline reached before $id"; break; fi
+      snakemake --profile profiles/local --configfile "$cfg" --cores all --rerun-incomplete \
+        "results/runs/$id/trace.h5" >"/tmp/snakemake-$id.log" 2>&1 \
+        && echo "part: $id done ($(date +%T))" \
+        || { echo "part: $id FAILED"; tail -20 "/tmp/snakemake-$id.log"; tail -30 "logs/run/$id.log"; }
+    done ;;
+  pack)
+    cfg="$2"; from="${3:-0}"; to="${4:-1000000}"
+    ids=$(codl plan "$cfg" | awk -F'run_id=' 'NF>1 {split($2, a, " "); print a[1]}' \
+          | awk -v f="$from" -v t="$to" 'NR>f && NR<=t')
+    files=$(for id in $ids; do if [ -f "results/runs/$id/trace.h5" ]; then
+      echo "results/runs/$id/spec.json results/runs/$id/trace.h5 logs/run/$id.log"; fi; done)
+    tar -cf - $files resources/datasets/*/MANIFEST.json | split -b 15M - "$OUT/runs.tar.part-"
+    ls -la "$OUT" ;;
+  *) echo "usage: $0 setup|tests|overhead ARGS|apicost ARGS|harness ARGS|reproduce [CONFIG]|part CONFIG FROM TO [S]|pack CONFIG [FROM TO]" >&2; exit 2 ;;
 esac

@@ -23,11 +23,11 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sized
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -163,9 +163,8 @@ def _seed_worker(placement: pinning.Placement, seed: int, worker_id: int) -> Non
 
 
 def _batches(loader: Any) -> Iterator[Any]:
-    # Epoch boundaries are invisible to the step loop; persistent workers survive them.
-    while True:
-        yield from loader
+    # The sampler never ends (hdata.EndlessShuffle): one iterator, no epoch boundary to drain.
+    return iter(loader)
 
 
 def execute(
@@ -284,11 +283,15 @@ def execute(
                 raise CodlError("no dataset_dir")
             dataset = hdata.dataset_for(workload.dataset_kind.value, dataset_dir, s)
             gen = torch.Generator().manual_seed(spec.seed + env.rank)
+            n_samples = len(cast(Sized, dataset))
+            if n_samples < bs:
+                raise CodlError(
+                    f"data set {dataset_dir} has {n_samples} samples, fewer than one batch of {bs}"
+                )
             loader = torch.utils.data.DataLoader(
                 dataset,
                 batch_size=bs,
-                shuffle=True,
-                generator=gen,
+                sampler=hdata.EndlessShuffle(n_samples, gen),
                 num_workers=spec.loader.workers,
                 prefetch_factor=spec.loader.prefetch_factor,
                 pin_memory=spec.loader.pin_memory and cuda,
@@ -297,11 +300,6 @@ def execute(
                 collate_fn=hdata.collate,
                 worker_init_fn=functools.partial(_seed_worker, placement, spec.seed),
             )
-            if len(loader) == 0:
-                raise CodlError(
-                    f"data set {dataset_dir} has {len(loader.dataset)} samples, fewer than one "
-                    f"batch of {bs}"
-                )
         batches = _batches(loader) if loader is not None else None
         comm_buckets = _bucket_sizes(model, spec.layout.bucket_cap_mb) if mode is Mode.COMM else []
         comm_tensors = prepare_tensors(comm_buckets, spec, device)

@@ -1,0 +1,91 @@
+"""The GPU configs under the Slurm profile, without a cluster: a dry-run resolves every job's
+resources, so a config that would submit the wrong shape of job fails here, on any machine."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from codl.config import build_plan, load_yaml
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Snakemake's dry-run prints one block per job; the `resources:` line of a run job holds what the
+# Slurm plugin turns into sbatch flags (tasks -> --ntasks, gpu + tasks_per_gpu -> --gpus and
+# --ntasks-per-gpu, mpi=srun -> one srun step that starts every rank).
+_JOB = re.compile(r"^rule (\w+):\n(.*?)(?=^\[|\Z)", re.S | re.M)
+_RESOURCES = re.compile(r"^\s+resources: (.*)$", re.M)
+
+
+def dry_run(config: Path, workdir: Path) -> str:
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env.pop("CODL_SLURM_PARTITION", None)
+    env.pop("CODL_SLURM_ACCOUNT", None)
+    cmd = [
+        str(Path(sys.executable).parent / "snakemake"),
+        "-s",
+        str(REPO / "Snakefile"),
+        "-d",
+        str(workdir),
+        "--configfile",
+        str(config),
+        "--profile",
+        str(REPO / "profiles" / "slurm"),
+        "--dry-run",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    return out
+
+
+def run_job_resources(log: str) -> list[dict[str, str]]:
+    jobs = []
+    for rule, body in _JOB.findall(log):
+        if rule != "run":
+            continue
+        m = _RESOURCES.search(body)
+        assert m, body
+        pairs = (item.split("=", 1) for item in m.group(1).split(", "))
+        jobs.append({k: v for k, v in pairs})
+    return jobs
+
+
+def test_two_gpu_config_submits_one_two_task_job_per_run(tmp_path: Path) -> None:
+    config = REPO / "config" / "h200x2.yaml"
+    plan = build_plan(load_yaml(config), source=str(config))
+    jobs = run_job_resources(dry_run(config, tmp_path))
+    assert len(jobs) == len(plan.specs) > 0
+    for res in jobs:
+        # One node, one task per rank, one GPU per task, the ranks started by one srun step.
+        assert res["nodes"] == "1"
+        assert res["tasks"] == "2"
+        assert res["gpu"] == "2"
+        assert res["tasks_per_gpu"] == "1"
+        assert res["mpi"] == "srun"
+        assert res["cpus_per_task"] == "16"
+
+
+def test_two_gpu_config_meets_the_reproduction_minimums() -> None:
+    config = REPO / "config" / "h200x2.yaml"
+    specs = list(build_plan(load_yaml(config), source=str(config)).specs.values())
+    assert all(s.steps.measured >= 200 for s in specs)
+    assert all(s.layout.world_size == 2 and s.layout.backend.value == "nccl" for s in specs)
+    # Every (mode, policy, workers, CUPTI level) combination has at least 3 repeats.
+    combos: dict[tuple[object, ...], int] = {}
+    for s in specs:
+        key = (s.mode, s.pinning.policy, s.loader.workers, s.trace.cuda_api)
+        combos[key] = combos.get(key, 0) + 1
+    assert min(combos.values()) >= 3, combos
+    # Worker counts under and over the 16 cores of a rank.
+    workers = {s.loader.workers for s in specs if s.mode.loads}
+    assert min(workers) < 16 < max(workers)
+    assert any(s.trace.cuda_api for s in specs)
