@@ -4,15 +4,22 @@ CUPTI on a GPU and checks the shim's struct against cupti_callbacks.h.)"""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
+import subprocess
+import sys
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
 
+from codl.analysis import calls as calls_analysis
 from codl.errors import CodlError
 from codl.trace import cuda_api
 
@@ -43,6 +50,7 @@ class Shim:
         self.lib = ctypes.CDLL(str(cuda_api.build_shim()))
         self.lib.codl_init.argtypes = [ctypes.c_uint64]
         self.lib.codl_arm.argtypes = [ctypes.c_int]
+        self.lib.codl_set_sched.argtypes = [ctypes.c_int]
         self.lib.codl_claimed.restype = ctypes.c_uint64
         self.lib.codl_written.restype = ctypes.c_uint64
         self.lib.codl_records.restype = ctypes.c_void_p
@@ -54,6 +62,7 @@ class Shim:
         ]
         assert self.lib.codl_init(capacity) == 0
         self.capacity = capacity
+        self.lib.codl_set_sched(0)  # the library is shared by every Shim of this process
         self.lib.codl_arm(1)
 
     def call(self, domain: int, cbid: int, correlation: int, inner: Any = None) -> None:
@@ -247,3 +256,131 @@ def test_an_unloadable_libcupti_is_named(monkeypatch: pytest.MonkeyPatch) -> Non
     assert cuda_api.find_cupti() == os.devnull
     with pytest.raises(CodlError, match=f"cannot load libcupti {os.devnull}"):
         cuda_api.ApiTracer(capacity=8)
+
+
+def test_without_sched_evidence_the_evidence_columns_say_not_measured() -> None:
+    shim = Shim(4)
+    in_thread(lambda: shim.call(cuda_api.DOMAIN_RUNTIME, LAUNCH, 1))
+    (rec,) = shim.records()
+    assert rec["thread_cpu_ns"] == -1
+    assert (rec["voluntary"], rec["involuntary"]) == (-1, -1)
+    assert (rec["cpu_entry"], rec["cpu_exit"]) == (-1, -1)
+
+
+def test_sched_evidence_covers_the_call_and_not_what_lies_between_calls() -> None:
+    shim = Shim(4)
+    shim.lib.codl_set_sched(1)
+    cpu_ns = 20_000_000
+
+    def run() -> None:
+        shim.call(cuda_api.DOMAIN_RUNTIME, LAUNCH, 1, inner=lambda: spin_cpu(cpu_ns))
+        time.sleep(0.03)  # between calls: off CPU, but in no call
+        shim.call(cuda_api.DOMAIN_RUNTIME, LAUNCH, 2)
+
+    in_thread(run)
+    spun, short = shim.records()
+    wall = int(spun["end_ns"] - spun["start_ns"])
+    assert cpu_ns <= spun["thread_cpu_ns"] <= wall + 2_000_000
+    if wall - spun["thread_cpu_ns"] > 1_000_000:  # off CPU for a while: it must say why
+        assert spun["voluntary"] + spun["involuntary"] >= 1
+    # The sleep between the calls is not charged to the second call.
+    assert short["voluntary"] == 0
+    assert 0 <= short["thread_cpu_ns"] < 5_000_000
+    assert 0 <= short["cpu_entry"] < os.cpu_count()  # type: ignore[operator]
+    assert 0 <= short["cpu_exit"] < os.cpu_count()  # type: ignore[operator]
+
+
+def spin_cpu(ns: int) -> None:
+    # Until the thread itself has used `ns` of CPU, however long the machine makes that take.
+    end = time.thread_time_ns() + ns
+    while time.thread_time_ns() < end:
+        pass
+
+
+def spin(ns: int) -> None:
+    # Busy in Python without a syscall (monotonic is vDSO): runnable for the whole interval.
+    end = time.monotonic_ns() + ns
+    while time.monotonic_ns() < end:
+        pass
+
+
+@contextlib.contextmanager
+def cpu_hog(cpu: int) -> Iterator[None]:
+    """A separate process spinning on ``cpu``: it competes for the CPU without the GIL."""
+    code = (
+        f"import os, sys\nos.sched_setaffinity(0, {{{cpu}}})\nprint('ready', flush=True)\n"
+        "while True:\n    pass\n"
+    )
+    hog = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert hog.stdout is not None and hog.stdout.readline().strip() == "ready"
+        yield
+    finally:
+        hog.kill()
+        hog.wait()
+
+
+def planted_calls(shim: Shim) -> dict[str, np.ndarray[Any, np.dtype[Any]]]:
+    """Calls on one thread: fast ones, one spinning while a hog shares its only CPU
+    (preempted) and one sleeping (blocked). Returns the records by what was planted."""
+    cpu = sorted(os.sched_getaffinity(0))[0]
+
+    def preempted() -> None:
+        os.sched_setaffinity(0, {cpu})  # this thread only
+        with cpu_hog(cpu):
+            shim.call(cuda_api.DOMAIN_RUNTIME, LAUNCH, 1, inner=lambda: spin(150_000_000))
+
+    def blocked() -> None:
+        shim.call(cuda_api.DOMAIN_RUNTIME, LAUNCH, 2, inner=lambda: time.sleep(0.06))
+
+    def fast() -> None:
+        for i in range(20):
+            shim.call(cuda_api.DOMAIN_RUNTIME, LAUNCH, 100 + i)
+
+    shim.lib.codl_set_sched(1)
+    in_thread(fast)
+    in_thread(preempted)
+    # A stray preemption around the sleep (2 CPUs shared with other jobs) would plant a mixed
+    # call, not a blocked one: that is the machine, not the shim; try the planting again.
+    for _ in range(3):
+        in_thread(blocked)
+        rec = shim.records()
+        if rec[-1]["involuntary"] == 0:
+            break
+    return {"fast": rec[:20], "preempted": rec[20:21], "blocked": rec[-1:]}
+
+
+def test_a_call_preempted_by_a_hog_on_its_cpu_and_a_sleeping_call_leave_their_evidence() -> None:
+    rec = planted_calls(Shim(32))
+    (pre,), (blk,) = rec["preempted"], rec["blocked"]
+    pre_wall = int(pre["end_ns"] - pre["start_ns"])
+    pre_off = pre_wall - int(pre["thread_cpu_ns"])
+    assert pre["involuntary"] >= 1 and pre["voluntary"] == 0
+    assert pre_off >= 0.2 * pre_wall  # the hog had about half of the CPU
+    assert pre["cpu_entry"] == pre["cpu_exit"] == sorted(os.sched_getaffinity(0))[0]
+    blk_wall = int(blk["end_ns"] - blk["start_ns"])
+    assert blk["voluntary"] >= 1 and blk["involuntary"] == 0
+    assert blk_wall - int(blk["thread_cpu_ns"]) >= 50_000_000
+    assert int(blk["thread_cpu_ns"]) < 5_000_000
+
+
+def test_the_planted_calls_are_classed_preempted_and_blocked() -> None:
+    planted = planted_calls(Shim(32))
+    rec = np.concatenate([planted["fast"], planted["preempted"], planted["blocked"]])
+    names = {(cuda_api.DOMAIN_RUNTIME, LAUNCH): "cudaLaunchKernel"}
+    calls = pd.DataFrame(cuda_api.to_rows(rec, names, _Spans([])))
+    evidence = pd.DataFrame(cuda_api.sched_rows(rec, 0))  # rank 0: no step spans
+    table = calls_analysis.attribute_calls(
+        calls,
+        evidence,
+        run="planted",
+        rule=calls_analysis.SlowCallRule(threshold_ns=10_000_000),
+    )
+    assert len(table) == 2  # the fast calls are not slow
+    by_start = table.set_index("start_ns")
+    pre = by_start.loc[int(planted["preempted"][0]["start_ns"])]
+    blk = by_start.loc[int(planted["blocked"][0]["start_ns"])]
+    assert pre["class"] == "preempted" and blk["class"] == "blocked"
+    assert pre["preempted_ns"] >= 0.2 * pre["duration_ns"] and pre["blocked_ns"] == 0
+    assert blk["blocked_ns"] >= 50_000_000 and blk["preempted_ns"] == 0
+    assert pre["cpu"] == sorted(os.sched_getaffinity(0))[0]
