@@ -10,12 +10,20 @@
  * cheaper than Kineto. Python subscribes to CUPTI through ctypes and reads the buffer after
  * the run, so this file needs no CUDA or CUPTI headers and builds with any C compiler.
  *
- * With scheduling evidence on (codl_set_sched, trace.cuda_api_sched), entry and exit also read
- * the calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID), its voluntary and involuntary
- * context-switch counts (getrusage(RUSAGE_THREAD)) and its CPU (sched_getcpu), and the record
- * keeps the differences: how long the thread was off CPU during the call, and why it left.
- * Those are syscalls (two per end; sched_getcpu is rseq/vDSO), read outside the two
- * CLOCK_MONOTONIC stamps so that the recorded latency does not include them.
+ * With scheduling evidence on (codl_set_sched, trace.cuda_api_sched), the record also keeps,
+ * between entry and exit, the calling thread's voluntary and involuntary context switches
+ * (getrusage(RUSAGE_THREAD)), its CPU time (CLOCK_THREAD_CPUTIME_ID) and its CPU at both ends
+ * (sched_getcpu, rseq/vDSO): how long the thread was off CPU during the call, and why it left.
+ *
+ * The CPU clock is the expensive read (a syscall that locks the run queue: ~0.8 us in a VM,
+ * against ~0.45 us for getrusage), so it is read only when a switch happened. A thread that did
+ * not switch out was on CPU the whole time, so its CPU time over any switch-free interval equals
+ * the wall time: each thread keeps a baseline (CPU clock, monotonic time, switch counts) and
+ * while the counts have not moved, CPU time at any instant is baseline CPU + elapsed wall time.
+ * Per call that is one getrusage at entry and one at exit; the CPU clock (once or twice) only
+ * for calls that switched or follow a switch. (Interrupts and hypervisor steal are not switches:
+ * counted as on-CPU either way.) The reads lie outside the two CLOCK_MONOTONIC stamps, so the
+ * recorded latency does not include them.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -61,11 +69,18 @@ typedef struct {
     int32_t pad_; /* explicit, so that Python's dtype and this struct agree byte for byte */
 } codl_record;
 
-/* What entry saw, until exit: CUPTI's correlation slot holds only the start stamp. */
+/* A moment of a thread: switch counts, and its CPU time at monotonic time `mono_ns`. */
 typedef struct {
     int64_t thread_cpu_ns;
+    int64_t mono_ns;
     int64_t voluntary;
     int64_t involuntary;
+    int32_t valid;
+} codl_moment;
+
+/* What entry saw, until exit: CUPTI's correlation slot holds only the start stamp. */
+typedef struct {
+    codl_moment base; /* the thread's baseline at entry: CPU time there + wall time since */
     int32_t cpu;
     int32_t valid;
 } codl_entry;
@@ -84,6 +99,8 @@ static _Atomic int sched_on;
 static __thread int runtime_depth;
 static __thread int32_t cached_tid;
 static __thread codl_entry entries[CODL_MAX_DEPTH];
+/* Last moment the CPU clock was read; valid while the switch counts have not moved since. */
+static __thread codl_moment baseline;
 
 static inline int64_t now_ns(void) {
     struct timespec ts;
@@ -99,14 +116,30 @@ static inline int64_t thread_cpu_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-static inline void read_sched(codl_entry *e) {
+static inline int read_switches(int64_t *voluntary, int64_t *involuntary) {
     struct rusage ru;
-    e->valid = getrusage(RUSAGE_THREAD, &ru) == 0;
-    e->voluntary = ru.ru_nvcsw;
-    e->involuntary = ru.ru_nivcsw;
-    e->thread_cpu_ns = thread_cpu_ns();
-    e->valid = e->valid && e->thread_cpu_ns >= 0;
-    e->cpu = sched_getcpu();
+    if (getrusage(RUSAGE_THREAD, &ru) != 0) return 0;
+    *voluntary = ru.ru_nvcsw;
+    *involuntary = ru.ru_nivcsw;
+    return 1;
+}
+
+/* Makes `baseline` current (reading the CPU clock) unless no switch happened since it and it
+ * is recent. Recent, because interrupt and steal time are wall time the thread clock may not
+ * count (IRQ_TIME_ACCOUNTING, paravirt steal): at ~0.2 % of a CPU, a baseline at most
+ * CODL_BASELINE_NS old puts at most ~20 us of them into a call's CPU time. */
+enum { CODL_BASELINE_NS = 10000000 };
+
+static inline int refresh_baseline(int64_t voluntary, int64_t involuntary) {
+    if (baseline.valid && baseline.voluntary == voluntary && baseline.involuntary == involuntary &&
+        now_ns() - baseline.mono_ns < CODL_BASELINE_NS)
+        return 1;
+    baseline.thread_cpu_ns = thread_cpu_ns();
+    baseline.mono_ns = now_ns();
+    baseline.voluntary = voluntary;
+    baseline.involuntary = involuntary;
+    baseline.valid = baseline.thread_cpu_ns >= 0;
+    return baseline.valid;
 }
 
 int codl_init(uint64_t n) {
@@ -160,32 +193,48 @@ void codl_cupti_callback(void *userdata, int32_t domain, uint32_t cbid, const vo
     int sched = atomic_load_explicit(&sched_on, memory_order_relaxed);
     if (cb->callback_site != CODL_API_EXIT) {
         if (slot != NULL) {
-            slot->valid = 0;
-            if (sched) read_sched(slot);
+            int64_t v, iv;
+            slot->valid = sched && read_switches(&v, &iv) && refresh_baseline(v, iv);
+            slot->base = baseline;
+            slot->cpu = sched_getcpu();
         }
-        *cb->correlation_data = (uint64_t)now_ns(); /* last: the latency excludes read_sched */
+        *cb->correlation_data = (uint64_t)now_ns(); /* last: the latency excludes the reads */
         return;
     }
     int64_t end = now_ns(); /* first, for the same reason */
-    codl_entry at_exit = {0};
-    int have = sched && slot != NULL && slot->valid;
-    if (have) read_sched(&at_exit);
-    have = have && at_exit.valid;
+    int64_t start = (int64_t)*cb->correlation_data;
+    int64_t call_cpu = -1, voluntary = -1, involuntary = -1;
+    int32_t cpu_exit = -1;
+    if (sched && slot != NULL && slot->valid && read_switches(&voluntary, &involuntary)) {
+        voluntary -= slot->base.voluntary;
+        involuntary -= slot->base.involuntary;
+        /* Entry's baseline had the entry counts: nothing moved between it and `start`. */
+        int64_t cpu_at_start = slot->base.thread_cpu_ns + (start - slot->base.mono_ns);
+        if (voluntary == 0 && involuntary == 0) {
+            call_cpu = end - start; /* never switched out: on CPU throughout */
+        } else if (refresh_baseline(voluntary + slot->base.voluntary,
+                                    involuntary + slot->base.involuntary)) {
+            call_cpu = baseline.thread_cpu_ns - cpu_at_start;
+        } else {
+            voluntary = involuntary = -1;
+        }
+        cpu_exit = sched_getcpu();
+    }
     uint64_t i = atomic_fetch_add_explicit(&claimed, 1, memory_order_relaxed);
     if (i >= capacity) return; /* counted as dropped: claimed - capacity */
     if (cached_tid == 0) cached_tid = (int32_t)syscall(SYS_gettid);
     codl_record *r = &records[i];
-    r->start_ns = (int64_t)*cb->correlation_data;
+    r->start_ns = start;
     r->end_ns = end;
     r->tid = cached_tid;
     r->domain = (uint32_t)domain;
     r->cbid = cbid;
     r->correlation = cb->correlation_id;
-    r->thread_cpu_ns = have ? at_exit.thread_cpu_ns - slot->thread_cpu_ns : -1;
-    r->voluntary = have ? (int32_t)(at_exit.voluntary - slot->voluntary) : -1;
-    r->involuntary = have ? (int32_t)(at_exit.involuntary - slot->involuntary) : -1;
-    r->cpu_entry = (int16_t)(have ? slot->cpu : -1);
-    r->cpu_exit = (int16_t)(have ? at_exit.cpu : -1);
+    r->thread_cpu_ns = voluntary >= 0 ? call_cpu : -1;
+    r->voluntary = (int32_t)voluntary;
+    r->involuntary = (int32_t)involuntary;
+    r->cpu_entry = (int16_t)(voluntary >= 0 ? slot->cpu : -1);
+    r->cpu_exit = (int16_t)(voluntary >= 0 ? cpu_exit : -1);
     r->pad_ = 0;
     if (slot != NULL) slot->valid = 0; /* an exit without a fresh entry must not reuse it */
     atomic_fetch_add_explicit(&written, 1, memory_order_release);
