@@ -8,8 +8,8 @@ the GPU, no loader: the question is the cost on the launch path):
                what is left is CUPTI's own cost of dispatching it;
   callbacks    codl's `cuda_api` level: CUPTI callback API on launch/memcpy/memset/sync only,
                a C callback stamping entry and exit (src/codl/trace/cuda_api_shim.c);
-  callbacks-sched  the same with `trace.cuda_api_sched`: each call's thread CPU time and
-               context-switch counts read at entry and exit (four syscalls per call);
+  callbacks-sched  the same with `trace.cuda_api_sched`: each call's context-switch counts
+               read at entry and exit (getrusage), the thread CPU clock only after a switch;
   kineto-cuda  torch.profiler with ProfilerActivity.CUDA only (CUPTI activity API: runtime
                calls and kernels, no PyTorch operator recording);
   kineto       torch.profiler with CPU and CUDA activities (what the `cupti` level uses).

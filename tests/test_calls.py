@@ -4,6 +4,7 @@ into preempted / blocked / on-CPU time, the per-run summary and the CPU peers.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 
 from codl.analysis import calls
 from codl.analysis.calls import CallClass, SlowCallRule, split_excess
+from codl.trace.store import TraceWriter
 
 US = 1_000
 LAUNCH_TID, AUTOGRAD_TID = 11, 12
@@ -279,3 +281,36 @@ def test_threads_that_ran_on_the_callers_cpu_between_the_bracketing_samples_are_
 )
 def test_cpulists(text: str, cpus: set[int]) -> None:
     assert calls.parse_cpulist(text) == cpus
+
+
+def write_trace(path: Path, run_id: str, tables: dict[str, pd.DataFrame]) -> Path:
+    with TraceWriter(path) as w:
+        w.set_attrs(run_id=run_id, warmup_steps=1, spec="{}")
+        for name, frame in tables.items():
+            w.append(name, {c: frame[c].tolist() for c in frame.columns})
+        return w.finish()
+
+
+def test_traces_on_disk_give_the_same_table_measured_steps_only(tmp_path: Path) -> None:
+    run, evidence, twin = synthetic_run(np.random.default_rng(5))
+    warm = run.index[:30]  # warm-up calls, one of them very slow: never attributed
+    run.loc[warm, "step"] = 0
+    run.loc[warm[0], "end_ns"] += 50_000 * US
+    run.loc[run.index[30:], "step"] = 1
+    twin["step"] = 1
+    threads = THREADS.assign(rank=1)
+    path = write_trace(
+        tmp_path / "run ü.h5",
+        "r1",
+        {"events/cuda": run, "events/cuda_sched": evidence, "threads": threads},
+    )
+    twin_path = write_trace(tmp_path / "twin.h5", "t1", {"events/cuda": twin})
+    table = calls.attribute_trace(path, twin_path)
+    expected = calls.attribute_calls(
+        run[run["step"] >= 1], evidence, run="r1", twin=twin, threads=threads
+    )
+    assert len(table) == len(PLANTED)
+    cols = ["start_ns", "excess_ns", "preempted_ns", "blocked_ns", "on_cpu_ns", "class", "role"]
+    pd.testing.assert_frame_equal(
+        table[cols].reset_index(drop=True), expected[cols].reset_index(drop=True)
+    )

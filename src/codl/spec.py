@@ -185,7 +185,7 @@ class TraceSpec:
     latency of every launch, memcpy/memset and synchronisation call on every step) is the cheap
     way to get per-call runtime API latency. CUPTI takes one subscriber: they exclude each other.
     `cuda_api_sched` adds each call's scheduling evidence (thread CPU time, voluntary and
-    involuntary context switches): four syscalls per call, so off unless asked for."""
+    involuntary context switches): two syscalls per call, so off unless asked for."""
 
     app: bool = True
     loader: bool = True

@@ -45,11 +45,14 @@ from __future__ import annotations
 import dataclasses
 import enum
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
+
+from codl.trace.store import open_trace
 
 API_KINDS = ("runtime", "sync")
 EVIDENCE_KEYS = ["rank", "tid", "correlation", "start_ns"]
@@ -346,6 +349,29 @@ def attribute_calls(
             }
         )
     return pd.DataFrame(rows, columns=list(CALL_COLUMNS))
+
+
+def attribute_trace(
+    trace_path: Path, twin_path: Path | None = None, *, rule: SlowCallRule | None = None
+) -> pd.DataFrame:
+    """``attribute_calls`` for one rank's trace (and its twin's), measured steps only: warm-up
+    holds the subscription, autotuning and first-touch allocations, which no twin repeats."""
+    with open_trace(trace_path) as t:
+        run = str(t.attrs["run_id"])
+        cuda = _measured(t.table("events/cuda"), int(t.attrs.get("warmup_steps", 0)))
+        evidence = t.table("events/cuda_sched")
+        threads, samples = t.table("threads"), t.table("samples/sched")
+    twin = None
+    if twin_path is not None:
+        with open_trace(twin_path) as w:
+            twin = _measured(w.table("events/cuda"), int(w.attrs.get("warmup_steps", 0)))
+    return attribute_calls(
+        cuda, evidence, run=run, twin=twin, threads=threads, sched_samples=samples, rule=rule
+    )
+
+
+def _measured(cuda: pd.DataFrame, warmup: int) -> pd.DataFrame:
+    return cuda[cuda["step"] >= warmup]
 
 
 def summarize_calls(table: pd.DataFrame) -> pd.DataFrame:

@@ -19,7 +19,8 @@ CUPTI admits one callback subscriber per process: this level and `cupti` exclude
 ``trace.cuda_api_sched`` adds scheduling evidence to every call (``events/cuda_sched``): the
 calling thread's CPU time and its voluntary/involuntary context switches between entry and exit,
 and its CPU at both ends. ``codl.analysis.calls`` turns those into preempted / blocked / on-CPU
-shares of each slow call. It costs four syscalls per call (read outside the latency stamps).
+shares of each slow call. It costs a getrusage at entry and at exit of every call, plus the
+thread CPU clock after a context switch (all outside the latency stamps; see the shim).
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@
  * the wall time: each thread keeps a baseline (CPU clock, monotonic time, switch counts) and
  * while the counts have not moved, CPU time at any instant is baseline CPU + elapsed wall time.
  * Per call that is one getrusage at entry and one at exit; the CPU clock (once or twice) only
- * for calls that switched or follow a switch. (Interrupts and hypervisor steal are not switches:
- * counted as on-CPU either way.) The reads lie outside the two CLOCK_MONOTONIC stamps, so the
+ * for calls that switched or follow a switch, or when the baseline is older than max_age_ns.
+ * (Interrupts and hypervisor steal are not switches: counted as on-CPU time.) The reads lie outside the two CLOCK_MONOTONIC stamps, so the
  * recorded latency does not include them.
  */
 #ifndef _GNU_SOURCE
@@ -125,14 +125,19 @@ static inline int read_switches(int64_t *voluntary, int64_t *involuntary) {
 }
 
 /* Makes `baseline` current (reading the CPU clock) unless no switch happened since it and it
- * is recent. Recent, because interrupt and steal time are wall time the thread clock may not
- * count (IRQ_TIME_ACCOUNTING, paravirt steal): at ~0.2 % of a CPU, a baseline at most
- * CODL_BASELINE_NS old puts at most ~20 us of them into a call's CPU time. */
-enum { CODL_BASELINE_NS = 10000000 };
+ * is recent. Recent, because interrupt and hypervisor steal time are wall time that the thread
+ * clock does not count (IRQ_TIME_ACCOUNTING, paravirt steal), and carrying the baseline forward
+ * counts them as CPU time: a baseline at most max_age_ns old bounds that error by the interrupt
+ * and steal time of max_age_ns. 1 ms: one extra clock read per ms and thread (< 0.1 % of a
+ * CPU); in a busy 2-vCPU VM, steal reached ~130 us over 2 ms, on bare metal interrupts take
+ * ~0.1-1 % of a CPU (1-10 us per ms). */
+static _Atomic int64_t max_age_ns = 1000000;
+
+void codl_set_baseline_age(int64_t ns) { atomic_store(&max_age_ns, ns); }
 
 static inline int refresh_baseline(int64_t voluntary, int64_t involuntary) {
     if (baseline.valid && baseline.voluntary == voluntary && baseline.involuntary == involuntary &&
-        now_ns() - baseline.mono_ns < CODL_BASELINE_NS)
+        now_ns() - baseline.mono_ns < atomic_load_explicit(&max_age_ns, memory_order_relaxed))
         return 1;
     baseline.thread_cpu_ns = thread_cpu_ns();
     baseline.mono_ns = now_ns();
@@ -214,7 +219,10 @@ void codl_cupti_callback(void *userdata, int32_t domain, uint32_t cbid, const vo
             call_cpu = end - start; /* never switched out: on CPU throughout */
         } else if (refresh_baseline(voluntary + slot->base.voluntary,
                                     involuntary + slot->base.involuntary)) {
+            /* Steal or interrupts carried into cpu_at_start can make this negative; the
+             * record's -1 means "not measured", so a physical floor of 0 it is. */
             call_cpu = baseline.thread_cpu_ns - cpu_at_start;
+            if (call_cpu < 0) call_cpu = 0;
         } else {
             voluntary = involuntary = -1;
         }
