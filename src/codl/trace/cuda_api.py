@@ -309,10 +309,9 @@ def sched_rows(
     rec = _kept(rec, armed_at)
     n = rec.size
     cols["rank"] = [rank] * n
-    for name in ("tid", "correlation", "start_ns", "end_ns", "thread_cpu_ns"):
-        cols[name] = rec[name].astype(np.int64).tolist()
-    for name in ("voluntary", "involuntary", "cpu_entry", "cpu_exit"):
-        cols[name] = rec[name].astype(np.int64).tolist()
+    for name in cols:
+        if name != "rank":  # every other column is the record field of the same name
+            cols[name] = rec[name].astype(np.int64).tolist()
     return cols
 
 
