@@ -294,12 +294,12 @@ def table(df: Any, variants: list[str]) -> Any:
         )
     res = pd.DataFrame(out)
     print(
-        f"\n{'variant':14s} {'rounds':>6s} {'step ms':>8s} {'ratio':>7s} {'95% CI':>17s} "
+        f"\n{'variant':16s} {'rounds':>6s} {'step ms':>8s} {'ratio':>7s} {'95% CI':>17s} "
         f"{'launch p50 us':>13s} {'calls/step':>10s} {'switched %':>10s} {'off-CPU us':>10s}"
     )
     for r in res.itertuples():
         print(
-            f"{r.variant:14s} {r.rounds:6d} {r.step_ms:8.3f} {r.ratio:7.4f} "
+            f"{r.variant:16s} {r.rounds:6d} {r.step_ms:8.3f} {r.ratio:7.4f} "
             f"[{r.ci_low:.4f}, {r.ci_high:.4f}] {r.launch_us_p50:13.2f} "
             f"{r.api_calls_per_step:10.0f} {r.switched_pct:10.3f} {r.off_cpu_us_mean:10.3f}"
         )
@@ -378,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
             res = json.loads(proc.stdout.strip().splitlines()[-1])
             rows.append({"round": r, "order": order, **res})
             print(
-                f"round {r} {v:12s} step {res['step_ms_median']:.3f} ms  "
+                f"round {r} {v:15s} step {res['step_ms_median']:.3f} ms  "
                 f"launch p50 {res['launch_us_p50']:.2f} us  {res['api_calls_per_step']:.0f} calls"
             )
         # Written after every round: a run cut short still leaves what it measured.
