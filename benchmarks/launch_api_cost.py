@@ -323,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         help="time the shim's callback per call on the CPU (no GPU needed) and exit",
     )
     p.add_argument("--shim-calls", type=int, default=200_000)
+    p.add_argument("--shim-csv", type=Path, default=Path("benchmarks/results/shim_cost.csv"))
     p.add_argument(
         "--pool",
         type=Path,
@@ -331,8 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     if args.shim_cost:
-        shim_cost(args.shim_calls, args.rounds).to_csv(args.csv, index=False)
-        print(f"wrote {args.csv}")
+        args.shim_csv.parent.mkdir(parents=True, exist_ok=True)
+        shim_cost(args.shim_calls, args.rounds).to_csv(args.shim_csv, index=False)
+        print(f"wrote {args.shim_csv}")
         return 0
     if args.pool:
         import pandas as pd
