@@ -298,10 +298,6 @@ def test_cpu_time_at_entry_is_carried_from_the_last_clock_read_while_nothing_swi
     """The shim reads the CPU clock only after a switch; in between, CPU time advances with
     wall time. A call that sleeps after 1.5 ms of switch-free spinning must be charged ~0 CPU."""
 
-    def switches() -> tuple[int, int]:
-        ru = resource.getrusage(resource.RUSAGE_THREAD)
-        return ru.ru_nvcsw, ru.ru_nivcsw
-
     def attempt() -> tuple[np.ndarray[Any, np.dtype[Any]], bool]:
         shim = Shim(64)
         shim.lib.codl_set_sched(1)
@@ -333,6 +329,44 @@ def test_cpu_time_at_entry_is_carried_from_the_last_clock_read_while_nothing_swi
     assert slept["voluntary"] >= 1
     # Not the 1.5 ms spun before the call; 0 when steal carried in exceeded its CPU time.
     assert 0 <= slept["thread_cpu_ns"] < 1_000_000
+
+
+def test_a_call_that_outlasts_a_nested_switching_call_is_charged_its_later_cpu_time() -> None:
+    """An inner call that slept leaves a fresh baseline with the new switch counts; the outer
+    call's exit sees the same counts, yet must read the clock, not carry the inner's baseline
+    back to before its own 1 ms of spinning."""
+
+    def attempt() -> tuple[np.ndarray[Any, np.dtype[Any]], bool]:
+        shim = Shim(8)
+        shim.lib.codl_set_sched(1)
+        shim.lib.codl_set_baseline_age(10_000_000)  # the spin must not age the baseline out
+        quiet: list[bool] = []
+
+        def body() -> None:
+            shim.call(cuda_api.DOMAIN_RUNTIME, SYNC, 2, inner=lambda: time.sleep(0.01))
+            before = switches()
+            spin_cpu(1_000_000)
+            quiet.append(switches() == before)
+
+        in_thread(lambda: shim.call(cuda_api.DOMAIN_RUNTIME, LAUNCH, 1, inner=body))
+        return shim.records(), quiet[0]
+
+    # Only a spin that nothing preempted leaves the counts where the inner call left them.
+    for _ in range(20):
+        rec, quiet = attempt()
+        if quiet:
+            break
+    assert quiet, "every spin was preempted: the machine is too busy to plant this"
+    inner, outer = rec  # exits in order: the inner call first
+    assert (inner["correlation"], outer["correlation"]) == (2, 1)
+    assert inner["voluntary"] >= 1 and outer["voluntary"] >= inner["voluntary"]
+    assert outer["thread_cpu_ns"] >= 1_000_000
+    assert outer["thread_cpu_ns"] <= outer["end_ns"] - outer["start_ns"] + 1_000_000
+
+
+def switches() -> tuple[int, int]:
+    ru = resource.getrusage(resource.RUSAGE_THREAD)
+    return ru.ru_nvcsw, ru.ru_nivcsw
 
 
 def spin_cpu(ns: int) -> None:

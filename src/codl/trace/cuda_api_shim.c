@@ -124,27 +124,33 @@ static inline int read_switches(int64_t *voluntary, int64_t *involuntary) {
     return 1;
 }
 
-/* Makes `baseline` current (reading the CPU clock) unless no switch happened since it and it
- * is recent. Recent, because interrupt and hypervisor steal time are wall time that the thread
- * clock does not count (IRQ_TIME_ACCOUNTING, paravirt steal), and carrying the baseline forward
- * counts them as CPU time: a baseline at most max_age_ns old bounds that error by the interrupt
- * and steal time of max_age_ns. 1 ms: one extra clock read per ms and thread (< 0.1 % of a
- * CPU); in a busy 2-vCPU VM, steal reached ~130 us over 2 ms, on bare metal interrupts take
- * ~0.1-1 % of a CPU (1-10 us per ms). */
+/* The thread's baseline is carried forward only while recent, because interrupt and hypervisor
+ * steal time are wall time that the thread clock does not count (IRQ_TIME_ACCOUNTING, paravirt
+ * steal), and carrying counts them as CPU time: a baseline at most max_age_ns old bounds that
+ * error by the interrupt and steal time of max_age_ns. 1 ms: one extra clock read per ms and
+ * thread (< 0.1 % of a CPU); in a busy 2-vCPU VM, steal reached ~130 us over 2 ms, on bare
+ * metal interrupts take ~0.1-1 % of a CPU (1-10 us per ms). */
 static _Atomic int64_t max_age_ns = 1000000;
 
 void codl_set_baseline_age(int64_t ns) { atomic_store(&max_age_ns, ns); }
 
-static inline int refresh_baseline(int64_t voluntary, int64_t involuntary) {
-    if (baseline.valid && baseline.voluntary == voluntary && baseline.involuntary == involuntary &&
-        now_ns() - baseline.mono_ns < atomic_load_explicit(&max_age_ns, memory_order_relaxed))
-        return 1;
+/* Reads the CPU clock: the baseline is now, with these switch counts. */
+static inline int take_baseline(int64_t voluntary, int64_t involuntary) {
     baseline.thread_cpu_ns = thread_cpu_ns();
     baseline.mono_ns = now_ns();
     baseline.voluntary = voluntary;
     baseline.involuntary = involuntary;
     baseline.valid = baseline.thread_cpu_ns >= 0;
     return baseline.valid;
+}
+
+/* Makes the baseline current: carried when no switch happened since it and it is recent,
+ * read afresh otherwise. */
+static inline int refresh_baseline(int64_t voluntary, int64_t involuntary) {
+    if (baseline.valid && baseline.voluntary == voluntary && baseline.involuntary == involuntary &&
+        now_ns() - baseline.mono_ns < atomic_load_explicit(&max_age_ns, memory_order_relaxed))
+        return 1;
+    return take_baseline(voluntary, involuntary);
 }
 
 int codl_init(uint64_t n) {
@@ -217,8 +223,10 @@ void codl_cupti_callback(void *userdata, int32_t domain, uint32_t cbid, const vo
         int64_t cpu_at_start = slot->base.thread_cpu_ns + (start - slot->base.mono_ns);
         if (voluntary == 0 && involuntary == 0) {
             call_cpu = end - start; /* never switched out: on CPU throughout */
-        } else if (refresh_baseline(voluntary + slot->base.voluntary,
-                                    involuntary + slot->base.involuntary)) {
+        } else if (take_baseline(voluntary + slot->base.voluntary,
+                                 involuntary + slot->base.involuntary)) {
+            /* Always a fresh read here: a nested call may have left a baseline with these very
+             * counts, but from its own exit, before the rest of this call ran. */
             /* Steal or interrupts carried into cpu_at_start can make this negative; the
              * record's -1 means "not measured", so a physical floor of 0 it is. */
             call_cpu = baseline.thread_cpu_ns - cpu_at_start;
