@@ -22,8 +22,8 @@
  * while the counts have not moved, CPU time at any instant is baseline CPU + elapsed wall time.
  * Per call that is one getrusage at entry and one at exit; the CPU clock (once or twice) only
  * for calls that switched or follow a switch, or when the baseline is older than max_age_ns.
- * (Interrupts and hypervisor steal are not switches: counted as on-CPU time.) The reads lie outside the two CLOCK_MONOTONIC stamps, so the
- * recorded latency does not include them.
+ * (Interrupts and hypervisor steal are not switches: counted as on-CPU time.) The reads lie
+ * outside the two CLOCK_MONOTONIC stamps, so the recorded latency does not include them.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
