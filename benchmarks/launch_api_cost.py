@@ -8,6 +8,8 @@ the GPU, no loader: the question is the cost on the launch path):
                what is left is CUPTI's own cost of dispatching it;
   callbacks    codl's `cuda_api` level: CUPTI callback API on launch/memcpy/memset/sync only,
                a C callback stamping entry and exit (src/codl/trace/cuda_api_shim.c);
+  callbacks-sched  the same with `trace.cuda_api_sched`: each call's context-switch counts
+               read at entry and exit (getrusage), the thread CPU clock only after a switch;
   kineto-cuda  torch.profiler with ProfilerActivity.CUDA only (CUPTI activity API: runtime
                calls and kernels, no PyTorch operator recording);
   kineto       torch.profiler with CPU and CUDA activities (what the `cupti` level uses).
@@ -19,12 +21,18 @@ the same round; the table gives the median of those ratios over rounds with a bo
 interval, plus the cudaLaunchKernel latency each tracing variant reports.
 
     python benchmarks/launch_api_cost.py --rounds 5 --csv benchmarks/results/launch_api_cost.csv
+
+``--shim-cost`` needs no GPU: it calls the compiled shim's callback from a C loop, entry and
+exit as CUPTI would, and prints the CPU-side cost per call of each shim setting (recording off,
+on, on with scheduling evidence). That is the shim's own cost only, not CUPTI's dispatch nor
+anything the GPU run sees.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -37,7 +45,61 @@ import numpy as np
 
 from tracer_overhead import bootstrap_median
 
-VARIANTS = ("plain", "callbacks-idle", "callbacks", "kineto-cuda", "kineto")
+VARIANTS = ("plain", "callbacks-idle", "callbacks", "callbacks-sched", "kineto-cuda", "kineto")
+# The shim settings --shim-cost times: (label, armed, sched evidence).
+SHIM_SETTINGS = (("idle", 0, 0), ("callbacks", 1, 0), ("callbacks-sched", 1, 1))
+# A C driver for --shim-cost: ctypes would cost more per call than the shim itself.
+SHIM_DRIVER = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+typedef struct {
+    int32_t callback_site;
+    const char *function_name;
+    const void *function_params;
+    void *function_return_value;
+    const char *symbol_name;
+    void *context;
+    uint32_t context_uid;
+    uint64_t *correlation_data;
+    uint32_t correlation_id;
+} cbdata;
+static int64_t now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+int main(int argc, char **argv) {
+    void *h = dlopen(argv[1], RTLD_NOW);
+    if (h == NULL) { fprintf(stderr, "%s\n", dlerror()); return 1; }
+    long n = atol(argv[2]);
+    int armed = atoi(argv[3]), sched = atoi(argv[4]);
+    int (*init)(uint64_t) = (int (*)(uint64_t))dlsym(h, "codl_init");
+    void (*arm)(int) = (void (*)(int))dlsym(h, "codl_arm");
+    void (*set_sched)(int) = (void (*)(int))dlsym(h, "codl_set_sched");
+    void (*cb)(void *, int32_t, uint32_t, const void *) =
+        (void (*)(void *, int32_t, uint32_t, const void *))dlsym(h, "codl_cupti_callback");
+    if (init((uint64_t)n) != 0) return 1;
+    set_sched(sched);
+    arm(armed);
+    uint64_t slot = 0;
+    cbdata d = {0};
+    d.correlation_data = &slot;
+    int64_t t0 = now();
+    for (long i = 0; i < n; i++) {
+        d.correlation_id = (uint32_t)i;
+        d.callback_site = 0;
+        cb(NULL, 2, 211, &d);
+        d.callback_site = 1;
+        cb(NULL, 2, 211, &d);
+    }
+    printf("%.1f\n", (double)(now() - t0) / (double)n);
+    return 0;
+}
+"""
 
 
 class _StepSpans:
@@ -97,8 +159,8 @@ def child(variant: str, args: argparse.Namespace) -> dict[str, Any]:
     prof = None
     anchor = take_anchor()
     if variant.startswith("callbacks"):
-        tracer = cuda_api.ApiTracer()
-        tracer.start(arm=variant == "callbacks")
+        tracer = cuda_api.ApiTracer(sched=variant == "callbacks-sched")
+        tracer.start(arm=variant != "callbacks-idle")
     elif variant.startswith("kineto"):
         from torch.profiler import ProfilerActivity, profile
 
@@ -122,8 +184,10 @@ def child(variant: str, args: argparse.Namespace) -> dict[str, Any]:
     # Both levels' own converters place the calls on the run's clock.
     steps = _StepSpans(spans)
     rows: dict[str, Any] | None = None
+    evidence: dict[str, Any] | None = None
     if tracer is not None:
-        rows, _ = cuda_api.collect(tracer, steps)
+        tables, _ = cuda_api.collect_tables(tracer, steps)
+        rows, evidence = tables["events/cuda"], tables.get(cuda_api.SCHED_TABLE)
         tracer.close()
     if prof is not None:
         prof.stop()
@@ -138,7 +202,64 @@ def child(variant: str, args: argparse.Namespace) -> dict[str, Any]:
         "api_calls_per_step": api_calls / len(measured),
         "launch_us_p50": float(np.median(launch)) if launch else float("nan"),
         "launch_us_mean": float(np.mean(launch)) if launch else float("nan"),
+        **evidence_stats(rows, evidence, first, last),
     }
+
+
+def evidence_stats(
+    rows: dict[str, Any] | None, evidence: dict[str, Any] | None, first: int, last: int
+) -> dict[str, float]:
+    """What the scheduling evidence says about the measured calls: the share that left the CPU
+    (any context switch) and the calls' total off-CPU time per call (NaN without evidence)."""
+    if rows is None or evidence is None or not evidence["start_ns"]:
+        return {"switched_pct": float("nan"), "off_cpu_us_mean": float("nan")}
+    start = np.asarray(evidence["start_ns"], dtype=np.int64)
+    dur = np.asarray(evidence["end_ns"], dtype=np.int64) - start
+    cpu = np.asarray(evidence["thread_cpu_ns"], dtype=np.int64)
+    switches = np.asarray(evidence["voluntary"], dtype=np.int64) + np.asarray(
+        evidence["involuntary"], dtype=np.int64
+    )
+    keep = (start >= first) & (start <= last) & (cpu >= 0)
+    if not keep.any():
+        return {"switched_pct": float("nan"), "off_cpu_us_mean": float("nan")}
+    off = np.clip(dur - cpu, 0, None)[keep]
+    return {
+        "switched_pct": float(100 * (switches[keep] > 0).mean()),
+        "off_cpu_us_mean": float(off.mean() / 1e3),
+    }
+
+
+def shim_cost(calls: int, repeats: int) -> Any:
+    """CPU-side cost per call (ns) of each shim setting, driven from C; the median of repeats."""
+    import pandas as pd
+
+    from codl.trace import cuda_api
+
+    lib = cuda_api.build_shim()
+    with tempfile.TemporaryDirectory() as tmp:
+        src, exe = Path(tmp) / "driver.c", Path(tmp) / "driver"
+        src.write_text(SHIM_DRIVER)
+        cc = os.environ.get("CC", "cc")
+        subprocess.run([cc, "-O2", "-o", str(exe), str(src), "-ldl"], check=True)
+        rows = []
+        for r in range(repeats):
+            for label, armed, sched in SHIM_SETTINGS:
+                out = subprocess.run(
+                    [str(exe), str(lib), str(calls), str(armed), str(sched)],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
+                rows.append({"repeat": r, "setting": label, "ns_per_call": float(out.stdout)})
+    df = pd.DataFrame(rows)
+    res = df.groupby("setting", sort=False)["ns_per_call"].agg(["median", "min", "max"])
+    print(f"shim callback, entry + exit, {calls} calls x {repeats} repeats (CPU side only):")
+    print(res.round(1).to_string())
+    return res.reset_index()
+
+
+def _median_or_nan(d: Any, col: str) -> float:
+    return float(d[col].median()) if col in d and d[col].notna().any() else float("nan")
 
 
 def table(df: Any, variants: list[str]) -> Any:
@@ -166,18 +287,21 @@ def table(df: Any, variants: list[str]) -> Any:
                 "launch_us_p50": float(d["launch_us_p50"].median()),
                 "launches_per_step": float(d["launch_calls_per_step"].median()),
                 "api_calls_per_step": calls,
+                # Columns of the scheduling evidence; absent from CSVs measured before it.
+                "switched_pct": _median_or_nan(d, "switched_pct"),
+                "off_cpu_us_mean": _median_or_nan(d, "off_cpu_us_mean"),
             }
         )
     res = pd.DataFrame(out)
     print(
-        f"\n{'variant':14s} {'rounds':>6s} {'step ms':>8s} {'ratio':>7s} {'95% CI':>17s} "
-        f"{'launch p50 us':>13s} {'calls/step':>10s}"
+        f"\n{'variant':16s} {'rounds':>6s} {'step ms':>8s} {'ratio':>7s} {'95% CI':>17s} "
+        f"{'launch p50 us':>13s} {'calls/step':>10s} {'switched %':>10s} {'off-CPU us':>10s}"
     )
     for r in res.itertuples():
         print(
-            f"{r.variant:14s} {r.rounds:6d} {r.step_ms:8.3f} {r.ratio:7.4f} "
+            f"{r.variant:16s} {r.rounds:6d} {r.step_ms:8.3f} {r.ratio:7.4f} "
             f"[{r.ci_low:.4f}, {r.ci_high:.4f}] {r.launch_us_p50:13.2f} "
-            f"{r.api_calls_per_step:10.0f}"
+            f"{r.api_calls_per_step:10.0f} {r.switched_pct:10.3f} {r.off_cpu_us_mean:10.3f}"
         )
     return res
 
@@ -194,12 +318,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
     p.add_argument("--csv", type=Path, default=Path("benchmarks/results/launch_api_cost.csv"))
     p.add_argument(
+        "--shim-cost",
+        action="store_true",
+        help="time the shim's callback per call on the CPU (no GPU needed) and exit",
+    )
+    p.add_argument("--shim-calls", type=int, default=200_000)
+    p.add_argument("--shim-csv", type=Path, default=Path("benchmarks/results/shim_cost.csv"))
+    p.add_argument(
         "--pool",
         type=Path,
         nargs="+",
         help="summarise earlier CSVs of one configuration instead of measuring",
     )
     args = p.parse_args(argv)
+    if args.shim_cost:
+        args.shim_csv.parent.mkdir(parents=True, exist_ok=True)
+        shim_cost(args.shim_calls, args.rounds).to_csv(args.shim_csv, index=False)
+        print(f"wrote {args.shim_csv}")
+        return 0
     if args.pool:
         import pandas as pd
 
@@ -244,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
             res = json.loads(proc.stdout.strip().splitlines()[-1])
             rows.append({"round": r, "order": order, **res})
             print(
-                f"round {r} {v:12s} step {res['step_ms_median']:.3f} ms  "
+                f"round {r} {v:15s} step {res['step_ms_median']:.3f} ms  "
                 f"launch p50 {res['launch_us_p50']:.2f} us  {res['api_calls_per_step']:.0f} calls"
             )
         # Written after every round: a run cut short still leaves what it measured.

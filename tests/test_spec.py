@@ -27,6 +27,15 @@ from codl.spec import (
 
 # Leaves that normalized() resets when the mode does not load data.
 LOADING_ONLY = ("loader.", "dataset.")
+# Leaves valid only with another leaf set: the base spec gets it, so only the leaf differs.
+PREREQUISITES: dict[str, dict[str, Any]] = {"trace.cuda_api_sched": {"trace.cuda_api": True}}
+
+
+def _base(path: str, **kwargs: Any) -> RunSpec:
+    data = RunSpec(**kwargs).to_dict()
+    for leaf, value in PREREQUISITES.get(path, {}).items():
+        _set(data, leaf, value)
+    return RunSpec.from_dict(data)
 
 
 def _get(d: dict[str, Any], path: str) -> Any:
@@ -151,7 +160,7 @@ PINNED = PinningSpec(policy=Policy.ISOLATED)
 
 @pytest.mark.parametrize("path", field_paths())
 def test_every_leaf_changes_the_id_of_a_combined_run(path: str) -> None:
-    base = RunSpec(device=DeviceKind.CUDA, pinning=PINNED)
+    base = _base(path, device=DeviceKind.CUDA, pinning=PINNED)
     assert base.mode is Mode.COMBINED
     changed = _with_changed_leaf(base, path)
     assert changed.run_id != base.run_id, path
@@ -159,7 +168,7 @@ def test_every_leaf_changes_the_id_of_a_combined_run(path: str) -> None:
 
 @pytest.mark.parametrize("path", field_paths())
 def test_loader_and_dataset_leaves_do_not_change_the_id_of_a_compute_run(path: str) -> None:
-    base = RunSpec(mode=Mode.COMPUTE, device=DeviceKind.CUDA, pinning=PINNED)
+    base = _base(path, mode=Mode.COMPUTE, device=DeviceKind.CUDA, pinning=PINNED)
     changed = _with_changed_leaf(base, path)
     if path.startswith(LOADING_ONLY):
         assert changed.run_id == base.run_id, path
@@ -214,6 +223,7 @@ def test_canonical_json_is_sorted_and_compact() -> None:
     del expected["trace"]["cuda_api"]  # at its default: left out (ids of earlier runs hold)
     for role in ("autograd", "pin_memory", "comm"):  # likewise
         del expected["pinning"][role]
+    del expected["trace"]["cuda_api_sched"]  # likewise
     assert parsed == expected
     assert len(key_orders) == 1 + sum(
         1 for f in dataclasses.fields(RunSpec) if dataclasses.is_dataclass(f.default_factory)
@@ -389,6 +399,13 @@ def test_published_run_ids_survive_where_the_run_is_unchanged() -> None:
     on = RunSpec.from_dict({"device": "cuda", "trace": {"cuda_api": True}})
     assert on.run_id != base.run_id
     assert '"cuda_api":true' in on.canonical_json()
+    # The scheduling evidence is left out of ids while off, and changes them when on.
+    assert '"cuda_api_sched"' not in on.canonical_json()
+    sched = RunSpec.from_dict(
+        {"device": "cuda", "trace": {"cuda_api": True, "cuda_api_sched": True}}
+    )
+    assert sched.run_id not in {on.run_id, base.run_id}
+    assert '"cuda_api_sched":true' in sched.canonical_json()
     # a pinned run asked for as it was published keeps its id: only the default changed
     old_isolated = RunSpec.from_dict({"pinning": {"policy": "isolated", "launch_cores": 1}})
     assert '"pinning":{"launch_cores":1,"policy":"isolated"}' in old_isolated.canonical_json()
@@ -430,6 +447,11 @@ def test_launch_cores_is_auto_or_a_positive_integer(launch_cores: Any, message: 
             {"cuda_api": True, "cupti": True},
             "cuda",
             "trace.cuda_api: true with trace.cupti: true, expected at most one",
+        ),
+        (
+            {"cuda_api_sched": True},
+            "cuda",
+            "trace.cuda_api_sched: true with trace.cuda_api: false, expected trace.cuda_api: true",
         ),
     ],
 )

@@ -27,6 +27,7 @@ RUN_ID_LENGTH = 12
 # that every run measured before them keeps its id (and its results stay valid).
 _ID_OPTIONAL_DEFAULTS: dict[tuple[str, str], Any] = {
     ("trace", "cuda_api"): False,
+    ("trace", "cuda_api_sched"): False,
     ("pinning", "autograd"): "own",
     ("pinning", "pin_memory"): "own",
     ("pinning", "comm"): "own",
@@ -225,7 +226,9 @@ class TraceSpec:
     """Tracing levels; each can be switched off. `cupti` (Kineto: runtime API calls and kernels
     of a window of steps) is expensive and off by default; `cuda_api` (CUPTI callbacks: the
     latency of every launch, memcpy/memset and synchronisation call on every step) is the cheap
-    way to get per-call runtime API latency. CUPTI takes one subscriber: they exclude each other."""
+    way to get per-call runtime API latency. CUPTI takes one subscriber: they exclude each other.
+    `cuda_api_sched` adds each call's scheduling evidence (thread CPU time, voluntary and
+    involuntary context switches): two syscalls per call, so off unless asked for."""
 
     app: bool = True
     loader: bool = True
@@ -237,6 +240,7 @@ class TraceSpec:
     cupti: bool = False
     cupti_steps: int = 2
     cuda_api: bool = False
+    cuda_api_sched: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -354,6 +358,11 @@ class RunSpec:
             out.append(
                 f"{p}trace.cuda_api: true with trace.cupti: true, expected at most one "
                 "(CUPTI admits one subscriber per process; Kineto already records runtime calls)"
+            )
+        if self.trace.cuda_api_sched and not self.trace.cuda_api:
+            out.append(
+                f"{p}trace.cuda_api_sched: true with trace.cuda_api: false, expected "
+                "trace.cuda_api: true (the evidence is taken in its callbacks)"
             )
         # Only when the window is on: with CUPTI off, `steps.measured: 1` must not fail on a
         # default the run never reads.

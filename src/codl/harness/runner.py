@@ -310,7 +310,7 @@ def execute(
             profiler = kineto.start_window(spec, kineto_dir)
         if spec.trace.cuda_api:
             # From the first warm-up step: the subscription's one-off cost lands in warm-up.
-            api_tracer = cuda_api.ApiTracer()
+            api_tracer = cuda_api.ApiTracer(sched=spec.trace.cuda_api_sched)
             api_tracer.start()
         sched.sample(-1)
         dev.sample(-1)
@@ -394,13 +394,16 @@ def execute(
             with contextlib.suppress(Exception):
                 profiler.stop()
         cupti_rows: dict[str, Any] | None = None
+        cuda_sched_rows: dict[str, Any] | None = None
         if profiler is not None and status == "complete":
             cupti_rows, cupti_attrs = kineto.collect(profiler, kineto_dir, rec, anchor_start)
             attrs.update(cupti_attrs)
         if api_tracer is not None:
             # Cheap and already on our clock: kept for incomplete runs too.
             try:
-                cupti_rows, api_attrs = cuda_api.collect(api_tracer, rec)
+                api_tables, api_attrs = cuda_api.collect_tables(api_tracer, rec)
+                cupti_rows = api_tables["events/cuda"]
+                cuda_sched_rows = api_tables.get(cuda_api.SCHED_TABLE)
                 attrs.update(api_attrs)
             except Exception as exc:
                 attrs["cuda_api"] = f"lost: {type(exc).__name__}: {exc}"
@@ -453,6 +456,7 @@ def execute(
             threads=thread_rows,
             rank=env.rank,
             cupti=cupti_rows,
+            cuda_sched=cuda_sched_rows,
         )
         sched.close()
         dev.close()
@@ -562,6 +566,7 @@ def _write_trace(
     threads: list[tuple[int, pinning.ThreadRow]],
     rank: int,
     cupti: dict[str, Any] | None,
+    cuda_sched: dict[str, Any] | None = None,
 ) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     writer = TraceWriter(path)
@@ -581,6 +586,8 @@ def _write_trace(
             writer.append("events/loader", _loader_columns(items, collates, steps, rk))
         if cupti:
             writer.append("events/cuda", cupti)
+        if cuda_sched and cuda_sched["tid"]:
+            writer.append("events/cuda_sched", cuda_sched)
         if threads:
             rows = [r for _, r in threads]
             writer.append(

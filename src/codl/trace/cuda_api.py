@@ -15,6 +15,12 @@ cache keyed by its source hash; CUPTI itself is the ``libcupti`` that PyTorch al
 Rows land in ``events/cuda`` as Kineto's runtime rows do (kind ``runtime`` or ``sync``, OS
 thread id, CUPTI correlation id), so every analysis of runtime API latency reads either level.
 CUPTI admits one callback subscriber per process: this level and `cupti` exclude each other.
+
+``trace.cuda_api_sched`` adds scheduling evidence to every call (``events/cuda_sched``): the
+calling thread's CPU time and its voluntary/involuntary context switches between entry and exit,
+and its CPU at both ends. ``codl.analysis.calls`` turns those into preempted / blocked / on-CPU
+shares of each slow call. It costs a getrusage at entry and at exit of every call, plus the
+thread CPU clock after a context switch (all outside the latency stamps; see the shim).
 """
 
 from __future__ import annotations
@@ -56,8 +62,15 @@ RECORD = np.dtype(
         ("domain", "<u4"),
         ("cbid", "<u4"),
         ("correlation", "<u4"),
+        ("thread_cpu_ns", "<i8"),
+        ("voluntary", "<i4"),
+        ("involuntary", "<i4"),
+        ("cpu_entry", "<i2"),
+        ("cpu_exit", "<i2"),
+        ("pad_", "<i4"),
     ]
 )
+SCHED_TABLE = "events/cuda_sched"
 _VERSION_SUFFIX = re.compile(r"_v\d+$")
 
 
@@ -177,12 +190,15 @@ class _Cupti:
 
 
 class ApiTracer:
-    """Subscribe, record every wanted call on every thread of this process, read it back."""
+    """Subscribe, record every wanted call on every thread of this process, read it back.
 
-    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+    ``sched=True`` also records each call's scheduling evidence (``events/cuda_sched``)."""
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY, *, sched: bool = False) -> None:
         self.shim = ctypes.CDLL(str(build_shim()))
         self.shim.codl_init.argtypes = [ctypes.c_uint64]
         self.shim.codl_arm.argtypes = [ctypes.c_int]
+        self.shim.codl_set_sched.argtypes = [ctypes.c_int]
         for fn in ("codl_claimed", "codl_written", "codl_record_size"):
             getattr(self.shim, fn).restype = ctypes.c_uint64
         self.shim.codl_records.restype = ctypes.c_void_p
@@ -190,6 +206,8 @@ class ApiTracer:
             raise CodlError("CUPTI callback shim and codl disagree on the record layout")
         if self.shim.codl_init(capacity) != 0:
             raise CodlError(f"cannot allocate {capacity} CUDA API records")
+        self.shim.codl_set_sched(int(sched))
+        self.sched = sched
         self.capacity = capacity
         self.cupti = _Cupti(find_cupti())
         self.names: dict[tuple[int, int], str] = {}
@@ -250,6 +268,11 @@ class ApiTracer:
         self.shim.codl_free()
 
 
+def _kept(rec: np.ndarray[Any, np.dtype[Any]], armed_at: int) -> np.ndarray[Any, np.dtype[Any]]:
+    # A call already under way when recording began has an exit but no entry stamp.
+    return rec[(rec["start_ns"] >= armed_at) & (rec["start_ns"] <= rec["end_ns"])]
+
+
 def to_rows(
     rec: np.ndarray[Any, np.dtype[Any]],
     names: dict[tuple[int, int], str],
@@ -260,8 +283,7 @@ def to_rows(
     """Shim records -> events/cuda columns (already on the run's monotonic clock)."""
     index = StepIndex(spans)
     cols = empty_columns("events/cuda")
-    # A call already under way when recording began has an exit but no entry stamp.
-    rec = rec[(rec["start_ns"] >= armed_at) & (rec["start_ns"] <= rec["end_ns"])]
+    rec = _kept(rec, armed_at)
     if rec.size == 0:
         return cols
     start = rec["start_ns"].astype(np.int64)
@@ -279,15 +301,43 @@ def to_rows(
     return cols
 
 
-def collect(tracer: ApiTracer, spans: Spans) -> tuple[dict[str, Any], dict[str, Any]]:
+def sched_rows(
+    rec: np.ndarray[Any, np.dtype[Any]], rank: int, *, armed_at: int = 0
+) -> dict[str, Any]:
+    """Shim records -> events/cuda_sched columns, row for row with ``to_rows``' output."""
+    cols = empty_columns(SCHED_TABLE)
+    rec = _kept(rec, armed_at)
+    n = rec.size
+    cols["rank"] = [rank] * n
+    for name in cols:
+        if name != "rank":  # every other column is the record field of the same name
+            cols[name] = rec[name].astype(np.int64).tolist()
+    return cols
+
+
+def collect_tables(
+    tracer: ApiTracer, spans: Spans
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """Stop, read back, convert: ``{"events/cuda": ..., "events/cuda_sched": ...}`` (the latter
+    only with scheduling evidence on) and the trace attributes of the level."""
     tracer.stop()
     rec = tracer.records()
     rows = to_rows(rec, tracer.names, spans, armed_at=tracer.armed_at)
+    tables = {"events/cuda": rows}
+    if tracer.sched:
+        tables[SCHED_TABLE] = sched_rows(rec, StepIndex(spans).rank, armed_at=tracer.armed_at)
     attrs: dict[str, Any] = {
         "cuda_api": "on",
+        "cuda_api_sched": "on" if tracer.sched else "off",
         "cuda_api_calls": len(rows["step"]),
         "cuda_api_dropped": tracer.dropped(),
         "cuda_api_functions": sorted(set(tracer.names.values())),
         "cuda_api_libcupti": tracer.cupti.path,
     }
-    return rows, attrs
+    return tables, attrs
+
+
+def collect(tracer: ApiTracer, spans: Spans) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``collect_tables`` for callers that want events/cuda only."""
+    tables, attrs = collect_tables(tracer, spans)
+    return tables["events/cuda"], attrs

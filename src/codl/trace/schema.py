@@ -77,6 +77,39 @@ TABLES: dict[str, tuple[Column, ...]] = {
         _c("start_ns", "i8", "ns"),
         _c("end_ns", "i8", "ns"),
     ),
+    # Scheduling evidence of the `cuda_api` level's calls (trace.cuda_api_sched): one row per
+    # events/cuda row of that level, same order, joined on (rank, tid, correlation, start_ns).
+    # A table of its own, so that traces without it (and schema-1 readers) are unaffected.
+    "events/cuda_sched": (
+        _c("rank", "i2"),
+        _c("tid", "i8", doc="host thread that made the call"),
+        _c("correlation", "i8", doc="CUPTI correlation id of the events/cuda row"),
+        _c("start_ns", "i8", "ns", "entry stamp of the events/cuda row"),
+        _c("end_ns", "i8", "ns", "exit stamp of the events/cuda row"),
+        _c(
+            "thread_cpu_ns",
+            "i8",
+            "ns",
+            "CPU time the thread used during the call (CLOCK_THREAD_CPUTIME_ID, exit - entry); "
+            "off-CPU time is end_ns - start_ns - thread_cpu_ns; -1 when not measured",
+        ),
+        _c(
+            "voluntary",
+            "i4",
+            "count",
+            "voluntary context switches during the call (getrusage RUSAGE_THREAD ru_nvcsw: "
+            "the thread slept or blocked); -1 when not measured",
+        ),
+        _c(
+            "involuntary",
+            "i4",
+            "count",
+            "involuntary context switches during the call (ru_nivcsw: preempted while "
+            "runnable); -1 when not measured",
+        ),
+        _c("cpu_entry", "i2", doc="CPU the thread ran on at entry (sched_getcpu); -1 unknown"),
+        _c("cpu_exit", "i2", doc="CPU the thread ran on at exit (sched_getcpu); -1 unknown"),
+    ),
     # Collectives: one row per AllReduce bucket.
     "events/comm": (
         _c("rank", "i2"),
