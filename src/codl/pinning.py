@@ -61,9 +61,10 @@ warning in the trace and the run log, every pair of launch roles whose threads s
 (:func:`crowded`).
 
 Policies are pure: :func:`plan` maps (spec, allowed CPUs, local ranks, local rank, workers,
-helper roles, GPU topology) to a :class:`Placement` and never touches the machine. The impure parts are separate:
-:func:`gpu_local_cpus` reads the topology from sysfs, :func:`apply_threads` pins the threads of
-the rank process by TID and :func:`apply_worker` pins a loader worker from ``worker_init_fn``.
+helper roles, GPU topology) to a :class:`Placement` and never touches the machine. The impure
+parts are separate: :func:`gpu_local_cpus` reads the topology from sysfs, :func:`apply_threads`
+pins the threads of the rank process by TID and :func:`apply_worker` pins a loader worker from
+``worker_init_fn``.
 
 Threads and their roles. :func:`discover_threads` reads ``/proc/<pid>/task/*/comm`` (the kernel
 truncates names to 15 bytes). Names come from the PyTorch and NCCL sources and the strings of the
@@ -354,7 +355,11 @@ def role_places(spec: PinningSpec) -> dict[Role, RolePlace]:
 
 
 def launch_need(spec: PinningSpec, roles: Iterable[Role]) -> int:
-    """CPUs the launch set must hold: the main thread's plus one per helper role placed ``own``."""
+    """CPUs the launch set must hold: the main thread's plus one per helper role placed ``own``.
+
+    What ``launch_cores: auto`` asks for; with :func:`roles_for`, what a job must be given per
+    rank beyond its loader CPUs.
+    """
     places = role_places(spec)
     return 1 + sum(1 for r in set(roles) if places[r] is RolePlace.OWN)
 
@@ -412,7 +417,7 @@ def plan(
     share = rank_share(allowed_set, local_ranks, local_rank)
     places = role_places(spec)
     own = [r for r in HELPER_ROLES if r in helpers and places[r] is RolePlace.OWN]
-    need = 1 + len(own)
+    need = launch_need(spec, helpers)
     holds = ", ".join(["main", *(r.value for r in own)])
     if spec.launch_cores == AUTO:
         k = need
@@ -788,8 +793,8 @@ def record_threads(
 def apply_threads(placement: Placement, pid: int | None = None) -> list[ThreadRow]:
     """Pin the threads of rank process ``pid`` (default: this one) and return their rows.
 
-    Launch-role threads (launch, autograd, pin_memory, comm) go to ``placement.launch``, other
-    threads to the rank's share. Idempotent: the harness calls it at start and after step 0.
+    Every thread goes to the CPUs of its role (:meth:`Placement.cpus_for`); the rows carry the
+    mask read back after pinning. Idempotent: the harness calls it at start and after step 0.
     Threads that exit meanwhile are skipped. Policy ``none`` only records.
     """
     rows: list[ThreadRow] = []
