@@ -1,29 +1,29 @@
 """Isolation measured on this machine: CPU hogs against the main thread, read from the kernel.
 
 A hog is a busy process placed exactly as a loader worker is (``apply_worker``); it counts, with
-``sched_getcpu()``, the CPUs it ran on. The main thread of the test process is pinned by
+``sched_getcpu()``, the CPUs it ran on. The main thread of a child process is pinned by
 ``apply_threads`` and spins for a window while its run-queue wait is read from
 ``/proc/self/task/<tid>/schedstat`` (second field, ns).
 
 The machine may run other people's work (CI neighbours, other test sessions). Nothing stops it
 from landing on the main thread's CPU, and the main thread would wait behind it however well
-placed; the wait caused by *our* hogs cannot be told from it by the wait alone. So the isolated
-test also measures that foreign work - the CPU's busy time from ``/proc/stat`` minus the main
-thread's own run time (our hogs cannot run there: asserted from their own samples) - and judges
-the wait only in a window where the CPU was otherwise quiet, retrying a few windows and skipping
-with the numbers when none was.
+placed. Two defences: the measurement runs in its own scheduler autogroup at nice -20 where
+allowed (see ``NICE``), so that foreign work weighs little; and the isolated test measures the
+foreign work that is left - the CPU's busy time from ``/proc/stat`` minus the main thread's own
+run time (our hogs cannot run there: asserted from their own samples) - and judges the wait only
+in a window where the CPU was otherwise quiet, skipping with the numbers when no window was.
+Measured here (2 CPUs, load average 5 from neighbours): isolated 10-32 ms of wait per 1 s window,
+shared about 600 ms.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import multiprocessing
 import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,6 @@ from codl.pinning import (
     Placement,
     apply_threads,
     apply_worker,
-    discover_threads,
     parse_cpulist,
     plan,
 )
@@ -43,21 +42,49 @@ from codl.spec import PinningSpec, Policy
 WINDOW_S = 1.0
 # Foreign work on the main thread's CPU below this share of the window leaves it "quiet": /proc/stat
 # counts in clock ticks (10 ms at USER_HZ 100), so a few ticks are noise.
-QUIET_SHARE = 0.03
+QUIET_SHARE = 0.05
 # "Near 0": the isolated main thread may wait this share of the window (timer and kernel work, the
 # foreign work that a quiet window still allows).
-NEAR_ZERO_SHARE = 0.06
+NEAR_ZERO_SHARE = 0.08
 # Under `shared` at least one hog shares the main thread's CPU, so the main thread gets about half
 # of it or less.
 SHARED_WAIT_SHARE = 0.25
-ATTEMPTS = 2
+ATTEMPTS = 3
+
+
+# The measurement runs in a process of its own session, and so of its own scheduler autogroup,
+# raised to this nice value when allowed (root, CAP_SYS_NICE), with the hogs and the main thread
+# inside it at the same value: the contest that matters, hogs against the main thread, stays one
+# of equals, while other people's tasks (other autogroups, nice 0) weigh 1/87 of it and can no
+# longer hide or fake the hogs' effect. Everything dies with the process: nothing to restore.
+NICE = -20
+
+
+def _boost(tid: int) -> bool:
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, NICE)
+    except PermissionError:
+        return False
+    return True
+
+
+def _own_boosted_autogroup() -> bool:
+    os.setsid()
+    autogroup = Path("/proc/self/autogroup")
+    if not autogroup.exists():  # no autogroups (or cgroups decide): nice alone counts
+        return True
+    try:
+        autogroup.write_text(str(NICE))
+    except PermissionError:
+        return False
+    return True
 
 
 def _hog(placement: Placement, index: int, ready: Any, stop: Any, out: Any) -> None:
     apply_worker(placement, index)
     getcpu = ctypes.CDLL(None).sched_getcpu
     seen: Counter[int] = Counter()
-    ready.put(index)
+    ready.put(_boost(0))
     while not stop.is_set():
         for _ in range(5000):
             seen[getcpu()] += 1
@@ -74,6 +101,7 @@ class Window:
     window_ns: int
     cpu_busy_ns: int
     hog_cpus: Counter[int]
+    boosted: bool
 
     @property
     def foreign_ns(self) -> int:
@@ -86,7 +114,7 @@ class Window:
             f"{self.wait_ns / 1e6:.1f} ms and ran {self.run_ns / 1e6:.1f} ms of a "
             f"{self.window_ns / 1e6:.0f} ms window; CPU {self.main_cpu} ran other tasks "
             f"{self.foreign_ns / 1e6:.1f} ms; hog samples per CPU "
-            f"{dict(sorted(self.hog_cpus.items()))}"
+            f"{dict(sorted(self.hog_cpus.items()))}; nice {NICE if self.boosted else 0}"
         )
 
 
@@ -106,6 +134,30 @@ def _cpu_busy_ns(cpu: int) -> int:
 
 
 def _measure(policy: Policy, allowed: frozenset[int], hogs: int) -> Window:
+    """One window, measured in a child process whose main thread plays the rank's."""
+    ctx: Any = multiprocessing.get_context("spawn")
+    result = ctx.Queue()
+    child = ctx.Process(target=_window, args=(policy, allowed, hogs, result))
+    child.start()
+    try:
+        window: Window | BaseException = result.get(timeout=120)
+    finally:
+        child.join(timeout=60)
+    if isinstance(window, BaseException):
+        raise window
+    assert child.exitcode == 0
+    return window
+
+
+def _window(policy: Policy, allowed: frozenset[int], hogs: int, result: Any) -> None:
+    try:
+        group_boosted = _own_boosted_autogroup()
+        result.put(_measure_here(policy, allowed, hogs, group_boosted))
+    except BaseException as exc:  # the parent re-raises it with its traceback text
+        result.put(AssertionError(f"{type(exc).__name__}: {exc}"))
+
+
+def _measure_here(policy: Policy, allowed: frozenset[int], hogs: int, boost: bool) -> Window:
     placement = plan(PinningSpec(policy=policy), allowed=allowed, workers=hogs)
     assert placement.main is not None
     (main_cpu,) = placement.main
@@ -115,13 +167,13 @@ def _measure(policy: Policy, allowed: frozenset[int], hogs: int) -> Window:
     for p in procs:
         p.start()
     try:
-        for _ in procs:
-            ready.get(timeout=60)
+        hogs_boosted = all([ready.get(timeout=60) for _ in procs])
         rows = apply_threads(placement)
         # the mask read back after pinning, as the harness records it
         main_mask = next(parse_cpulist(r.cpus_actual) for r in rows if r.tid == os.getpid())
-        time.sleep(0.2)  # let the load balancer spread the hogs
         tid = threading.get_native_id()
+        boosted = boost and _boost(tid) and hogs_boosted
+        time.sleep(0.2)  # let the load balancer spread the hogs
         run0, wait0 = _schedstat(tid)
         busy0, t0 = _cpu_busy_ns(main_cpu), time.monotonic_ns()
         end = t0 + int(WINDOW_S * 1e9)
@@ -149,12 +201,13 @@ def _measure(policy: Policy, allowed: frozenset[int], hogs: int) -> Window:
         window_ns=t1 - t0,
         cpu_busy_ns=busy1 - busy0,
         hog_cpus=seen,
+        boosted=boosted,
     )
 
 
 @pytest.fixture
-def machine() -> Iterator[frozenset[int]]:
-    """Up to 4 of this process's CPUs (more hogs prove nothing more); masks restored after."""
+def machine() -> frozenset[int]:
+    """Up to 4 of this process's CPUs (more hogs prove nothing more)."""
     mask = frozenset(os.sched_getaffinity(0))
     if len(mask) < 2:
         pytest.skip(
@@ -162,11 +215,7 @@ def machine() -> Iterator[frozenset[int]]:
         )
     if not Path(f"/proc/self/task/{threading.get_native_id()}/schedstat").exists():
         pytest.skip("kernel without schedstat (CONFIG_SCHED_INFO)")
-    before = {t.tid: os.sched_getaffinity(t.tid) for t in discover_threads()}
-    yield frozenset(sorted(mask)[:4])
-    for tid, cpus in before.items():
-        with contextlib.suppress(ProcessLookupError):  # the thread has exited
-            os.sched_setaffinity(tid, cpus)
+    return frozenset(sorted(mask)[:4])
 
 
 def test_isolated_main_thread_does_not_wait_while_hogs_fill_every_other_cpu(
