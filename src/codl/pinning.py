@@ -492,11 +492,9 @@ def plan(
     def cpus_of(role: Role) -> frozenset[int]:
         if role not in helpers:
             return other
-        return {
-            RolePlace.OWN: own_cpus.get(role, main),
-            RolePlace.MAIN: main,
-            RolePlace.LOADER: loader_cpus,
-        }[places[role]]
+        if places[role] is RolePlace.OWN:
+            return own_cpus[role]
+        return main if places[role] is RolePlace.MAIN else loader_cpus
 
     return Placement(
         policy=spec.policy,
