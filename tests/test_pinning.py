@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import itertools
 import multiprocessing
 import os
 import pickle
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
 from codl.errors import PlacementError
 from codl.pinning import (
+    HELPER_ROLES,
     LAUNCH_ROLES,
     Placement,
     Role,
@@ -24,8 +28,10 @@ from codl.pinning import (
     apply_worker,
     classify_thread,
     cpulist,
+    crowded,
     discover_threads,
     gpu_local_cpus,
+    launch_need,
     mismatches,
     normalize_pci_bus_id,
     parse_cpulist,
@@ -35,11 +41,24 @@ from codl.pinning import (
     plan_rows,
     rank_share,
     record_threads,
+    roles_for,
 )
-from codl.spec import PinningSpec, Policy
+from codl.spec import (
+    Backend,
+    DeviceKind,
+    LayoutSpec,
+    LoaderSpec,
+    Mode,
+    PinningSpec,
+    Policy,
+    RolePlace,
+    RunSpec,
+)
 
 CPU_SETS = {
+    "1": frozenset({3}),
     "2": frozenset(range(2)),
+    "4": frozenset(range(4)),
     "16": frozenset(range(16)),
     "64": frozenset(range(64)),
     "evens": frozenset(range(0, 32, 2)),
@@ -52,16 +71,54 @@ SPLITS = [
     for ranks in (1, 2, 3, 4)
     if ranks <= len(cpus)
 ]
-PINNING_POLICIES = [Policy.SHARED, Policy.ISOLATED, Policy.SPREAD, Policy.NUMA]
+PINNING_POLICIES = [p for p in Policy if p is not Policy.NONE]
+# Helper roles a rank may have: none (CPU, one rank), autograd (CUDA compute), + pin-memory
+# (a CUDA loader with pin_memory), all (+ comm: several ranks), comm alone (CPU, several ranks).
+ROLE_SETS = {
+    "none": frozenset(),
+    "autograd": frozenset({Role.AUTOGRAD}),
+    "autograd+pin": frozenset({Role.AUTOGRAD, Role.PIN_MEMORY}),
+    "all": frozenset(HELPER_ROLES),
+    "comm": frozenset({Role.COMM}),
+}
+# How the helpers are placed: pinning.autograd / pin_memory / comm.
+PLACES: dict[str, dict[str, RolePlace]] = {
+    "own": {},
+    "beside-main": dict.fromkeys(("autograd", "pin_memory", "comm"), RolePlace.MAIN),
+    "with-loader": dict.fromkeys(("autograd", "pin_memory", "comm"), RolePlace.LOADER),
+    "mixed": {"autograd": RolePlace.MAIN, "pin_memory": RolePlace.LOADER, "comm": RolePlace.OWN},
+}
+LAUNCH_CORES: list[int | Literal["auto"]] = ["auto", 1, 2, 4]
+WORKERS = (0, 1, 3, 8)
 
 
-def _possible(policy: Policy, share: int, k: int, workers: int) -> bool:
-    """When a request can be met, stated independently of the implementation."""
-    if k > share:
-        return False
-    if policy in {Policy.ISOLATED, Policy.SPREAD}:
-        return workers == 0 or share > k
-    return True
+def _place_of(spec: PinningSpec, role: Role) -> RolePlace:
+    """Where ``role`` is asked to go, stated from the policy table (not from the code)."""
+    if spec.policy is Policy.ISOLATED_MAIN:
+        return RolePlace.LOADER
+    return RolePlace(getattr(spec, role.value))
+
+
+def _impossible(
+    spec: PinningSpec, share: frozenset[int], roles: frozenset[Role], workers: int
+) -> str | None:
+    """The message fragment an impossible request must raise with; ``None`` if it can be met.
+
+    Stated from the rules of the docstring table, independently of how plan() is written.
+    """
+    own = [r for r in roles if _place_of(spec, r) is RolePlace.OWN]
+    need = 1 + len(own)
+    k = need if spec.launch_cores == "auto" else int(spec.launch_cores)
+    if k < need:
+        return f"launch_cores={k} is too few for this run's launch roles"
+    if k > len(share):
+        return f"only {len(share)} CPU"
+    rest = len(share) - k
+    loader_cpus = len(share) if spec.policy in {Policy.SHARED, Policy.NUMA} else rest
+    with_loader = any(_place_of(spec, r) is RolePlace.LOADER for r in roles)
+    if loader_cpus == 0 and (workers > 0 or with_loader):
+        return "leaving no CPU for"
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -105,58 +162,139 @@ def test_rank_share_rejects_impossible_splits(
 
 
 # ---------------------------------------------------------------------------------------------
-# Policies: properties over many machines
+# Policies: every policy x helper roles x local ranks x machine
 
 
-@pytest.mark.parametrize(("cpus", "local_ranks"), SPLITS)
+@pytest.mark.parametrize("cpus", CPU_SETS.values(), ids=CPU_SETS.keys())
+@pytest.mark.parametrize("local_ranks", [1, 2, 4])
+@pytest.mark.parametrize("roles", ROLE_SETS.values(), ids=ROLE_SETS.keys())
 @pytest.mark.parametrize("policy", PINNING_POLICIES)
-@pytest.mark.parametrize("launch_cores", [1, 2, 4])
-@pytest.mark.parametrize("workers", [0, 1, 3, 8])
-def test_policy_properties(
-    cpus: frozenset[int], local_ranks: int, policy: Policy, launch_cores: int, workers: int
+def test_policy_places_every_role(
+    cpus: frozenset[int], local_ranks: int, roles: frozenset[Role], policy: Policy
 ) -> None:
-    spec = PinningSpec(policy=policy, launch_cores=launch_cores)
-    for rank in range(local_ranks):
+    if local_ranks > len(cpus):
+        with pytest.raises(PlacementError, match=f"{local_ranks} local ranks but the job"):
+            plan(PinningSpec(policy=policy), allowed=cpus, workers=1, local_ranks=local_ranks)
+        return
+    for rank, places, launch_cores, workers in itertools.product(
+        range(local_ranks), PLACES.values(), LAUNCH_CORES, WORKERS
+    ):
+        spec = PinningSpec(policy=policy, launch_cores=launch_cores, **places)
         share = rank_share(cpus, local_ranks, rank)
-        # numa here sees every CPU as GPU-local, so it must behave like `shared` on the share
-        gpu_cpus = cpus if policy is Policy.NUMA else None
+        # numa here sees every CPU as GPU-local: on the share it must place like `shared`
         kwargs: dict[str, Any] = dict(
-            allowed=cpus, workers=workers, local_ranks=local_ranks, local_rank=rank, gpu=rank
+            allowed=cpus,
+            workers=workers,
+            roles=roles,
+            local_ranks=local_ranks,
+            local_rank=rank,
+            gpu=rank,
+            gpu_cpus=cpus if policy is Policy.NUMA else None,
         )
-        if not _possible(policy, len(share), launch_cores, workers):
-            with pytest.raises(PlacementError, match=f"launch_cores={launch_cores}"):
-                plan(spec, gpu_cpus=gpu_cpus, **kwargs)
+        case = f"{spec} rank {rank} workers {workers}"
+        needle = _impossible(spec, share, roles, workers)
+        if needle is not None:
+            with pytest.raises(PlacementError) as err:
+                plan(spec, **kwargs)
+            message = str(err.value)
+            assert message.startswith(f"{policy.value}: launch_cores="), (case, message)
+            assert needle in message, (case, message)
+            assert re.search(r"\d", message.split(":", 1)[1]), message  # the numbers are there
             continue
-        p = plan(spec, gpu_cpus=gpu_cpus, **kwargs)
-        assert p.launch is not None
-        assert p.workers is not None
-        assert p.policy is policy
-        assert p.allowed == cpus
-        assert p.rank_cpus == share
-        assert len(p.workers) == workers
-        assert p.launch == frozenset(sorted(share)[:launch_cores])
-        assert p.launch <= share <= cpus
-        for w in p.workers:
-            assert w <= share <= cpus
-            assert w
-        rest = share - p.launch
-        if policy in {Policy.SHARED, Policy.NUMA}:
-            assert all(w == share for w in p.workers)
-            assert all(p.launch <= w for w in p.workers)  # workers can run on launch cores
-        elif policy is Policy.ISOLATED:
-            assert all(w == rest for w in p.workers)
-            assert all(not (w & p.launch) for w in p.workers)
-        elif policy is Policy.SPREAD:
-            assert all(len(w) == 1 for w in p.workers)
-            assert all(not (w & p.launch) for w in p.workers)
-            used = [next(iter(w)) for w in p.workers]
-            assert used == [sorted(rest)[i % len(rest)] for i in range(workers)]
-            if workers <= len(rest):
-                assert len(set(used)) == workers
-        oversubscribed = policy is Policy.SPREAD and workers > len(rest)
-        assert any("oversubscribed" in w for w in p.warnings) == oversubscribed
-        if not oversubscribed:
-            assert p.warnings == ()
+        p = plan(spec, **kwargs)
+        _check_placement(p, spec, cpus, share, roles, workers, case)
+
+
+def _check_placement(
+    p: Placement,
+    spec: PinningSpec,
+    cpus: frozenset[int],
+    share: frozenset[int],
+    roles: frozenset[Role],
+    workers: int,
+    case: str,
+) -> None:
+    policy = spec.policy
+    assert (p.policy, p.allowed, p.rank_cpus, p.roles) == (policy, cpus, share, roles), case
+    assert p.launch is not None and p.main is not None and p.other is not None, case
+    assert p.workers is not None and len(p.workers) == workers, case
+    own = [r for r in HELPER_ROLES if r in roles and _place_of(spec, r) is RolePlace.OWN]
+    size = 1 + len(own) if spec.launch_cores == "auto" else spec.launch_cores
+    ordered = sorted(share)
+    # the launch set: the first CPUs of the share, the main thread alone on the first
+    assert p.launch == frozenset(ordered[:size]), case
+    assert p.main == frozenset(ordered[:1]), case
+    rest = share - p.launch
+    loader_cpus = share if policy in {Policy.SHARED, Policy.NUMA} else rest
+    own_cpus: list[int] = []
+    for role in HELPER_ROLES:
+        cpus_of = p.cpus_for(role)
+        assert cpus_of is not None and cpus_of <= share, case
+        if role not in roles:
+            assert cpus_of == p.other, (case, role)  # found at run time anyway: with `other`
+            continue
+        place = _place_of(spec, role)
+        if place is RolePlace.OWN:
+            assert len(cpus_of) == 1 and cpus_of <= p.launch - p.main, (case, role)
+            own_cpus.extend(cpus_of)
+        elif place is RolePlace.MAIN:
+            assert cpus_of == p.main, (case, role)
+        else:
+            assert cpus_of == loader_cpus, (case, role)
+    assert len(own_cpus) == len(set(own_cpus)) == len(own), case  # one CPU per own role
+    spare = p.launch - p.main - set(own_cpus)
+    # other threads: never on the main thread's CPU while there is any other CPU
+    if spare:
+        assert p.other == spare, case
+    elif rest:
+        assert p.other == rest, case
+    elif p.launch != p.main:
+        assert p.other == p.launch - p.main, case
+    else:
+        assert p.other == p.main, case
+        assert any("other threads run on the main thread's CPU" in w for w in p.warnings), case
+    assert p.cpus_for(Role.LAUNCH) == p.main and p.cpus_for(Role.OTHER) == p.other, case
+    # loader workers
+    if policy is Policy.SPREAD:
+        used = [next(iter(w)) for w in p.workers]
+        assert all(len(w) == 1 for w in p.workers), case
+        assert used == [sorted(rest)[i % len(rest)] for i in range(workers)], case
+        oversubscribed = workers > len(rest)
+        assert any("oversubscribed" in w for w in p.warnings) == oversubscribed, case
+    else:
+        assert all(w == loader_cpus for w in p.workers), case
+        assert not any("oversubscribed" in w for w in p.warnings), case
+    if policy in {Policy.SHARED, Policy.NUMA}:
+        assert all(p.main <= w for w in p.workers), case  # workers can reach the main thread
+    else:
+        assert all(not (w & p.launch) for w in p.workers), case
+    # launch roles share a CPU only when asked to (`main`) or when both go with the loader
+    rows = [_row_for(p, Role.LAUNCH, 1)] + [_row_for(p, r, 2 + i) for i, r in enumerate(roles)]
+    pairs = {
+        tuple(line.split(": ")[1].split(" threads share")[0].split(" and "))
+        for line in crowded(p, rows)
+    }
+    beside_main = {("launch", r.value) for r in roles if _place_of(spec, r) is RolePlace.MAIN}
+    assert beside_main <= pairs, case
+    # a role with a CPU of its own meets only helpers sent to the loader, and only where the
+    # loader's CPUs are the whole share (shared, numa)
+    wide = policy in {Policy.SHARED, Policy.NUMA}
+    loaders = {r.value for r in roles if _place_of(spec, r) is RolePlace.LOADER}
+    for pair in pairs:
+        for r in own:
+            if r.value in pair:
+                other_role = pair[1] if pair[0] == r.value else pair[0]
+                assert wide and other_role in loaders, (case, pairs)
+    if policy not in {Policy.SHARED, Policy.NUMA}:  # there the loader's CPUs include main's
+        assert {pair for pair in pairs if pair[0] == "launch"} == beside_main, (case, pairs)
+
+
+def _row_for(p: Placement, role: Role, tid: int) -> ThreadRow:
+    """A thread of ``role`` as apply_threads would leave it: its mask is the planned one."""
+    cpus = cpulist(p.cpus_for(role) or ())
+    return ThreadRow(
+        tid=tid, pid=1, role=role, name=role.value, cpus_planned=cpus, cpus_actual=cpus
+    )
 
 
 @pytest.mark.parametrize("cpus", CPU_SETS.values(), ids=CPU_SETS.keys())
@@ -168,30 +306,124 @@ def test_policy_none_changes_nothing_whatever_the_split(
         PinningSpec(policy=Policy.NONE, launch_cores=64),
         allowed=cpus,
         workers=3,
+        roles=HELPER_ROLES,
         local_ranks=local_ranks,
         local_rank=local_ranks - 1,
     )
     assert (p.launch, p.workers, p.rank_cpus, p.warnings) == (None, None, cpus, ())
-    assert p.cpus_for(Role.LAUNCH) is None
+    assert all(p.cpus_for(role) is None for role in Role)
     assert p.cpus_for(Role.LOADER, 0) is None
+    assert plan_rows(p) == plan_rows(p)[:2]
 
 
-def test_ranks_of_a_node_get_disjoint_launch_and_worker_cpus() -> None:
-    cpus = CPU_SETS["64"]
+# ---------------------------------------------------------------------------------------------
+# Policies: the table on a 16-CPU rank, role by role
+
+
+ALL = frozenset(HELPER_ROLES)
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        # policy: launch set, main, autograd, pin_memory, comm, other, worker set
+        (Policy.SHARED, ("0-3", "0", "1", "2", "3", "4-15", "0-15")),
+        (Policy.ISOLATED, ("0-3", "0", "1", "2", "3", "4-15", "4-15")),
+        (Policy.ISOLATED_MAIN, ("0", "0", "1-15", "1-15", "1-15", "1-15", "1-15")),
+        (Policy.SPREAD, ("0-3", "0", "1", "2", "3", "4-15", None)),
+        (Policy.NUMA, ("0-3", "0", "1", "2", "3", "4-15", "0-15")),
+    ],
+)
+def test_the_policy_table(policy: Policy, expected: tuple[str | None, ...]) -> None:
+    p = plan(
+        PinningSpec(policy=policy),
+        allowed=range(16),
+        workers=4,
+        roles=ALL,
+        gpu=0,
+        gpu_cpus=frozenset(range(16)),
+    )
+    launch, main, autograd, pin, comm, other, workers = expected
+    roles = p.to_dict()["roles"]
+    assert p.to_dict()["launch"] == launch
+    assert roles == {
+        "launch": main,
+        "autograd": autograd,
+        "pin_memory": pin,
+        "comm": comm,
+        "other": other,
+    }
+    if workers is None:  # spread: one CPU each after the launch set
+        assert p.to_dict()["workers"] == ["4", "5", "6", "7"]
+    else:
+        assert p.to_dict()["workers"] == [workers] * 4
+    assert p.warnings == ()
+
+
+def test_isolated_on_a_two_rank_node_keeps_ranks_apart() -> None:
+    cpus = frozenset(range(32))
     placements = [
         plan(
-            PinningSpec(policy=Policy.ISOLATED, launch_cores=2),
+            PinningSpec(policy=Policy.ISOLATED),
             allowed=cpus,
             workers=4,
-            local_ranks=4,
+            roles=ALL,
+            local_ranks=2,
             local_rank=r,
         )
-        for r in range(4)
+        for r in range(2)
+    ]
+    assert [p.to_dict()["roles"] for p in placements] == [
+        {"launch": "0", "autograd": "1", "pin_memory": "2", "comm": "3", "other": "4-15"},
+        {"launch": "16", "autograd": "17", "pin_memory": "18", "comm": "19", "other": "20-31"},
     ]
     used = [(p.launch or frozenset()).union(*(p.workers or ())) for p in placements]
-    assert all(a.isdisjoint(b) for i, a in enumerate(used) for b in used[i + 1 :])
-    assert frozenset().union(*used) == cpus
-    assert [min(p.launch or ()) for p in placements] == [0, 16, 32, 48]
+    assert used[0].isdisjoint(used[1])
+    assert used[0] | used[1] == cpus
+
+
+def test_explicit_launch_cores_beyond_the_roles_leave_spare_cpus_for_other_threads() -> None:
+    p = plan(
+        PinningSpec(policy=Policy.ISOLATED, launch_cores=4),
+        allowed=range(8),
+        workers=2,
+        roles={Role.AUTOGRAD},
+    )
+    assert (p.main, p.autograd, p.other) == ({0}, {1}, {2, 3})
+    assert p.workers == (frozenset(range(4, 8)),) * 2
+
+
+def test_helpers_beside_main_is_the_old_pile_up_on_request() -> None:
+    spec = PinningSpec(
+        policy=Policy.ISOLATED,
+        launch_cores=1,
+        autograd=RolePlace.MAIN,
+        pin_memory=RolePlace.MAIN,
+        comm=RolePlace.MAIN,
+    )
+    p = plan(spec, allowed=range(4), workers=2, roles=ALL)
+    assert p.launch == p.main == p.autograd == p.pin_memory == p.comm == frozenset({0})
+    assert p.other == frozenset({1, 2, 3})
+    rows = [_row_for(p, role, i) for i, role in enumerate((Role.LAUNCH, *HELPER_ROLES))]
+    assert crowded(p, rows) == [
+        "isolated: launch and autograd threads share CPU(s) 0: 0 ('launch') with 1 ('autograd')",
+        "isolated: launch and pin_memory threads share CPU(s) 0: 0 ('launch') with 2 "
+        "('pin_memory')",
+        "isolated: launch and comm threads share CPU(s) 0: 0 ('launch') with 3 ('comm')",
+        "isolated: autograd and pin_memory threads share CPU(s) 0: 1 ('autograd') with 2 "
+        "('pin_memory')",
+        "isolated: autograd and comm threads share CPU(s) 0: 1 ('autograd') with 3 ('comm')",
+        "isolated: pin_memory and comm threads share CPU(s) 0: 2 ('pin_memory') with 3 ('comm')",
+    ]
+
+
+def test_one_cpu_share_puts_other_threads_on_main_and_says_so() -> None:
+    p = plan(PinningSpec(policy=Policy.SHARED), allowed=range(2), workers=1, local_ranks=2)
+    assert p.main == p.other == frozenset({0})
+    assert p.warnings == (
+        "shared: rank 0's launch set {0} is its whole share: the other threads run on the main "
+        "thread's CPU",
+    )
 
 
 def test_spread_wraps_around_and_says_so() -> None:
@@ -203,7 +435,39 @@ def test_spread_wraps_around_and_says_so() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Policies: impossible requests
+# Policies: impossible requests, with the numbers
+
+
+def test_explicit_launch_cores_too_few_for_the_roles() -> None:
+    with pytest.raises(PlacementError) as err:
+        plan(
+            PinningSpec(policy=Policy.ISOLATED, launch_cores=2),
+            allowed=range(16),
+            workers=4,
+            roles={Role.AUTOGRAD, Role.PIN_MEMORY},
+        )
+    assert str(err.value) == (
+        "isolated: launch_cores=2 is too few for this run's launch roles: main, autograd, "
+        "pin_memory take a CPU each, 3 in all; set launch_cores: auto (or >= 3), or place a "
+        "helper beside the main thread or with the loader (pinning.autograd / pin_memory / "
+        "comm: main or loader)"
+    )
+
+
+def test_auto_that_does_not_fit_the_share_names_the_numbers() -> None:
+    with pytest.raises(PlacementError) as err:
+        plan(
+            PinningSpec(policy=Policy.ISOLATED),
+            allowed=range(6),
+            workers=2,
+            roles=ALL,
+            local_ranks=2,
+            local_rank=1,
+        )
+    assert str(err.value) == (
+        "isolated: launch_cores=auto needs 4 CPUs (main, autograd, pin_memory, comm) but rank 1 "
+        "of 2 has only 3 CPUs {3,4,5} of the job's 6 allowed"
+    )
 
 
 def test_isolated_error_names_the_numbers() -> None:
@@ -220,7 +484,7 @@ def test_isolated_error_names_the_numbers() -> None:
     )
 
 
-@pytest.mark.parametrize("policy", [Policy.ISOLATED, Policy.SPREAD])
+@pytest.mark.parametrize("policy", [Policy.ISOLATED, Policy.SPREAD, Policy.ISOLATED_MAIN])
 def test_no_core_left_for_workers_is_an_error_only_with_workers(policy: Policy) -> None:
     spec = PinningSpec(policy=policy, launch_cores=3)
     with pytest.raises(PlacementError, match=r"leaving no CPU for 2 loader worker\(s\)") as err:
@@ -228,6 +492,18 @@ def test_no_core_left_for_workers_is_an_error_only_with_workers(policy: Policy) 
     assert "launch_cores=3 but rank 0 of 2 has only 3 CPUs {1,5,6}" in str(err.value)
     p = plan(spec, allowed=CPU_SETS["ragged"], workers=0, local_ranks=2, local_rank=0)
     assert (p.launch, p.workers) == (frozenset({1, 5, 6}), ())
+
+
+def test_isolated_main_needs_a_cpu_for_the_helpers_it_moves_to_the_loader() -> None:
+    spec = PinningSpec(policy=Policy.ISOLATED_MAIN)
+    with pytest.raises(PlacementError) as err:
+        plan(spec, allowed=range(2), workers=0, roles={Role.AUTOGRAD}, local_ranks=2)
+    assert str(err.value) == (
+        "isolated-main: launch_cores=auto needs 1 CPU (main) but rank 0 of 2 has only 1 CPU {0} "
+        "of the job's 2 allowed, leaving no CPU for the autograd thread"
+    )
+    p = plan(spec, allowed=range(2), workers=0, roles={Role.AUTOGRAD})
+    assert (p.main, p.autograd, p.other) == ({0}, {1}, {1})
 
 
 def test_shared_lets_workers_share_all_launch_cores() -> None:
@@ -240,10 +516,40 @@ def test_shared_lets_workers_share_all_launch_cores() -> None:
 def test_bad_inputs_are_placement_errors(policy: Policy) -> None:
     with pytest.raises(PlacementError, match="workers=-1"):
         plan(PinningSpec(policy=policy), allowed=range(4), workers=-1)
-    with pytest.raises(PlacementError, match="launch_cores=0"):
+    with pytest.raises(PlacementError, match="launch_cores=0, expected 'auto' or >= 1"):
         plan(PinningSpec(policy=policy, launch_cores=0), allowed=range(4), workers=1)
     with pytest.raises(PlacementError, match="empty"):
         plan(PinningSpec(policy=policy), allowed=(), workers=1)
+    with pytest.raises(PlacementError, match=r"roles \['loader'\] are not helper roles"):
+        plan(PinningSpec(policy=policy), allowed=range(4), workers=1, roles={Role.LOADER})
+
+
+@pytest.mark.parametrize(
+    ("spec", "roles"),
+    [
+        (RunSpec(), set()),
+        (RunSpec(device=DeviceKind.CUDA, mode=Mode.COMPUTE), {Role.AUTOGRAD}),
+        (RunSpec(device=DeviceKind.CUDA, mode=Mode.DATA), set()),
+        (
+            RunSpec(device=DeviceKind.CUDA, mode=Mode.DATA, loader=LoaderSpec(pin_memory=True)),
+            {Role.PIN_MEMORY},
+        ),
+        (RunSpec(loader=LoaderSpec(pin_memory=True)), set()),  # pinned only on CUDA
+        (RunSpec(layout=LayoutSpec(ranks_per_node=2)), {Role.COMM}),
+        (
+            RunSpec(
+                device=DeviceKind.CUDA,
+                loader=LoaderSpec(pin_memory=True),
+                layout=LayoutSpec(ranks_per_node=2, backend=Backend.NCCL),
+            ),
+            set(HELPER_ROLES),
+        ),
+    ],
+)
+def test_roles_for_a_run(spec: RunSpec, roles: set[Role]) -> None:
+    assert roles_for(spec) == roles
+    assert launch_need(PinningSpec(policy=Policy.ISOLATED), roles) == 1 + len(roles)
+    assert launch_need(PinningSpec(policy=Policy.ISOLATED_MAIN), roles) == 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -261,9 +567,15 @@ def test_numa_uses_the_gpu_local_part_of_the_share() -> None:
         gpu_cpus=socket1,
     )
     assert p.launch == frozenset({16, 17})
+    assert (p.main, p.other) == ({16}, {17})  # the spare launch CPU
     assert p.workers == (socket1,) * 3
     assert p.rank_cpus == frozenset(range(64))
     assert p.warnings == ()
+    auto = plan(
+        PinningSpec(policy=Policy.NUMA), allowed=range(64), workers=3, roles=ALL, gpu_cpus=socket1
+    )
+    assert (auto.main, auto.autograd, auto.pin_memory, auto.comm) == ({16}, {17}, {18}, {19})
+    assert auto.other == socket1 - {16, 17, 18, 19}  # the rest of the node before the far one
 
 
 def test_numa_with_several_ranks_intersects_with_the_share() -> None:
@@ -293,9 +605,10 @@ def test_numa_falls_back_to_isolated_with_a_warning(
     gpu: int | None, gpu_cpus: frozenset[int] | None, warning: str
 ) -> None:
     spec = PinningSpec(policy=Policy.NUMA)
-    p = plan(spec, allowed=range(16), workers=2, gpu=gpu, gpu_cpus=gpu_cpus)
-    isolated = plan(PinningSpec(policy=Policy.ISOLATED), allowed=range(16), workers=2)
+    p = plan(spec, allowed=range(16), workers=2, roles=ALL, gpu=gpu, gpu_cpus=gpu_cpus)
+    isolated = plan(PinningSpec(policy=Policy.ISOLATED), allowed=range(16), workers=2, roles=ALL)
     assert p.policy is Policy.NUMA  # what was asked for, the warning says what happened
+    assert p.to_dict()["roles"] == isolated.to_dict()["roles"]
     assert (p.launch, p.workers) == (isolated.launch, isolated.workers)
     assert len(p.warnings) == 1
     assert p.warnings[0].startswith(warning)
@@ -416,29 +729,44 @@ def test_parse_cpulist_rejects_malformed(text: str) -> None:
 
 
 def test_placement_pickles_and_serializes() -> None:
-    p = plan(PinningSpec(policy=Policy.SPREAD), allowed=CPU_SETS["ragged"], workers=5)
+    p = plan(
+        PinningSpec(policy=Policy.SPREAD),
+        allowed=CPU_SETS["ragged"],
+        workers=5,
+        roles={Role.AUTOGRAD},
+    )
     assert pickle.loads(pickle.dumps(p)) == p
     assert p.to_dict() == {
         "policy": "spread",
         "allowed": "1,5-7,12",
         "rank_cpus": "1,5-7,12",
-        "launch": "1",
-        "workers": ["5", "6", "7", "12", "5"],
+        "launch": "1,5",
+        "roles": {
+            "launch": "1",
+            "autograd": "5",
+            "pin_memory": "6-7,12",
+            "comm": "6-7,12",
+            "other": "6-7,12",
+        },
+        "planned_roles": ["autograd"],
+        "workers": ["6", "7", "12", "6", "7"],
         "warnings": list(p.warnings),
     }
     rows = plan_rows(p)
-    assert [(r.role, r.worker_id, r.cpus) for r in rows[:4]] == [
+    assert [(r.role, r.worker_id, r.cpus) for r in rows[:6]] == [
         ("allowed", -1, "1,5-7,12"),
         ("rank", -1, "1,5-7,12"),
+        ("launch_set", -1, "1,5"),
         ("launch", -1, "1"),
-        ("other", -1, "1,5-7,12"),
+        ("autograd", -1, "5"),
+        ("other", -1, "6-7,12"),
     ]
-    assert [(r.worker_id, r.cpus) for r in rows[4:]] == [
-        (0, "5"),
-        (1, "6"),
-        (2, "7"),
-        (3, "12"),
-        (4, "5"),
+    assert [(r.role, r.worker_id, r.cpus) for r in rows[6:]] == [
+        ("loader", 0, "6"),
+        ("loader", 1, "7"),
+        ("loader", 2, "12"),
+        ("loader", 3, "6"),
+        ("loader", 4, "7"),
     ]
 
 
@@ -579,31 +907,49 @@ def _this_machine() -> frozenset[int]:
 
 
 @pytest.mark.usefixtures("restore_masks")
-def test_apply_threads_pins_launch_roles_and_keeps_others_in_the_share(
-    helper_threads: _Threads,
-) -> None:
+def test_apply_threads_pins_every_role_where_planned(helper_threads: _Threads) -> None:
     allowed = _this_machine()
     autograd = helper_threads.start("pt_autograd_0")
     other = helper_threads.start()
-    p = plan(PinningSpec(policy=Policy.ISOLATED), allowed=allowed, workers=1)
-    assert p.launch == frozenset({min(allowed)})  # {0} on most machines
+    p = plan(PinningSpec(policy=Policy.ISOLATED), allowed=allowed, workers=0, roles={Role.AUTOGRAD})
+    main_cpu, autograd_cpu = sorted(allowed)[:2]  # {0} and {1} on most machines
+    assert (p.main, p.autograd) == ({main_cpu}, {autograd_cpu})
+    assert p.other is not None and main_cpu not in p.other
     rows = apply_threads(p)
-    assert os.sched_getaffinity(0) == p.launch  # the calling (main) thread
-    assert os.sched_getaffinity(autograd) == p.launch
-    assert os.sched_getaffinity(other) == allowed
+    assert os.sched_getaffinity(0) == p.main  # the calling (main) thread
+    assert os.sched_getaffinity(autograd) == p.autograd
+    assert os.sched_getaffinity(other) == p.other
     assert mismatches(rows) == []
+    assert crowded(p, rows) == []
     by_tid = {r.tid: r for r in rows}
-    assert by_tid[os.getpid()].cpus_actual == cpulist(p.launch)
+    assert by_tid[os.getpid()].cpus_actual == cpulist(p.main)
     assert by_tid[os.getpid()].role is Role.LAUNCH
-    assert by_tid[other].cpus_planned == cpulist(allowed)
-    # a thread created now inherits the launch mask from the main thread; re-applying (as after
-    # step 0) moves it to the share and changes nothing else
+    assert by_tid[other].cpus_planned == cpulist(p.other)
+    # a thread created now inherits the main thread's mask; re-applying (as after step 0)
+    # moves it to the other threads' CPUs and changes nothing else
     late = helper_threads.start()
-    assert os.sched_getaffinity(late) == p.launch
+    assert os.sched_getaffinity(late) == p.main
     again = apply_threads(p)
-    assert os.sched_getaffinity(late) == allowed
+    assert os.sched_getaffinity(late) == p.other
     assert mismatches(again) == []
     assert [r for r in again if r.tid != late] == rows
+
+
+@pytest.mark.usefixtures("restore_masks")
+def test_apply_threads_reports_launch_roles_that_share_a_cpu(helper_threads: _Threads) -> None:
+    allowed = _this_machine()
+    autograd = helper_threads.start("pt_autograd_0")
+    spec = PinningSpec(policy=Policy.ISOLATED, autograd=RolePlace.MAIN)
+    p = plan(spec, allowed=allowed, workers=0, roles={Role.AUTOGRAD})
+    rows = apply_threads(p)
+    main_cpu = min(allowed)
+    name = Path("/proc/self/comm").read_text().strip()
+    assert crowded(p, rows) == [
+        f"isolated: launch and autograd threads share CPU(s) {main_cpu}: {os.getpid()} "
+        f"({name!r}) with {autograd} ('pt_autograd_0')"
+    ]
+    # the same threads with the OS deciding: nothing is pinned, nothing to report
+    assert crowded(plan(PinningSpec(), allowed=allowed, workers=0), record_threads(p)) == []
 
 
 @pytest.mark.usefixtures("restore_masks")
@@ -615,14 +961,10 @@ def test_apply_threads_never_widens_and_reports_drift() -> None:
     rows = record_threads(p)
     assert mismatches(rows) == [
         f"launch thread {os.getpid()} ({rows[0].name!r}) of pid {os.getpid()}: "
-        f"planned {cpulist(p.launch or ())}, actual {cpulist(allowed)}"
+        f"planned {cpulist(p.main or ())}, actual {cpulist(allowed)}"
     ]
-    outside = Placement(
-        policy=Policy.SHARED,
-        allowed=frozenset({min(allowed)}),
-        rank_cpus=allowed,
-        launch=frozenset({max(allowed) + 1000}),
-        workers=(),
+    outside = dataclasses.replace(
+        p, allowed=frozenset({min(allowed)}), main=frozenset({max(allowed) + 1000})
     )
     with pytest.raises(PlacementError, match="outside the job's allowed"):
         apply_threads(outside)

@@ -14,40 +14,57 @@ chunks of the sorted ids keep a rank on one socket on machines that number CPUs 
 If the launcher already bound each rank to its own CPUs (``srun --cpu-bind``), pass
 ``local_ranks=1``: the split would otherwise subdivide a set that is already the rank's.
 
-With ``k = PinningSpec.launch_cores``:
+Roles are placed one by one (DESIGN.md sect. 7): the *main* thread (role ``launch``) launches
+nearly every kernel, the *autograd* thread runs the whole backward, the *pin-memory* thread copies
+every batch, the *comm* threads drive NCCL/gloo; piled onto one CPU they make the main thread wait
+behind its own helpers. Each helper role present in the run (:func:`roles_for`) is placed by its
+key ``PinningSpec.autograd`` / ``pin_memory`` / ``comm``: ``own`` (default; a CPU of its own),
+``main`` (on the main thread's CPU: the pile-up, only on request) or ``loader`` (on the loader
+workers' CPUs). The *launch set* ``L`` is the first CPUs of the share: the main thread's CPU,
+then one CPU per ``own`` helper in the order autograd, pin_memory, comm, then spare CPUs when
+``launch_cores`` asks for more than that; ``launch_cores: auto`` asks for exactly that. ``R`` is
+``S`` minus ``L``.
 
-==========  ==================================  =================================================
-policy      launch roles                        loader worker ``i`` (of ``W``)
-==========  ==================================  =================================================
-none        unchanged (the OS decides)          unchanged; placement has ``launch=None``,
-                                                ``workers=None``, ``rank_cpus`` = all allowed;
-                                                masks are still recorded
-shared      first ``k`` CPUs of ``S``           all of ``S``: workers can and do run on the
-                                                launch cores (the worst case)
-isolated    first ``k`` CPUs of ``S``           ``S`` minus the launch CPUs (error if that is
-                                                empty and ``W > 0``)
-spread      first ``k`` CPUs of ``S``           exactly one CPU, ``rest[i mod n]`` with ``rest``
-                                                = ``S`` minus launch, ``n = len(rest)``; ``W > n``
-                                                wraps around and records "oversubscribed"
-numa        first ``k`` CPUs of ``L``           all of ``L``, where ``L`` = ``S`` intersected
-                                                with the CPUs local to the rank's GPU; unknown
-                                                topology or empty ``L``: ``isolated`` on ``S``,
-                                                with a warning in the placement
-==========  ==================================  =================================================
+=============  ========  ===========  ==============  ===========  ============================
+policy         main      own helper   ``loader``      other        loader worker ``i`` (of W)
+                                      helper                       threads
+=============  ========  ===========  ==============  ===========  ============================
+none           unchanged (the OS decides); the plan has no CPU sets, masks are still recorded
+shared         1st of L  next of L    ``S``           spare or R   ``S``: workers can and do run
+                                                                   on the launch CPUs (worst
+                                                                   case)
+isolated       1st of L  next of L    ``R``           spare or R   ``R`` (error if empty, W > 0)
+isolated-main  1st of L  -- every helper goes with    spare or R   ``R`` (error if empty and
+                         the loader: ``R``                         W > 0 or helpers present)
+spread         1st of L  next of L    ``R``           spare or R   one CPU, ``R[i mod len(R)]``;
+                                                                   W > len(R) wraps around and
+                                                                   records "oversubscribed"
+numa           as shared, with ``L`` taken from ``N`` = ``S`` intersected with the CPUs local to
+               the rank's GPU, ``loader`` = ``N``, other = spare or ``N - L`` or ``R``; unknown
+               topology or empty ``N``: ``isolated`` on ``S``, with a warning in the placement
+=============  ========  ===========  ==============  ===========  ============================
 
-Other threads of a rank process (OpenMP/intra-op pools, CUDA driver helpers, Python threads) are
-confined to ``S`` by every policy but ``none``, so that ranks keep to their own shares; they are
-not put on the launch CPUs, where an intra-op pool of many threads would compete with the very
-thread the launch CPUs are reserved for.
+``other`` threads (the intra-op pool, CUDA driver and Python helpers, unnamed NCCL threads) are
+confined to the share and never put on the main thread's CPU while there is another: the spare
+launch CPUs if any, else ``R``, else (``R`` empty) the helpers' CPUs, else, on a one-CPU share, the
+main thread's CPU with a warning. A helper role the plan was not made for that shows up anyway
+gets the ``other`` CPUs. ``isolated-main`` against ``isolated`` separates "the launch thread
+alone" from "all launch roles together"; ``main`` placements reproduce the old all-on-one-core
+layout on purpose.
 
-Impossible requests (more launch CPUs than the share, a share of only launch CPUs while there are
-workers to place, more local ranks than allowed CPUs) raise :class:`PlacementError` from
-:func:`plan`, i.e. before the run starts, with the numbers in the message.
+Impossible requests raise :class:`PlacementError` from :func:`plan`, i.e. before the run
+starts, with the numbers in the message: an explicit ``launch_cores`` smaller than the roles it
+must hold, a launch set larger than the share, a share of only launch CPUs while there are
+workers or ``loader`` helpers to place, more local ranks than allowed CPUs. After pinning, the
+harness reads every thread's mask back (:func:`apply_threads` returns them) and records, as a
+warning in the trace and the run log, every pair of launch roles whose threads share a CPU
+(:func:`crowded`).
 
-Policies are pure: :func:`plan` maps (spec, allowed CPUs, local ranks, local rank, workers, GPU
-topology) to a :class:`Placement` and never touches the machine. The impure parts are separate:
-:func:`gpu_local_cpus` reads the topology from sysfs, :func:`apply_threads` pins the threads of
-the rank process by TID and :func:`apply_worker` pins a loader worker from ``worker_init_fn``.
+Policies are pure: :func:`plan` maps (spec, allowed CPUs, local ranks, local rank, workers,
+helper roles, GPU topology) to a :class:`Placement` and never touches the machine. The impure
+parts are separate: :func:`gpu_local_cpus` reads the topology from sysfs, :func:`apply_threads`
+pins the threads of the rank process by TID and :func:`apply_worker` pins a loader worker from
+``worker_init_fn``.
 
 Threads and their roles. :func:`discover_threads` reads ``/proc/<pid>/task/*/comm`` (the kernel
 truncates names to 15 bytes). Names come from the PyTorch and NCCL sources and the strings of the
@@ -63,8 +80,9 @@ plus a gloo group, a CUDA backward, a DataLoader with ``pin_memory=True``):
   thread, 2 by default) and ``pt_tcpstore``/``pt_tcpstore_uv`` (the store daemon, rank 0 only).
   NCCL's own threads (``NCCL Progress%2d`` proxy, ``NCCL Service %2d``, ``NCCL UDS Servic``,
   ``NCCL RAS``, ``NCCL Sock...``, ``NCCL IbAsync %2d``) are named **only if
-  ``NCCL_SET_THREAD_NAME=1``** (default 0, so the harness should set it); otherwise they keep the
-  name of the thread that created them (``python3``) and land in *other*. Gloo's transport
+  ``NCCL_SET_THREAD_NAME=1``** (default 0; the harness sets it before the process group starts
+  unless the environment already says otherwise); otherwise they keep the name of the thread
+  that created them (``python3``) and land in *other*. Gloo's transport
   threads are never named. Names containing ``gloo`` or ``ProcessGroup`` are taken as comm too.
 - *pin_memory*: DataLoader's pin-memory thread names itself ``pt_data_pin`` in recent torch
   (``torch/utils/data/_utils/pin_memory.py``); older versions leave the creator's name, so the
@@ -337,7 +355,11 @@ def role_places(spec: PinningSpec) -> dict[Role, RolePlace]:
 
 
 def launch_need(spec: PinningSpec, roles: Iterable[Role]) -> int:
-    """CPUs the launch set must hold: the main thread's plus one per helper role placed ``own``."""
+    """CPUs the launch set must hold: the main thread's plus one per helper role placed ``own``.
+
+    What ``launch_cores: auto`` asks for; with :func:`roles_for`, what a job must be given per
+    rank beyond its loader CPUs.
+    """
     places = role_places(spec)
     return 1 + sum(1 for r in set(roles) if places[r] is RolePlace.OWN)
 
@@ -395,7 +417,7 @@ def plan(
     share = rank_share(allowed_set, local_ranks, local_rank)
     places = role_places(spec)
     own = [r for r in HELPER_ROLES if r in helpers and places[r] is RolePlace.OWN]
-    need = 1 + len(own)
+    need = launch_need(spec, helpers)
     holds = ", ".join(["main", *(r.value for r in own)])
     if spec.launch_cores == AUTO:
         k = need
@@ -470,11 +492,9 @@ def plan(
     def cpus_of(role: Role) -> frozenset[int]:
         if role not in helpers:
             return other
-        return {
-            RolePlace.OWN: own_cpus.get(role, main),
-            RolePlace.MAIN: main,
-            RolePlace.LOADER: loader_cpus,
-        }[places[role]]
+        if places[role] is RolePlace.OWN:
+            return own_cpus[role]
+        return main if places[role] is RolePlace.MAIN else loader_cpus
 
     return Placement(
         policy=spec.policy,
@@ -771,8 +791,8 @@ def record_threads(
 def apply_threads(placement: Placement, pid: int | None = None) -> list[ThreadRow]:
     """Pin the threads of rank process ``pid`` (default: this one) and return their rows.
 
-    Launch-role threads (launch, autograd, pin_memory, comm) go to ``placement.launch``, other
-    threads to the rank's share. Idempotent: the harness calls it at start and after step 0.
+    Every thread goes to the CPUs of its role (:meth:`Placement.cpus_for`); the rows carry the
+    mask read back after pinning. Idempotent: the harness calls it at start and after step 0.
     Threads that exit meanwhile are skipped. Policy ``none`` only records.
     """
     rows: list[ThreadRow] = []

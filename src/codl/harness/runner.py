@@ -211,8 +211,9 @@ def execute(
         # a policy's core budget means the same on CPU and GPU. Threads inherit the launch
         # thread's mask because pinning happens before the first parallel region.
         torch.set_num_threads(max(1, len(launch_cpus)))
-    # (capture time, rows): masks are read back and recorded at start, after step 0 and at the
-    # end; launch roles found sharing a CPU in a reading are warned about in the trace and log.
+    # (capture time, rows): masks are read back and recorded at start, after step 0, after the
+    # last warm-up step and at the end; launch roles found sharing a CPU in a reading are warned
+    # about in the trace and the run log.
     thread_rows: list[tuple[int, pinning.ThreadRow]] = _stamped(pinning.apply_threads(placement))
     _log_placement(placement.warnings)
     crowded = pinning.crowded(placement, [r for _, r in thread_rows])
@@ -371,11 +372,13 @@ def execute(
                 profiler.step()
             sched.sample(step)
             dev.sample(step)
-            if step == 0:
-                # Autograd, pin-memory and communication threads exist only now.
-                step0_rows = pinning.apply_threads(placement)
-                thread_rows += _stamped(step0_rows)
-                new = [w for w in pinning.crowded(placement, step0_rows) if w not in crowded]
+            if step in {0, spec.steps.warmup - 1}:
+                # Autograd, pin-memory and communication threads exist only after step 0; threads
+                # made later in the warm-up inherit their creator's CPUs, and are placed before
+                # the measured steps.
+                rows = pinning.apply_threads(placement)
+                thread_rows += _stamped(rows)
+                new = [w for w in pinning.crowded(placement, rows) if w not in crowded]
                 _log_placement(new)
                 crowded += new
         rec.resolve_gpu()
