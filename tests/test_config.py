@@ -209,13 +209,12 @@ def test_shipped_configs_load(name: str, dataset: str) -> None:
 
 def test_shipped_config_counts_by_hand() -> None:
     # The derivation above, spelled out once for the paper config: `policies` is
-    # 2 modes x 4 policies x 3 repeats = 24 runs; `workers` is 3 modes x 2 worker counts x
-    # 3 repeats = 18, of which data+compute/none/24 workers (3) is already in `policies`;
-    # `cupti` is 2 modes x 2 policies = 4 (distinct: CUPTI is part of the spec);
-    # `launch_latency` is 2 modes x 2 policies x 3 repeats = 12 (distinct: cuda_api is too).
+    # 2 modes x 4 policies x 3 repeats = 24 runs; `loader` is 2 modes x 3 repeats = 6;
+    # `launch_latency` is 2 modes x 2 policies x 2 repeats = 8, all distinct from `policies`
+    # (cuda_api is part of the spec).
     plan = load_plan(REPO / "config" / "config.yaml")
-    assert len(plan.runs) == 24 + 18 + 4 + 12
-    assert len(plan.run_ids) == 24 + (18 - 3) + 4 + 12
+    assert len(plan.runs) == 24 + 6 + 8
+    assert len(plan.run_ids) == 24 + 6 + 8
     # smoke: 4 modes x 3 policies, no collapse (no loader factor).
     assert len(load_plan(REPO / "config" / "smoke.yaml").run_ids) == 4 * 3
 
