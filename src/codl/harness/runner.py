@@ -293,6 +293,7 @@ def execute(
                 dataset,
                 batch_size=bs,
                 sampler=hdata.EndlessShuffle(n_samples, gen),
+                multiprocessing_context=hdata.worker_context() if spec.loader.workers else None,
                 num_workers=spec.loader.workers,
                 prefetch_factor=spec.loader.prefetch_factor,
                 pin_memory=spec.loader.pin_memory and cuda,
