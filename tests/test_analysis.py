@@ -695,6 +695,9 @@ def test_summarize_tables_end_to_end() -> None:
     assert len(summary) == 1
     row = summary.iloc[0]
     assert row["steps"] == 4
+    # Identical steps: nothing anomalous, every step in the steady state.
+    assert row["outlier_steps"] == 0
+    assert not steps["outlier"].any()
     assert row["step_ms_p50"] == pytest.approx(20.0)
     assert row["step_ms_cv"] == pytest.approx(0.0)
     assert row["throughput_samples_s"] == pytest.approx(128 * 1000 / 20)

@@ -295,8 +295,12 @@ def test_component_durations_labels_a_zero_twin_by_its_difference(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     figs = _drawn(monkeypatch)
-    zero = comparison().iloc[:1].assign(
-        isolation=0.0, combined=0.4, ratio=np.nan, diff=0.4, diff_ci_low=0.1, diff_ci_high=0.7
+    zero = (
+        comparison()
+        .iloc[:1]
+        .assign(
+            isolation=0.0, combined=0.4, ratio=np.nan, diff=0.4, diff_ci_low=0.1, diff_ci_high=0.7
+        )
     )
     plots.component_durations(zero, outputs(tmp_path, "x"))
     texts = [t.get_text() for ax in figs[0].axes for t in ax.texts]
