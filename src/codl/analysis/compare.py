@@ -492,32 +492,30 @@ def quantile_interval_width(
     *,
     q: float = 0.95,
     n: int = BOOTSTRAP,
+    repeats: int = 20,
     seed: int = 0,
 ) -> pd.DataFrame:
     """How the 95 % bootstrap interval of the q-quantile narrows with the number of steps.
 
-    For each n_steps in ``sizes``: draw n_steps steps from ``values`` (one run's steady steps,
-    or a pooled group's), bootstrap the quantile, and report the interval's half-width relative
-    to the quantile. Answers "how many measured steps does a usable p95 need".
+    For each size m in ``sizes``, ``repeats`` times: draw m steps from ``values`` (a group's
+    steady-state steps, taken as the population), bootstrap their q-quantile ``n`` times and
+    take the interval's half-width relative to the quantile. Reports the median over repeats
+    (one draw of m steps is itself noisy). Answers "how many measured steps does a usable p95
+    need" from steps already measured.
     """
     x = np.asarray(values, dtype=np.float64)
     x = x[np.isfinite(x)]
     rng = np.random.default_rng(seed)
     rows = []
     for m in sizes:
-        sample = x[rng.integers(0, len(x), size=m)]
-        boots = np.quantile(sample[rng.integers(0, m, size=(n, m))], q, axis=1)
-        lo, hi = np.percentile(boots, [2.5, 97.5])
-        est = float(np.quantile(sample, q))
-        rows.append(
-            {
-                "steps": m,
-                "quantile": est,
-                "ci_low": float(lo),
-                "ci_high": float(hi),
-                "rel_half_width": float((hi - lo) / 2 / est) if est else np.nan,
-            }
-        )
+        widths = []
+        for _ in range(repeats):
+            sample = x[rng.integers(0, len(x), size=m)]
+            boots = np.quantile(sample[rng.integers(0, m, size=(n, m))], q, axis=1)
+            lo, hi = np.percentile(boots, [2.5, 97.5])
+            est = float(np.quantile(sample, q))
+            widths.append((hi - lo) / 2 / est if est else np.nan)
+        rows.append({"steps": m, "rel_half_width": float(np.nanmedian(widths))})
     return pd.DataFrame(rows)
 
 
