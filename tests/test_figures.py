@@ -93,6 +93,7 @@ def decomposition_means() -> pd.DataFrame:
                     "mode": "combined",
                     "policy": policy,
                     "workers": 2,
+                    "world_size": 2,
                     "cupti": False,
                     "cuda_api": False,
                     "view": view,
@@ -328,3 +329,4 @@ def test_decomposition_stacks_negative_parts_below_zero(
     assert min(heights) < 0
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert {"host launch delay", "peer wait", "unattributed", "compute inflation"} <= set(legend)
+    assert all("x2 ranks" in t.get_text() for t in ax.get_xticklabels())

@@ -326,12 +326,12 @@ def decompose(steps: pd.DataFrame, parts: pd.DataFrame, summaries: pd.DataFrame)
 
 
 def decomposition_means(decomp: pd.DataFrame, *, tail: float = 0.95) -> pd.DataFrame:
-    """Per (mode, policy, workers, cupti, cuda_api) and view: the mean of the inflation and of
-    each part over the steady-state steps (``view`` = "all steps") and over the steps whose
-    compute inflation is at or above the group's ``tail`` quantile (``view`` = "slowest 5 %"):
-    what the average step and what the slow steps are made of."""
+    """Per (mode, policy, workers, world size, cupti, cuda_api) and view: the mean of the
+    inflation and of each part over the steady-state steps (``view`` = "all steps") and over
+    the steps whose compute inflation is at or above the group's ``tail`` quantile (``view`` =
+    "slowest 5 %"): what the average step and what the slow steps are made of."""
     cols = ["compute_inflation_ms", *PARTS, "unattributed_ms"]
-    keys = ["mode", "policy", "workers", "cupti", "cuda_api"]
+    keys = ["mode", "policy", "workers", "world_size", "cupti", "cuda_api"]
     if decomp.empty:
         return pd.DataFrame(columns=[*keys, "view", "steps", *cols])
     d = steady(decomp)

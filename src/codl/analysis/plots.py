@@ -368,7 +368,9 @@ def decomposition(means: pd.DataFrame, outputs: Sequence[Path]) -> None:
     d = means.reset_index(drop=True)
     labels = []
     for _, r in d.iterrows():
-        label = f"{r['mode']}\n{r['policy']} w={r['workers']}\n{r['view']}"
+        ranks = r.get("world_size")
+        on_ranks = f" x{int(ranks)} ranks" if pd.notna(ranks) and int(ranks) > 1 else ""
+        label = f"{r['mode']}{on_ranks}\n{r['policy']} w={r['workers']}\n{r['view']}"
         for col, mark in (("cupti", " +CUPTI"), ("cuda_api", " +API")):
             if str(r.get(col)).lower() == "true":
                 label += mark
