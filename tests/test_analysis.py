@@ -491,6 +491,11 @@ def run_frames(
     return steps, pd.DataFrame([summary])
 
 
+def p50(comparison: pd.DataFrame) -> pd.DataFrame:
+    """The median rows of a comparison: what these tests' hand-computed answers are."""
+    return comparison[comparison["stat"] == "p50"]
+
+
 def run_set(*runs: tuple[pd.DataFrame, pd.DataFrame]) -> tuple[pd.DataFrame, pd.DataFrame]:
     return (
         pd.concat([s for s, _ in runs], ignore_index=True),
@@ -508,7 +513,7 @@ def test_compare_exact_ratio_and_loader_normalisation() -> None:
         run_frames("x0", "combined", x, repeat=0),
         run_frames("x1", "combined", x, repeat=1),
     )
-    out = cmp.compare(steps, summaries)
+    out = p50(cmp.compare(steps, summaries))
     row = out[(out["component"] == "compute") & (out["metric"] == "compute_eff_ms")]
     assert len(row) == 1
     r = row.iloc[0]
@@ -543,7 +548,7 @@ def test_compare_exact_ratio_with_constant_steps() -> None:
         run_frames("d0", "data", {"loader_item_ms": [2.0, 2.0, 2.0, 2.0]}),
         run_frames("x2", "data+compute", {"loader_item_ms": [3.0] * 4, "compute_eff_ms": [11] * 4}),
     )
-    out = cmp.compare(steps, summaries)
+    out = p50(cmp.compare(steps, summaries))
     r = out[(out["mode"] == "combined") & (out["metric"] == "compute_eff_ms")].iloc[0]
     assert r["ratio"] == pytest.approx(2.27)
     assert r["ci_low"] == pytest.approx(2.27)
@@ -562,7 +567,7 @@ def test_compare_policies_and_workers_do_not_cross() -> None:
         run_frames("c0", "compute", {"compute_eff_ms": [10.0] * 3}, policy="shared"),
         run_frames("x0", "combined", {"compute_eff_ms": [20.0] * 3}, policy="isolated"),
     )
-    out = cmp.compare(steps, summaries)
+    out = p50(cmp.compare(steps, summaries))
     r = out[out["metric"] == "compute_eff_ms"].iloc[0]
     assert "missing isolation run: mode=compute" in r["status"]
     assert "policy=isolated" in r["status"]
@@ -578,7 +583,7 @@ def test_compare_pairs_launch_latency_only_within_one_cupti_level() -> None:
         run_frames("a2", "data+compute", {lk: [6.0] * 3}, cuda_api=True),
         run_frames("p0", "data+compute", {lk: [9.0] * 3}),
     )
-    out = cmp.compare(steps, summaries)
+    out = p50(cmp.compare(steps, summaries))
     r = out[out["metric"] == lk].set_index("mode")
     assert r.loc["combined", "isolation_runs"] == "a0"
     assert r.loc["combined", "ratio"] == pytest.approx(1.2)
@@ -597,7 +602,7 @@ def test_compare_matches_after_csv_round_trip(tmp_path: Path) -> None:
     # After CSV, None turns into NaN (NaN != NaN) and ints may turn into floats.
     summaries.to_csv(tmp_path / "s.csv", index=False)
     back = pd.read_csv(tmp_path / "s.csv")
-    out = cmp.compare(steps, back)
+    out = p50(cmp.compare(steps, back))
     r = out[out["metric"] == "compute_eff_ms"].iloc[0]
     assert r["status"] == "ok"
     assert r["ratio"] == pytest.approx(1.5)
@@ -614,7 +619,7 @@ def test_comm_component_needs_two_ranks() -> None:
         run_frames("m0", "comm", {"allreduce_ms": [4.0] * 3}, world_size=4),
         run_frames("x0", "compute+comm", {"allreduce_ms": [10.0] * 3}, world_size=4),
     )
-    out = cmp.compare(steps, summaries)
+    out = p50(cmp.compare(steps, summaries))
     r = out[out["component"] == "comm"].iloc[0]
     assert r["ratio"] == pytest.approx(2.5)
 
@@ -690,6 +695,9 @@ def test_summarize_tables_end_to_end() -> None:
     assert len(summary) == 1
     row = summary.iloc[0]
     assert row["steps"] == 4
+    # Identical steps: nothing anomalous, every step in the steady state.
+    assert row["outlier_steps"] == 0
+    assert not steps["outlier"].any()
     assert row["step_ms_p50"] == pytest.approx(20.0)
     assert row["step_ms_cv"] == pytest.approx(0.0)
     assert row["throughput_samples_s"] == pytest.approx(128 * 1000 / 20)

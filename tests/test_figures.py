@@ -29,6 +29,7 @@ def check(paths: list[Path]) -> None:
 
 
 def comparison() -> pd.DataFrame:
+    """A headline comparison (``compare.headline``): p95 rows with the p50 ratio beside them."""
     rows = []
     for policy, workers, infl in (("none", 4, 2.27), ("isolated", 4, 1.05), ("shared", 8, 1.8)):
         for metric, iso in (
@@ -43,12 +44,17 @@ def comparison() -> pd.DataFrame:
                     "policy": policy,
                     "workers": workers,
                     "metric": metric,
+                    "stat": "p95",
                     "status": "ok",
                     "isolation": iso,
                     "combined": iso * infl,
                     "ratio": infl,
                     "ci_low": infl * 0.95,
                     "ci_high": infl * 1.05,
+                    "diff": iso * (infl - 1),
+                    "diff_ci_low": iso * (infl * 0.95 - 1),
+                    "diff_ci_high": iso * (infl * 1.05 - 1),
+                    "p50_ratio": 1.0 + (infl - 1) / 10,
                 }
             )
     return pd.DataFrame(rows)
@@ -70,10 +76,37 @@ def steps() -> pd.DataFrame:
                         "launch_wait_ms": wait,
                         "compute_eff_ms": 50 + 3 * wait + rng.normal(0, 1, n),
                         "step_ms": 60 + 3 * wait,
+                        # One flagged anomalous step per group, as steady.flag_outliers marks it.
+                        "outlier": np.arange(n) == 0,
                     }
                 )
             )
     return pd.concat(frames, ignore_index=True)
+
+
+def decomposition_means() -> pd.DataFrame:
+    rows = []
+    for policy, host, unexplained in (("none", 3.0, 1.0), ("isolated", 0.5, -0.4)):
+        for view, k in (("all steps", 1.0), ("slowest 5 %", 6.0)):
+            rows.append(
+                {
+                    "mode": "combined",
+                    "policy": policy,
+                    "workers": 2,
+                    "world_size": 2,
+                    "cupti": False,
+                    "cuda_api": False,
+                    "view": view,
+                    "steps": 20,
+                    "host_launch_delay_ms": host * k,
+                    "peer_wait_ms": 2.0 * k,
+                    "transfer_ms": 0.3,
+                    "gpu_slowdown_ms": np.nan,
+                    "unattributed_ms": unexplained * k,
+                    "compute_inflation_ms": (host + 2.0 + unexplained) * k + 0.3,
+                }
+            )
+    return pd.DataFrame(rows)
 
 
 def timeline() -> pd.DataFrame:
@@ -140,6 +173,10 @@ CASES: dict[str, tuple[Callable[[Path], None], Callable[[Path], None]]] = {
         lambda p: plots.step_time_distributions(steps(), outputs(p, "x")),
         lambda p: plots.step_time_distributions(pd.DataFrame(), outputs(p, "x")),
     ),
+    "decomposition": (
+        lambda p: plots.decomposition(decomposition_means(), outputs(p, "x")),
+        lambda p: plots.decomposition(pd.DataFrame(), outputs(p, "x")),
+    ),
 }
 
 
@@ -186,8 +223,8 @@ def test_component_durations_defaults_to_loader_item_time(
     plots.component_durations(comparison(), outputs(tmp_path, "x"))
     ylabels = [ax.get_ylabel() for ax in figs[0].axes]
     # Data wait is not comparable between isolation and combined: per-item time replaces it.
-    assert plots.METRIC_LABELS["loader_item_ms"] in ylabels
-    assert plots.METRIC_LABELS["data_wait_ms"] not in ylabels
+    assert "p95 of " + plots.METRIC_LABELS["loader_item_ms"] in ylabels
+    assert not any(plots.METRIC_LABELS["data_wait_ms"] in y for y in ylabels)
     check(outputs(tmp_path, "x"))
 
 
@@ -235,3 +272,61 @@ def test_step_timeline_from_trace_tables(tmp_path: Path) -> None:
     plots.step_timeline(tl, outputs(tmp_path, "x"), title="t")
     check(outputs(tmp_path, "x"))
     assert figdata.step_timeline(tables, step=99).empty
+
+
+def _drawn(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    figs: list[Any] = []
+    real = plots._save
+    monkeypatch.setattr(plots, "_save", lambda fig, outs: (figs.append(fig), real(fig, outs)))
+    return figs
+
+
+def test_component_durations_leads_with_p95_and_shows_p50(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    figs = _drawn(monkeypatch)
+    plots.component_durations(comparison(), outputs(tmp_path, "x"))
+    texts = [t.get_text() for ax in figs[0].axes for t in ax.texts]
+    # none: p95 ratio 2.27 (+127 %), p50 ratio 1.127 (+13 %).
+    assert "+127%\n(p50 +13%)" in texts
+    assert figs[0].axes[0].get_ylabel().startswith("p95 of ")
+
+
+def test_component_durations_labels_a_zero_twin_by_its_difference(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    figs = _drawn(monkeypatch)
+    zero = (
+        comparison()
+        .iloc[:1]
+        .assign(
+            isolation=0.0, combined=0.4, ratio=np.nan, diff=0.4, diff_ci_low=0.1, diff_ci_high=0.7
+        )
+    )
+    plots.component_durations(zero, outputs(tmp_path, "x"))
+    texts = [t.get_text() for ax in figs[0].axes for t in ax.texts]
+    assert texts[0].startswith("+0.4")
+
+
+def test_flagged_steps_are_drawn_apart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    figs = _drawn(monkeypatch)
+    plots.step_time_distributions(steps(), outputs(tmp_path, "x"))
+    labels = [t.get_text() for t in figs[0].axes[0].get_xticklabels()]
+    assert all("1 flagged" in label for label in labels)
+    plots.launch_wait_vs_compute(steps(), outputs(tmp_path, "y"))
+    legend = [t.get_text() for t in figs[1].axes[0].get_legend().get_texts()]
+    assert "flagged anomalous step (n=4)" in legend
+
+
+def test_decomposition_stacks_negative_parts_below_zero(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    figs = _drawn(monkeypatch)
+    plots.decomposition(decomposition_means(), outputs(tmp_path, "x"))
+    ax = figs[0].axes[0]
+    heights = [p.get_height() for p in ax.patches]
+    # The isolated group's unattributed part is negative: drawn below zero.
+    assert min(heights) < 0
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert {"host launch delay", "peer wait", "unattributed", "compute inflation"} <= set(legend)
+    assert all("x2 ranks" in t.get_text() for t in ax.get_xticklabels())

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from codl.config import build_plan
-from codl.paths import FIGURE_FORMATS, FIGURES, ResultPaths
+from codl.paths import ALL_FIGURES, FIGURE_FORMATS, ResultPaths
 
 pytestmark = pytest.mark.slow
 
@@ -85,7 +85,7 @@ def test_workflow_runs_once_and_reruns_only_changed_specs(tmp_path: Path) -> Non
     assert first["run"] == 3
     assert first["summarize"] == 3
     assert first["dataset"] == 1
-    for name in FIGURES:
+    for name in ALL_FIGURES:
         for fmt in FIGURE_FORMATS:
             assert (workdir / "results" / "figures" / f"{name}.{fmt}").stat().st_size > 1000
     runs = pd.read_csv(workdir / "results" / "tables" / "runs.csv")
@@ -93,7 +93,18 @@ def test_workflow_runs_once_and_reruns_only_changed_specs(tmp_path: Path) -> Non
     comparison = pd.read_csv(workdir / "results" / "tables" / "comparison.csv")
     compute_rows = comparison[(comparison["metric"] == "compute_eff_ms")]
     assert (compute_rows["status"] == "ok").all()
-    assert compute_rows["isolation_runs"].tolist() == [ids["compute"]]
+    assert set(compute_rows["isolation_runs"]) == {ids["compute"]}
+    assert {"p50", "mean", "p95", "p99", "above_p99", "excess_share"} <= set(compute_rows["stat"])
+    steps = pd.read_csv(paths.steps_table)
+    assert {"outlier", "outlier_reason", "tail_step"} <= set(steps)
+    # The combined run decomposed against its compute twin, step by step, from real schedstat.
+    decomposition = pd.read_csv(paths.decomposition_table)
+    assert set(decomposition["run_id"]) == {ids["combined"]}
+    assert set(decomposition["twin_mode"]) == {"compute"}
+    assert len(decomposition) == CONFIG["defaults"]["steps"]["measured"]
+    assert decomposition["host_launch_delay_ms"].notna().all()
+    for rid in ids.values():
+        assert paths.parts(rid).exists()
 
     out, second = snakemake(workdir, cfg_path)
     assert second == {}, out[-2000:]

@@ -17,6 +17,9 @@ FIGURES = (
     "policy_heatmap",
     "step_time_distributions",
 )
+# The decomposition figure has a caption of its own in the report, so it is a separate output.
+DECOMPOSITION_FIGURE = "decomposition"
+ALL_FIGURES = (*FIGURES, DECOMPOSITION_FIGURE)
 FIGURE_FORMATS = ("png", "pdf")
 
 
@@ -69,6 +72,10 @@ class ResultPaths:
     def attribution(self, run_id: str) -> Path:
         return self.run_dir(run_id) / "attribution.parquet"
 
+    def parts(self, run_id: str) -> Path:
+        """Per (rank, step) decomposition inputs: launch roles' CPU time, peer wait, kernels."""
+        return self.run_dir(run_id) / "parts.parquet"
+
     def run_log(self, run_id: str) -> Path:
         return self.logs / "run" / f"{run_id}.log"
 
@@ -95,6 +102,10 @@ class ResultPaths:
     @property
     def attribution_table(self) -> Path:
         return self.tables / "attribution.csv"
+
+    @property
+    def decomposition_table(self) -> Path:
+        return self.tables / "decomposition.csv"
 
     @property
     def figures(self) -> Path:

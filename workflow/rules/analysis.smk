@@ -5,6 +5,7 @@ rule summarize:
         steps=PATHS.steps("{run_id}"),
         summary=PATHS.summary("{run_id}"),
         attribution=PATHS.attribution("{run_id}"),
+        parts=PATHS.parts("{run_id}"),
     log:
         PATHS.summarize_log("{run_id}"),
     conda:
@@ -19,6 +20,7 @@ rule compare:
         summaries=all_of("summary"),
         steps=all_of("steps"),
         attributions=all_of("attribution"),
+        parts=all_of("parts"),
     output:
         runs=report(
             PATHS.runs_table,
@@ -36,6 +38,11 @@ rule compare:
             caption="../report/attribution.rst",
             category="Tables",
         ),
+        decomposition=report(
+            PATHS.decomposition_table,
+            caption="../report/decomposition_table.rst",
+            category="Tables",
+        ),
     log:
         str(PATHS.logs / "compare.log"),
     conda:
@@ -50,6 +57,7 @@ rule figures:
         runs=PATHS.runs_table,
         steps=PATHS.steps_table,
         comparison=PATHS.comparison_table,
+        decomposition=PATHS.decomposition_table,
         traces=all_of("trace"),
     output:
         figures=report(
@@ -59,6 +67,15 @@ rule figures:
                 fmt=FIGURE_FORMATS,
             ),
             caption="../report/figures.rst",
+            category="Figures",
+        ),
+        decomposition=report(
+            expand(
+                str(PATHS.figures / "{name}.{fmt}"),
+                name=DECOMPOSITION_FIGURE,
+                fmt=FIGURE_FORMATS,
+            ),
+            caption="../report/decomposition.rst",
             category="Figures",
         ),
     log:

@@ -3,7 +3,13 @@
 import json
 
 from codl.config import build_plan
-from codl.paths import FIGURES, FIGURE_FORMATS, ResultPaths
+from codl.paths import (
+    ALL_FIGURES,
+    DECOMPOSITION_FIGURE,
+    FIGURES,
+    FIGURE_FORMATS,
+    ResultPaths,
+)
 from codl.workflow import dataset_dir, dataset_input, dataset_spec_json, run_resources
 
 PATHS = ResultPaths()
@@ -68,6 +74,10 @@ def all_of(kind):
 
 
 def get_final_outputs():
-    figures = [str(PATHS.figure(n, fmt)) for n in FIGURES for fmt in FIGURE_FORMATS]
-    tables = [str(PATHS.runs_table), str(PATHS.comparison_table)]
+    figures = [str(PATHS.figure(n, fmt)) for n in ALL_FIGURES for fmt in FIGURE_FORMATS]
+    tables = [
+        str(PATHS.runs_table),
+        str(PATHS.comparison_table),
+        str(PATHS.decomposition_table),
+    ]
     return tables + figures

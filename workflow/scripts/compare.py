@@ -9,8 +9,10 @@ compare_to(
     summaries=[Path(p) for p in snakemake.input.summaries],
     steps=[Path(p) for p in snakemake.input.steps],
     attributions=[Path(p) for p in snakemake.input.attributions],
+    parts=[Path(p) for p in snakemake.input.parts],
     runs_table=Path(snakemake.output.runs),
     steps_table=Path(snakemake.output.steps),
     comparison_table=Path(snakemake.output.comparison),
     attribution_table=Path(snakemake.output.attribution),
+    decomposition_table=Path(snakemake.output.decomposition),
 )

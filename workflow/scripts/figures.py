@@ -9,6 +9,7 @@ figures_to(
     runs_table=Path(snakemake.input.runs),
     steps_table=Path(snakemake.input.steps),
     comparison_table=Path(snakemake.input.comparison),
+    decomposition_table=Path(snakemake.input.decomposition),
     traces=[Path(p) for p in snakemake.input.traces],
     figdir=Path(snakemake.output.figures[0]).parent,
 )

@@ -10,4 +10,5 @@ summarize_to(
     steps=Path(snakemake.output.steps),
     summary=Path(snakemake.output.summary),
     attribution=Path(snakemake.output.attribution),
+    parts=Path(snakemake.output.parts),
 )

@@ -2,15 +2,23 @@
 
 Two runs match when their specs are equal once mode and repeat are set aside and fields the
 isolation mode never reads are normalised (the `compute` twin of a `combined` run has no loader,
-so its loader settings do not matter). Ratios are combined / isolation of the mean over runs of
-each run's median, with a two-level bootstrap (runs, then steps within runs) for the confidence
-interval, so one repeat still gets an honest interval from its step-to-step spread.
+so its loader settings do not matter).
+
+Interference lives in the tail, so every (run group, component, metric) gets one row per
+statistic (``STATS``): p50, mean, p90, p95 and p99 of the steps, each as the mean over runs of the
+per-run statistic; ``above_p99``, the fraction of steps above the twin's p99; and
+``excess_share``, the share of the combined run's step time lost against its twin. Each has a
+two-level bootstrap interval (runs, then steps within runs), so one repeat still gets an honest
+interval from its step-to-step spread. Steps flagged as anomalous (``steady.flag_outliers``) are
+left out on both sides by default and counted. Where the twin's statistic is exactly 0 (the
+launch thread never waits alone) a ratio is undefined: ``effect`` then says ``difference`` and
+``diff`` carries it - a measured zero is not "not measured".
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -59,22 +67,44 @@ GROUP_COLUMNS = (
 LOADER_COLUMNS = ("workers", "prefetch_factor", "pin_memory")
 NO_LOADER: tuple[Any, ...] = (0, None, None)
 BOOTSTRAP = 2000
+QUANTILES = {"p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99}
+# Distribution statistics, each a mean over runs of the per-run statistic of the steps.
+DISTRIBUTION_STATS = ("p50", "mean", "p90", "p95", "p99")
+STATS = (*DISTRIBUTION_STATS, "above_p99", "excess_share")
+# The statistic that carries an interference effect: it lives in the tail (docs/results-h200.md).
+HEADLINE_STAT = "p95"
+# Per-step times of the step's critical path, whose excess is time the run lost. Latencies of
+# single calls (us) and per-item times are not, so they get no excess share.
+STEP_TIME_METRICS = frozenset({"compute_eff_ms", "launch_wait_ms", "allreduce_ms", "step_ms"})
+VALUE_COLUMNS = (
+    "isolation",
+    "combined",
+    "ratio",
+    "ci_low",
+    "ci_high",
+    "diff",
+    "diff_ci_low",
+    "diff_ci_high",
+    "effect",
+)
+PER_STAT_COLUMNS = ("stat", "status", "steps", "isolation_steps")
 RESULT_COLUMNS = (
     "mode",
     *GROUP_COLUMNS,
     *LOADER_COLUMNS,
     "component",
     "metric",
+    "stat",
     "runs",
     "isolation_runs",
     "n_runs",
     "n_isolation_runs",
+    "steps",
+    "isolation_steps",
+    "flagged",
+    "isolation_flagged",
     "status",
-    "isolation",
-    "combined",
-    "ratio",
-    "ci_low",
-    "ci_high",
+    *VALUE_COLUMNS,
 )
 
 
@@ -108,58 +138,200 @@ def _normal_key(row: pd.Series) -> tuple[Any, ...]:
     return _key(row, str(row["mode"]))
 
 
-def _two_level_draws(
-    groups: Sequence[npt.NDArray[np.float64]], n: int, rng: np.random.Generator
-) -> npt.NDArray[np.float64]:
-    """n bootstrap replicates of the mean over runs of each run's median.
+# One step-index resample of one run inside the replicates that picked it: (pick slot, run,
+# replicate ids, an index matrix of shape (len(replicates), steps of the run)).
+Draw = tuple[int, int, npt.NDArray[np.intp], npt.NDArray[np.intp]]
+
+
+def draw_indices(lengths: Sequence[int], n: int, rng: np.random.Generator) -> list[Draw]:
+    """n two-level bootstrap replicates of a set of runs with ``lengths`` steps each.
 
     Level 1 resamples runs with replacement; level 2 resamples the steps of every picked run
-    independently (a run picked twice gets two different step resamples).
+    independently (a run picked twice gets two different step resamples). Indices, not values,
+    so that several columns of one run are resampled together (a metric and its step time).
     """
-    g = len(groups)
+    g = len(lengths)
     picks = rng.integers(0, g, size=(n, g))
-    total = np.zeros(n)
+    draws: list[Draw] = []
     for j in range(g):
-        for k, a in enumerate(groups):
+        for k, m in enumerate(lengths):
             sel = np.flatnonzero(picks[:, j] == k)
             if sel.size:
-                resampled = a[rng.integers(0, len(a), size=(sel.size, len(a)))]
-                total[sel] += np.median(resampled, axis=1)
-    return total / g
+                draws.append((j, k, sel, rng.integers(0, m, size=(sel.size, m))))
+    return draws
+
+
+RunStat = Callable[[npt.NDArray[np.float64], npt.NDArray[np.intp]], npt.NDArray[np.float64]]
+
+
+def replicate(
+    groups: Sequence[npt.NDArray[np.float64]], draws: list[Draw], n: int, f: RunStat
+) -> npt.NDArray[np.float64]:
+    """Per replicate: the mean over the picked runs of ``f`` (per-run statistic of a 2-D array of
+    resampled steps, one row per replicate; it also gets the replicate ids)."""
+    total = np.zeros(n)
+    for _, k, sel, idx in draws:
+        total[sel] += f(groups[k][idx], sel)
+    return total / len(groups)
+
+
+def pooled_quantile(
+    groups: Sequence[npt.NDArray[np.float64]], draws: list[Draw], n: int, q: float
+) -> npt.NDArray[np.float64]:
+    """Per replicate: the q-quantile of all resampled steps of the picked runs pooled."""
+    width = max(len(a) for a in groups)
+    pooled = np.full((n, width * len(groups)), np.nan)
+    for j, k, sel, idx in draws:
+        pooled[sel, j * width : j * width + idx.shape[1]] = groups[k][idx]
+    return np.asarray(np.nanquantile(pooled, q, axis=1), dtype=np.float64)
+
+
+def run_statistic(stat: str) -> Callable[[npt.NDArray[np.float64]], npt.NDArray[np.float64]]:
+    """The per-run statistic of a quantile/mean ``stat`` along the last axis."""
+    if stat == "mean":
+        return lambda a: np.mean(a, axis=-1)
+    q = QUANTILES[stat]
+    return lambda a: np.quantile(a, q, axis=-1)
+
+
+def _ignore_replicates(
+    f: Callable[[npt.NDArray[np.float64]], npt.NDArray[np.float64]],
+) -> RunStat:
+    return lambda a, _s: f(a)
+
+
+def point(groups: Sequence[npt.NDArray[np.float64]], stat: str) -> float:
+    """Mean over runs of the per-run ``stat``."""
+    f = run_statistic(stat)
+    return float(np.mean([f(a) for a in groups]))
+
+
+def _clean(runs: Sequence[npt.ArrayLike]) -> list[npt.NDArray[np.float64]]:
+    arrays = [np.asarray(x, dtype=np.float64) for x in runs]
+    return [a[~np.isnan(a)] for a in arrays if len(a[~np.isnan(a)])]
+
+
+def _interval(draws: npt.NDArray[np.float64]) -> tuple[float, float]:
+    d = draws[np.isfinite(draws)]
+    if not len(d):
+        return (np.nan, np.nan)
+    lo, hi = np.percentile(d, [2.5, 97.5])
+    return (float(lo), float(hi))
 
 
 def bootstrap_ratio(
-    num: Sequence[npt.NDArray[Any]],
-    den: Sequence[npt.NDArray[Any]],
+    num: Sequence[npt.ArrayLike],
+    den: Sequence[npt.ArrayLike],
     *,
     n: int = BOOTSTRAP,
     seed: int = 0,
+    stat: str = "p50",
 ) -> tuple[float, float, float]:
-    """Ratio of means of per-run medians, and its 95 % two-level bootstrap interval.
+    """Ratio of means of a per-run statistic (default: median), and its 95 % two-level
+    bootstrap interval.
 
     ``num``/``den`` hold one array of per-step values per run; NaN steps and empty runs are
-    dropped. Deterministic for a given seed.
+    dropped. NaN when the denominator is 0 (use ``compare_stats`` for the difference).
+    Deterministic for a given seed.
     """
-    numc = [a[~np.isnan(a)] for a in (np.asarray(x, dtype=np.float64) for x in num)]
-    denc = [a[~np.isnan(a)] for a in (np.asarray(x, dtype=np.float64) for x in den)]
-    numc = [a for a in numc if len(a)]
-    denc = [a for a in denc if len(a)]
+    r = compare_stats(num, den, n=n, seed=seed).get(stat)
+    if r is None or not np.isfinite(r["ratio"]):
+        return (np.nan, np.nan, np.nan)
+    return (r["ratio"], r["ci_low"], r["ci_high"])
+
+
+def compare_stats(
+    num: Sequence[npt.ArrayLike],
+    den: Sequence[npt.ArrayLike],
+    *,
+    step_ms: Sequence[npt.ArrayLike] | None = None,
+    n: int = BOOTSTRAP,
+    seed: int = 0,
+) -> dict[str, dict[str, float]]:
+    """Every statistic of ``STATS`` for combined runs ``num`` against twin runs ``den``.
+
+    Per statistic: ``isolation``, ``combined``, ``ratio`` with ``ci_low``/``ci_high``, and
+    ``diff`` (combined - isolation) with ``diff_ci_low``/``diff_ci_high``. ``step_ms`` (aligned
+    with ``num``, same NaN steps) enables ``excess_share``: (mean combined - mean twin) / mean
+    combined step time. Empty dict when either side has no measured step.
+    """
+    if step_ms is not None:
+        pairs = [
+            (np.asarray(a, dtype=np.float64), np.asarray(t, dtype=np.float64))
+            for a, t in zip(num, step_ms, strict=True)
+        ]
+        keep = [(a[~np.isnan(a) & ~np.isnan(t)], t[~np.isnan(a) & ~np.isnan(t)]) for a, t in pairs]
+        keep = [(a, t) for a, t in keep if len(a)]
+        numc = [a for a, _ in keep]
+        steps_c: list[npt.NDArray[np.float64]] | None = [t for _, t in keep]
+    else:
+        numc, steps_c = _clean(num), None
+    denc = _clean(den)
     if not numc or not denc:
-        return (np.nan, np.nan, np.nan)
-    d = float(np.mean([np.median(a) for a in denc]))
-    if d == 0:
-        return (np.nan, np.nan, np.nan)
-    point = float(np.mean([np.median(a) for a in numc])) / d
+        return {}
     rng = np.random.default_rng(seed)
-    top = _two_level_draws(numc, n, rng)
-    bottom = _two_level_draws(denc, n, rng)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratios = top / bottom
-    ratios = ratios[np.isfinite(ratios)]
-    if not len(ratios):
-        return (point, np.nan, np.nan)
-    lo, hi = np.percentile(ratios, [2.5, 97.5])
-    return (point, float(lo), float(hi))
+    dn = draw_indices([len(a) for a in numc], n, rng)
+    dd = draw_indices([len(a) for a in denc], n, rng)
+    out: dict[str, dict[str, float]] = {}
+
+    def put(
+        stat: str,
+        iso: float,
+        comb: float,
+        iso_d: npt.NDArray[np.float64],
+        comb_d: npt.NDArray[np.float64],
+        *,
+        ratio: bool = True,
+    ) -> None:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r = comb / iso if ratio and iso != 0 else np.nan
+            lo, hi = _interval(comb_d / iso_d) if np.isfinite(r) else (np.nan, np.nan)
+        dlo, dhi = _interval(comb_d - iso_d)
+        out[stat] = {
+            "isolation": iso,
+            "combined": comb,
+            "ratio": float(r),
+            "ci_low": lo,
+            "ci_high": hi,
+            "diff": comb - iso,
+            "diff_ci_low": dlo,
+            "diff_ci_high": dhi,
+        }
+
+    for stat in DISTRIBUTION_STATS:
+        f = run_statistic(stat)
+        put(
+            stat,
+            point(denc, stat),
+            point(numc, stat),
+            replicate(denc, dd, n, _ignore_replicates(f)),
+            replicate(numc, dn, n, _ignore_replicates(f)),
+        )
+    # Tail weight: how often a combined step is slower than 99 % of the twin's steps (pooled
+    # over its repeats, so that one slower repeat does not move the bar below the others).
+    # The twin's own fraction (about 1 % by construction) is the reference it is compared with.
+    thr = float(np.quantile(np.concatenate(denc), QUANTILES["p99"]))
+    thr_d = pooled_quantile(denc, dd, n, QUANTILES["p99"])
+    put(
+        "above_p99",
+        float(np.mean([np.mean(a > thr) for a in denc])),
+        float(np.mean([np.mean(a > thr) for a in numc])),
+        replicate(denc, dd, n, lambda a, s: np.mean(a > thr_d[s, None], axis=-1)),
+        replicate(numc, dn, n, lambda a, s: np.mean(a > thr_d[s, None], axis=-1)),
+    )
+    if steps_c is not None:
+        total = point(steps_c, "mean")
+        lost = point(numc, "mean") - point(denc, "mean")
+        total_d = replicate(steps_c, dn, n, lambda a, _s: np.mean(a, axis=-1))
+        lost_d = replicate(numc, dn, n, lambda a, _s: np.mean(a, axis=-1)) - replicate(
+            denc, dd, n, lambda a, _s: np.mean(a, axis=-1)
+        )
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share_d = lost_d / total_d
+        share = lost / total if total else np.nan
+        # A share has no twin value of its own: isolation is 0 and the difference carries it.
+        put("excess_share", 0.0, share, np.zeros(n), share_d, ratio=False)
+    return out
 
 
 def _describe_missing(row: pd.Series, comp: str) -> str:
@@ -173,17 +345,31 @@ def _describe_missing(row: pd.Series, comp: str) -> str:
     )
 
 
-def compare(steps: pd.DataFrame, summaries: pd.DataFrame) -> pd.DataFrame:
-    """One row per (multi-component run group, component, metric) with ratio and CI.
+def twin_key(row: pd.Series, mode: str) -> tuple[Any, ...]:
+    """The group key ``row``'s spec has in ``mode``: find a run's twin by spec identity."""
+    return _key(row, mode)
 
-    Groups whose isolation twin is missing get a row with ``status`` naming what is missing
-    rather than silently disappearing. Repeats (and nothing else) of one spec form a group.
-    """
-    if summaries.empty or "mode" not in summaries:
-        return pd.DataFrame(columns=list(RESULT_COLUMNS))
+
+def run_groups(summaries: pd.DataFrame) -> dict[tuple[Any, ...], list[str]]:
+    """Group key -> run ids of its repeats."""
     by_key: dict[tuple[Any, ...], list[str]] = {}
     for _, r in summaries.iterrows():
         by_key.setdefault(_normal_key(r), []).append(str(r["run_id"]))
+    return by_key
+
+
+def compare(steps: pd.DataFrame, summaries: pd.DataFrame, *, steady: bool = True) -> pd.DataFrame:
+    """One row per (multi-component run group, component, metric, statistic) with the isolation
+    and combined values, ratio and difference, and their 95 % bootstrap intervals.
+
+    With ``steady`` (the default), steps flagged ``outlier`` are left out on both sides;
+    ``flagged``/``isolation_flagged`` count them. Groups whose isolation twin is missing get
+    a row with ``status`` naming what is missing rather than silently disappearing. Repeats (and
+    nothing else) of one spec form a group.
+    """
+    if summaries.empty or "mode" not in summaries:
+        return pd.DataFrame(columns=list(RESULT_COLUMNS))
+    by_key = run_groups(summaries)
     values: dict[str, pd.DataFrame] = (
         {str(rid): g for rid, g in steps.groupby("run_id")} if "run_id" in steps else {}
     )
@@ -212,43 +398,125 @@ def compare(steps: pd.DataFrame, summaries: pd.DataFrame) -> pd.DataFrame:
                     "isolation_runs": " ".join(twins),
                     "n_runs": len(runs),
                     "n_isolation_runs": len(twins),
+                    "flagged": _flagged(values, runs),
+                    "isolation_flagged": _flagged(values, twins),
                 }
-                if not twins:
-                    rows.append(
-                        base
-                        | {
-                            "status": _describe_missing(r, comp),
-                            "isolation": np.nan,
-                            "combined": np.nan,
-                            "ratio": np.nan,
-                            "ci_low": np.nan,
-                            "ci_high": np.nan,
-                        }
-                    )
-                    continue
-                num = [_col(values, rid, metric) for rid in runs]
-                den = [_col(values, rid, metric) for rid in twins]
-                point, lo, hi = bootstrap_ratio(num, den)
-                status = "ok" if np.isfinite(point) else "metric not measured"
-                rows.append(
-                    base
-                    | {
-                        "status": status,
-                        "isolation": _mean_median(den),
-                        "combined": _mean_median(num),
-                        "ratio": point,
-                        "ci_low": lo,
-                        "ci_high": hi,
-                    }
-                )
+                rows += _metric_rows(base, values, runs, twins, metric, r, comp, steady=steady)
     return pd.DataFrame(rows, columns=list(RESULT_COLUMNS))
 
 
-def _col(values: dict[str, pd.DataFrame], rid: str, metric: str) -> npt.NDArray[np.float64]:
+def _metric_rows(
+    base: dict[str, Any],
+    values: dict[str, pd.DataFrame],
+    runs: list[str],
+    twins: list[str],
+    metric: str,
+    row: pd.Series,
+    comp: str,
+    *,
+    steady: bool,
+) -> list[dict[str, Any]]:
+    empty = dict.fromkeys(VALUE_COLUMNS, np.nan)
+    if not twins:
+        # One row per statistic whatever the status: filtering on `stat` never hides a gap.
+        missing = _describe_missing(row, comp)
+        return [base | empty | {"stat": st, "status": missing} for st in STATS]
+    num = [_col(values, rid, metric, steady) for rid in runs]
+    den = [_col(values, rid, metric, steady) for rid in twins]
+    step_ms = None
+    if metric in STEP_TIME_METRICS:
+        step_ms = [_col(values, rid, "step_ms", steady) for rid in runs]
+        if any(len(t) != len(a) for t, a in zip(step_ms, num, strict=True)):
+            step_ms = None
+    stats = compare_stats(num, den, step_ms=step_ms)
+    counts = {
+        "steps": int(sum(np.isfinite(a).sum() for a in num)),
+        "isolation_steps": int(sum(np.isfinite(a).sum() for a in den)),
+    }
+    if not stats:
+        return [
+            base | empty | counts | {"stat": st, "status": "metric not measured"} for st in STATS
+        ]
+    out = []
+    for stat, v in stats.items():
+        effect = "ratio" if np.isfinite(v["ratio"]) else "difference"
+        out.append(base | counts | v | {"stat": stat, "status": "ok", "effect": effect})
+    return out
+
+
+def _flagged(values: dict[str, pd.DataFrame], runs: list[str]) -> int:
+    return int(
+        sum(
+            values[r]["outlier"].fillna(False).astype(bool).sum()
+            for r in runs
+            if r in values and "outlier" in values[r]
+        )
+    )
+
+
+def _col(
+    values: dict[str, pd.DataFrame], rid: str, metric: str, steady: bool = False
+) -> npt.NDArray[np.float64]:
     g = values.get(rid)
     if g is None or metric not in g:
         return np.array([], dtype=np.float64)
+    if steady and "outlier" in g:
+        g = g[~g["outlier"].fillna(False).astype(bool)]
     return pd.to_numeric(g[metric], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+
+
+def _row_keys(df: pd.DataFrame) -> list[str]:
+    return ["|".join(str(_norm(v)) for v in row) for row in df.itertuples(index=False)]
+
+
+def headline(comparison: pd.DataFrame, stat: str = HEADLINE_STAT) -> pd.DataFrame:
+    """The rows of one statistic (default: the headline p95), with the p50 ratio beside it."""
+    if comparison.empty or "stat" not in comparison:
+        return comparison
+    keys = [c for c in RESULT_COLUMNS if c not in VALUE_COLUMNS and c not in PER_STAT_COLUMNS]
+    main = comparison[comparison["stat"] == stat]
+    p50 = comparison[comparison["stat"] == "p50"][[*keys, "ratio", "ci_low", "ci_high"]]
+    p50 = p50.rename(
+        columns={"ratio": "p50_ratio", "ci_low": "p50_ci_low", "ci_high": "p50_ci_high"}
+    )
+    # Missing-twin rows have no p50 row; a left merge keeps them. Keys may hold NaN (None
+    # after CSV): merge on a normalised string form.
+    left = main.assign(_k=_row_keys(main[keys]))
+    right = p50.assign(_k=_row_keys(p50[keys]))[["_k", "p50_ratio", "p50_ci_low", "p50_ci_high"]]
+    return left.merge(right, on="_k", how="left").drop(columns="_k")
+
+
+def quantile_interval_width(
+    values: npt.ArrayLike,
+    sizes: Sequence[int],
+    *,
+    q: float = 0.95,
+    n: int = BOOTSTRAP,
+    repeats: int = 20,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """How the 95 % bootstrap interval of the q-quantile narrows with the number of steps.
+
+    For each size m in ``sizes``, ``repeats`` times: draw m steps from ``values`` (a group's
+    steady-state steps, taken as the population), bootstrap their q-quantile ``n`` times and
+    take the interval's half-width relative to the quantile. Reports the median over repeats
+    (one draw of m steps is itself noisy). Answers "how many measured steps does a usable p95
+    need" from steps already measured.
+    """
+    x = np.asarray(values, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    rng = np.random.default_rng(seed)
+    rows = []
+    for m in sizes:
+        widths = []
+        for _ in range(repeats):
+            sample = x[rng.integers(0, len(x), size=m)]
+            boots = np.quantile(sample[rng.integers(0, m, size=(n, m))], q, axis=1)
+            lo, hi = np.percentile(boots, [2.5, 97.5])
+            est = float(np.quantile(sample, q))
+            widths.append((hi - lo) / 2 / est if est else np.nan)
+        rows.append({"steps": m, "rel_half_width": float(np.nanmedian(widths))})
+    return pd.DataFrame(rows)
 
 
 def _mean_median(groups: Sequence[npt.NDArray[np.float64]]) -> float:

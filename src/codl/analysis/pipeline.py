@@ -12,16 +12,25 @@ import numpy as np
 import pandas as pd
 
 from codl.analysis import compare as cmp
+from codl.analysis import decompose as dec
 from codl.analysis import figdata, plots
-from codl.analysis.summarize import summarize_trace
+from codl.analysis import summarize as sm
+from codl.analysis.steady import flag_outliers
 from codl.errors import CodlError
-from codl.paths import FIGURE_FORMATS
+from codl.paths import DECOMPOSITION_FIGURE, FIGURE_FORMATS
 from codl.trace.store import open_trace
 
 
-def summarize_to(trace: Path, *, steps: Path, summary: Path, attribution: Path) -> None:
-    st, sm, at = summarize_trace(trace)
-    for df, out in ((st, steps), (sm, summary), (at, attribution)):
+def summarize_to(
+    trace: Path, *, steps: Path, summary: Path, attribution: Path, parts: Path
+) -> None:
+    tables, attrs = sm.read_tables(trace)
+    pt = dec.step_parts(
+        tables, warmup=sm.warmup_steps(attrs), ranks_per_node=sm.ranks_per_node(attrs)
+    )
+    pt.insert(0, "run_id", str(attrs.get("run_id", "")))
+    st, sm_, at = sm.summarize_tables(tables, attrs, parts=pt)
+    for df, out in ((st, steps), (sm_, summary), (at, attribution), (pt, parts)):
         out.parent.mkdir(parents=True, exist_ok=True)
         df.to_parquet(out, index=False)
 
@@ -40,20 +49,25 @@ def compare_to(
     summaries: Sequence[Path],
     steps: Sequence[Path],
     attributions: Sequence[Path],
+    parts: Sequence[Path],
     runs_table: Path,
     steps_table: Path,
     comparison_table: Path,
     attribution_table: Path,
+    decomposition_table: Path,
 ) -> pd.DataFrame:
     summary = _read_all(summaries, "summary")
     step_df = _read_all(steps, "steps")
     attribution = _read_all(attributions, "attribution")
+    part_df = _read_all(parts, "parts")
     comparison = cmp.compare(step_df, summary)
+    decomposition = dec.decompose(step_df, part_df, summary)
     for df, out in (
         (summary, runs_table),
         (step_df, steps_table),
         (comparison, comparison_table),
         (attribution, attribution_table),
+        (decomposition, decomposition_table),
     ):
         out.parent.mkdir(parents=True, exist_ok=True)
         df.to_csv(out, index=False)
@@ -64,22 +78,65 @@ def _outs(figdir: Path, name: str) -> list[Path]:
     return [figdir / f"{name}.{fmt}" for fmt in FIGURE_FORMATS]
 
 
+def recompare_tables(
+    *, runs_table: Path, steps_table: Path, comparison_table: Path, decomposition_table: Path
+) -> pd.DataFrame:
+    """Comparison and decomposition again from merged runs/steps tables alone (no traces).
+
+    For result sets whose traces are not at hand (results/h200/): steps are flagged here when
+    their table predates the flags, and the decomposition gets only what a steps table holds
+    (``decompose.parts_from_steps``: the main thread's schedstat, not autograd, buckets or
+    kernels).
+    """
+    summary = pd.read_csv(runs_table)
+    steps = pd.read_csv(steps_table)
+    if "outlier" not in steps:
+        steps = flag_outliers(steps)
+        steps.to_csv(steps_table, index=False)
+    comparison = cmp.compare(steps, summary)
+    decomposition = dec.decompose(steps, dec.parts_from_steps(steps), summary)
+    comparison.to_csv(comparison_table, index=False)
+    decomposition.to_csv(decomposition_table, index=False)
+    return comparison
+
+
+def table_figures_to(
+    *,
+    runs_table: Path,
+    steps_table: Path,
+    comparison_table: Path,
+    decomposition_table: Path,
+    figdir: Path,
+) -> None:
+    """The figures drawn from the merged tables alone."""
+    summary = pd.read_csv(runs_table)
+    steps = pd.read_csv(steps_table)
+    comparison = pd.read_csv(comparison_table)
+    decomposition = pd.read_csv(decomposition_table)
+    plots.component_durations(cmp.headline(comparison), _outs(figdir, "component_durations"))
+    plots.launch_wait_vs_compute(steps, _outs(figdir, "launch_wait_vs_compute"))
+    plots.step_time_distributions(steps, _outs(figdir, "step_time_distributions"))
+    plots.policy_heatmap(
+        figdata.heatmap_table(summary, comparison), _outs(figdir, "policy_heatmap")
+    )
+    plots.decomposition(dec.decomposition_means(decomposition), _outs(figdir, DECOMPOSITION_FIGURE))
+
+
 def figures_to(
     *,
     runs_table: Path,
     steps_table: Path,
     comparison_table: Path,
+    decomposition_table: Path,
     traces: Sequence[Path],
     figdir: Path,
 ) -> None:
-    summary = pd.read_csv(runs_table)
-    steps = pd.read_csv(steps_table)
-    comparison = pd.read_csv(comparison_table)
-    plots.component_durations(comparison, _outs(figdir, "component_durations"))
-    plots.launch_wait_vs_compute(steps, _outs(figdir, "launch_wait_vs_compute"))
-    plots.step_time_distributions(steps, _outs(figdir, "step_time_distributions"))
-    plots.policy_heatmap(
-        figdata.heatmap_table(summary, comparison), _outs(figdir, "policy_heatmap")
+    table_figures_to(
+        runs_table=runs_table,
+        steps_table=steps_table,
+        comparison_table=comparison_table,
+        decomposition_table=decomposition_table,
+        figdir=figdir,
     )
     api_frames = []
     timeline = pd.DataFrame()

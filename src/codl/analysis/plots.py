@@ -67,29 +67,44 @@ def _note(ax: Any, text: str) -> None:
     ax.set_yticks([])
 
 
+# Beyond this ratio the twin is next to zero and a percentage says nothing readable.
+MAX_LABEL_RATIO = 10.0
+
+
+def _effect_label(ratio: float, diff: float, p50_ratio: float) -> str:
+    """'+44%' (or '+0.36' when the twin is ~0 and the difference carries it), with p50 beside."""
+    readable = np.isfinite(ratio) and ratio <= MAX_LABEL_RATIO
+    main = f"{(ratio - 1) * 100:+.0f}%" if readable else f"{diff:+.2g}"
+    readable50 = np.isfinite(p50_ratio) and p50_ratio <= MAX_LABEL_RATIO
+    side = f"\n(p50 {(p50_ratio - 1) * 100:+.0f}%)" if readable50 else ""
+    return main + side
+
+
 def component_durations(
-    comparison: pd.DataFrame, outputs: Sequence[Path], *, metrics: Sequence[str] | None = None
+    headline: pd.DataFrame, outputs: Sequence[Path], *, metrics: Sequence[str] | None = None
 ) -> None:
-    """Fig. 1: isolation vs combined per policy, bars with 95 % CI and % change labels.
+    """Fig. 1: isolation vs combined per policy at the headline statistic (one row per
+    comparison, as ``compare.headline`` gives: p95 with its 95 % CI, p50 change beside it).
 
     The data component is shown as per-item loader service time, not data wait: an isolation
     `data` run waits for data all step long, so its data wait is not comparable.
     """
     metrics = list(metrics or DEFAULT_COMPONENT_METRICS)
-    usable = len(comparison) and {"status", "metric"} <= set(comparison)
-    ok = comparison[comparison["status"] == "ok"] if usable else pd.DataFrame()
+    usable = len(headline) and {"status", "metric"} <= set(headline)
+    ok = headline[headline["status"] == "ok"] if usable else pd.DataFrame()
     present = [m for m in metrics if len(ok) and m in set(ok["metric"])]
     fig, axes = plt.subplots(1, max(1, len(present)), figsize=(4.2 * max(1, len(present)), 3.8))
     axes = np.atleast_1d(axes)
     if not present:
         why = "no isolation/combined pairs in this run set\n(add isolation modes)"
         if usable:
-            missing = comparison.loc[comparison["status"] != "ok", "status"].astype(str)
+            missing = headline.loc[headline["status"] != "ok", "status"].astype(str)
             if len(missing):
                 why += "\n\n" + "\n".join(textwrap.wrap(missing.iloc[0], 70))
         _note(axes[0], why)
         _save(fig, outputs)
         return
+    stat = str(ok["stat"].iloc[0]) if "stat" in ok else "median"
     for ax, metric in zip(axes, present, strict=True):
         d = ok[ok["metric"] == metric].copy()
         d["label"] = (
@@ -105,10 +120,12 @@ def component_durations(
                 d.loc[on, "label"] = d.loc[on, "label"] + mark
         d = d.sort_values(["policy", "workers", "mode"])
         x = np.arange(len(d))
-        iso = d["isolation"].to_numpy()
-        comb = d["combined"].to_numpy()
-        lo = iso * d["ci_low"].to_numpy()
-        hi = iso * d["ci_high"].to_numpy()
+        iso = d["isolation"].to_numpy(dtype=float)
+        comb = d["combined"].to_numpy(dtype=float)
+        # The interval of the difference places the combined bar's error bar on the value
+        # axis; it exists even where the twin is 0 and a ratio does not.
+        lo = iso + d["diff_ci_low"].to_numpy(dtype=float)
+        hi = iso + d["diff_ci_high"].to_numpy(dtype=float)
         ax.bar(x - 0.2, iso, 0.4, color=ISO_COLOR, label="isolation")
         ax.bar(
             x + 0.2,
@@ -119,16 +136,25 @@ def component_durations(
             yerr=np.vstack([np.clip(comb - lo, 0, None), np.clip(hi - comb, 0, None)]),
             capsize=3,
         )
-        for xi, c, r in zip(x, comb, d["ratio"].to_numpy(), strict=True):
-            if np.isfinite(r):
-                ax.text(xi + 0.2, c, f"{(r - 1) * 100:+.0f}%", ha="center", va="bottom", fontsize=8)
+        p50 = d["p50_ratio"] if "p50_ratio" in d else pd.Series(np.nan, index=d.index)
+        for xi, c, r, df_, r50 in zip(
+            x, comb, d["ratio"], d["diff"], p50.to_numpy(dtype=float), strict=True
+        ):
+            if np.isfinite(c):
+                ax.text(
+                    xi + 0.2, c, _effect_label(r, df_, r50), ha="center", va="bottom", fontsize=6
+                )
         # Labels carry the mode too when modes are mixed: tilt them so they do not collide.
         many = d["mode"].nunique() > 1
         ax.set_xticks(x, d["label"], fontsize=6 if many else 7, rotation=35 if many else 0)
-        ax.set_ylabel(METRIC_LABELS.get(metric, metric))
+        ax.set_ylabel(f"{stat} of {METRIC_LABELS.get(metric, metric)}")
         ax.set_title(METRIC_LABELS.get(metric, metric).split(" (")[0], fontsize=9)
     axes[0].legend(fontsize=8)
-    fig.suptitle("Isolation vs combined, per CPU-set policy (95 % bootstrap CI)", fontsize=10)
+    fig.suptitle(
+        f"Isolation vs combined at the {stat} of the steady-state steps (95 % bootstrap CI;"
+        " p50 change in brackets)",
+        fontsize=10,
+    )
     _save(fig, outputs)
 
 
@@ -168,6 +194,17 @@ def launch_wait_vs_compute(steps: pd.DataFrame, outputs: Sequence[Path]) -> None
         _save(fig, outputs)
         return
     markers = dict(zip(sorted(d["policy"].astype(str).unique()), "osD^v<>", strict=False))
+    flagged = _flagged(d)
+    if flagged.any():
+        ax.scatter(
+            d.loc[flagged, "launch_wait_ms"],
+            d.loc[flagged, "compute_eff_ms"],
+            s=60,
+            marker="x",
+            color="k",
+            label=f"flagged anomalous step (n={int(flagged.sum())})",
+            zorder=3,
+        )
     for (mode, policy), g in d.groupby(["mode", "policy"]):
         ax.scatter(
             g["launch_wait_ms"],
@@ -248,7 +285,10 @@ def step_timeline(timeline: pd.DataFrame, outputs: Sequence[Path], *, title: str
 def policy_heatmap(table: pd.DataFrame, outputs: Sequence[Path]) -> None:
     """Fig. 5: policy x workers: throughput, and compute inflation (combined / isolation)."""
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    panels = (("throughput_samples_s", "throughput (samples/s)"), ("ratio", "compute inflation"))
+    panels = (
+        ("throughput_samples_s", "throughput (samples/s)"),
+        ("ratio", "compute inflation (p95 ratio)"),
+    )
     for ax, (col, title) in zip(axes, panels, strict=True):
         d = table.dropna(subset=[col]) if col in table else pd.DataFrame()
         if d.empty:
@@ -268,22 +308,90 @@ def policy_heatmap(table: pd.DataFrame, outputs: Sequence[Path]) -> None:
     _save(fig, outputs)
 
 
+def _flagged(steps: pd.DataFrame) -> pd.Series:
+    if "outlier" not in steps:
+        return pd.Series(False, index=steps.index)
+    return steps["outlier"].astype(str).str.lower() == "true"
+
+
 def step_time_distributions(steps: pd.DataFrame, outputs: Sequence[Path]) -> None:
-    """Fig. 6: step-time distribution per mode (and policy)."""
-    groups: list[tuple[str, Any]] = []
+    """Fig. 6: step-time distribution per mode (and policy): boxes of the steady-state steps,
+    flagged anomalous steps drawn apart as crosses and counted in the label."""
+    groups: list[tuple[str, Any, Any]] = []
     if len(steps) and {"mode", "policy", "step_ms"} <= set(steps):
-        groups = [
-            (f"{m}\n{p}", g["step_ms"].dropna().to_numpy())
-            for (m, p), g in steps.groupby(["mode", "policy"])
-        ]
-        groups = [(n, v) for n, v in groups if len(v)]
+        for (m, p), grp in steps.groupby(["mode", "policy"]):
+            g = grp.dropna(subset=["step_ms"])
+            flag = _flagged(g)
+            n_out = int(flag.sum())
+            label = f"{m}\n{p}" + (f"\n{n_out} flagged" if n_out else "")
+            groups.append((label, g.loc[~flag, "step_ms"].to_numpy(), g.loc[flag, "step_ms"]))
+        groups = [(n, v, o) for n, v, o in groups if len(v)]
     fig, ax = plt.subplots(figsize=(max(5.0, 0.7 * len(groups)), 4))
     if not groups:
         _note(ax, "no measured steps")
         _save(fig, outputs)
         return
-    ax.boxplot([g for _, g in groups], showfliers=True)
-    ax.set_xticks(range(1, len(groups) + 1), [n for n, _ in groups], fontsize=7, rotation=45)
+    ax.boxplot([g for _, g, _ in groups], showfliers=True)
+    for i, (_, _, out) in enumerate(groups, start=1):
+        if len(out):
+            ax.scatter(np.full(len(out), i), out, marker="x", color="#c44e52", s=40, zorder=3)
+    ax.set_xticks(range(1, len(groups) + 1), [n for n, _, _ in groups], fontsize=7, rotation=45)
     ax.set_ylabel("step time (ms)")
-    ax.set_title("Step-time distributions per mode and policy", fontsize=10)
+    ax.set_title(
+        "Step-time distributions per mode and policy (x: flagged anomalous steps)", fontsize=10
+    )
+    _save(fig, outputs)
+
+
+PART_COLORS = {
+    "host_launch_delay_ms": ("host launch delay", "#c44e52"),
+    "peer_wait_ms": ("peer wait", "#8172b3"),
+    "transfer_ms": ("transfer", "#55a868"),
+    "gpu_slowdown_ms": ("GPU slowdown", "#dd8452"),
+    "unattributed_ms": ("unattributed", "#b0b0b0"),
+}
+
+
+def decomposition(means: pd.DataFrame, outputs: Sequence[Path]) -> None:
+    """Fig. 7: per mode and policy, the mean compute inflation against the twin (black
+    diamond) and its parts stacked (positive up, negative down), over all steady-state steps
+    and over the slowest steps. Prepared by ``decompose.decomposition_means``."""
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * max(1, len(means))), 4.4))
+    if means.empty:
+        _note(
+            ax,
+            "no run with a twin to decompose against\n"
+            "(needs e.g. combined with compute+comm, or data+compute with compute)",
+        )
+        _save(fig, outputs)
+        return
+    d = means.reset_index(drop=True)
+    labels = []
+    for _, r in d.iterrows():
+        ranks = r.get("world_size")
+        on_ranks = f" x{int(ranks)} ranks" if pd.notna(ranks) and int(ranks) > 1 else ""
+        label = f"{r['mode']}{on_ranks}\n{r['policy']} w={r['workers']}\n{r['view']}"
+        for col, mark in (("cupti", " +CUPTI"), ("cuda_api", " +API")):
+            if str(r.get(col)).lower() == "true":
+                label += mark
+        labels.append(label)
+    x = np.arange(len(d))
+    up = np.zeros(len(d))
+    down = np.zeros(len(d))
+    for col, (name, color) in PART_COLORS.items():
+        v = d[col].to_numpy(dtype=float) if col in d else np.zeros(len(d))
+        v = np.nan_to_num(v)
+        pos, neg = np.clip(v, 0, None), np.clip(v, None, 0)
+        ax.bar(x, pos, 0.6, bottom=up, color=color, label=name)
+        ax.bar(x, neg, 0.6, bottom=down, color=color)
+        up += pos
+        down += neg
+    ax.scatter(
+        x, d["compute_inflation_ms"], marker="D", color="k", zorder=3, label="compute inflation"
+    )
+    ax.axhline(0, color="k", lw=0.6)
+    ax.set_xticks(x, labels, fontsize=6, rotation=30, ha="right")
+    ax.set_ylabel("ms per step beyond the twin (mean)")
+    ax.set_title("Why compute got slower: inflation against the twin, by cause", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     _save(fig, outputs)

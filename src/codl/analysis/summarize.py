@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from codl.analysis.steady import flag_outliers, steady
 from codl.pinning import parse_cpulist
 from codl.trace.store import empty_frame, open_trace
 
@@ -572,15 +573,31 @@ def _per_rank_rate(steps: pd.DataFrame, col: str) -> float:
     return rate if rate > 0 else np.nan
 
 
+def warmup_steps(attrs: Mapping[str, Any]) -> int:
+    return int(attrs.get("warmup_steps", 0))
+
+
+def ranks_per_node(attrs: Mapping[str, Any]) -> int:
+    """Ranks sharing one node (one CLOCK_MONOTONIC); 1 when the spec does not say."""
+    rpn = spec_columns(_spec(attrs))["ranks_per_node"]
+    return int(rpn) if isinstance(rpn, int | np.integer) and rpn > 0 else 1
+
+
 def summarize_tables(
-    tables: Mapping[str, pd.DataFrame], attrs: Mapping[str, Any]
+    tables: Mapping[str, pd.DataFrame],
+    attrs: Mapping[str, Any],
+    *,
+    parts: pd.DataFrame | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(steps, summary, attribution) from a trace's tables and root attributes.
 
-    A table missing from ``tables`` counts as empty (a level that was not traced).
+    A table missing from ``tables`` counts as empty (a level that was not traced). Steps get
+    the steady-state flags of ``steady.flag_outliers``; ``parts`` (``decompose.step_parts``),
+    when given, lets a flagged step name the rank it waited for. The summary's statistics are
+    over the steady-state steps; ``outlier_steps`` and ``tail_steps`` count the others.
     """
     t = {n: tables[n] if n in tables else empty_frame(n) for n in TABLES}
-    warm = int(attrs.get("warmup_steps", 0))
+    warm = warmup_steps(attrs)
     spec = _spec(attrs)
     run_id = str(attrs.get("run_id", ""))
     ident = {"run_id": run_id, **spec_columns(spec)}
@@ -593,16 +610,27 @@ def summarize_tables(
         steps = steps.merge(extra, on=KEYS, how="left")
     for k, v in reversed(ident.items()):
         steps.insert(0, k, v)
+    waits = ["peer_wait_ms", "straggler_rank"]
+    if parts is not None and len(parts) and set(waits) <= set(parts):
+        with_waits = steps.merge(parts[[*KEYS, *waits]], on=KEYS, how="left")
+        steps = flag_outliers(with_waits).drop(columns=waits)
+    else:
+        steps = flag_outliers(steps)
     rpn = ident["ranks_per_node"]
     attribution = attribute_launch_wait(
         t["samples/sched"],
         t["threads"],
         warmup=warm,
-        ranks_per_node=int(rpn) if isinstance(rpn, int | np.integer) and rpn > 0 else None,
+        ranks_per_node=ranks_per_node(attrs) if isinstance(rpn, int | np.integer) else None,
     )
     attribution.insert(0, "run_id", run_id)
 
+    flagged = int(steps["outlier"].sum())
+    tail = int(steps["tail_step"].sum())
+    steps_all = steps
+    steps = steady(steps)
     st = steps["step_ms"].dropna()
+    wall = steps_all["step_ms"].dropna()
     world = int(attrs.get("world_size", 1))
     batch = int(ident["batch_size"] or 0)
     row: dict[str, Any] = dict(ident)
@@ -610,7 +638,9 @@ def summarize_tables(
         {
             "world_size": world,
             "host": attrs.get("host", ""),
-            "steps": int(steps["step"].nunique()),
+            "steps": int(steps_all["step"].nunique()),
+            "outlier_steps": flagged,
+            "tail_steps": tail,
             "step_ms_p50": st.median() if len(st) else np.nan,
             "step_ms_p95": st.quantile(0.95) if len(st) else np.nan,
             "step_ms_p99": st.quantile(0.99) if len(st) else np.nan,
@@ -619,8 +649,9 @@ def summarize_tables(
             # Samples over the measured wall time (mean step), not over the median step: a loader
             # delivers bursts from its prefetch buffer, so most steps are short and a few long,
             # and 1/median would overstate a data-bound pipeline's throughput many times over.
+            # Over every measured step, flagged ones too: a GC pause costs the job wall time.
             "throughput_samples_s": (
-                batch * world * 1000.0 / st.mean() if len(st) and batch else np.nan
+                batch * world * 1000.0 / wall.mean() if len(wall) and batch else np.nan
             ),
             "sleep_ns": attrs.get("sleep_ns", np.nan),
         }
@@ -629,13 +660,14 @@ def summarize_tables(
         vals = steps[col].dropna() if col in steps else pd.Series(dtype=float)
         row[f"{col}_p50"] = float(vals.median()) if len(vals) else np.nan
         row[f"{col}_mean"] = float(vals.mean()) if len(vals) else np.nan
+        row[f"{col}_p95"] = float(vals.quantile(0.95)) if len(vals) else np.nan
     lw = steps["launch_wait_ms"].dropna()
     row["launch_wait_ms_p99"] = float(lw.quantile(0.99)) if len(lw) else np.nan
     # Call-level latency (not a mean of per-step means): what the API CDF figure shows.
     rt = _runtime_calls(t["events/cuda"], warm)
     row.update(_latency_stats(rt["us"], "api"))
     row.update(_latency_stats(rt.loc[_is_launch_kernel(rt["name"]), "us"], "launch_kernel"))
-    row["loader_items_per_s"] = _per_rank_rate(steps, "loader_items")
+    row["loader_items_per_s"] = _per_rank_rate(steps_all, "loader_items")
     total_wait = float(attribution.drop_duplicates(["rank", "step"])["launch_wait_ns"].sum())
     loader_wait = float(
         attribution.loc[attribution["role"] == "loader", "attributed_wait_ns"].sum()
@@ -644,12 +676,18 @@ def summarize_tables(
     row["launch_wait_loader_share"] = loader_wait / total_wait if total_wait > 0 else np.nan
     row.update(overlaps(t["events/app"], t["events/loader"], t["events/cuda"], warmup=warm))
     summary = pd.DataFrame([row])
-    return steps, summary, attribution
+    return steps_all, summary, attribution
 
 
-def summarize_trace(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+def read_tables(path: Path) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
+    """The tables ``summarize_tables`` reads, and the root attributes, of a verified trace."""
     with open_trace(path) as t:
         t.verify()
         tables = {n: t.table(n) for n in TABLES}
         attrs = dict(t.attrs)
+    return tables, attrs
+
+
+def summarize_trace(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    tables, attrs = read_tables(path)
     return summarize_tables(tables, attrs)

@@ -1,0 +1,508 @@
+"""Steady state, tail statistics and the decomposition, on synthetic traces with planted answers.
+
+Every planted quantity (an outlier step, a peer's late arrival per bucket, extra run-queue wait
+of the launch roles, extra GPU kernel time) must be recovered within 5 %.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from codl.analysis import compare as cmp
+from codl.analysis import decompose as dec
+from codl.analysis import steady
+from codl.analysis import summarize as sm
+from codl.trace.schema import TABLES
+from codl.trace.store import empty_frame
+
+BASE = 7_000_000_000_000  # a realistic CLOCK_MONOTONIC origin, in ns
+MS = 1_000_000
+WARMUP = 2
+STEPS = 40
+LAUNCH, AUTOGRAD, WORKER = 100, 101, 200
+REL = 0.05
+
+
+def frame(table: str, rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """A table with the schema's columns and dtypes (categorical ``sym`` columns)."""
+    if not rows:
+        return empty_frame(table)
+    data: dict[str, Any] = {}
+    for c in TABLES[table]:
+        if c.is_symbol:
+            data[c.name] = pd.Categorical([str(r.get(c.name, "")) for r in rows])
+        else:
+            default = -1 if c.name == "gpu_ns" else 0
+            data[c.name] = np.array([r.get(c.name, default) for r in rows], dtype=c.dtype)
+    return pd.DataFrame(data)
+
+
+# --- steady state -------------------------------------------------------------------------
+
+
+def step_table(step_ms: np.ndarray, *, run_id: str = "r", rank: int = 0) -> pd.DataFrame:
+    n = len(step_ms)
+    return pd.DataFrame(
+        {
+            "run_id": run_id,
+            "rank": rank,
+            "step": np.arange(WARMUP, WARMUP + n),
+            "step_ms": step_ms,
+            "forward_ms": np.full(n, 10.0),
+            "optimizer_ms": step_ms - 10.0,
+        }
+    )
+
+
+def noisy(n: int, seed: int = 0) -> np.ndarray:
+    return 30.0 + np.random.default_rng(seed).normal(0, 0.3, n)
+
+
+def test_a_planted_outlier_is_flagged_with_its_phase() -> None:
+    x = noisy(STEPS)
+    x[17] = 180.0  # one GC-like pause, inside the optimizer
+    out = steady.flag_outliers(step_table(x))
+    assert out["outlier"].sum() == 1
+    row = out[out["outlier"]].iloc[0]
+    assert row["step"] == WARMUP + 17
+    assert row["outlier_reason"].startswith(f"step {WARMUP + 17}; optimizer +")
+    assert not out["tail_step"].any()
+
+
+def test_the_first_measured_step_is_named_and_always_flagged() -> None:
+    x = noisy(STEPS)
+    x[0] = 90.0
+    # Two more slow steps exceed the 1 % allowance of 40 steps: they are a tail, kept.
+    x[[10, 30]] = 95.0
+    out = steady.flag_outliers(step_table(x))
+    assert list(out.loc[out["outlier"], "step"]) == [WARMUP]
+    assert out.loc[out["outlier"], "outlier_reason"].iloc[0].startswith("first measured step")
+    assert list(out.loc[out["tail_step"], "step"]) == [WARMUP + 10, WARMUP + 30]
+
+
+def test_an_interference_tail_is_kept_not_flagged() -> None:
+    x = noisy(200)
+    x[5::10] = 70.0  # 10 % of steps slowed: a tail of the distribution, the effect itself
+    out = steady.flag_outliers(step_table(x))
+    assert not out["outlier"].any()
+    assert out["tail_step"].sum() == 20
+
+
+def test_flags_are_per_rank_and_run() -> None:
+    a = noisy(STEPS)
+    b = noisy(STEPS, seed=1)
+    b[5] = 200.0
+    both = pd.concat(
+        [step_table(a, rank=0), step_table(b, rank=1), step_table(a, run_id="other")],
+        ignore_index=True,
+    )
+    out = steady.flag_outliers(both)
+    flagged = out[out["outlier"]]
+    assert list(zip(flagged["run_id"], flagged["rank"], flagged["step"], strict=True)) == [
+        ("r", 1, WARMUP + 5)
+    ]
+
+
+def test_steady_threshold_floor_when_steps_are_identical() -> None:
+    x = np.full(STEPS, 30.0)
+    x[3] = 31.0  # 3 % slower: with MAD = 0 only the relative floor stops this being flagged
+    assert not steady.flag_outliers(step_table(x))["outlier"].any()
+    assert steady.outlier_threshold(x) == pytest.approx(30.0 * (1 + steady.OUTLIER_MIN_EXCESS))
+
+
+# --- tail statistics ----------------------------------------------------------------------
+
+SPEC = {
+    "device": "cuda",
+    "model": "resnet50",
+    "batch_size": 128,
+    "image_size": 224,
+    "precision": "bf16",
+    "policy": "none",
+    "launch_cores": 1,
+    "nodes": 1,
+    "ranks_per_node": 1,
+    "backend": "nccl",
+    "comm_pattern": "buckets",
+    "tier": "default",
+    "cupti": False,
+    "cuda_api": False,
+    "world_size": 1,
+}
+
+
+def run(run_id: str, mode: str, values: dict[str, np.ndarray], **spec: Any) -> pd.DataFrame:
+    n = len(next(iter(values.values())))
+    return pd.DataFrame(
+        {"run_id": run_id, "mode": mode, "rank": 0, "step": np.arange(n), **values}
+    ).assign(**{k: v for k, v in {**SPEC, **spec}.items() if k not in values})
+
+
+def summaries(*steps: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for s in steps:
+        r = s.iloc[0]
+        loads = r["mode"] in sm.LOADING_MODES
+        rows.append(
+            {
+                "run_id": r["run_id"],
+                "mode": r["mode"],
+                **SPEC,
+                "workers": 4 if loads else 0,
+                "prefetch_factor": 2 if loads else None,
+                "pin_memory": True if loads else None,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def stat_row(out: pd.DataFrame, metric: str, stat: str) -> pd.Series:
+    r = out[(out["metric"] == metric) & (out["stat"] == stat)]
+    assert len(r) == 1, r
+    return r.iloc[0]
+
+
+def test_tail_statistics_recover_a_planted_tail_and_ignore_the_twin_outlier() -> None:
+    n = 400
+    rng = np.random.default_rng(3)
+    alone = 30.0 + rng.normal(0, 0.2, n)
+    alone[100] = 180.0  # the twin's one anomalous step: must not decide any statistic
+    comb = 30.0 + rng.normal(0, 0.2, n)
+    slow = np.arange(n) % 10 == 5  # 10 % of combined steps 20 ms slower: the tail
+    comb[slow] += 20.0
+    a = steady.flag_outliers(run("a", "compute", {"compute_eff_ms": alone, "step_ms": alone}))
+    c = steady.flag_outliers(run("c", "data+compute", {"compute_eff_ms": comb, "step_ms": comb}))
+    out = cmp.compare(pd.concat([a, c], ignore_index=True), summaries(a, c))
+    p50 = stat_row(out, "compute_eff_ms", "p50")
+    assert p50["ratio"] == pytest.approx(1.0, rel=0.01)
+    assert p50["isolation_flagged"] == 1
+    assert p50["flagged"] == 0
+    assert p50["isolation_steps"] == n - 1
+    p95 = stat_row(out, "compute_eff_ms", "p95")
+    assert p95["ratio"] == pytest.approx(50.0 / 30.0, rel=REL)
+    assert p95["ci_low"] <= p95["ratio"] <= p95["ci_high"]
+    mean = stat_row(out, "compute_eff_ms", "mean")
+    # The twin's 180 ms step is left out: the mean ratio is the planted 1 + 0.1 * 20 / 30.
+    assert mean["ratio"] == pytest.approx(1 + 0.1 * 20 / 30, rel=0.01)
+    above = stat_row(out, "compute_eff_ms", "above_p99")
+    # The planted 10 %, plus the 1 % of the other 90 % that lie above the twin's p99 by design.
+    assert above["combined"] == pytest.approx(0.1 + 0.9 * 0.01, rel=REL)
+    assert above["isolation"] == pytest.approx(0.01, abs=0.005)
+    share = stat_row(out, "compute_eff_ms", "excess_share")
+    # Lost: 2 ms per step on average, of a 32 ms mean combined step.
+    assert share["combined"] == pytest.approx(2.0 / 32.0, rel=REL)
+    assert share["effect"] == "difference"
+    assert share["diff_ci_low"] <= share["diff"] <= share["diff_ci_high"]
+
+
+def test_a_zero_twin_gives_a_difference_not_an_undefined_ratio() -> None:
+    n = 60
+    a = run("a", "compute", {"launch_wait_ms": np.zeros(n)})
+    c = run("c", "data+compute", {"launch_wait_ms": np.full(n, 5.0)})
+    out = cmp.compare(pd.concat([a, c], ignore_index=True), summaries(a, c))
+    r = stat_row(out, "launch_wait_ms", "p50")
+    assert r["status"] == "ok"
+    assert r["effect"] == "difference"
+    assert np.isnan(r["ratio"])
+    assert r["diff"] == pytest.approx(5.0)
+    assert r["diff_ci_low"] == pytest.approx(5.0)
+
+
+def test_headline_puts_p50_beside_p95() -> None:
+    n = 100
+    a = run("a", "compute", {"compute_eff_ms": np.linspace(10, 20, n)})
+    c = run("c", "data+compute", {"compute_eff_ms": np.linspace(10, 40, n)})
+    out = cmp.compare(pd.concat([a, c], ignore_index=True), summaries(a, c))
+    h = cmp.headline(out)
+    r = h[h["metric"] == "compute_eff_ms"].iloc[0]
+    assert r["stat"] == "p95"
+    assert r["p50_ratio"] == pytest.approx(25.0 / 15.0)
+    assert r["ratio"] == pytest.approx((10 + 30 * 0.95) / (10 + 10 * 0.95))
+
+
+def test_quantile_interval_narrows_with_steps() -> None:
+    x = np.random.default_rng(0).lognormal(3.4, 0.2, 5000)
+    w = cmp.quantile_interval_width(x, [20, 2000], n=300, repeats=5)
+    wide, narrow = w["rel_half_width"]
+    # 100 times the steps: several times narrower (1/sqrt(n) for large n; the p95 of 20 steps
+    # is nearly their maximum, whose bootstrap is lumpy, so no exact factor is asserted).
+    assert wide > 2 * narrow
+
+
+# --- decomposition: peer wait -------------------------------------------------------------
+
+BUCKETS = 3
+LATE_MS = 4.0  # rank 1 enqueues every bucket this much after rank 0
+TRANSFER_MS = 1.5
+
+
+def comm_rows(steps: range, late: float = LATE_MS) -> list[dict[str, Any]]:
+    rows = []
+    for step in steps:
+        for b in range(BUCKETS):
+            t0 = BASE + step * 100 * MS + b * 10 * MS
+            last = t0 + int(late * MS)
+            for rank, start in ((0, t0), (1, last)):
+                rows.append(
+                    {
+                        "rank": rank,
+                        "step": step,
+                        "bucket": b,
+                        "op": "allreduce",
+                        "bytes": 1 << 20,
+                        "start_ns": start,
+                        "end_ns": last + int(TRANSFER_MS * MS),
+                        "gpu_ns": -1,
+                    }
+                )
+    return rows
+
+
+def test_peer_wait_per_bucket_on_two_ranks() -> None:
+    comm = frame("events/comm", comm_rows(range(6)))
+    b = dec.bucket_waits(comm, warmup=WARMUP, ranks_per_node=2)
+    r0 = b[b["rank"] == 0]
+    r1 = b[b["rank"] == 1]
+    assert len(r0) == 4 * BUCKETS
+    assert r0["peer_wait_ms"].to_numpy() == pytest.approx(np.full(len(r0), LATE_MS), rel=REL)
+    assert r0["transfer_ms"].to_numpy() == pytest.approx(np.full(len(r0), TRANSFER_MS), rel=REL)
+    assert (r1["peer_wait_ms"] == 0).all()
+    assert (r0["last_rank"] == 1).all()
+    parts = dec.comm_parts(comm, warmup=WARMUP, ranks_per_node=2).set_index(["rank", "step"])
+    assert parts.loc[(0, 3), "peer_wait_ms"] == pytest.approx(BUCKETS * LATE_MS, rel=REL)
+    assert parts.loc[(0, 3), "straggler_rank"] == 1
+    assert np.isnan(parts.loc[(1, 3), "straggler_rank"])
+    # The parts add up to the step's AllReduce time as summarize computes it.
+    steps = sm.step_metrics(app_table(range(6), ranks=(0, 1)), comm, warmup=WARMUP)
+    ar = steps.set_index(["rank", "step"])["allreduce_ms"]
+    total = parts["peer_wait_ms"] + parts["transfer_ms"]
+    assert total.to_numpy() == pytest.approx(ar.reindex(total.index).to_numpy())
+
+
+def test_peer_wait_needs_one_clock() -> None:
+    # One rank per node: the enqueue times are on two unrelated clocks, so no peer wait.
+    comm = frame("events/comm", comm_rows(range(4)))
+    b = dec.bucket_waits(comm, warmup=WARMUP, ranks_per_node=1)
+    assert b["peer_wait_ms"].isna().all()
+
+
+# --- decomposition: host launch delay and GPU slowdown ------------------------------------
+
+RUN_MS, AUTOGRAD_MS, KERNEL_MS = 10.0, 5.0, 20.0
+EXTRA_WAIT_MS, EXTRA_AUTOGRAD_WAIT_MS, EXTRA_KERNEL_MS = 6.0, 2.0, 3.0
+
+
+def app_table(steps: range, *, ranks: tuple[int, ...] = (0,), compute_ms: float = 25.0) -> Any:
+    rows = []
+    for rank in ranks:
+        for step in steps:
+            t0 = BASE + step * 100 * MS
+            for phase, a, b in (("step", 0, 40), ("compute", 2, 2 + compute_ms)):
+                rows.append(
+                    {
+                        "rank": rank,
+                        "step": step,
+                        "phase": phase,
+                        "tid": LAUNCH,
+                        "start_ns": t0 + int(a * MS),
+                        "end_ns": t0 + int(b * MS),
+                    }
+                )
+    return frame("events/app", rows)
+
+
+def traced_run(*, loaded: bool, steps: range = range(WARMUP + 30)) -> dict[str, pd.DataFrame]:
+    """A launch and an autograd thread with known per-step CPU time and run-queue wait, and
+    two kernels per step (overlapping, so the union counts), plus one NCCL kernel that is not
+    compute. ``loaded`` adds the planted extra waits and kernel time."""
+    threads = frame(
+        "threads",
+        [
+            {"rank": 0, "pid": 1, "tid": LAUNCH, "role": "launch", "name": "python"},
+            {"rank": 0, "pid": 1, "tid": AUTOGRAD, "role": "autograd", "name": "pt_autograd_0"},
+            {"rank": 0, "pid": WORKER, "tid": WORKER, "role": "loader", "name": "worker"},
+        ],
+    )
+    cum = {LAUNCH: [0, 0], AUTOGRAD: [0, 0], WORKER: [0, 0]}
+    sched, cuda = [], []
+    for step in [-1, *steps]:
+        if step >= 0:
+            cum[LAUNCH][0] += int(RUN_MS * MS)
+            cum[AUTOGRAD][0] += int(AUTOGRAD_MS * MS)
+            cum[WORKER][0] += 30 * MS  # loader CPU time is not a launch role's: never counted
+            if loaded:
+                cum[LAUNCH][1] += int(EXTRA_WAIT_MS * MS)
+                cum[AUTOGRAD][1] += int(EXTRA_AUTOGRAD_WAIT_MS * MS)
+            t0 = BASE + step * 100 * MS
+            k = KERNEL_MS + (EXTRA_KERNEL_MS if loaded else 0.0)
+            for name, a, b in (
+                ("gemm", 0.0, k * 0.6),
+                ("conv", k * 0.5, k),  # overlaps gemm: busy time is the union, k
+                ("ncclDevKernel_AllReduce", 0.0, 50.0),
+            ):
+                cuda.append(
+                    {
+                        "rank": 0,
+                        "step": step,
+                        "kind": "kernel",
+                        "name": name,
+                        "start_ns": t0 + int(a * MS),
+                        "end_ns": t0 + int(b * MS),
+                    }
+                )
+        for tid, (run_ns, wait_ns) in cum.items():
+            sched.append(
+                {
+                    "t_ns": BASE + (step + 1) * 100 * MS,
+                    "rank": 0,
+                    "pid": 1 if tid != WORKER else WORKER,
+                    "tid": tid,
+                    "step": step,
+                    "run_ns": run_ns,
+                    "wait_ns": wait_ns,
+                }
+            )
+    extra_ms = EXTRA_WAIT_MS + EXTRA_AUTOGRAD_WAIT_MS + EXTRA_KERNEL_MS if loaded else 0.0
+    return {
+        "events/app": app_table(steps, compute_ms=25.0 + extra_ms),
+        "events/comm": empty_frame("events/comm"),
+        "events/cuda": frame("events/cuda", cuda),
+        "samples/sched": frame("samples/sched", sched),
+        "threads": threads,
+    }
+
+
+def test_step_parts_recover_host_time_and_kernel_busy_time() -> None:
+    parts = dec.step_parts(traced_run(loaded=True), warmup=WARMUP).set_index(["rank", "step"])
+    p = parts.loc[(0, 5)]
+    assert p["launch_run_ms"] == pytest.approx(RUN_MS)
+    assert p["launch_wait_ms"] == pytest.approx(EXTRA_WAIT_MS)
+    assert p["autograd_run_ms"] == pytest.approx(AUTOGRAD_MS)
+    assert p["autograd_wait_ms"] == pytest.approx(EXTRA_AUTOGRAD_WAIT_MS)
+    assert p["host_ms"] == pytest.approx(RUN_MS + AUTOGRAD_MS + EXTRA_WAIT_MS + 2.0)
+    assert p["gpu_kernel_ms"] == pytest.approx(KERNEL_MS + EXTRA_KERNEL_MS)
+    assert np.isnan(p["peer_wait_ms"])
+    assert sorted(parts.index.get_level_values("step")) == list(range(WARMUP, WARMUP + 30))
+
+
+def summarized(run_id: str, mode: str, tables: dict[str, pd.DataFrame]) -> tuple[Any, ...]:
+    attrs = {
+        "run_id": run_id,
+        "warmup_steps": WARMUP,
+        "spec": {
+            "mode": mode,
+            "device": "cuda",
+            "workload": {"model": "resnet50", "batch_size": 128},
+            "pinning": {"policy": "none"},
+            "loader": {"workers": 2},
+            "layout": {"nodes": 1, "ranks_per_node": 1},
+            "trace": {"cupti": True},
+        },
+    }
+    parts = dec.step_parts(tables, warmup=WARMUP)
+    parts.insert(0, "run_id", run_id)
+    steps, summary, _ = sm.summarize_tables(tables, attrs, parts=parts)
+    return steps, summary, parts
+
+
+def test_decomposition_recovers_host_launch_delay_and_gpu_slowdown() -> None:
+    a_steps, a_sum, a_parts = summarized("alone", "compute", traced_run(loaded=False))
+    c_steps, c_sum, c_parts = summarized("loaded", "data+compute", traced_run(loaded=True))
+    d = dec.decompose(
+        pd.concat([a_steps, c_steps], ignore_index=True),
+        pd.concat([a_parts, c_parts], ignore_index=True),
+        pd.concat([a_sum, c_sum], ignore_index=True),
+    )
+    assert set(d["run_id"]) == {"loaded"}
+    assert (d["twin_mode"] == "compute").all()
+    host = EXTRA_WAIT_MS + EXTRA_AUTOGRAD_WAIT_MS
+    assert d["host_launch_delay_ms"].to_numpy() == pytest.approx(np.full(len(d), host), rel=REL)
+    assert d["gpu_slowdown_ms"].to_numpy() == pytest.approx(
+        np.full(len(d), EXTRA_KERNEL_MS), rel=REL
+    )
+    # The planted compute inflation is exactly host + GPU: nothing is left unattributed.
+    assert d["compute_inflation_ms"].to_numpy() == pytest.approx(
+        np.full(len(d), host + EXTRA_KERNEL_MS), rel=REL
+    )
+    assert d["unattributed_ms"].abs().max() < REL * (host + EXTRA_KERNEL_MS)
+    means = dec.decomposition_means(d)
+    assert set(means["view"]) == {"all steps", "slowest 5 %"}
+    allsteps = means[means["view"] == "all steps"].iloc[0]
+    assert allsteps["host_launch_delay_ms"] == pytest.approx(host, rel=REL)
+
+
+def test_decomposition_of_a_ddp_run_against_its_compute_comm_twin() -> None:
+    """Two ranks; rank 1 arrives late at every bucket only in the loaded run. Rank 0's compute
+    inflation is the planted peer wait (DDP's compute span contains the AllReduce)."""
+    steps_range = range(WARMUP + 20)
+    frames, parts, sums = [], [], []
+    for run_id, mode, late in (("ddp", "compute+comm", 0.0), ("full", "combined", LATE_MS)):
+        comm = frame("events/comm", comm_rows(steps_range, late=late))
+        extra = BUCKETS * late
+        app = pd.concat(
+            [
+                app_table(steps_range, ranks=(0,), compute_ms=25.0 + extra),
+                app_table(steps_range, ranks=(1,), compute_ms=25.0),
+            ],
+            ignore_index=True,
+        )
+        tables = {"events/app": app, "events/comm": comm}
+        attrs = {
+            "run_id": run_id,
+            "warmup_steps": WARMUP,
+            "world_size": 2,
+            "spec": {
+                "mode": mode,
+                "device": "cpu",
+                "workload": {"model": "resnet_tiny", "batch_size": 16},
+                "pinning": {"policy": "none"},
+                "loader": {"workers": 2},
+                "layout": {"nodes": 1, "ranks_per_node": 2, "backend": "gloo"},
+            },
+        }
+        full = {n: tables.get(n, empty_frame(n)) for n in sm.TABLES}
+        p = dec.step_parts(full, warmup=WARMUP, ranks_per_node=2)
+        p.insert(0, "run_id", run_id)
+        st, su, _ = sm.summarize_tables(full, attrs, parts=p)
+        frames.append(st)
+        parts.append(p)
+        sums.append(su)
+    d = dec.decompose(
+        pd.concat(frames, ignore_index=True),
+        pd.concat(parts, ignore_index=True),
+        pd.concat(sums, ignore_index=True),
+    )
+    assert (d["twin_mode"] == "compute+comm").all()
+    r0 = d[d["rank"] == 0]
+    planted = BUCKETS * LATE_MS
+    assert r0["peer_wait_ms"].to_numpy() == pytest.approx(np.full(len(r0), planted), rel=REL)
+    assert r0["compute_inflation_ms"].to_numpy() == pytest.approx(
+        np.full(len(r0), planted), rel=REL
+    )
+    assert r0["allreduce_inflation_ms"].to_numpy() == pytest.approx(
+        np.full(len(r0), planted), rel=REL
+    )
+    assert (r0["straggler_rank"] == 1).all()
+    r1 = d[d["rank"] == 1]
+    assert r1["peer_wait_ms"].abs().max() < REL
+    assert r1["transfer_ms"].abs().max() < REL * TRANSFER_MS
+
+
+def test_parts_from_a_steps_table_keep_what_it_has() -> None:
+    steps = pd.DataFrame(
+        {
+            "run_id": "r",
+            "rank": 0,
+            "step": [2, 3],
+            "launch_run_ms": [10.0, 11.0],
+            "launch_wait_ms": [0.0, 2.0],
+        }
+    )
+    p = dec.parts_from_steps(steps)
+    assert list(p["host_ms"]) == [10.0, 13.0]
+    assert p["peer_wait_ms"].isna().all()
+    assert p["gpu_kernel_ms"].isna().all()
