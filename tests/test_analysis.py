@@ -624,6 +624,35 @@ def test_comm_component_needs_two_ranks() -> None:
     assert r["ratio"] == pytest.approx(2.5)
 
 
+def test_multi_rank_combined_is_compared_with_its_training_step_without_loader() -> None:
+    # compute+comm differs from combined only by the loader: compute and AllReduce inflation
+    # against it keep DDP's overlap of the AllReduce with the backward on both sides.
+    steps, summaries = run_set(
+        run_frames(
+            "t0",
+            "compute+comm",
+            {"compute_eff_ms": [30.0] * 4, "allreduce_ms": [1.0] * 4},
+            world_size=2,
+        ),
+        run_frames(
+            "x0",
+            "combined",
+            {"compute_eff_ms": [45.0] * 4, "allreduce_ms": [4.0] * 4},
+            world_size=2,
+        ),
+    )
+    out = p50(cmp.compare(steps, summaries))
+    twin = out[out["component"] == "compute+comm"].set_index("metric")
+    assert twin.loc["compute_eff_ms", "ratio"] == pytest.approx(1.5)
+    assert twin.loc["allreduce_ms", "ratio"] == pytest.approx(4.0)
+    assert set(twin["isolation_runs"]) == {"t0"}
+    # A single-rank combined run has no such twin row (no collective to keep).
+    steps1, summaries1 = run_set(
+        run_frames("y0", "combined", {"compute_eff_ms": [45.0] * 4}),
+    )
+    assert "compute+comm" not in set(cmp.compare(steps1, summaries1)["component"])
+
+
 def test_bootstrap_ratio() -> None:
     rng = np.random.default_rng(1)
     num = [rng.normal(20, 2, 30), rng.normal(22, 2, 30)]

@@ -33,6 +33,10 @@ COMPONENT_METRICS: dict[str, tuple[str, ...]] = {
     # how far the loader falls behind compute; the two are not the same quantity.
     "data": ("loader_item_ms",),
     "comm": ("allreduce_ms",),
+    # The training step without its input pipeline: the twin of a multi-rank `combined` run that
+    # differs from it only by the loader, so that compute and AllReduce inflation are measured
+    # against the same DDP overlap (compute alone has no AllReduce hidden in its backward).
+    "compute+comm": ("compute_eff_ms", "allreduce_ms", "launch_wait_ms", "step_ms"),
 }
 COMPONENT_OF_MODE = {"data": "data", "compute": "compute", "comm": "comm"}
 MODE_COMPONENTS: dict[str, tuple[str, ...]] = {
@@ -41,7 +45,7 @@ MODE_COMPONENTS: dict[str, tuple[str, ...]] = {
     "comm": ("comm",),
     "compute+comm": ("compute", "comm"),
     "data+compute": ("data", "compute"),
-    "combined": ("data", "compute", "comm"),
+    "combined": ("data", "compute", "comm", "compute+comm"),
     "data+sleep": ("data",),
 }
 ISOLATION_MODES = frozenset(COMPONENT_OF_MODE)
@@ -384,7 +388,11 @@ def compare(steps: pd.DataFrame, summaries: pd.DataFrame, *, steady: bool = True
         runs = by_key[key]
         world = _norm(r.get("world_size"))
         # Single-rank runs do no collective, so there is no comm component to compare.
-        comps = [c for c in MODE_COMPONENTS[mode] if not (c == "comm" and (world or 1) < 2)]
+        comps = [
+            c
+            for c in MODE_COMPONENTS[mode]
+            if not (c in ("comm", "compute+comm") and (world or 1) < 2)
+        ]
         for comp in comps:
             twins = by_key.get(_key(r, comp), [])
             for metric in COMPONENT_METRICS[comp]:
