@@ -1,0 +1,82 @@
+"""Summarize, compare and plot the runs of a matrix that ran only in part.
+
+The workflow's `compare` and `figures` rules need every run of the config. A lease on a GPU
+machine may end before the matrix does (results/h200x2 holds 17 of its config's 33 runs); this
+runs the same package functions on the traces that exist and writes the tables and figures the
+rules would have written, plus the per-call attribution of slow CUDA API calls for every run
+with `trace.cuda_api_sched` against its isolation twin with the same evidence.
+
+    python scripts/analyse_partial.py WORKDIR OUT
+      WORKDIR: holds results/runs/<run_id>/{spec.json,trace.h5} (e.g. unpacked from
+               `scripts/h200.sh pack`)
+      OUT:     receives tables/ and figures/
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from codl.analysis import calls
+from codl.analysis.pipeline import compare_to, figures_to, summarize_to
+from codl.spec import Mode, RunSpec
+
+
+def main(root: Path, out: Path) -> None:
+    runs = root / "results" / "runs"
+    ids = sorted(p.name for p in runs.iterdir() if (p / "trace.h5").is_file())
+    for rid in ids:
+        d = runs / rid
+        summarize_to(
+            d / "trace.h5",
+            steps=d / "steps.parquet",
+            summary=d / "summary.parquet",
+            attribution=d / "attribution.parquet",
+            parts=d / "parts.parquet",
+        )
+    tables = out / "tables"
+    tables.mkdir(parents=True, exist_ok=True)
+
+    def each(name: str) -> list[Path]:
+        return [runs / rid / name for rid in ids]
+
+    compare_to(
+        summaries=each("summary.parquet"),
+        steps=each("steps.parquet"),
+        attributions=each("attribution.parquet"),
+        parts=each("parts.parquet"),
+        runs_table=tables / "runs.csv",
+        steps_table=tables / "steps.csv.gz",
+        comparison_table=tables / "comparison.csv",
+        attribution_table=tables / "attribution.csv.gz",
+        decomposition_table=tables / "decomposition.csv.gz",
+    )
+    figures_to(
+        runs_table=tables / "runs.csv",
+        steps_table=tables / "steps.csv.gz",
+        comparison_table=tables / "comparison.csv",
+        decomposition_table=tables / "decomposition.csv.gz",
+        traces=each("trace.h5"),
+        figdir=out / "figures",
+    )
+    specs = {
+        rid: RunSpec.from_dict(json.loads((runs / rid / "spec.json").read_text())) for rid in ids
+    }
+    by_id = {s.run_id: rid for rid, s in specs.items()}
+    slow = []
+    for rid, spec in specs.items():
+        if not spec.trace.cuda_api_sched or spec.mode.is_isolation:
+            continue
+        twin_mode = Mode.COMPUTE_COMM if spec.mode.communicates else Mode.COMPUTE
+        twin = by_id.get(spec.with_mode(twin_mode).run_id)
+        twin_path = runs / twin / "trace.h5" if twin else None
+        slow.append(calls.attribute_trace(runs / rid / "trace.h5", twin_path))
+    if slow:
+        pd.concat(slow, ignore_index=True).to_csv(tables / "slow_calls.csv.gz", index=False)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), Path(sys.argv[2]))
