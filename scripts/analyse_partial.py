@@ -71,6 +71,8 @@ def main(root: Path, out: Path) -> None:
         if not spec.trace.cuda_api_sched or spec.mode.is_isolation:
             continue
         twin_mode = Mode.COMPUTE_COMM if spec.mode.communicates else Mode.COMPUTE
+        if spec.mode is twin_mode:
+            continue  # the twin itself: its calls are the baseline
         twin = by_id.get(spec.with_mode(twin_mode).run_id)
         twin_path = runs / twin / "trace.h5" if twin else None
         slow.append(calls.attribute_trace(runs / rid / "trace.h5", twin_path))
