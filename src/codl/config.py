@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import copy
 import itertools
+import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -207,11 +209,122 @@ def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def build_plan(cfg: Mapping[str, Any], *, source: str | None = None) -> Plan:
+# `$NAME` / `${NAME}` in a tier path; anything else after a `$` (`$(cmd)`, a lone `$`) is refused.
+_ENV_REF = re.compile(
+    r"\$(?:\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)\}|(?P<bare>[A-Za-z_][A-Za-z0-9_]*))"
+)
+# Quotes, backslash and control characters have no business in a directory name and are the
+# tools of shell-quoting tricks; spaces, unicode and other punctuation are allowed (the rules
+# quote every parameter).
+_BAD_PATH_CHARS = re.compile(r"[\x00-\x1f\x7f'\"`\\]")
+# System trees a data set is never staged into (a tier is a scratch directory).
+_SYSTEM_DIRS = tuple(
+    Path(p) for p in ("/bin", "/boot", "/etc", "/lib", "/lib64", "/proc", "/sbin", "/sys", "/usr")
+)
+
+
+def _is_within(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def resolve_tier(
+    key: str, raw: str, *, project_dirs: tuple[Path, ...], environ: Mapping[str, str]
+) -> tuple[Path | None, list[str]]:
+    """Expand ``~`` and environment variables of one tier path and check where it points.
+
+    A tier directory receives ``<tier>/<dataset name>``, which staging replaces; so it must be an
+    absolute directory outside the project (the project's own ``config/`` or ``results/`` would
+    be the data set's victims) and outside the system trees. Returns (resolved path, problems).
+    """
+    where = f"tiers.{key}"
+    if not raw.strip():
+        return None, [f"{where}: got {raw!r}, expected an absolute directory path"]
+    if _BAD_PATH_CHARS.search(raw):
+        bad = sorted({repr(c) for c in _BAD_PATH_CHARS.findall(raw)})
+        return None, [
+            f"{where}: got {_clip(raw)!r} containing {', '.join(bad)}; quotes, backslashes and "
+            "control characters are not allowed in a tier path"
+        ]
+    if "$" in _ENV_REF.sub("", raw):
+        return None, [
+            f"{where}: got {_clip(raw)!r}; a '$' must start an environment variable "
+            "($NAME or ${NAME}), nothing else is expanded"
+        ]
+    missing = [
+        m.group("braced") or m.group("bare")
+        for m in _ENV_REF.finditer(raw)
+        if (m.group("braced") or m.group("bare")) not in environ
+    ]
+    if missing:
+        # os.path.expandvars would leave `$NAME` in the path and the stage rule would create a
+        # directory literally called `$NAME`.
+        return None, [
+            f"{where}: environment variable(s) {', '.join('$' + n for n in missing)} not set "
+            f"(in {_clip(raw)!r}); set them or write the directory out"
+        ]
+    expanded = _ENV_REF.sub(lambda m: environ[m.group("braced") or m.group("bare")], raw)
+    if _BAD_PATH_CHARS.search(expanded):
+        return None, [
+            f"{where}: {_clip(raw)!r} expands to a path with quotes, backslashes or control "
+            "characters"
+        ]
+    expanded = os.path.expanduser(expanded)
+    if not os.path.isabs(expanded):
+        return None, [
+            f"{where}: got {_clip(raw)!r}"
+            + (f" (expands to {_clip(expanded)!r})" if expanded != raw else "")
+            + ", expected an absolute directory path (e.g. /dev/shm/codl or $TMPDIR/codl)"
+        ]
+    # realpath: a symlink in the path must not lead back into the project tree.
+    path = Path(os.path.realpath(expanded))
+    if path == Path(path.anchor):
+        return None, [f"{where}: got {_clip(raw)!r}, the file system root; expected a directory"]
+    for root in project_dirs:
+        if _is_within(path, root):
+            return None, [
+                f"{where}: {_clip(raw)!r} resolves to {path}, inside the project directory "
+                f"{root}; a tier must be a directory outside the project"
+            ]
+    for system in _SYSTEM_DIRS:
+        if _is_within(path, system):
+            return None, [f"{where}: {_clip(raw)!r} resolves to {path}, a system directory"]
+    return path, []
+
+
+def resolve_tiers(
+    tiers: Mapping[str, str],
+    *,
+    project_dirs: tuple[Path, ...],
+    environ: Mapping[str, str] | None = None,
+) -> tuple[dict[str, str], list[str]]:
+    env = os.environ if environ is None else environ
+    roots = tuple(Path(os.path.realpath(d)) for d in project_dirs)
+    out: dict[str, str] = {}
+    problems: list[str] = []
+    for key, raw in tiers.items():
+        path, found = resolve_tier(str(key), raw, project_dirs=roots, environ=env)
+        problems += found
+        if path is not None:
+            out[str(key)] = str(path)
+    return out, problems
+
+
+def _clip(text: str, limit: int = 200) -> str:
+    """A value as a message shows it: whole when short, its start and length when not."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def build_plan(
+    cfg: Mapping[str, Any],
+    *,
+    source: str | None = None,
+    project_dirs: tuple[Path, ...] | None = None,
+) -> Plan:
     """Validate ``cfg`` and expand it; raise one ConfigError listing every problem.
 
     Schema violations do not stop the semantic checks of the experiments they leave intact, so
-    that one round trip reports every mistake the config makes.
+    that one round trip reports every mistake the config makes. ``project_dirs`` (default: the
+    working directory) are the trees no storage tier may point into.
     """
     errors = _schema_errors(cfg)
     problems = [msg for _, msg in errors]
@@ -228,7 +341,12 @@ def build_plan(cfg: Mapping[str, Any], *, source: str | None = None) -> Plan:
     if shared_broken or any(path == ("experiments",) for path, _ in errors):
         raise ConfigError(problems, source=source)
     defaults = cfg.get("defaults", {}) or {}
-    tiers = dict(cfg.get("tiers", {}) or {})
+    tiers, tier_problems = resolve_tiers(
+        dict(cfg.get("tiers", {}) or {}),
+        project_dirs=(Path.cwd(),) if project_dirs is None else project_dirs,
+    )
+    if tier_problems:
+        raise ConfigError(problems + tier_problems, source=source)
     valid_keys = set(field_paths())
     runs: list[PlannedRun] = []
     seen_names: set[str] = set()
@@ -297,6 +415,19 @@ def build_plan(cfg: Mapping[str, Any], *, source: str | None = None) -> Plan:
                 problems.extend(
                     f"{where} ({name}: {label}): {p}" if label else f"{where} ({name}): {p}"
                     for label in labels
+                )
+    roots = [Path(os.path.realpath(d)) for d in (project_dirs or (Path.cwd(),))]
+    for (dname, tier), (_, run_where) in datasets.items():
+        if tier == "default" or tier not in tiers:
+            continue
+        target = Path(tiers[tier]) / dname
+        for root in roots:
+            if _is_within(root, target):
+                # Staging replaces the target directory: here that would be the project itself.
+                problems.append(
+                    f"{run_where}: data set {dname!r} on tier {tier!r} would be staged to "
+                    f"{target}, which holds the project directory {root}; rename the data set "
+                    f"or move tiers.{tier}"
                 )
     # De-duplicate problems while keeping order.
     unique = list(dict.fromkeys(problems))

@@ -26,7 +26,9 @@ RUN_ID_LENGTH = 12
 # Fields added after run ids were first published, left out of the id while at their default so
 # that every run measured before them keeps its id (and its results stay valid).
 _ID_OPTIONAL_DEFAULTS: dict[tuple[str, str], Any] = {("trace", "cuda_api"): False}
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# \Z, not $: Python's $ also matches before a trailing newline, which would let "name\n"
+# through into paths and shell words. The config schema uses the same pattern text.
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 
 
 class Mode(enum.StrEnum):

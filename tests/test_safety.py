@@ -1,0 +1,235 @@
+"""Nothing lost, nothing forged: adversarial inputs of issue 22, class by class.
+
+Each test states the property it defends; parametrized cases are the issue's examples plus the
+next variants a careful adversary would try.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from codl.cli import main
+from codl.config import build_plan
+from codl.datasets import MANIFEST, OWNER_MARKER, generate, stage
+from codl.errors import CodlError, ConfigError
+from codl.spec import DatasetSpec
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = DatasetSpec(name="tiny", samples=4, classes=2, height=16, width=16)
+
+
+def tree_digest(root: Path, *, skip: tuple[str, ...] = (".snakemake",)) -> dict[str, str]:
+    """Every file and directory under ``root`` (but ``skip``) with a hash of its content."""
+    out: dict[str, str] = {}
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root)
+        if rel.parts[0] in skip:
+            continue
+        if p.is_symlink():
+            out[str(rel)] = "link:" + os.readlink(p)
+        elif p.is_dir():
+            out[str(rel)] = "dir"
+        else:
+            out[str(rel)] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def tier_config(tier: str, *, name: str = "config") -> dict[str, Any]:
+    return {
+        "defaults": {
+            "workload": {"batch_size": 2, "image_size": 16},
+            "dataset": {
+                "name": name,
+                "samples": 4,
+                "classes": 2,
+                "height": 16,
+                "width": 16,
+                "tier": "t",
+            },
+            "loader": {"workers": 1},
+            "steps": {"warmup": 1, "measured": 1},
+        },
+        "tiers": {"t": tier},
+        "experiments": [{"name": "e", "factors": {"mode": ["data"]}}],
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Class 1: config values reaching the file system and the shell
+
+
+def bad_tiers(project: Path, canary: Path) -> list[tuple[str, str, str]]:
+    """(label, tier value, dataset name) that must never reach the disk or a shell."""
+    return [
+        ("empty string deletes config/", "", "config"),
+        ("blank", "   ", "config"),
+        ("relative dot", ".", "config"),
+        ("relative path", "resources", "datasets"),
+        ("single quote injection", f"/tmp/x'; touch {canary}; echo '", "d"),
+        ("double quote injection", f'/tmp/x"; touch {canary}; echo "', "d"),
+        ("command substitution", f"/tmp/$(touch {canary})", "d"),
+        ("backticks", f"/tmp/`touch {canary}`", "d"),
+        ("newline", f"/tmp/x\ntouch {canary}", "d"),
+        ("undefined env var", "$CODL_SURELY_UNDEFINED_VAR/x", "d"),
+        ("undefined braced env var", "/tmp/${CODL_SURELY_UNDEFINED_VAR}/x", "d"),
+        ("unknown user home", "~codl_no_such_user_xyz/x", "d"),
+        ("project itself", str(project), "config"),
+        ("inside the project", str(project / "results"), "runs"),
+        ("parent of the project", str(project.parent), project.name),
+        ("dotdot back into the project", str(project / ".." / project.name), "config"),
+        ("file system root", "/", "tmp"),
+        ("system directory", "/etc", "codl"),
+        ("backslash", "/tmp/a\\b", "d"),
+    ]
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A copy of the workflow (Snakefile, rules, configs, profiles) to run Snakemake in."""
+    proj = tmp_path / "project"
+    proj.mkdir()
+    for name in ("Snakefile", "workflow", "config", "envs", "profiles"):
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, proj / name)  # the schema link becomes a file
+        else:
+            shutil.copy2(src, proj / name)
+    return proj
+
+
+def test_bad_tier_paths_are_refused_by_the_plan_naming_the_tier(tmp_path: Path) -> None:
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    canary = tmp_path / "INJECTED"
+    for label, tier, name in bad_tiers(proj, canary):
+        with pytest.raises(ConfigError) as info:
+            build_plan(tier_config(tier, name=name), project_dirs=(proj,))
+        assert "tiers.t" in str(info.value) or "would be staged" in str(info.value), label
+    assert not canary.exists()
+
+
+def test_a_symlink_tier_into_the_project_is_refused(tmp_path: Path) -> None:
+    proj = tmp_path / "proj"
+    (proj / "config").mkdir(parents=True)
+    link = tmp_path / "scratch"
+    link.symlink_to(proj)
+    with pytest.raises(ConfigError, match="inside the project directory"):
+        build_plan(tier_config(str(link), name="config"), project_dirs=(proj,))
+
+
+def test_a_tier_above_the_project_is_fine_unless_the_dataset_lands_on_it(tmp_path: Path) -> None:
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    plan = build_plan(tier_config(str(tmp_path), name="other"), project_dirs=(proj,))
+    assert plan.tiers == {"t": str(tmp_path.resolve())}
+    with pytest.raises(ConfigError, match="holds the project directory"):
+        build_plan(tier_config(str(tmp_path), name="proj"), project_dirs=(proj,))
+
+
+def test_env_vars_and_home_in_tiers_are_expanded_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    # A value holding `$` is used as is, never expanded a second time.
+    monkeypatch.setenv("CODL_SCRATCH", str(tmp_path / "s$HOME"))
+    plan = build_plan(tier_config("${CODL_SCRATCH}/tier", name="d"), project_dirs=(proj,))
+    assert plan.tiers["t"] == str(tmp_path.resolve() / "s$HOME" / "tier")
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["config\n", "a\n", "../config", ".hidden", "a/b", "a'b", "a b", "x" * 65, "", "é"],
+)
+def test_unsafe_dataset_and_experiment_names_are_refused(name: str) -> None:
+    cfg = tier_config("/dev/shm/codl-test", name=name)
+    with pytest.raises(ConfigError, match=r"dataset\.name"):
+        build_plan(cfg, project_dirs=())
+    cfg = tier_config("/dev/shm/codl-test", name="ok")
+    cfg["experiments"][0]["name"] = name
+    with pytest.raises(ConfigError, match=r"experiments\[0\]"):
+        build_plan(cfg, project_dirs=())
+
+
+def test_a_tier_name_with_a_trailing_newline_is_refused() -> None:
+    cfg = tier_config("/dev/shm/codl-test", name="ok")
+    cfg["tiers"] = {"t\n": "/dev/shm/codl-test"}
+    with pytest.raises(ConfigError, match="invalid key name"):
+        build_plan(cfg, project_dirs=())
+
+
+def snakemake_in(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env.pop("CODL_SURELY_UNDEFINED_VAR", None)
+    return subprocess.run(
+        [
+            str(Path(sys.executable).parent / "snakemake"),
+            "--profile",
+            "profiles/local",
+            "--cores",
+            "1",
+            *args,
+        ],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
+
+
+@pytest.mark.slow
+def test_snakemake_refuses_every_bad_tier_and_leaves_the_project_untouched(
+    project: Path, tmp_path: Path
+) -> None:
+    canary = tmp_path / "INJECTED"
+    before = tree_digest(project)
+    cfg_dir = tmp_path / "configs"
+    cfg_dir.mkdir()
+    for i, (label, tier, name) in enumerate(bad_tiers(project, canary)):
+        cfg = cfg_dir / f"bad{i}.yaml"
+        cfg.write_text(yaml.safe_dump(tier_config(tier, name=name)))
+        proc = snakemake_in(project, "--configfile", str(cfg))
+        out = proc.stdout + proc.stderr
+        assert proc.returncode != 0, (label, out[-2000:])
+        assert "tiers.t" in out or "would be staged" in out, (label, out[-2000:])
+        # The refusal is the plan's short message, not a dump of the schema.
+        assert len(out) < 20_000, label
+        assert not canary.exists(), label
+        assert tree_digest(project) == before, label
+
+
+@pytest.mark.slow
+def test_shell_metacharacters_in_a_tier_path_stay_inside_the_path(
+    project: Path, tmp_path: Path
+) -> None:
+    """A legal but hostile directory name goes through the stage and run rules verbatim."""
+    canary = tmp_path / "INJECTED"
+    tier = tmp_path / f"tier ü; touch {canary} & (x) | <y> #"
+    cfg_path = tmp_path / "ok.yaml"
+    cfg = tier_config(str(tier), name="staged")
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    (run_id,) = build_plan(cfg, project_dirs=(project,)).specs
+    before = tree_digest(project, skip=(".snakemake", "resources", "results", "logs"))
+    # The target first: --configfile takes every word after it.
+    proc = snakemake_in(project, f"results/runs/{run_id}/trace.h5", "--configfile", str(cfg_path))
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    assert not canary.exists()
+    assert (tier / "staged" / MANIFEST).is_file()
+    assert (tier / "staged" / OWNER_MARKER).is_file()
+    assert (project / "results" / "runs" / run_id / "trace.h5").is_file()
+    log = (project / "logs" / "run" / f"{run_id}.log").read_text()
+    assert "Traceback" not in log
+    assert tree_digest(project, skip=(".snakemake", "resources", "results", "logs")) == before
