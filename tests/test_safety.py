@@ -233,3 +233,152 @@ def test_shell_metacharacters_in_a_tier_path_stay_inside_the_path(
     log = (project / "logs" / "run" / f"{run_id}.log").read_text()
     assert "Traceback" not in log
     assert tree_digest(project, skip=(".snakemake", "resources", "results", "logs")) == before
+
+
+# --------------------------------------------------------------------------------------------
+# Class 2: commands delete only directories codl marked as its own
+
+
+def user_dir(path: Path) -> dict[str, str]:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "thesis.tex").write_text("years of work")
+    (path / "sub").mkdir(exist_ok=True)
+    (path / "sub" / "data.bin").write_bytes(b"\x00\x01")
+    return tree_digest(path)
+
+
+def test_generate_refuses_to_replace_a_directory_codl_did_not_create(tmp_path: Path) -> None:
+    out = tmp_path / "mine"
+    before = user_dir(out)
+    with pytest.raises(CodlError, match="not created by codl"):
+        generate(TINY, out)
+    assert tree_digest(out) == before
+    assert [p.name for p in tmp_path.iterdir()] == ["mine"]  # no partial left behind
+
+
+def test_generate_refuses_a_user_manifest_lookalike(tmp_path: Path) -> None:
+    out = tmp_path / "mine"
+    before_files = user_dir(out)
+    (out / MANIFEST).write_text('{"note": "mine"}')
+    before = tree_digest(out)
+    with pytest.raises(CodlError, match="not created by codl"):
+        generate(TINY, out)
+    assert tree_digest(out) == before
+    assert before_files.items() <= before.items()
+
+
+def test_generate_replaces_its_own_data_set_and_an_empty_directory(tmp_path: Path) -> None:
+    out = tmp_path / "ds"
+    out.mkdir()
+    generate(TINY, out)
+    assert (out / OWNER_MARKER).is_file()
+    (out / "stale.txt").write_text("from an older build")
+    generate(TINY, out)
+    assert not (out / "stale.txt").exists()
+    assert (out / MANIFEST).is_file()
+    # A data set of an older codl (MANIFEST, no marker) is still recognised as codl's.
+    (out / OWNER_MARKER).unlink()
+    generate(TINY, out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]
+
+
+def test_generate_never_deletes_a_stale_partial_of_the_same_name(tmp_path: Path) -> None:
+    out = tmp_path / "ds"
+    partial = tmp_path / "ds.partial"
+    before = user_dir(partial)
+    generate(TINY, out)
+    assert tree_digest(partial) == before
+
+
+@pytest.mark.parametrize("kind", ["symlink to a user dir", "regular file", "fifo"])
+def test_generate_refuses_non_directories(tmp_path: Path, kind: str) -> None:
+    out = tmp_path / "out"
+    victim = tmp_path / "victim"
+    before = user_dir(victim)
+    if kind == "symlink to a user dir":
+        out.symlink_to(victim)
+    elif kind == "regular file":
+        out.write_text("precious")
+    else:
+        os.mkfifo(out)
+    with pytest.raises(CodlError, match="refusing"):
+        generate(TINY, out)
+    assert tree_digest(victim) == before
+    assert out.exists() or out.is_symlink()
+
+
+def test_generate_refuses_the_file_system_root() -> None:
+    with pytest.raises(CodlError, match="root"):
+        generate(TINY, Path("/"))
+
+
+@pytest.fixture
+def built(tmp_path: Path) -> Path:
+    src = tmp_path / "resources" / "datasets" / "tiny"
+    generate(TINY, src)
+    return src
+
+
+def test_stage_refuses_to_replace_a_foreign_directory(built: Path, tmp_path: Path) -> None:
+    target = tmp_path / "tier" / "tiny"
+    before = user_dir(target)
+    marker = tmp_path / "staged" / "t" / "tiny.json"
+    with pytest.raises(CodlError, match="not created by codl"):
+        stage(built, target, marker=marker)
+    assert tree_digest(target) == before
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("where", ["itself", "inside", "parent"])
+def test_stage_refuses_a_target_overlapping_its_source(
+    built: Path, tmp_path: Path, where: str
+) -> None:
+    target = {"itself": built, "inside": built / "copy", "parent": built.parent}[where]
+    before = tree_digest(built.parent)
+    with pytest.raises(CodlError, match="overlap"):
+        stage(built, target, marker=tmp_path / "m.json")
+    assert tree_digest(built.parent) == before
+
+
+def test_stage_refuses_a_source_that_is_not_a_data_set(tmp_path: Path) -> None:
+    src = tmp_path / "notes"
+    user_dir(src)
+    with pytest.raises(CodlError, match="manifest"):
+        stage(src, tmp_path / "tier" / "x", marker=tmp_path / "m.json")
+
+
+def test_stage_twice_replaces_its_own_copy(built: Path, tmp_path: Path) -> None:
+    target = tmp_path / "tier" / "tiny"
+    stage(built, target, marker=tmp_path / "m.json")
+    (target / "junk").write_text("x")
+    stage(built, target, marker=tmp_path / "m.json")
+    assert not (target / "junk").exists()
+    assert (target / OWNER_MARKER).is_file()
+    assert sorted(p.name for p in target.parent.iterdir()) == ["tiny"]
+
+
+def test_cli_dataset_and_stage_fail_cleanly_and_keep_user_data(
+    tmp_path: Path, built: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mine = tmp_path / "mine"
+    before = user_dir(mine)
+    spec = json.dumps({"name": "tiny", "samples": 4, "classes": 2, "height": 16, "width": 16})
+    assert main(["dataset", "--spec-json", spec, "--out", str(mine)]) == 2
+    assert (
+        main(
+            [
+                "stage",
+                str(built / MANIFEST),
+                "--to",
+                str(mine),
+                "--marker",
+                str(tmp_path / "m.json"),
+            ]
+        )
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert err.count("not created by codl") == 2
+    assert tree_digest(mine) == before
+    assert main(["dataset", "--spec-json", "{not json", "--out", str(tmp_path / "x")]) == 2
+    assert "--spec-json" in capsys.readouterr().err
