@@ -382,3 +382,77 @@ def test_cli_dataset_and_stage_fail_cleanly_and_keep_user_data(
     assert tree_digest(mine) == before
     assert main(["dataset", "--spec-json", "{not json", "--out", str(tmp_path / "x")]) == 2
     assert "--spec-json" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------------
+# Class 5: outputs never overwrite inputs
+
+COMPUTE_SPEC = {
+    "mode": "compute",
+    "workload": {"batch_size": 2, "image_size": 16},
+    "steps": {"warmup": 1, "measured": 2},
+}
+
+
+@pytest.fixture(scope="module")
+def real_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A complete trace of a real (tiny, CPU) run; tests copy it before touching it."""
+    from codl.harness.launch import launch
+    from codl.spec import RunSpec
+
+    out = tmp_path_factory.mktemp("real") / "trace.h5"
+    launch(RunSpec.from_dict(COMPUTE_SPEC), trace_path=out, dataset_dir=None)
+    return out
+
+
+@pytest.fixture
+def trace_copy(real_trace: Path, tmp_path: Path) -> Path:
+    p = tmp_path / "t dir ü" / "trace.h5"
+    p.parent.mkdir()
+    shutil.copy(real_trace, p)
+    return p
+
+
+def output_variants(trace: Path) -> list[tuple[str, Path]]:
+    d = trace.parent
+    link = d / "link.json"
+    link.symlink_to(trace)
+    hard = d / "hard.json"
+    os.link(trace, hard)
+    other = d / "other.h5"
+    shutil.copy(trace, other)
+    sub = d / "sub"
+    sub.mkdir()
+    return [
+        ("the input itself", trace),
+        ("the input via ..", sub / ".." / trace.name),
+        ("a symlink to the input", link),
+        ("a hard link to the input", hard),
+        ("another trace", other),
+        ("a directory", sub),
+        ("a missing directory", d / "missing" / "x.json"),
+    ]
+
+
+def test_export_refuses_every_output_that_would_destroy_an_input(
+    trace_copy: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for label, out in output_variants(trace_copy):
+        before = tree_digest(trace_copy.parent)
+        assert main(["export", str(trace_copy), "-o", str(out)]) == 2, label
+        assert tree_digest(trace_copy.parent) == before, label
+        assert "--output" in capsys.readouterr().err, label
+    good = trace_copy.parent / "trace.json"
+    assert main(["export", str(trace_copy), "-o", str(good)]) == 0
+    assert json.loads(good.read_text())["traceEvents"]
+
+
+def test_summarize_refuses_to_write_over_its_input(
+    trace_copy: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    named = trace_copy.parent / "steps.parquet"
+    trace_copy.rename(named)
+    before = named.read_bytes()
+    assert main(["summarize", str(named), "--out-dir", str(named.parent)]) == 2
+    assert named.read_bytes() == before
+    assert "--out-dir" in capsys.readouterr().err

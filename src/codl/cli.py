@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,43 @@ def _load_spec(path: Path) -> Any:
     except json.JSONDecodeError as exc:
         raise CodlError(f"{path}: not valid JSON ({exc})") from None
     return RunSpec.from_dict(data)
+
+
+_HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)  # hard links to one inode
+    except OSError:
+        return False
+
+
+def _is_hdf5(path: Path) -> bool:
+    try:
+        with path.open("rb") as fh:
+            return fh.read(8) == _HDF5_MAGIC
+    except OSError:
+        return False
+
+
+def check_output(output: Path, *, inputs: tuple[Path, ...], option: str) -> None:
+    """Refuse an output path that is one of the inputs, a directory, in a missing directory, or
+    an existing HDF5 file (a measurement, which no command of codl writes over as a by-product).
+    """
+    for inp in inputs:
+        if _same_file(output, inp):
+            raise CodlError(f"{option} {output} is the input {inp}; it would be overwritten")
+    if output.is_dir():
+        raise CodlError(f"{option} {output} is a directory, expected a file path")
+    if not output.parent.is_dir():
+        raise CodlError(f"{option} {output}: directory {output.parent} does not exist")
+    if _is_hdf5(output):
+        raise CodlError(
+            f"{option} {output} exists and is an HDF5 file (a trace?); refusing to overwrite it"
+        )
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -55,6 +93,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from codl.trace.export import export_chrome
 
+    check_output(Path(args.output), inputs=(Path(args.trace),), option="-o/--output")
     export_chrome(Path(args.trace), Path(args.output))
     print(args.output)
     return 0
@@ -89,7 +128,11 @@ def cmd_dataset(args: argparse.Namespace) -> int:
     from codl.spec import DatasetSpec, _from_mapping
 
     problems: list[str] = []
-    spec = _from_mapping(DatasetSpec, json.loads(args.spec_json), "dataset", problems)
+    try:
+        data = json.loads(args.spec_json)
+    except json.JSONDecodeError as exc:
+        raise CodlError(f"--spec-json: not valid JSON ({exc})") from None
+    spec = _from_mapping(DatasetSpec, data, "dataset", problems)
     if problems or spec is None:
         raise CodlError("; ".join(problems))
     manifest = generate(spec, Path(args.out))
@@ -110,6 +153,13 @@ def cmd_write_spec(args: argparse.Namespace) -> int:
 def cmd_stage(args: argparse.Namespace) -> int:
     from codl.datasets import stage
 
+    marker = Path(args.marker)
+    if marker.exists():
+        check_output(marker, inputs=(Path(args.manifest),), option="--marker")
+    elif _same_file(marker.parent, Path(args.to)) or _same_file(
+        marker.parent, Path(args.manifest).parent
+    ):
+        raise CodlError(f"--marker {marker} must not be inside the data set it marks")
     manifest = stage(Path(args.manifest).parent, Path(args.to), marker=Path(args.marker))
     print(f"staged {manifest['files']} files to {args.to}")
     return 0
@@ -118,8 +168,12 @@ def cmd_stage(args: argparse.Namespace) -> int:
 def cmd_summarize(args: argparse.Namespace) -> int:
     from codl.analysis.summarize import summarize_trace
 
-    steps, summary, attribution = summarize_trace(Path(args.trace))
     out = Path(args.out_dir)
+    names = ("steps.parquet", "summary.parquet", "attribution.parquet")
+    for name in names:
+        if (out / name).exists() or out.is_dir():
+            check_output(out / name, inputs=(Path(args.trace),), option="--out-dir")
+    steps, summary, attribution = summarize_trace(Path(args.trace))
     out.mkdir(parents=True, exist_ok=True)
     steps.to_parquet(out / "steps.parquet")
     summary.to_parquet(out / "summary.parquet")
