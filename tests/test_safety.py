@@ -10,8 +10,10 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -456,3 +458,207 @@ def test_summarize_refuses_to_write_over_its_input(
     assert main(["summarize", str(named), "--out-dir", str(named.parent)]) == 2
     assert named.read_bytes() == before
     assert "--out-dir" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------------
+# Class 3: two writers of one trace path
+
+
+def test_a_second_writer_of_one_trace_path_fails_at_once(tmp_path: Path) -> None:
+    from codl.errors import TraceFormatError
+    from codl.trace.store import TraceWriter, lock_path, open_trace
+
+    final = tmp_path / "t.h5"
+    with TraceWriter(final) as first:
+        first.set_attrs(spec={"who": "first"})
+        with pytest.raises(TraceFormatError, match="another write"), TraceWriter(final):
+            pass
+        script = (
+            "import sys\nfrom codl.trace.store import TraceWriter\n"
+            "from codl.errors import TraceFormatError\n"
+            f"try:\n    TraceWriter({str(final)!r}).__enter__()\n"
+            "except TraceFormatError as e:\n    print(e); sys.exit(3)\n"
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, check=False
+        )
+        assert proc.returncode == 3, proc.stderr
+        assert f"pid {os.getpid()}" in proc.stdout
+        first.finish()
+    with open_trace(final) as t:
+        assert t.spec == {"who": "first"}
+    assert not lock_path(final, "write").exists()
+    # Released: the next writer of the path is free to go.
+    with TraceWriter(final) as again:
+        again.finish()
+
+
+def test_writers_use_unique_partial_names_and_spare_a_foreign_partial(tmp_path: Path) -> None:
+    from codl.trace.store import TraceWriter, partial_path
+
+    final = tmp_path / "t.h5"
+    foreign = partial_path(final)
+    foreign.write_bytes(b"someone else's bytes")
+    a, b = TraceWriter(final), TraceWriter(final)
+    assert a.partial_path != b.partial_path
+    assert a.partial_path.name.endswith(".partial") and a.partial_path.parent == tmp_path
+    with a:
+        a.finish()
+    assert foreign.read_bytes() == b"someone else's bytes"
+
+
+def run_cmd(spec_path: Path, trace: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "codl.cli", "run", str(spec_path), "--trace", str(trace), *extra]
+
+
+@pytest.mark.slow
+def test_a_second_codl_run_of_one_trace_fails_before_measuring(tmp_path: Path) -> None:
+    from codl.harness.runner import write_spec_json
+    from codl.spec import RunSpec
+    from codl.trace.store import incomplete_path, lock_path, open_trace
+
+    long = RunSpec.from_dict({**COMPUTE_SPEC, "steps": {"warmup": 1, "measured": 100_000}})
+    spec_path = tmp_path / "spec.json"
+    write_spec_json(long, spec_path)
+    trace = tmp_path / "trace.h5"
+    first = subprocess.Popen(
+        run_cmd(spec_path, trace), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not lock_path(trace, "run").exists():
+            assert first.poll() is None, first.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        second = subprocess.run(
+            run_cmd(spec_path, trace), capture_output=True, text=True, timeout=120, check=False
+        )
+        assert second.returncode == 2, second.stderr
+        assert "another run" in second.stderr and "Traceback" not in second.stderr
+        time.sleep(3)  # some measured steps
+    finally:
+        first.send_signal(signal.SIGTERM)
+        _, err = first.communicate(timeout=120)
+    assert first.returncode != 0
+    assert "SIGTERM" in err
+    assert not trace.exists()
+    with open_trace(incomplete_path(trace), allow_incomplete=True) as t:
+        assert "SIGTERM" in t.attrs["incomplete_reason"]
+        assert t.attrs["run_id"] == long.run_id
+    assert not lock_path(trace, "run").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# Class 11: late failures; class 6: the wrong data set
+
+EARLY_CHECK = r"""
+import json, sys
+from pathlib import Path
+from codl.cli import main
+cases = json.loads(sys.argv[1])
+out = {}
+for label, argv in cases.items():
+    out[label] = main(argv)
+out["torch imported"] = "torch" in sys.modules
+print(json.dumps(out))
+"""
+
+
+def test_codl_run_checks_everything_before_importing_torch(tmp_path: Path, built: Path) -> None:
+    from codl.harness.runner import write_spec_json
+    from codl.spec import RunSpec
+
+    good = tmp_path / "spec.json"
+    write_spec_json(RunSpec.from_dict(COMPUTE_SPEC), good)
+    loads = tmp_path / "loads.json"
+    write_spec_json(
+        RunSpec.from_dict(
+            {
+                "mode": "data",
+                "workload": {"batch_size": 2, "image_size": 16},
+                "dataset": {"name": "tiny", "samples": 4, "classes": 2, "height": 32},
+            }
+        ),
+        loads,
+    )
+    a_file = tmp_path / "a file"
+    a_file.write_text("x")
+    bad_json = tmp_path / "bad.json"
+    bad_json.write_text("{")
+    a_list = tmp_path / "list.json"
+    a_list.write_text("[1, 2]")
+    unknown = tmp_path / "unknown.json"
+    unknown.write_text('{"mode": "compute", "workers": 3}')
+    empty_ds = tmp_path / "empty ds"
+    empty_ds.mkdir()
+    spec_before = good.read_bytes()
+    t = str(tmp_path / "trace.h5")
+    cases = {
+        "trace under /proc": ["run", str(good), "--trace", "/proc/codl/trace.h5"],
+        "trace dir is a file": ["run", str(good), "--trace", str(a_file / "trace.h5")],
+        "trace is a directory": ["run", str(good), "--trace", str(tmp_path)],
+        "trace named .partial": ["run", str(good), "--trace", t + ".partial"],
+        "trace named .incomplete.h5": [
+            "run",
+            str(good),
+            "--trace",
+            str(tmp_path / "x.incomplete.h5"),
+        ],
+        "trace named .lock": ["run", str(good), "--trace", str(tmp_path / ".t.h5.run.lock")],
+        "trace is the spec": ["run", str(good), "--trace", str(good)],
+        "spec not JSON": ["run", str(bad_json), "--trace", t],
+        "spec a list": ["run", str(a_list), "--trace", t],
+        "spec unknown key": ["run", str(unknown), "--trace", t],
+        "spec missing": ["run", str(tmp_path / "nope.json"), "--trace", t],
+        "negative cpus": ["run", str(good), "--trace", t, "--cpus-per-task", "-1"],
+        "kineto dir a file": ["run", str(good), "--trace", t, "--kineto-dir", str(a_file)],
+        "loads without data set": ["run", str(loads), "--trace", t],
+        "data set missing": ["run", str(loads), "--trace", t, "--dataset-dir", str(tmp_path / "n")],
+        "data set without manifest": [
+            "run",
+            str(loads),
+            "--trace",
+            t,
+            "--dataset-dir",
+            str(empty_ds),
+        ],
+        "another data set": ["run", str(loads), "--trace", t, "--dataset-dir", str(built)],
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", EARLY_CHECK, json.dumps(cases)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.splitlines()[-1])
+    assert result.pop("torch imported") is False
+    assert result == dict.fromkeys(cases, 2)
+    assert "Traceback" not in proc.stderr
+    assert "height: data set has 16, spec wants 32" in proc.stderr
+    assert good.read_bytes() == spec_before
+    assert not (tmp_path / "trace.h5").exists()
+
+
+def test_a_data_set_is_matched_against_the_spec_but_not_its_tier(built: Path) -> None:
+    from codl.datasets import check_dataset
+
+    check_dataset(TINY, built)
+    import dataclasses
+
+    check_dataset(dataclasses.replace(TINY, tier="shm"), built)
+    for key, value in (("samples", 5), ("seed", 1), ("quality", 80), ("name", "other")):
+        with pytest.raises(CodlError, match=f"{key}: data set has"):
+            check_dataset(dataclasses.replace(TINY, **{key: value}), built)
+
+
+@pytest.mark.parametrize(
+    "content", [b"{", b"[]", b'{"spec": 3}', b"\xff\xfe", b" " * (2 << 20), b""]
+)
+def test_a_damaged_manifest_is_an_error_naming_it(built: Path, content: bytes) -> None:
+    from codl.datasets import check_dataset
+
+    (built / MANIFEST).write_bytes(content)
+    with pytest.raises(CodlError, match=MANIFEST):
+        check_dataset(TINY, built)

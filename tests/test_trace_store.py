@@ -22,6 +22,7 @@ from codl.trace.store import (
     TraceWriter,
     chunk_rows,
     incomplete_path,
+    lock_path,
     open_trace,
     partial_path,
     schema_markdown,
@@ -399,10 +400,14 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
     proc = subprocess.run([sys.executable, "-c", script], check=False)
     assert proc.returncode == -signal.SIGKILL
-    # The trace is built in memory and written only by finish()/abort().
-    assert list(tmp_path.iterdir()) == []
+    # The trace is built in memory and written only by finish()/abort(); only the writer's
+    # lock file is left, and the kernel released its lock with the process.
+    assert list(tmp_path.iterdir()) == [lock_path(final, "write")]
     with pytest.raises(TraceFormatError, match=re.escape(str(final))):
         open_trace(final)
+    with TraceWriter(final) as w:
+        w.finish()
+    assert sorted(tmp_path.iterdir()) == [final]
 
 
 def test_a_partial_file_from_an_interrupted_write_is_refused(tmp_path: Path) -> None:

@@ -61,12 +61,31 @@ def check_output(output: Path, *, inputs: tuple[Path, ...], option: str) -> None
         )
 
 
+def _check_run_args(args: argparse.Namespace, spec: Any) -> Path:
+    """Everything ``codl run`` can check before it imports torch and starts measuring."""
+    from codl.datasets import check_dataset
+    from codl.trace.store import check_trace_target
+
+    trace = Path(args.trace) if args.trace else Path(args.spec).parent / "trace.h5"
+    if _same_file(trace, Path(args.spec)):
+        raise CodlError(f"--trace {trace} is the spec file; it would be overwritten")
+    if args.cpus_per_task < 0:
+        raise CodlError(f"--cpus-per-task: got {args.cpus_per_task}, expected >= 0")
+    if args.kineto_dir and Path(args.kineto_dir).exists() and not Path(args.kineto_dir).is_dir():
+        raise CodlError(f"--kineto-dir {args.kineto_dir} exists and is not a directory")
+    if spec.mode.loads:
+        if not args.dataset_dir:
+            raise CodlError(f"mode {spec.mode.value!r} reads a data set: give --dataset-dir")
+        check_dataset(spec.dataset, Path(args.dataset_dir))
+    return check_trace_target(trace)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    spec = _load_spec(args.spec)
+    trace = _check_run_args(args, spec)
+    # Imported only now: torch takes seconds to import, a spec error should not.
     from codl.harness.launch import launch
 
-    spec = _load_spec(args.spec)
-    run_dir = Path(args.spec).parent
-    trace = Path(args.trace) if args.trace else run_dir / "trace.h5"
     launch(
         spec,
         trace_path=trace,

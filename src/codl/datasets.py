@@ -190,6 +190,29 @@ def read_manifest(out_dir: Path) -> dict[str, Any]:
     return data
 
 
+def check_dataset(spec: DatasetSpec, directory: Path) -> dict[str, Any]:
+    """The manifest of ``directory`` if it holds the data set ``spec`` describes; else a
+    CodlError naming the directory and every differing key (the tier is where a copy lives, not
+    what it holds, and is not compared)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise CodlError(f"--dataset-dir {directory}: no such directory")
+    manifest = read_manifest(directory)
+    stored = manifest["spec"]
+    expected = {k: v for k, v in _to_jsonable(spec).items() if k != "tier"}
+    diff = [
+        f"{k}: data set has {stored.get(k, '<missing>')!r}, spec wants {v!r}"
+        for k, v in expected.items()
+        if stored.get(k) != v
+    ]
+    if diff:
+        raise CodlError(
+            f"--dataset-dir {directory} holds another data set than the spec's dataset "
+            f"({'; '.join(diff)}); the run would be labelled with the wrong data set"
+        )
+    return manifest
+
+
 def stage(source: Path, target: Path, *, marker: Path) -> dict[str, Any]:
     """Copy a complete data set to a storage tier (temporary name, then rename), then mark it."""
     source = _absolute(Path(source), "source")

@@ -17,6 +17,7 @@ from typing import Any
 from codl.errors import CodlError, TraceFormatError
 from codl.harness.runner import RankEnv, execute
 from codl.spec import DeviceKind, RunSpec
+from codl.trace.store import check_trace_target, exclusive_lock
 
 MERGE_TIMEOUT_S = 300.0
 # Set in the environment of the tasks that `codl run` starts through srun.
@@ -121,12 +122,40 @@ def launch(
     cpus_per_task: int = 0,
 ) -> Path:
     """Run every rank of ``spec``. ``argv`` is this process's own command line, re-run under
-    ``srun`` when a multi-rank spec starts inside a Slurm job as a single process."""
-    trace_path = Path(trace_path)
+    ``srun`` when a multi-rank spec starts inside a Slurm job as a single process.
+
+    The trace path is checked and locked before anything is measured: a second run of the same
+    trace path fails at once instead of after its measurements (each srun task locks its own
+    rank trace; the process that started them holds the run's).
+    """
+    trace_path = check_trace_target(trace_path)
+    env = cluster_env() if spec.layout.world_size > 1 else None
+    mine = trace_path if env is None else rank_trace_path(trace_path, env.rank)
+    with exclusive_lock(mine, "run"):
+        return _launch(
+            spec,
+            trace_path=trace_path,
+            dataset_dir=dataset_dir,
+            kineto_dir=kineto_dir,
+            argv=argv,
+            cpus_per_task=cpus_per_task,
+            env=env,
+        )
+
+
+def _launch(
+    spec: RunSpec,
+    *,
+    trace_path: Path,
+    dataset_dir: Path | None,
+    kineto_dir: Path | None,
+    argv: list[str] | None,
+    cpus_per_task: int,
+    env: RankEnv | None,
+) -> Path:
     world = spec.layout.world_size
     if world == 1:
         return execute(spec, trace_path=trace_path, dataset_dir=dataset_dir, kineto_dir=kineto_dir)
-    env = cluster_env()
     if env is None and os.environ.get("SLURM_JOB_ID") and argv and not os.environ.get(SRUN_MARK):
         import subprocess
 

@@ -13,12 +13,17 @@ leaves only ``<final>.partial``. So a file at the final name is always a complet
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import fcntl
 import hashlib
 import json
 import os
+import secrets
+import socket
+import tempfile
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Literal, Self
@@ -67,16 +72,105 @@ def chunk_rows(column: Column) -> int:
     return max(MIN_CHUNK_ROWS, min(MAX_CHUNK_ROWS, CHUNK_BYTES // itemsize))
 
 
-def partial_path(final: str | os.PathLike[str]) -> Path:
-    """Where a trace is written while it is being measured: ``<final>.partial``."""
+def partial_path(final: str | os.PathLike[str], token: str = "") -> Path:
+    """Where a trace is written on its way to ``final``: ``<final>[.<token>].partial``.
+
+    Writers pass a token unique to them, so two writers of one path never write one file.
+    """
     p = Path(final)
-    return p.with_name(p.name + PARTIAL_SUFFIX)
+    return p.with_name(p.name + (f".{token}" if token else "") + PARTIAL_SUFFIX)
+
+
+def lock_path(final: str | os.PathLike[str], purpose: str) -> Path:
+    """The hidden lock file of ``final`` for ``purpose`` (``write``: TraceWriter; ``run``: a
+    whole measured run): ``.<final name>.<purpose>.lock``."""
+    p = Path(final)
+    return p.with_name(f".{p.name}.{purpose}.lock")
+
+
+@contextlib.contextmanager
+def exclusive_lock(final: str | os.PathLike[str], purpose: str) -> Iterator[Path]:
+    """Hold an exclusive lock on trace path ``final`` for ``purpose``, or fail at once.
+
+    flock(2) on a lock file next to the trace: released by the kernel when the holder dies (a
+    SIGKILLed run never blocks the next one), and honoured across nodes by Lustre and NFSv4.
+    The file is removed on release; a holder re-checks after locking that the file it locked is
+    still the one at the path, since the previous holder may have removed it in between.
+    """
+    lock = lock_path(final, purpose)
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            raise TraceFormatError(
+                f"{final}: cannot create the lock file {lock} ({e.strerror or e}); is the "
+                "directory writable?"
+            ) from e
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            try:
+                holder = os.read(fd, 200).decode("utf-8", "replace").strip() or "unknown"
+            finally:
+                os.close(fd)
+            raise TraceFormatError(
+                f"{final}: another {purpose}r holds it ({holder}; lock {lock}); two runs must "
+                "not share one trace path"
+            ) from None
+        try:
+            same = os.stat(lock).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode())
+        yield lock
+    finally:
+        # Unlink while still holding the lock, then release: see the docstring.
+        with contextlib.suppress(OSError):
+            os.unlink(lock)
+        os.close(fd)
 
 
 def incomplete_path(final: str | os.PathLike[str]) -> Path:
     """Where an aborted trace is kept: ``<final stem>.incomplete.h5`` next to ``final``."""
     p = Path(final)
     return p.with_name(p.stem + INCOMPLETE_SUFFIX)
+
+
+def check_trace_target(final: str | os.PathLike[str]) -> Path:
+    """Check, before a run starts, that its trace can be written at ``final``.
+
+    A run that measures for an hour and then finds its directory read-only or its name illegal
+    has lost the hour; this creates the directory and a probe file in it, and raises a
+    TraceFormatError naming the path otherwise.
+    """
+    p = Path(final)
+    if p.name.endswith((INCOMPLETE_SUFFIX, PARTIAL_SUFFIX, ".lock")) or not p.name:
+        raise TraceFormatError(
+            f"{p}: a trace name must not end in {INCOMPLETE_SUFFIX!r}, {PARTIAL_SUFFIX!r} or "
+            "'.lock'; those names mark unfinished traces and locks"
+        )
+    if p.is_dir():
+        raise TraceFormatError(f"{p} is a directory, expected a trace file path")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=p.parent):
+            pass
+    except OSError as e:
+        raise TraceFormatError(
+            f"{p}: the trace cannot be written in {p.parent} ({e.strerror or e}); fix the "
+            "path before the run, not after"
+        ) from e
+    return p
+
+
+def glob_escape(name: str) -> str:
+    """``name`` with glob metacharacters bracketed, to match itself in ``Path.glob``."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
 
 
 def _fsync_path(path: Path) -> None:
@@ -159,6 +253,9 @@ class TraceWriter:
         self._json_attrs: set[str] = set()
         self._rows: dict[str, int] = {}
         self._state = _State.NEW
+        # Unique per writer (pid + random): two writers of one path never share a partial file.
+        self._token = f"{os.getpid()}-{secrets.token_hex(4)}"
+        self._lock = contextlib.ExitStack()
 
     @property
     def path(self) -> Path:
@@ -167,7 +264,7 @@ class TraceWriter:
 
     @property
     def partial_path(self) -> Path:
-        return partial_path(self._path)
+        return partial_path(self._path, self._token)
 
     @property
     def incomplete_path(self) -> Path:
@@ -183,6 +280,9 @@ class TraceWriter:
             raise RuntimeError(f"TraceWriter for {self._path} can be entered only once")
         if not self._path.parent.is_dir():
             raise FileNotFoundError(f"{self._path}: directory {self._path.parent} does not exist")
+        # Held until finish()/abort() has put the file in place: a second writer of this path
+        # fails here instead of one of them silently replacing the other's trace.
+        self._lock.enter_context(exclusive_lock(self._path, "write"))
         # The file is built in memory and written out in one piece at finish()/abort(): HDF5
         # crashes the process (SIGSEGV in its cache flush) when the disk fills mid-write,
         # whereas a plain write of the finished image fails with a clean ENOSPC. A killed run
@@ -411,6 +511,7 @@ class TraceWriter:
         f.close()
         self._file = None
         self._state = _State.FINISHED
+        self._lock.close()
         return self._path
 
     def abort(self, reason: str, keep: bool = True) -> Path | None:
@@ -420,6 +521,12 @@ class TraceWriter:
         that path is returned; without it the partial file is deleted. Calling it again is a
         no-op; calling it after ``finish()`` is an error (the trace is complete).
         """
+        try:
+            return self._abort(reason, keep)
+        finally:
+            self._lock.close()
+
+    def _abort(self, reason: str, keep: bool) -> Path | None:
         if self._state is _State.FINISHED:
             raise RuntimeError(f"{self._path} is already finished; it cannot be aborted")
         if self._state is not _State.OPEN:
@@ -693,7 +800,10 @@ def open_trace(path: str | os.PathLike[str], *, allow_incomplete: bool = False) 
     """
     p = Path(path)
     if not p.is_file():
-        hints = [str(c) for c in (incomplete_path(p), partial_path(p)) if c.exists()]
+        candidates = [incomplete_path(p), partial_path(p)]
+        with contextlib.suppress(OSError):
+            candidates += sorted(p.parent.glob(f"{glob_escape(p.name)}.*{PARTIAL_SUFFIX}"))
+        hints = [str(c) for c in dict.fromkeys(candidates) if c.exists()]
         hint = f" (found unfinished {', '.join(hints)})" if hints else ""
         raise TraceFormatError(f"{p}: no such trace file{hint}")
     try:
