@@ -662,3 +662,118 @@ def test_a_damaged_manifest_is_an_error_naming_it(built: Path, content: bytes) -
     (built / MANIFEST).write_bytes(content)
     with pytest.raises(CodlError, match=MANIFEST):
         check_dataset(TINY, built)
+
+
+# --------------------------------------------------------------------------------------------
+# Class 9: the plan refuses what cannot run or means nothing, quickly and briefly
+
+
+def one_exp(base: dict[str, Any], **exp: Any) -> dict[str, Any]:
+    return {"experiments": [{"name": "e", "base": base, **exp}]}
+
+
+LOADS = {"mode": "data", "loader": {"workers": 1}}
+
+
+@pytest.mark.parametrize(
+    ("label", "cfg", "expected"),
+    [
+        ("batch over samples", one_exp({**LOADS, "dataset": {"samples": 8}}), "more than dataset"),
+        ("lr nan", one_exp({"workload": {"lr": float("nan")}}), "workload.lr"),
+        ("lr inf", one_exp({"workload": {"lr": float("inf")}}), "workload.lr"),
+        ("lr -inf", one_exp({"workload": {"lr": float("-inf")}}), "workload.lr"),
+        ("fork bomb", one_exp({**LOADS, "loader": {"workers": 100_000}}), "loader.workers"),
+        ("workers just over", one_exp({**LOADS, "loader": {"workers": 1025}}), "loader.workers"),
+        ("huge prefetch", one_exp({**LOADS, "loader": {"prefetch_factor": 10**6}}), "prefetch"),
+        ("huge samples", one_exp({**LOADS, "dataset": {"samples": 10**9}}), "dataset.samples"),
+        ("huge images", one_exp({**LOADS, "dataset": {"height": 10**6}}), "dataset.height"),
+        ("huge steps", one_exp({"steps": {"measured": 10**12}}), "steps.measured"),
+        ("huge batch", one_exp({"workload": {"batch_size": 10**7}}), "workload.batch_size"),
+        ("many nodes", one_exp({"layout": {"nodes": 10**6}}), "layout.nodes"),
+        ("many ranks", one_exp({"layout": {"ranks_per_node": 10**4}}), "ranks_per_node"),
+        ("huge repeats", one_exp({}, repeats=10**9), "expected at most 10000"),
+        (
+            "huge product",
+            one_exp(
+                {},
+                factors={"seed": list(range(100)), "workload.lr": [0.1 * i for i in range(1, 200)]},
+            ),
+            "expected at most 10000",
+        ),
+    ],
+)
+def test_plan_limits(label: str, cfg: dict[str, Any], expected: str) -> None:
+    start = time.monotonic()
+    with pytest.raises(ConfigError) as info:
+        build_plan(cfg, project_dirs=())
+    assert expected in str(info.value), label
+    assert time.monotonic() - start < 5, label
+    assert len(str(info.value)) < 5_000, label
+
+
+def test_many_experiments_together_are_capped_too() -> None:
+    # Each within the limit, together over it: refused before the second one is expanded.
+    cfg = {"experiments": [{"name": "a", "repeats": 10}, {"name": "b", "repeats": 9995}]}
+    with pytest.raises(ConfigError, match="in the whole config"):
+        build_plan(cfg, project_dirs=())
+
+
+def test_limits_hold_for_a_spec_given_to_codl_run_directly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nan_spec = tmp_path / "nan.json"
+    nan_spec.write_text('{"mode": "compute", "workload": {"lr": NaN}}')
+    assert main(["run", str(nan_spec), "--trace", str(tmp_path / "t.h5")]) == 2
+    assert "workload.lr" in capsys.readouterr().err
+    many = tmp_path / "many.json"
+    many.write_text('{"mode": "data", "loader": {"workers": 1000}}')
+    assert main(["run", str(many), "--trace", str(tmp_path / "t.h5")]) == 2
+    assert "per CPU" in capsys.readouterr().err
+    assert not (tmp_path / "t.h5").exists()
+
+
+def alias_bomb(levels: int = 9, width: int = 10) -> str:
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    for i in range(1, levels):
+        refs = ", ".join([f"*a{i - 1}"] * width)
+        lines.append(f"a{i}: &a{i} [{refs}]")
+    lines.append(f"experiments: [{{name: e, base: {{seed: *a{levels - 1}}}}}]")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize(
+    ("label", "content", "expected"),
+    [
+        ("alias bomb", alias_bomb().encode(), "aliases"),
+        ("alias bomb in a value", alias_bomb().replace("a0:", "x0:").encode(), "aliases"),
+        ("deep nesting", b"experiments: " + b"[" * 2_000 + b"]" * 2_000, "nesting depth"),
+        ("nesting under the parser's cap", b"a: " + b"[" * 900 + b"]" * 900, "nested too deeply"),
+        ("huge file", b"# " + b"x" * (2 << 20) + b"\n", "bytes"),
+        ("not UTF-8", b"experiments: [{name: \xff\xfe}]\n", "UTF-8"),
+        ("duplicate key", b"experiments: []\nexperiments: []\n", "duplicate key"),
+        ("a list", b"- 1\n- 2\n", "expected a mapping"),
+        ("python tag", b"experiments: !!python/object:os.system [echo]\n", "YAML error"),
+    ],
+)
+def test_hostile_yaml_is_refused_quickly_with_a_short_message(
+    tmp_path: Path, label: str, content: bytes, expected: str
+) -> None:
+    from codl.config import load_plan
+
+    path = tmp_path / "c.yaml"
+    path.write_bytes(content)
+    start = time.monotonic()
+    with pytest.raises(ConfigError) as info:
+        load_plan(path)
+    assert time.monotonic() - start < 10, label
+    assert expected in str(info.value), (label, str(info.value)[:500])
+    assert len(str(info.value)) < 5_000, label
+
+
+def test_thousands_of_problems_make_a_bounded_message() -> None:
+    cfg = {"experiments": [{"name": f"e{i}", "base": {"seed": -i - 1}} for i in range(5000)]}
+    with pytest.raises(ConfigError) as info:
+        build_plan(cfg, project_dirs=())
+    assert len(info.value.problems) == 5000
+    assert "and 4950 more" in str(info.value)
+    assert len(str(info.value)) < 50_000

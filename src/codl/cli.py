@@ -74,6 +74,17 @@ def _check_run_args(args: argparse.Namespace, spec: Any) -> Path:
     if args.kineto_dir and Path(args.kineto_dir).exists() and not Path(args.kineto_dir).is_dir():
         raise CodlError(f"--kineto-dir {args.kineto_dir} exists and is not a directory")
     if spec.mode.loads:
+        from codl.spec import WORKERS_PER_CPU
+
+        # Oversubscription is an experiment factor, a fork per worker far past the CPUs is not.
+        cpus = args.cpus_per_task or max(
+            1, len(os.sched_getaffinity(0)) // spec.layout.ranks_per_node
+        )
+        if spec.loader.workers > WORKERS_PER_CPU * cpus:
+            raise CodlError(
+                f"loader.workers: got {spec.loader.workers}, expected <= {WORKERS_PER_CPU} per "
+                f"CPU of a rank ({cpus} CPUs here: at most {WORKERS_PER_CPU * cpus})"
+            )
         if not args.dataset_dir:
             raise CodlError(f"mode {spec.mode.value!r} reads a data set: give --dataset-dir")
         check_dataset(spec.dataset, Path(args.dataset_dir))

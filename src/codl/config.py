@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -62,12 +63,76 @@ _StrictLoader.add_constructor(
 )
 
 
+# A config is a few hundred YAML nodes; these bound what a hostile one can make us do.
+MAX_CONFIG_BYTES = 1 << 20
+MAX_YAML_NODES = 100_000
+MAX_RUNS = 10_000
+
+
+# libyaml's parser (when PyYAML has it) caps nesting depth and is linear in it; the pure-Python
+# scanner takes seconds for 1,000 nested brackets. Composing is only parsing: the nodes are
+# then constructed by _StrictLoader, which refuses duplicate keys and unsafe tags.
+_COMPOSER: Any = yaml.CSafeLoader if getattr(yaml, "__with_libyaml__", False) else yaml.SafeLoader
+
+
+def _expanded_nodes(root: yaml.Node) -> int:
+    """Nodes of ``root`` with every alias expanded, stopping once past MAX_YAML_NODES.
+
+    An alias bomb (`b: [*a, *a, ...]` nested ten deep) is a few hundred bytes that expand to
+    billions of values: schema validation would walk all of them and print them in its message.
+    """
+    memo: dict[int, int] = {}
+
+    def count(node: yaml.Node) -> int:
+        key = id(node)
+        if key in memo:
+            return memo[key]
+        memo[key] = MAX_YAML_NODES + 1  # a cycle counts as too many
+        total = 1
+        children: list[yaml.Node] = []
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for kv in node.value for n in kv]
+        for child in children:
+            total += count(child)
+            if total > MAX_YAML_NODES:
+                break
+        memo[key] = min(total, MAX_YAML_NODES + 1)
+        return memo[key]
+
+    return count(root)
+
+
 def load_yaml(path: Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError([f"{path}: no such config file"], source=str(path))
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            [f"{path}: {path.stat().st_size} bytes, expected a config under {MAX_CONFIG_BYTES}"],
+            source=str(path),
+        )
     try:
-        data = yaml.load(path.read_text(), Loader=_StrictLoader)  # a SafeLoader subclass
+        text = path.read_text(encoding="utf-8")
+        node = yaml.compose(text, Loader=_COMPOSER)
+        if node is not None and _expanded_nodes(node) > MAX_YAML_NODES:
+            raise ConfigError(
+                [
+                    f"{path}: expands to more than {MAX_YAML_NODES} values through YAML "
+                    "aliases; expected a config of a few hundred"
+                ],
+                source=str(path),
+            )
+        constructor = _StrictLoader("")  # a SafeLoader subclass: safe tags only
+        try:
+            data = constructor.construct_document(node) if node is not None else None
+        finally:
+            constructor.dispose()
+    except UnicodeDecodeError as exc:
+        raise ConfigError([f"{path}: not UTF-8 text ({exc})"], source=str(path)) from None
+    except RecursionError:
+        raise ConfigError([f"{path}: nested too deeply"], source=str(path)) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -134,7 +199,7 @@ def _schema_errors(cfg: Mapping[str, Any]) -> list[tuple[tuple[Any, ...], str]]:
                 )
             )
         else:
-            out.append((path, f"{_key_path(path)}: {err.message}"))
+            out.append((path, f"{_key_path(path)}: {_clip(err.message)}"))
     return out
 
 
@@ -350,6 +415,7 @@ def build_plan(
     valid_keys = set(field_paths())
     runs: list[PlannedRun] = []
     seen_names: set[str] = set()
+    total_planned = 0
     datasets: dict[tuple[str, str], tuple[DatasetSpec, str]] = {}
     for i, exp in enumerate(experiments):
         where = f"experiments[{i}]"
@@ -374,6 +440,17 @@ def build_plan(
         if bad:
             continue
         keys = list(factors)
+        repeats = int(exp.get("repeats", 1))
+        planned = math.prod(len(factors[k]) for k in keys) * repeats
+        total_planned += planned
+        if planned > MAX_RUNS or total_planned > MAX_RUNS:
+            # Checked before expanding: 10**9 repeats would otherwise run `codl plan` for hours.
+            problems.append(
+                f"{where}: {planned} runs ({' x '.join(str(len(factors[k])) for k in keys)}"
+                f"{' x ' if keys else ''}{repeats} repeats), expected at most {MAX_RUNS} "
+                "in the whole config"
+            )
+            continue
         combos = list(itertools.product(*(factors[k] for k in keys))) if keys else [()]
         # problem -> labels of the combinations it occurs in, to report a mistake of `base`
         # once rather than once per combination.
@@ -381,7 +458,7 @@ def build_plan(
         for combo in combos:
             label = ", ".join(f"{k}={v}" for k, v in zip(keys, combo, strict=True))
             run_where = f"{where} ({name}: {label})" if label else f"{where} ({name})"
-            for rep in range(int(exp.get("repeats", 1))):
+            for rep in range(repeats):
                 d = copy.deepcopy(base)
                 for k, v in zip(keys, combo, strict=True):
                     _set_dotted(d, k, v)
