@@ -777,3 +777,56 @@ def test_thousands_of_problems_make_a_bounded_message() -> None:
     assert len(info.value.problems) == 5000
     assert "and 4950 more" in str(info.value)
     assert len(str(info.value)) < 50_000
+
+
+# --------------------------------------------------------------------------------------------
+# Class 10: one config loader for the CLI and the workflow
+
+GOOD_YAML = """\
+defaults:
+  workload: {batch_size: 2, image_size: 16}
+experiments:
+  - name: e
+    factors: {mode: [compute]}
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("label", "text", "expected"),
+    [
+        (
+            "duplicate top-level key",
+            GOOD_YAML + "experiments:\n  - name: other\n",
+            "duplicate key 'experiments'",
+        ),
+        (
+            "duplicate nested key",
+            GOOD_YAML.replace("batch_size: 2,", "batch_size: 2, batch_size: 64,"),
+            "duplicate key 'batch_size'",
+        ),
+        ("unknown top-level key", GOOD_YAML + "experiment: []\n", "did you mean 'experiments'"),
+        ("alias bomb", GOOD_YAML + alias_bomb().split("experiments:")[0], "aliases"),
+    ],
+)
+def test_snakemake_and_codl_plan_refuse_the_same_files_alike(
+    project: Path, tmp_path: Path, label: str, text: str, expected: str
+) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(text)
+    plan = subprocess.run(
+        [sys.executable, "-m", "codl.cli", "plan", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert plan.returncode == 2, (label, plan.stderr)
+    assert expected in plan.stderr, (label, plan.stderr)
+    proc = snakemake_in(project, "--dry-run", "--configfile", str(cfg))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, (label, out[-3000:])
+    assert expected in out, (label, out[-3000:])
+    # The plan's message, not Snakemake's dump of the schema.
+    assert len(out) < 10_000, (label, len(out))
+

@@ -11,7 +11,7 @@ import itertools
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -544,6 +544,23 @@ def _plan_problems(spec: RunSpec, tiers: Mapping[str, str]) -> list[str]:
             "compute time measured in the warm-up steps)"
         )
     return out
+
+
+def check_config_files(paths: Iterable[str | os.PathLike[str]]) -> None:
+    """Load every config file with codl's loader, for the problems Snakemake's does not see.
+
+    Snakemake reads --configfile with a plain YAML loader: a duplicated key silently keeps the
+    last value, and nothing bounds what aliases expand to. The workflow calls this with the
+    files Snakemake read, so both entry points refuse the same files with the same messages.
+    """
+    problems: list[str] = []
+    for p in paths:
+        try:
+            load_yaml(Path(p))
+        except ConfigError as exc:
+            problems += exc.problems
+    if problems:
+        raise ConfigError(problems, source="the workflow's config files")
 
 
 def load_plan(path: Path) -> Plan:

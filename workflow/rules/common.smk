@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from codl.config import build_plan
+from codl.config import build_plan, check_config_files
 from codl.paths import FIGURES, FIGURE_FORMATS, ResultPaths
 from codl.workflow import (
     dataset_arg,
@@ -14,6 +14,9 @@ from codl.workflow import (
 )
 
 PATHS = ResultPaths()
+# The files Snakemake loaded, read again by codl's loader (duplicate keys, alias bombs), so the
+# workflow and `codl plan` accept exactly the same files.
+check_config_files(workflow.configfiles)
 # No storage tier may point into the working directory or the workflow's own checkout.
 PLAN = build_plan(
     config,
