@@ -830,3 +830,66 @@ def test_snakemake_and_codl_plan_refuse_the_same_files_alike(
     # The plan's message, not Snakemake's dump of the schema.
     assert len(out) < 10_000, (label, len(out))
 
+
+# --------------------------------------------------------------------------------------------
+# Class 12: tests/slurm/cluster.sh waits for the dpkg lock
+
+
+def apt_get_function() -> str:
+    """log() and apt_get() of cluster.sh, to run against a fake apt-get."""
+    text = (REPO / "tests" / "slurm" / "cluster.sh").read_text()
+    log = next(line for line in text.splitlines() if line.startswith("log()"))
+    start = text.index("APT_LOCK_TRIES=")
+    end = text.index("\n}\n", text.index("apt_get() {")) + 3
+    return log + "\n" + text[start:end]
+
+
+@pytest.mark.parametrize(
+    ("label", "failures", "message", "expected_rc", "expected_calls"),
+    [
+        (
+            "lock held twice, then free",
+            2,
+            "E: Could not get lock /var/lib/dpkg/lock-frontend",
+            0,
+            3,
+        ),
+        ("lists lock", 1, "E: Could not get lock /var/lib/apt/lists/lock", 0, 2),
+        ("old dpkg wording", 1, "E: Unable to acquire the dpkg frontend lock", 0, 2),
+        ("lock never freed", 99, "E: Could not get lock /var/lib/dpkg/lock", 100, 4),
+        ("another error is not retried", 99, "E: Unable to locate package nope", 100, 1),
+    ],
+)
+def test_cluster_sh_apt_get_waits_for_the_dpkg_lock(
+    tmp_path: Path,
+    label: str,
+    failures: int,
+    message: str,
+    expected_rc: int,
+    expected_calls: int,
+) -> None:
+    calls = tmp_path / "calls"
+    fake = tmp_path / "bin" / "apt-get"
+    fake.parent.mkdir()
+    fake.write_text(
+        "#!/usr/bin/env bash\n"
+        f'echo "$*" >> {calls}\n'
+        f"n=$(wc -l < {calls})\n"
+        f'if (( n <= {failures} )); then echo "{message}" >&2; exit 100; fi\n'
+        'echo "installed $*"\n'
+    )
+    fake.chmod(0o755)
+    script = apt_get_function() + "\nsleep() { :; }\napt_get install -y pkg\n"
+    env = {**os.environ, "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}"}
+    env["CODL_APT_LOCK_TRIES"] = "4"
+    proc = subprocess.run(
+        ["bash", "-c", script], capture_output=True, text=True, env=env, timeout=60, check=False
+    )
+    assert proc.returncode == expected_rc, (label, proc.stderr)
+    lines = calls.read_text().splitlines()
+    assert len(lines) == expected_calls, label
+    assert all("DPkg::Lock::Timeout=60 install -y pkg" in line for line in lines), label
+    if expected_rc == 0:
+        assert "installed" in proc.stdout, label
+    else:
+        assert message in proc.stderr, label
