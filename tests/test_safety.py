@@ -832,6 +832,108 @@ def test_snakemake_and_codl_plan_refuse_the_same_files_alike(
 
 
 # --------------------------------------------------------------------------------------------
+# Class 8: merging ranks checks run, rank set, attempt and completeness
+
+
+def fake_rank(
+    trace: Path, rank: int, world: int, run_id: str, *, job: str = "", complete: bool = True
+) -> Path:
+    from codl.harness.launch import rank_trace_path
+    from codl.trace.schema import TABLES
+    from codl.trace.store import TraceWriter
+
+    path = rank_trace_path(trace, rank)
+    with TraceWriter(path) as w:
+        w.set_attrs(
+            run_id=run_id,
+            spec={"layout": {"ranks_per_node": world}},
+            rank=rank,
+            world_size=world,
+            slurm_job_id=job,
+            t_begin_ns=100 + rank,
+            t_end_ns=200 + rank,
+        )
+        cols = {c.name: [rank] if not c.is_symbol else [f"r{rank}"] for c in TABLES["threads"]}
+        w.append("threads", cols)
+        if complete:
+            w.finish()
+        else:
+            w.abort("killed by the test")
+    return path
+
+
+def test_ranks_of_one_run_merge_into_one_complete_trace(tmp_path: Path) -> None:
+    from codl.harness.launch import merge_rank_traces
+    from codl.trace.store import open_trace
+
+    trace = tmp_path / "trace.h5"
+    parts = [fake_rank(trace, r, 2, "a" * 12) for r in range(2)]
+    merge_rank_traces(trace, 2, run_id="a" * 12)
+    with open_trace(trace) as t:
+        assert [x["rank"] for x in t.attrs["ranks"]] == [0, 1]
+        assert sorted(t.table("threads")["rank"]) == [0, 1]
+    assert not any(p.exists() for p in parts)
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        "another run's rank",
+        "both ranks of another run",
+        "rank attribute swapped",
+        "world size differs",
+        "stale rank of an earlier Slurm job",
+        "a rank aborted",
+    ],
+)
+def test_merge_refuses_ranks_that_are_not_one_attempt_of_one_run(
+    tmp_path: Path, fault: str
+) -> None:
+    from codl.harness.launch import merge_rank_traces, rank_trace_path
+
+    trace = tmp_path / "trace.h5"
+    rid, other = "a" * 12, "b" * 12
+    fake_rank(trace, 0, 2, other if fault == "both ranks of another run" else rid, job="7")
+    if fault == "another run's rank":
+        fake_rank(trace, 1, 2, other, job="7")
+    elif fault == "rank attribute swapped":
+        fake_rank(tmp_path / "x.h5", 0, 2, rid, job="7").rename(rank_trace_path(trace, 1))
+    elif fault == "world size differs":
+        fake_rank(trace, 1, 3, rid, job="7")
+    elif fault == "stale rank of an earlier Slurm job":
+        fake_rank(trace, 1, 2, rid, job="6")
+    elif fault == "a rank aborted":
+        fake_rank(trace, 1, 2, rid, job="7", complete=False)
+    else:
+        fake_rank(trace, 1, 2, other, job="7")
+    before = tree_digest(tmp_path)
+    start = time.monotonic()
+    with pytest.raises(CodlError, match="nothing merged"):
+        merge_rank_traces(trace, 2, run_id=rid)
+    assert time.monotonic() - start < 30  # an aborted rank is not waited for
+    assert tree_digest(tmp_path) == before  # the parts stay; nothing was written
+
+
+def test_a_rank_part_is_not_taken_for_the_run_trace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from codl.errors import TraceFormatError
+    from codl.harness.launch import set_aside_stale
+    from codl.trace.store import open_trace
+
+    part = fake_rank(tmp_path / "trace.h5", 1, 2, "a" * 12)
+    with pytest.raises(TraceFormatError, match="merge did not finish"):
+        open_trace(part)
+    assert main(["inspect", str(part)]) == 2
+    assert "merge did not finish" in capsys.readouterr().err
+    assert main(["inspect", str(part), "--allow-incomplete", "--json"]) == 0
+    stale = set_aside_stale(part)
+    assert stale is not None and not part.exists()
+    with open_trace(stale, allow_incomplete=True) as t:
+        assert t.attrs["rank"] == 1
+
+
+# --------------------------------------------------------------------------------------------
 # Class 12: tests/slurm/cluster.sh waits for the dpkg lock
 
 

@@ -837,6 +837,14 @@ def open_trace(path: str | os.PathLike[str], *, allow_incomplete: bool = False) 
                 f"{p}: incomplete trace ({reason}); pass allow_incomplete=True to read "
                 "what it measured"
             )
+        world = attrs.get("world_size", 1)
+        if not allow_incomplete and isinstance(world, int) and world > 1 and "ranks" not in attrs:
+            # A rank's own file of a multi-rank run: the run's trace is the merge of all ranks,
+            # and a merge that was killed leaves these behind looking complete.
+            raise TraceFormatError(
+                f"{p}: rank {attrs.get('rank')!r} of a {world}-rank run, not the run's merged "
+                "trace (the merge did not finish); pass allow_incomplete=True to read this rank"
+            )
         strings = _read_strings(f, p, complete)
     except BaseException:
         f.close()
