@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -934,6 +935,99 @@ def test_a_rank_part_is_not_taken_for_the_run_trace(
 
 
 # --------------------------------------------------------------------------------------------
+# Class 7: signals, repeated and group-wide, leave exactly one incomplete trace with its reason
+
+
+def wait_for_loader_workers(proc: subprocess.Popen[str], n: int, timeout: float = 180) -> None:
+    """Until the run has forked its ``n`` loader workers: the steps begin right after."""
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+    deadline = time.monotonic() + timeout
+    while len(children.read_text().split()) < n:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the run never started its loader workers"
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("label", "sig", "group", "repeats"),
+    [
+        ("SIGTERM three times to the run", signal.SIGTERM, False, 3),
+        ("SIGTERM twice to the process group (Slurm)", signal.SIGTERM, True, 2),
+        ("SIGINT to the process group (Ctrl-C)", signal.SIGINT, True, 1),
+    ],
+)
+def test_signals_leave_exactly_one_incomplete_trace_with_its_reason(
+    tmp_path: Path, label: str, sig: signal.Signals, group: bool, repeats: int
+) -> None:
+    from codl.harness.runner import write_spec_json
+    from codl.spec import RunSpec
+    from codl.trace.store import open_trace
+
+    data = tmp_path / "data"
+    generate(DatasetSpec(samples=16, classes=2, height=16, width=16), data)
+    spec = RunSpec.from_dict(
+        {
+            "mode": "combined",
+            "workload": {"batch_size": 2, "image_size": 16},
+            "dataset": {"samples": 16, "classes": 2, "height": 16, "width": 16},
+            "loader": {"workers": 2},
+            "steps": {"warmup": 1, "measured": 100_000},
+        }
+    )
+    run_dir = tmp_path / "run"
+    write_spec_json(spec, run_dir / "spec.json")
+    proc = subprocess.Popen(
+        [*run_cmd(run_dir / "spec.json", run_dir / "trace.h5"), "--dataset-dir", str(data)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a Slurm job step has
+    )
+    wait_for_loader_workers(proc, 2)
+    time.sleep(5)  # some steps after the workers came up
+    assert proc.poll() is None, proc.communicate()
+    for _ in range(repeats):
+        if group:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+        time.sleep(0.05)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, (label, err[-3000:])
+    assert "Traceback" not in err, (label, err[-3000:])
+    files = sorted(p.name for p in run_dir.iterdir())
+    assert files == ["spec.json", "trace.incomplete.h5"], (label, files)
+    with open_trace(run_dir / "trace.incomplete.h5", allow_incomplete=True) as t:
+        assert sig.name in t.attrs["incomplete_reason"], label
+        steps = t.table("events/app")
+        assert (steps["phase"].astype(str) == "step").sum() >= 1, label
+        assert len(t.table("events/loader")) > 0, label
+
+
+@pytest.mark.slow
+def test_a_failed_rank_is_a_clear_error_and_keeps_what_was_measured(tmp_path: Path) -> None:
+    from codl.harness.launch import launch
+    from codl.spec import RunSpec
+
+    spec = RunSpec.from_dict(
+        {
+            "mode": "data",
+            "workload": {"batch_size": 2, "image_size": 16},
+            "dataset": {"samples": 4, "classes": 2, "height": 16, "width": 16},
+            "loader": {"workers": 1},
+            "layout": {"ranks_per_node": 2},
+            "steps": {"warmup": 1, "measured": 2},
+        }
+    )
+    empty = tmp_path / "no data"  # every rank fails to read it
+    empty.mkdir()
+    with pytest.raises(CodlError, match=r"rank \d of 2 failed"):
+        launch(spec, trace_path=tmp_path / "trace.h5", dataset_dir=empty)
+    assert not (tmp_path / "trace.h5").exists()
+
+
+# --------------------------------------------------------------------------------------------
 # Class 12: tests/slurm/cluster.sh waits for the dpkg lock
 
 
@@ -995,3 +1089,4 @@ def test_cluster_sh_apt_get_waits_for_the_dpkg_lock(
         assert "installed" in proc.stdout, label
     else:
         assert message in proc.stderr, label
+

@@ -275,6 +275,10 @@ def main(argv: list[str] | None = None) -> int:
     except CodlError as exc:
         print(f"codl {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        # Ctrl-C outside a run (a run turns SIGINT into RunInterruptedError itself).
+        print(f"codl {args.command}: interrupted (SIGINT)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -117,7 +117,14 @@ class _Recorder:
         self.span(step, name, times[0], times[1], ev)
 
 
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
 def _terminate(signum: int, frame: FrameType | None) -> None:
+    # The first signal stops the run; repeats (Slurm sends SIGTERM again, a group-wide kill
+    # reaches us more than once) must not interrupt the writing of what was measured.
+    for s in _STOP_SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
     raise RunInterruptedError(f"received {signal.Signals(signum).name}")
 
 
@@ -156,6 +163,11 @@ def _versions() -> dict[str, str]:
 
 
 def _seed_worker(placement: pinning.Placement, seed: int, worker_id: int) -> None:
+    # A group-wide SIGTERM/SIGINT (Slurm, Ctrl-C) reaches the workers too: they leave it to the
+    # main process, which stops the run and shuts them down; otherwise a worker's death races
+    # the main process's handler and the run ends in a DataLoader traceback.
+    for s in _STOP_SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
     pinning.apply_worker(placement, worker_id)
     np.random.seed(seed + worker_id)
     random.seed(seed + worker_id)
@@ -184,7 +196,7 @@ def execute(
     mode = spec.mode
     if mode.loads and dataset_dir is None:
         raise CodlError(f"mode {mode.value!r} reads a data set but no dataset_dir was given")
-    previous = signal.signal(signal.SIGTERM, _terminate)
+    previous = {s: signal.signal(s, _terminate) for s in _STOP_SIGNALS}
     # Oversubscribing the cores with workers is an experiment factor here, not a mistake.
     warnings.filterwarnings("ignore", message="This DataLoader will create")
     anchor_start = take_anchor()
@@ -379,7 +391,9 @@ def execute(
         reason = f"{type(exc).__name__}: {exc}"
         raise
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        # Ignored until the trace is written, restored after (below).
+        for s in _STOP_SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
         with contextlib.suppress(Exception):
             rec.resolve_gpu()
         if profiler is not None:
@@ -432,20 +446,24 @@ def execute(
                 "device_level": dev.unavailable_reason or ("on" if dev.rows["t_ns"] else "off"),
             }
         )
-        _write_trace(
-            trace_path,
-            complete=status == "complete",
-            reason=reason,
-            attrs=attrs,
-            rec=rec,
-            sched=sched,
-            dev=dev,
-            comm=comm_rec,
-            loader=(loader_items, loader_collate, loader_steps, env.rank),
-            threads=thread_rows,
-            rank=env.rank,
-            cupti=cupti_rows,
-        )
+        try:
+            _write_trace(
+                trace_path,
+                complete=status == "complete",
+                reason=reason,
+                attrs=attrs,
+                rec=rec,
+                sched=sched,
+                dev=dev,
+                comm=comm_rec,
+                loader=(loader_items, loader_collate, loader_steps, env.rank),
+                threads=thread_rows,
+                rank=env.rank,
+                cupti=cupti_rows,
+            )
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
         sched.close()
         dev.close()
         _restore_affinity(allowed)
