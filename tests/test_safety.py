@@ -1090,3 +1090,179 @@ def test_cluster_sh_apt_get_waits_for_the_dpkg_lock(
     else:
         assert message in proc.stderr, label
 
+
+# --------------------------------------------------------------------------------------------
+# Class 4: metadata integrity; the fuzz test of single-bit flips over a real trace
+
+
+def test_a_flipped_bit_in_the_spec_attribute_is_caught(trace_copy: Path) -> None:
+    """The issue's example: one bit turns the stored worker count into another valid number."""
+    from codl.errors import TraceFormatError
+    from codl.trace.store import open_trace
+
+    data = bytearray(trace_copy.read_bytes())
+    at = data.find(b'"workers": 2')
+    assert at > 0
+    data[at + len(b'"workers": ')] ^= 0x01  # '2' -> '3'
+    trace_copy.write_bytes(bytes(data))
+    with pytest.raises(TraceFormatError, match="sha256"):
+        open_trace(trace_copy)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        "spec edited, digest rewritten",
+        "run_id edited, digest rewritten",
+        "rows shrunk",
+        "rows attribute removed",
+        "negative duration, digests rewritten",
+        "extent grown",
+        "extent grown to 2**40, digest rewritten",
+        "unknown dataset",
+    ],
+)
+def test_edited_metadata_is_refused(trace_copy: Path, edit: str) -> None:
+    """Deliberate edits with h5py, including ones that recompute the digests."""
+    import h5py
+    import numpy as np
+
+    from codl.errors import TraceFormatError
+    from codl.trace.store import DIGEST_ATTR, _metadata_digest, open_trace
+
+    with h5py.File(trace_copy, "r+") as f:
+        if edit.startswith("spec edited"):
+            spec = json.loads(f.attrs["spec"])
+            spec["workload"]["batch_size"] = 3
+            f.attrs["spec"] = json.dumps(spec)
+        elif edit.startswith("run_id"):
+            f.attrs["run_id"] = "0" * 12
+        elif edit == "rows shrunk":
+            f["events/app"].attrs["rows"] = 1
+        elif edit == "rows attribute removed":
+            del f["events/app"].attrs["rows"]
+        elif edit.startswith("negative"):
+            ds = f["events/app/end_ns"]
+            ds[0] = f["events/app/start_ns"][0] - 1
+            del f["events/app"].attrs["sha256"]  # no column digest to give it away
+        elif edit == "extent grown":
+            f["events/app/end_ns"].resize((f["events/app/end_ns"].shape[0] + 10**6,))
+        elif edit.startswith("extent grown to"):
+            # What made verify() loop for ever: every column and the row count agree.
+            for name in list(f["events/app"]):
+                f["events/app"][name].resize((2**40,))
+            f["events/app"].attrs["rows"] = 2**40
+        else:
+            f.create_dataset("events/app/extra", data=np.zeros(3))
+        if "digest rewritten" in edit or "digests rewritten" in edit:
+            f.attrs[DIGEST_ATTR] = _metadata_digest(f)
+    with (
+        pytest.raises(TraceFormatError, match=re.escape(str(trace_copy))),
+        open_trace(trace_copy) as t,
+    ):
+        t.verify()
+
+
+FUZZ_WORKER = r"""
+import hashlib, json, sys
+from pathlib import Path
+from codl.errors import TraceFormatError
+from codl.trace.store import open_trace
+
+base = Path(sys.argv[1]).read_bytes()
+work = Path(sys.argv[2])
+
+def outcome(path):
+    try:
+        with open_trace(path) as t:
+            t.verify()
+            h = hashlib.sha256(json.dumps(t.attrs, sort_keys=True, default=str).encode())
+            for name in t.tables():
+                h.update(name.encode() + t.table(name).to_json().encode())
+            h.update("\0".join(t.strings).encode())
+            return h.hexdigest()
+    except TraceFormatError:
+        return "error"
+    except BaseException as e:
+        return f"crash {type(e).__name__}: {str(e)[:200]}"
+
+work.write_bytes(base)
+print("baseline", outcome(work), flush=True)
+for line in sys.stdin:
+    bit = int(line)
+    data = bytearray(base)
+    data[bit // 8] ^= 1 << (bit % 8)
+    work.write_bytes(bytes(data))
+    print(bit, outcome(work), flush=True)
+"""
+
+
+def flip_positions(data: bytes, n_random: int, n_spec: int) -> list[int]:
+    """Deterministic bit positions: anywhere in the file, and inside the stored spec text."""
+    import random
+
+    rng = random.Random(22)
+    bits = rng.sample(range(len(data) * 8), n_random)
+    at = data.find(b'{"dataset"')
+    if at >= 0:
+        bits += rng.sample(range(at * 8, (at + 400) * 8), n_spec)
+    bits += list(range(0, 64 * 8, 7))  # the superblock
+    return list(dict.fromkeys(bits))
+
+
+@pytest.mark.slow
+def test_fuzz_single_bit_flips_give_a_clean_error_or_the_identical_result(
+    real_trace: Path, tmp_path: Path
+) -> None:
+    import select
+
+    base = real_trace.read_bytes()
+    bits = flip_positions(base, n_random=250, n_spec=80)
+    assert len(bits) >= 300
+    outcomes: dict[int, str] = {}
+    budget = time.monotonic() + 300
+    per_flip_s = 30
+    pending = list(bits)
+    baseline = None
+    while pending and time.monotonic() < budget:
+        worker = subprocess.Popen(
+            [sys.executable, "-c", FUZZ_WORKER, str(real_trace), str(tmp_path / "flipped.h5")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert worker.stdin is not None and worker.stdout is not None
+        worker.stdin.write("".join(f"{b}\n" for b in pending))
+        worker.stdin.close()
+        try:
+            while pending:
+                ready, _, _ = select.select([worker.stdout], [], [], per_flip_s)
+                if not ready:
+                    outcomes[pending.pop(0)] = "hang"  # then restart after it
+                    break
+                line = worker.stdout.readline()
+                if not line:
+                    outcomes[pending.pop(0)] = f"worker died ({worker.wait()})"
+                    break
+                key, result = line.rstrip("\n").split(" ", 1)
+                if key == "baseline":
+                    baseline = result
+                    continue
+                assert int(key) == pending[0]
+                outcomes[pending.pop(0)] = result
+        finally:
+            worker.kill()
+            worker.wait()
+    assert baseline is not None and len(baseline) == 64
+    bad = {b: o for b, o in outcomes.items() if o not in ("error", baseline)}
+    counts = {
+        "error": sum(o == "error" for o in outcomes.values()),
+        "identical": sum(o == baseline for o in outcomes.values()),
+        "other": len(bad),
+    }
+    assert len(outcomes) >= 300, (len(outcomes), counts)
+    assert not bad, (counts, dict(list(bad.items())[:10]))
+    # Every flip inside the stored spec text changes it, so each must be an error; and the
+    # rest are not all harmless either (headers, checksums, data).
+    assert counts["error"] >= 80, counts
+    print(f"bit flips: {counts}")

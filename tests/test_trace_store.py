@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 
 from codl.errors import TraceFormatError
+from codl.spec import RunSpec
 from codl.trace.schema import SCHEMA_VERSION, TABLES
 from codl.trace.store import (
     COMPRESSIONS,
@@ -35,9 +36,11 @@ DIR_NAMES = ["plain", "with space", "ünïcødé ✓ 跟踪"]
 
 ANCHOR_START = {"realtime_ns": 1_700_000_000_000_000_000, "monotonic_ns": 5_000, "error_ns": 120}
 ANCHOR_END = {"realtime_ns": 1_700_000_000_000_900_000, "monotonic_ns": 905_000, "error_ns": 80}
+# A real spec and its run_id: verify() re-derives the id from the stored spec.
+SPEC = RunSpec.from_dict({"mode": "combined", "loader": {"workers": 4}})
 ATTRS: dict[str, Any] = {
-    "run_id": "abc123def456",
-    "spec": {"mode": "combined", "loader": {"workers": 4}, "seeds": [1, 2]},
+    "run_id": SPEC.run_id,
+    "spec": SPEC.to_dict(),
     "host": "node-07",
     "slurm_job_id": "123456",
     "git_revision": "0123abcd",

@@ -33,7 +33,8 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from codl.errors import TraceFormatError
+from codl.errors import ConfigError, TraceFormatError
+from codl.spec import RunSpec
 from codl.trace.schema import SCHEMA_VERSION, TABLES, Column
 
 Compression = Literal["gzip", "lzf"]
@@ -61,7 +62,29 @@ INCOMPLETE_SUFFIX: Final = ".incomplete.h5"
 # Root attributes that always hold JSON text, whatever type they were given as.
 JSON_ATTRS: Final[tuple[str, ...]] = ("spec", "versions", "anchors_start", "anchors_end")
 # Written by the writer itself; set_attrs must not overwrite the completion protocol.
-RESERVED_ATTRS: Final = frozenset({"schema_version", "complete", "incomplete_reason", "json_attrs"})
+RESERVED_ATTRS: Final = frozenset(
+    {"schema_version", "complete", "incomplete_reason", "json_attrs", "attrs_sha256"}
+)
+# Root attribute holding the sha256 of every root attribute, every table's row count, column
+# digests, and every column's shape and dtype (see _metadata_digest). Written last.
+DIGEST_ATTR: Final = "attrs_sha256"
+# Group attribute of a table: JSON {column: sha256 of its first `rows` values}.
+COLUMN_DIGESTS: Final = "sha256"
+# What h5py raises on a damaged file, besides OSError: a flipped bit in a header can surface as
+# any of these, and each must become a TraceFormatError naming the file.
+H5_ERRORS: Final = (
+    OSError,
+    KeyError,
+    RuntimeError,
+    ValueError,
+    TypeError,
+    OverflowError,
+    IndexError,
+    AttributeError,
+    UnicodeError,
+)
+# gzip's best ratio is ~1000:1; a row count claiming more data than that cannot be true.
+_MAX_EXPANSION: Final = 2048
 
 _VERIFY_BLOCK_ROWS: Final = 1 << 20
 
@@ -219,6 +242,37 @@ def _schema(table: str) -> tuple[Column, ...]:
     return schema
 
 
+def _canonical_attr(value: Any) -> str:
+    plain = _plain(value)
+    return f"{type(plain).__name__}:{json.dumps(plain, sort_keys=True, default=str)}"
+
+
+def _metadata_digest(f: Any) -> str:
+    """sha256 over what decides a result besides the column data, which fletcher32 and the
+    column digests cover: root attributes, row counts, column digests, shapes and dtypes.
+
+    A single flipped bit in the spec attribute (a different worker count), in a row count (a
+    shorter table) or in a dataspace (a longer one) then fails the check instead of reading as
+    a different, valid-looking trace.
+    """
+    h = hashlib.sha256()
+    for name in sorted(f.attrs):
+        if name != DIGEST_ATTR:
+            h.update(f"{name}={_canonical_attr(f.attrs[name])}\n".encode())
+    for table, schema in TABLES.items():
+        group = f.get(table)
+        if not isinstance(group, h5py.Group):
+            continue
+        h.update(f"[{table}] rows={_canonical_attr(group.attrs.get('rows'))} ".encode())
+        h.update(f"{COLUMN_DIGESTS}={_canonical_attr(group.attrs.get(COLUMN_DIGESTS))}\n".encode())
+        for c in schema:
+            ds = group.get(c.name)
+            shape = ds.shape if isinstance(ds, h5py.Dataset) else None
+            dtype = ds.dtype.str if isinstance(ds, h5py.Dataset) else None
+            h.update(f"{c.name} {shape} {dtype}\n".encode())
+    return h.hexdigest()
+
+
 class _State(enum.Enum):
     NEW = "new"
     OPEN = "open"
@@ -252,6 +306,8 @@ class TraceWriter:
         self._index: dict[str, int] = {"": 0}
         self._json_attrs: set[str] = set()
         self._rows: dict[str, int] = {}
+        # sha256 of every column's committed values, updated as rows are appended.
+        self._hashes: dict[str, dict[str, Any]] = {}
         self._state = _State.NEW
         # Unique per writer (pid + random): two writers of one path never share a partial file.
         self._token = f"{os.getpid()}-{secrets.token_hex(4)}"
@@ -423,6 +479,9 @@ class TraceWriter:
         # append interrupted half-way had already extended.
         group.attrs["rows"] = start + n
         self._rows[table] = start + n
+        hashes = self._hashes.setdefault(table, {c.name: hashlib.sha256() for c in schema})
+        for c in schema:
+            hashes[c.name].update(np.ascontiguousarray(arrays[c.name]).tobytes())
 
     def _coerce(self, table: str, col: Column, values: npt.ArrayLike) -> npt.NDArray[Any]:
         where = f"table {table!r} column {col.name!r}"
@@ -490,11 +549,22 @@ class TraceWriter:
         ds.attrs["sha256"] = _strings_digest(self._strings)
         ds.attrs["doc"] = "interned strings; sym columns index this, index 0 is ''"
 
+    def _seal(self, f: Any) -> None:
+        """Write the column digests and, last, the metadata digest over everything."""
+        for table, hashes in self._hashes.items():
+            f[table].attrs[COLUMN_DIGESTS] = json.dumps(
+                {name: h.hexdigest() for name, h in hashes.items()}, sort_keys=True
+            )
+        if DIGEST_ATTR in f.attrs:
+            del f.attrs[DIGEST_ATTR]
+        f.attrs[DIGEST_ATTR] = _metadata_digest(f)
+
     def finish(self) -> Path:
         """Write the string table, mark the trace complete, and move it to its final path."""
         f = self._require_open()
         self._write_strings(f)
         f.attrs["complete"] = True  # last attribute written: everything before it is in
+        self._seal(f)
         f.flush()
         partial = self.partial_path
         try:
@@ -542,6 +612,7 @@ class TraceWriter:
             if STRINGS in f:
                 del f[STRINGS]  # finish() may have written it before its disk write failed
             self._write_strings(f)
+            self._seal(f)
             f.flush()
             image = f.id.get_file_image()
         finally:
@@ -624,7 +695,10 @@ class Trace:
 
     def tables(self) -> list[str]:
         """Names of the tables present in this file, in schema order."""
-        return [name for name in TABLES if isinstance(self._file.get(name), h5py.Group)]
+        try:
+            return [name for name in TABLES if isinstance(self._file.get(name), h5py.Group)]
+        except H5_ERRORS as e:
+            raise self._corrupt("the group structure", e) from e
 
     def _corrupt(self, what: str, e: BaseException) -> TraceFormatError:
         return TraceFormatError(
@@ -634,24 +708,45 @@ class Trace:
     def _read(self, table: str, column: str, sel: slice) -> npt.NDArray[Any]:
         try:
             return np.asarray(self._file[table][column][sel])
-        except (OSError, KeyError) as e:
+        except H5_ERRORS as e:
             raise self._corrupt(f"dataset /{table}/{column}", e) from e
 
     def _row_count(self, table: str, schema: tuple[Column, ...]) -> int:
-        group = self._file[table]
+        """The table's committed row count, checked against every column's extent.
+
+        A complete trace's columns hold exactly ``rows`` values (the writer resizes them
+        together); only an append interrupted by a kill leaves longer columns, in an incomplete
+        trace. Bounded by the file size, so a damaged count never makes a reader loop or
+        allocate without end.
+        """
         try:
+            group = self._file[table]
             rows = int(group.attrs["rows"])
-        except (KeyError, OSError, TypeError, ValueError) as e:
+            limit = max(1, self._path.stat().st_size) * _MAX_EXPANSION
+            for c in schema:
+                ds = group.get(c.name)
+                if not isinstance(ds, h5py.Dataset):
+                    raise TraceFormatError(f"{self._path}: dataset /{table}/{c.name} is missing")
+                extent = ds.shape[0] if len(ds.shape) == 1 else -1
+                if extent < 0:
+                    raise TraceFormatError(
+                        f"{self._path}: dataset /{table}/{c.name} has shape {ds.shape}, "
+                        "expected one dimension"
+                    )
+                if extent < rows or (self.complete and extent != rows):
+                    raise TraceFormatError(
+                        f"{self._path}: dataset /{table}/{c.name} has {extent} rows, the "
+                        f"table says {rows}"
+                    )
+                if extent * ds.dtype.itemsize > limit:
+                    raise TraceFormatError(
+                        f"{self._path}: dataset /{table}/{c.name} claims {extent} rows, more "
+                        "than the file can hold"
+                    )
+        except H5_ERRORS as e:
             raise self._corrupt(f"attribute 'rows' of /{table}", e) from e
-        for c in schema:
-            ds = group.get(c.name)
-            if not isinstance(ds, h5py.Dataset):
-                raise TraceFormatError(f"{self._path}: dataset /{table}/{c.name} is missing")
-            if ds.shape[0] < rows:
-                raise TraceFormatError(
-                    f"{self._path}: dataset /{table}/{c.name} has {ds.shape[0]} rows, "
-                    f"fewer than the table's {rows}"
-                )
+        if rows < 0:
+            raise TraceFormatError(f"{self._path}: /{table} has {rows} rows")
         return rows
 
     def _decode(self, table: str, column: str, codes: npt.NDArray[Any]) -> pd.Categorical:
@@ -709,38 +804,87 @@ class Trace:
         return pd.DataFrame(data)
 
     def verify(self) -> None:
-        """Read every byte of every dataset, so fletcher32 checksums are all checked.
+        """Check everything a result depends on; raise TraceFormatError naming the first problem.
 
-        Also checks the tables against the schema and the string table against its digest.
-        Raises TraceFormatError naming the file and the first bad dataset.
+        Every dataset belongs to the schema; row counts match the columns (bounded by the file
+        size); dtypes are the schema's; every byte of every column is read, so its fletcher32
+        checksum is checked, and hashed against the column digest written with it; no event
+        ends before it starts; string indices are in the table; and the stored run_id is the
+        hash of the stored spec.
         """
         datasets: list[str] = []
         try:
             self._file.visititems(
                 lambda name, obj: datasets.append(name) if isinstance(obj, h5py.Dataset) else None
             )
-        except (OSError, RuntimeError) as e:
+        except H5_ERRORS as e:
             raise self._corrupt("the group structure", e) from e
-        for name in datasets:
-            try:
-                ds = self._file[name]
-                total = ds.shape[0] if ds.shape else 0
-                for start in range(0, max(total, 1), _VERIFY_BLOCK_ROWS):
-                    ds[start : start + _VERIFY_BLOCK_ROWS]
-            except OSError as e:
-                raise self._corrupt(f"dataset /{name}", e) from e
+        known = {f"{t}/{c.name}" for t, schema in TABLES.items() for c in schema} | {STRINGS}
+        unknown = sorted(set(datasets) - known)
+        if unknown:
+            raise TraceFormatError(
+                f"{self._path}: datasets {unknown[:5]} are not in trace schema v{SCHEMA_VERSION}"
+            )
         for table in self.tables():
-            schema = _schema(table)
-            n = self._row_count(table, schema)
-            for c in schema:
-                dtype = self._file[table][c.name].dtype
-                if dtype != np.dtype(c.numpy_dtype):
-                    raise TraceFormatError(
-                        f"{self._path}: dataset /{table}/{c.name} has dtype {dtype}, "
-                        f"schema v{SCHEMA_VERSION} says {c.numpy_dtype}"
-                    )
+            self._verify_table(table)
+        self._verify_identity()
+
+    def _verify_table(self, table: str) -> None:
+        schema = _schema(table)
+        n = self._row_count(table, schema)
+        try:
+            group = self._file[table]
+            digests_text = group.attrs.get(COLUMN_DIGESTS)
+            digests = json.loads(_plain(digests_text)) if digests_text is not None else {}
+            if not isinstance(digests, dict):
+                raise TypeError(f"{COLUMN_DIGESTS} is {type(digests).__name__}")
+        except (*H5_ERRORS, json.JSONDecodeError) as e:
+            raise self._corrupt(f"the column digests of /{table}", e) from e
+        columns: dict[str, npt.NDArray[Any]] = {}
+        for c in schema:
+            dtype = self._file[table][c.name].dtype
+            if dtype != np.dtype(c.numpy_dtype):
+                raise TraceFormatError(
+                    f"{self._path}: dataset /{table}/{c.name} has dtype {dtype}, "
+                    f"schema v{SCHEMA_VERSION} says {c.numpy_dtype}"
+                )
+            h = hashlib.sha256()
+            for start in range(0, n, _VERIFY_BLOCK_ROWS):
+                block = self._read(table, c.name, slice(start, min(n, start + _VERIFY_BLOCK_ROWS)))
+                h.update(np.ascontiguousarray(block).tobytes())
                 if c.is_symbol:
-                    self._decode(table, c.name, self._read(table, c.name, slice(0, n)))
+                    self._decode(table, c.name, block)
+                if c.name in {"start_ns", "end_ns"}:
+                    columns.setdefault(c.name, np.empty(0, dtype=block.dtype))
+                    columns[c.name] = np.concatenate([columns[c.name], block])
+            expected = digests.get(c.name)
+            if expected is not None and h.hexdigest() != expected:
+                raise TraceFormatError(
+                    f"{self._path}: dataset /{table}/{c.name} does not match its sha256; corrupt"
+                )
+        if {"start_ns", "end_ns"} <= columns.keys():
+            bad = np.flatnonzero(columns["end_ns"] < columns["start_ns"])
+            if bad.size:
+                raise TraceFormatError(
+                    f"{self._path}: /{table} has {bad.size} event(s) ending before they start "
+                    f"(first at row {int(bad[0])}); corrupt"
+                )
+
+    def _verify_identity(self) -> None:
+        run_id, spec = self._attrs.get("run_id"), self._attrs.get("spec")
+        if run_id is None or spec is None:
+            return
+        try:
+            derived = RunSpec.from_dict(spec).run_id if isinstance(spec, dict) else None
+        except ConfigError as e:
+            raise TraceFormatError(
+                f"{self._path}: the stored spec is not a valid run spec ({e.problems[:3]})"
+            ) from e
+        if derived != run_id:
+            raise TraceFormatError(
+                f"{self._path}: run_id {run_id!r} is not the hash of the stored spec "
+                f"({derived!r}); the spec or the id was altered"
+            )
 
 
 def empty_frame(table: str) -> pd.DataFrame:
@@ -780,6 +924,11 @@ def _read_strings(f: Any, path: Path, complete: bool) -> list[str]:
             raise TraceFormatError(f"{path}: the string table /{STRINGS} is missing")
         # A writer killed before abort() never wrote it; numeric columns are still readable.
         return [""]
+    if not isinstance(ds, h5py.Dataset) or len(ds.shape) != 1:
+        raise TraceFormatError(f"{path}: /{STRINGS} is not a 1-D dataset")
+    # Each variable-length string takes at least a 16-byte heap reference in the file.
+    if ds.shape[0] > path.stat().st_size // 16 + 1:
+        raise TraceFormatError(f"{path}: /{STRINGS} claims {ds.shape[0]} strings; corrupt")
     try:
         strings = [s.decode("utf-8") if isinstance(s, bytes) else str(s) for s in ds[()].tolist()]
         digest = ds.attrs.get("sha256")
@@ -808,18 +957,18 @@ def open_trace(path: str | os.PathLike[str], *, allow_incomplete: bool = False) 
         raise TraceFormatError(f"{p}: no such trace file{hint}")
     try:
         is_hdf5 = h5py.is_hdf5(os.fspath(p))
-    except OSError as e:
+    except H5_ERRORS as e:
         raise TraceFormatError(f"{p}: cannot read ({e})") from e
     if not is_hdf5:
         raise TraceFormatError(f"{p}: not an HDF5 file")
     try:
         f = h5py.File(p, "r")
-    except OSError as e:
+    except H5_ERRORS as e:
         raise TraceFormatError(f"{p}: cannot open as HDF5 ({e}); truncated or corrupt") from e
     try:
         try:
             attrs = _read_attrs(f, p)
-        except OSError as e:
+        except H5_ERRORS as e:
             raise TraceFormatError(f"{p}: root attributes are unreadable ({e})") from e
         version = attrs.get("schema_version")
         if version is None:
@@ -827,6 +976,15 @@ def open_trace(path: str | os.PathLike[str], *, allow_incomplete: bool = False) 
         if version != SCHEMA_VERSION:
             raise TraceFormatError(
                 f"{p}: trace schema version {version!r}, this codl reads version {SCHEMA_VERSION}"
+            )
+        try:
+            digest = _metadata_digest(f) if DIGEST_ATTR in attrs else None
+        except H5_ERRORS as e:
+            raise TraceFormatError(f"{p}: metadata is unreadable ({e}); corrupt") from e
+        if digest is not None and attrs[DIGEST_ATTR] != digest:
+            raise TraceFormatError(
+                f"{p}: metadata (attributes, row counts, shapes) does not match its sha256; "
+                "the file is corrupt or was edited"
             )
         complete = attrs.get("complete") is True
         if not complete and not allow_incomplete:
@@ -845,7 +1003,10 @@ def open_trace(path: str | os.PathLike[str], *, allow_incomplete: bool = False) 
                 f"{p}: rank {attrs.get('rank')!r} of a {world}-rank run, not the run's merged "
                 "trace (the merge did not finish); pass allow_incomplete=True to read this rank"
             )
-        strings = _read_strings(f, p, complete)
+        try:
+            strings = _read_strings(f, p, complete)
+        except H5_ERRORS as e:
+            raise TraceFormatError(f"{p}: dataset /{STRINGS} is unreadable ({e})") from e
     except BaseException:
         f.close()
         raise
