@@ -273,7 +273,7 @@ def check_rank_parts(parts: list[Path], *, run_id: str | None) -> None:
 def merge_rank_traces(trace_path: Path, world: int, *, run_id: str | None = None) -> Path:
     """Merge the per-rank traces into one trace; per-rank provenance kept under ``ranks``."""
     from codl.trace.schema import TABLES
-    from codl.trace.store import TraceWriter, incomplete_path, open_trace
+    from codl.trace.store import RESERVED_ATTRS, TraceWriter, incomplete_path, open_trace
 
     parts = [rank_trace_path(trace_path, r) for r in range(world)]
     deadline = time.monotonic() + MERGE_TIMEOUT_S
@@ -318,7 +318,8 @@ def merge_rank_traces(trace_path: Path, world: int, *, run_id: str | None = None
                     base = {
                         k: v
                         for k, v in attrs.items()
-                        if k not in {"complete", "json_attrs", "schema_version"}
+                        # The writer's own (digest, completion) are written anew.
+                        if k not in RESERVED_ATTRS
                     }
                 for name in TABLES:
                     if name in t.tables():
