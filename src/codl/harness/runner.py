@@ -22,7 +22,7 @@ import subprocess
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -118,14 +118,27 @@ class _Recorder:
 
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_REPEAT_IGNORE_S = 5.0
 
 
-def _terminate(signum: int, frame: FrameType | None) -> None:
-    # The first signal stops the run; repeats (Slurm sends SIGTERM again, a group-wide kill
-    # reaches us more than once) must not interrupt the writing of what was measured.
-    for s in _STOP_SIGNALS:
-        signal.signal(s, signal.SIG_IGN)
-    raise RunInterruptedError(f"received {signal.Signals(signum).name}")
+def _stop_handler() -> Callable[[int, FrameType | None], None]:
+    """SIGTERM/SIGINT handler of one run: raise RunInterruptedError to stop it.
+
+    Repeats within _REPEAT_IGNORE_S of the first (Slurm and group-wide kills deliver several)
+    are ignored, so they cannot interrupt the unwinding into the code that writes the trace
+    (which then ignores both signals itself). A later one raises again: the first may have been
+    swallowed, raised inside a finalizer where Python only prints it.
+    """
+    first: list[float] = []
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        now = time.monotonic()
+        if first and now - first[0] < _REPEAT_IGNORE_S:
+            return
+        first[:] = [now]
+        raise RunInterruptedError(f"received {signal.Signals(signum).name}")
+
+    return handler
 
 
 def _git_revision() -> str:
@@ -196,7 +209,8 @@ def execute(
     mode = spec.mode
     if mode.loads and dataset_dir is None:
         raise CodlError(f"mode {mode.value!r} reads a data set but no dataset_dir was given")
-    previous = {s: signal.signal(s, _terminate) for s in _STOP_SIGNALS}
+    stop = _stop_handler()
+    previous = {s: signal.signal(s, stop) for s in _STOP_SIGNALS}
     # Oversubscribing the cores with workers is an experiment factor here, not a mistake.
     warnings.filterwarnings("ignore", message="This DataLoader will create")
     anchor_start = take_anchor()
