@@ -1027,6 +1027,66 @@ def test_a_failed_rank_is_a_clear_error_and_keeps_what_was_measured(tmp_path: Pa
     assert not (tmp_path / "trace.h5").exists()
 
 
+def spawned_ranks(pid: int) -> list[int]:
+    """PIDs of the rank processes torch.multiprocessing spawned under ``pid``, in rank order."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    ranks = []
+    for child in map(int, children):
+        try:
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+        except FileNotFoundError:
+            continue
+        if b"spawn_main" in cmdline:
+            ranks.append(child)
+    return sorted(ranks)
+
+
+@pytest.mark.slow
+def test_killing_one_rank_keeps_the_survivors_data(tmp_path: Path) -> None:
+    from codl.harness.runner import write_spec_json
+    from codl.spec import RunSpec
+    from codl.trace.store import open_trace
+
+    spec = RunSpec.from_dict(
+        {
+            "mode": "compute+comm",
+            "workload": {"batch_size": 2, "image_size": 16},
+            "layout": {"ranks_per_node": 2},
+            "steps": {"warmup": 1, "measured": 100_000},
+        }
+    )
+    run_dir = tmp_path / "run"
+    write_spec_json(spec, run_dir / "spec.json")
+    proc = subprocess.Popen(
+        run_cmd(run_dir / "spec.json", run_dir / "trace.h5"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while len(spawned_ranks(proc.pid)) < 2:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        time.sleep(15)  # both ranks import torch, meet, and step together
+        os.kill(spawned_ranks(proc.pid)[1], signal.SIGKILL)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 2, err[-3000:]
+    assert "of 2 failed" in err and "Traceback" not in err, err[-3000:]
+    survivor = run_dir / "trace.rank0.incomplete.h5"
+    assert survivor.exists(), sorted(p.name for p in run_dir.iterdir())
+    assert str(survivor) in err
+    with open_trace(survivor, allow_incomplete=True) as t:
+        assert t.attrs["rank"] == 0
+        assert (t.table("events/app")["phase"].astype(str) == "step").sum() >= 1
+    assert not (run_dir / "trace.h5").exists()
+
+
 # --------------------------------------------------------------------------------------------
 # Class 12: tests/slurm/cluster.sh waits for the dpkg lock
 

@@ -20,6 +20,8 @@ from codl.spec import DeviceKind, RunSpec
 from codl.trace.store import check_trace_target, exclusive_lock, incomplete_path
 
 MERGE_TIMEOUT_S = 300.0
+# How long the other ranks get to stop by themselves (and keep their data) after one failed.
+RANK_GRACE_S = 60.0
 # Set in the environment of the tasks that `codl run` starts through srun.
 SRUN_MARK = "CODL_SRUN_TASK"
 
@@ -212,13 +214,18 @@ def _launch(
 
     port = _free_port()
     try:
-        start_processes(
+        context = start_processes(
             _rank_main,
             args=(spec, trace_path, dataset_dir, port, kineto_dir),
             nprocs=world,
-            join=True,
+            join=False,
             start_method="spawn",
         )
+        # When a rank dies, the others fail in their next collective and write what they
+        # measured; torch's default sends them SIGTERM at once and SIGKILL 30 s later, which
+        # can kill a survivor still blocked in a collective before it has written its trace.
+        while not context.join(grace_period=RANK_GRACE_S):
+            pass
     except (ProcessExitedException, ProcessRaisedException) as exc:
         kept = [
             str(p)
