@@ -121,10 +121,10 @@ def test_datasets_lists_only_data_sets_that_are_read() -> None:
     cfg = {
         "tiers": {"shm": "/dev/shm/codl"},
         "experiments": [
-            {"name": "a", "base": {"mode": "data", "dataset": {"name": "x", "samples": 8}}},
+            {"name": "a", "base": {"mode": "data", "dataset": {"name": "x", "samples": 16}}},
             {
                 "name": "b",
-                "base": {"mode": "combined", "dataset": {"name": "x", "samples": 8}},
+                "base": {"mode": "combined", "dataset": {"name": "x", "samples": 16}},
                 "factors": {"dataset.tier": ["default", "shm"]},
             },
             {"name": "c", "base": {"mode": "compute", "dataset": {"name": "unread"}}},
@@ -133,8 +133,8 @@ def test_datasets_lists_only_data_sets_that_are_read() -> None:
     plan = build_plan(cfg)
     assert plan.tiers == {"shm": "/dev/shm/codl"}
     assert plan.datasets() == {
-        ("x", "default"): DatasetSpec(name="x", samples=8),
-        ("x", "shm"): DatasetSpec(name="x", samples=8, tier="shm"),
+        ("x", "default"): DatasetSpec(name="x", samples=16),
+        ("x", "shm"): DatasetSpec(name="x", samples=16, tier="shm"),
     }
 
 
@@ -360,10 +360,10 @@ BAD_CONFIGS: list[tuple[str, Any, list[str]]] = [
         {
             "experiments": [
                 {"name": "a", "base": {"dataset": {"name": "d"}}},
-                {"name": "b", "base": {"dataset": {"name": "d", "samples": 7}}},
+                {"name": "b", "base": {"dataset": {"name": "d", "samples": 70}}},
             ]
         },
-        ["dataset.name 'd' is defined with different parameters", "samples: 256 vs 7"],
+        ["dataset.name 'd' is defined with different parameters", "samples: 256 vs 70"],
     ),
     ("missing config file", None, ["no such config file"]),
 ]

@@ -16,12 +16,14 @@ import pandas as pd
 import pytest
 
 from codl.errors import TraceFormatError
+from codl.spec import RunSpec
 from codl.trace.schema import SCHEMA_VERSION, TABLES
 from codl.trace.store import (
     COMPRESSIONS,
     TraceWriter,
     chunk_rows,
     incomplete_path,
+    lock_path,
     open_trace,
     partial_path,
     schema_markdown,
@@ -34,9 +36,11 @@ DIR_NAMES = ["plain", "with space", "ünïcødé ✓ 跟踪"]
 
 ANCHOR_START = {"realtime_ns": 1_700_000_000_000_000_000, "monotonic_ns": 5_000, "error_ns": 120}
 ANCHOR_END = {"realtime_ns": 1_700_000_000_000_900_000, "monotonic_ns": 905_000, "error_ns": 80}
+# A real spec and its run_id: verify() re-derives the id from the stored spec.
+SPEC = RunSpec.from_dict({"mode": "combined", "loader": {"workers": 4}})
 ATTRS: dict[str, Any] = {
-    "run_id": "abc123def456",
-    "spec": {"mode": "combined", "loader": {"workers": 4}, "seeds": [1, 2]},
+    "run_id": SPEC.run_id,
+    "spec": SPEC.to_dict(),
     "host": "node-07",
     "slurm_job_id": "123456",
     "git_revision": "0123abcd",
@@ -399,10 +403,14 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
     proc = subprocess.run([sys.executable, "-c", script], check=False)
     assert proc.returncode == -signal.SIGKILL
-    # The trace is built in memory and written only by finish()/abort().
-    assert list(tmp_path.iterdir()) == []
+    # The trace is built in memory and written only by finish()/abort(); only the writer's
+    # lock file is left, and the kernel released its lock with the process.
+    assert list(tmp_path.iterdir()) == [lock_path(final, "write")]
     with pytest.raises(TraceFormatError, match=re.escape(str(final))):
         open_trace(final)
+    with TraceWriter(final) as w:
+        w.finish()
+    assert sorted(tmp_path.iterdir()) == [final]
 
 
 def test_a_partial_file_from_an_interrupted_write_is_refused(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,12 +24,79 @@ def _load_spec(path: Path) -> Any:
     return RunSpec.from_dict(data)
 
 
+_HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)  # hard links to one inode
+    except OSError:
+        return False
+
+
+def _is_hdf5(path: Path) -> bool:
+    try:
+        with path.open("rb") as fh:
+            return fh.read(8) == _HDF5_MAGIC
+    except OSError:
+        return False
+
+
+def check_output(output: Path, *, inputs: tuple[Path, ...], option: str) -> None:
+    """Refuse an output path that is one of the inputs, a directory, in a missing directory, or
+    an existing HDF5 file (a measurement, which no command of codl writes over as a by-product).
+    """
+    for inp in inputs:
+        if _same_file(output, inp):
+            raise CodlError(f"{option} {output} is the input {inp}; it would be overwritten")
+    if output.is_dir():
+        raise CodlError(f"{option} {output} is a directory, expected a file path")
+    if not output.parent.is_dir():
+        raise CodlError(f"{option} {output}: directory {output.parent} does not exist")
+    if _is_hdf5(output):
+        raise CodlError(
+            f"{option} {output} exists and is an HDF5 file (a trace?); refusing to overwrite it"
+        )
+
+
+def _check_run_args(args: argparse.Namespace, spec: Any) -> Path:
+    """Everything ``codl run`` can check before it imports torch and starts measuring."""
+    from codl.datasets import check_dataset
+    from codl.trace.store import check_trace_target
+
+    trace = Path(args.trace) if args.trace else Path(args.spec).parent / "trace.h5"
+    if _same_file(trace, Path(args.spec)):
+        raise CodlError(f"--trace {trace} is the spec file; it would be overwritten")
+    if args.cpus_per_task < 0:
+        raise CodlError(f"--cpus-per-task: got {args.cpus_per_task}, expected >= 0")
+    if args.kineto_dir and Path(args.kineto_dir).exists() and not Path(args.kineto_dir).is_dir():
+        raise CodlError(f"--kineto-dir {args.kineto_dir} exists and is not a directory")
+    if spec.mode.loads:
+        from codl.spec import WORKERS_PER_CPU
+
+        # Oversubscription is an experiment factor, a fork per worker far past the CPUs is not.
+        cpus = args.cpus_per_task or max(
+            1, len(os.sched_getaffinity(0)) // spec.layout.ranks_per_node
+        )
+        if spec.loader.workers > WORKERS_PER_CPU * cpus:
+            raise CodlError(
+                f"loader.workers: got {spec.loader.workers}, expected <= {WORKERS_PER_CPU} per "
+                f"CPU of a rank ({cpus} CPUs here: at most {WORKERS_PER_CPU * cpus})"
+            )
+        if not args.dataset_dir:
+            raise CodlError(f"mode {spec.mode.value!r} reads a data set: give --dataset-dir")
+        check_dataset(spec.dataset, Path(args.dataset_dir))
+    return check_trace_target(trace)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    spec = _load_spec(args.spec)
+    trace = _check_run_args(args, spec)
+    # Imported only now: torch takes seconds to import, a spec error should not.
     from codl.harness.launch import launch
 
-    spec = _load_spec(args.spec)
-    run_dir = Path(args.spec).parent
-    trace = Path(args.trace) if args.trace else run_dir / "trace.h5"
     launch(
         spec,
         trace_path=trace,
@@ -55,6 +123,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from codl.trace.export import export_chrome
 
+    check_output(Path(args.output), inputs=(Path(args.trace),), option="-o/--output")
     export_chrome(Path(args.trace), Path(args.output))
     print(args.output)
     return 0
@@ -89,7 +158,11 @@ def cmd_dataset(args: argparse.Namespace) -> int:
     from codl.spec import DatasetSpec, _from_mapping
 
     problems: list[str] = []
-    spec = _from_mapping(DatasetSpec, json.loads(args.spec_json), "dataset", problems)
+    try:
+        data = json.loads(args.spec_json)
+    except json.JSONDecodeError as exc:
+        raise CodlError(f"--spec-json: not valid JSON ({exc})") from None
+    spec = _from_mapping(DatasetSpec, data, "dataset", problems)
     if problems or spec is None:
         raise CodlError("; ".join(problems))
     manifest = generate(spec, Path(args.out))
@@ -110,6 +183,13 @@ def cmd_write_spec(args: argparse.Namespace) -> int:
 def cmd_stage(args: argparse.Namespace) -> int:
     from codl.datasets import stage
 
+    marker = Path(args.marker)
+    if marker.exists():
+        check_output(marker, inputs=(Path(args.manifest),), option="--marker")
+    elif _same_file(marker.parent, Path(args.to)) or _same_file(
+        marker.parent, Path(args.manifest).parent
+    ):
+        raise CodlError(f"--marker {marker} must not be inside the data set it marks")
     manifest = stage(Path(args.manifest).parent, Path(args.to), marker=Path(args.marker))
     print(f"staged {manifest['files']} files to {args.to}")
     return 0
@@ -118,8 +198,12 @@ def cmd_stage(args: argparse.Namespace) -> int:
 def cmd_summarize(args: argparse.Namespace) -> int:
     from codl.analysis.summarize import summarize_trace
 
-    steps, summary, attribution = summarize_trace(Path(args.trace))
     out = Path(args.out_dir)
+    names = ("steps.parquet", "summary.parquet", "attribution.parquet")
+    for name in names:
+        if (out / name).exists() or out.is_dir():
+            check_output(out / name, inputs=(Path(args.trace),), option="--out-dir")
+    steps, summary, attribution = summarize_trace(Path(args.trace))
     out.mkdir(parents=True, exist_ok=True)
     steps.to_parquet(out / "steps.parquet")
     summary.to_parquet(out / "summary.parquet")
@@ -191,6 +275,10 @@ def main(argv: list[str] | None = None) -> int:
     except CodlError as exc:
         print(f"codl {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        # Ctrl-C outside a run (a run turns SIGINT into RunInterruptedError itself).
+        print(f"codl {args.command}: interrupted (SIGINT)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

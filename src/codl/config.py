@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import Mapping
+import math
+import os
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -60,12 +63,76 @@ _StrictLoader.add_constructor(
 )
 
 
+# A config is a few hundred YAML nodes; these bound what a hostile one can make us do.
+MAX_CONFIG_BYTES = 1 << 20
+MAX_YAML_NODES = 100_000
+MAX_RUNS = 10_000
+
+
+# libyaml's parser (when PyYAML has it) caps nesting depth and is linear in it; the pure-Python
+# scanner takes seconds for 1,000 nested brackets. Composing is only parsing: the nodes are
+# then constructed by _StrictLoader, which refuses duplicate keys and unsafe tags.
+_COMPOSER: Any = yaml.CSafeLoader if getattr(yaml, "__with_libyaml__", False) else yaml.SafeLoader
+
+
+def _expanded_nodes(root: yaml.Node) -> int:
+    """Nodes of ``root`` with every alias expanded, stopping once past MAX_YAML_NODES.
+
+    An alias bomb (`b: [*a, *a, ...]` nested ten deep) is a few hundred bytes that expand to
+    billions of values: schema validation would walk all of them and print them in its message.
+    """
+    memo: dict[int, int] = {}
+
+    def count(node: yaml.Node) -> int:
+        key = id(node)
+        if key in memo:
+            return memo[key]
+        memo[key] = MAX_YAML_NODES + 1  # a cycle counts as too many
+        total = 1
+        children: list[yaml.Node] = []
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for kv in node.value for n in kv]
+        for child in children:
+            total += count(child)
+            if total > MAX_YAML_NODES:
+                break
+        memo[key] = min(total, MAX_YAML_NODES + 1)
+        return memo[key]
+
+    return count(root)
+
+
 def load_yaml(path: Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError([f"{path}: no such config file"], source=str(path))
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            [f"{path}: {path.stat().st_size} bytes, expected a config under {MAX_CONFIG_BYTES}"],
+            source=str(path),
+        )
     try:
-        data = yaml.load(path.read_text(), Loader=_StrictLoader)  # a SafeLoader subclass
+        text = path.read_text(encoding="utf-8")
+        node = yaml.compose(text, Loader=_COMPOSER)
+        if node is not None and _expanded_nodes(node) > MAX_YAML_NODES:
+            raise ConfigError(
+                [
+                    f"{path}: expands to more than {MAX_YAML_NODES} values through YAML "
+                    "aliases; expected a config of a few hundred"
+                ],
+                source=str(path),
+            )
+        constructor = _StrictLoader("")  # a SafeLoader subclass: safe tags only
+        try:
+            data = constructor.construct_document(node) if node is not None else None
+        finally:
+            constructor.dispose()
+    except UnicodeDecodeError as exc:
+        raise ConfigError([f"{path}: not UTF-8 text ({exc})"], source=str(path)) from None
+    except RecursionError:
+        raise ConfigError([f"{path}: nested too deeply"], source=str(path)) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -132,7 +199,7 @@ def _schema_errors(cfg: Mapping[str, Any]) -> list[tuple[tuple[Any, ...], str]]:
                 )
             )
         else:
-            out.append((path, f"{_key_path(path)}: {err.message}"))
+            out.append((path, f"{_key_path(path)}: {_clip(err.message)}"))
     return out
 
 
@@ -207,11 +274,122 @@ def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def build_plan(cfg: Mapping[str, Any], *, source: str | None = None) -> Plan:
+# `$NAME` / `${NAME}` in a tier path; anything else after a `$` (`$(cmd)`, a lone `$`) is refused.
+_ENV_REF = re.compile(
+    r"\$(?:\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)\}|(?P<bare>[A-Za-z_][A-Za-z0-9_]*))"
+)
+# Quotes, backslash and control characters have no business in a directory name and are the
+# tools of shell-quoting tricks; spaces, unicode and other punctuation are allowed (the rules
+# quote every parameter).
+_BAD_PATH_CHARS = re.compile(r"[\x00-\x1f\x7f'\"`\\]")
+# System trees a data set is never staged into (a tier is a scratch directory).
+_SYSTEM_DIRS = tuple(
+    Path(p) for p in ("/bin", "/boot", "/etc", "/lib", "/lib64", "/proc", "/sbin", "/sys", "/usr")
+)
+
+
+def _is_within(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def resolve_tier(
+    key: str, raw: str, *, project_dirs: tuple[Path, ...], environ: Mapping[str, str]
+) -> tuple[Path | None, list[str]]:
+    """Expand ``~`` and environment variables of one tier path and check where it points.
+
+    A tier directory receives ``<tier>/<dataset name>``, which staging replaces; so it must be an
+    absolute directory outside the project (the project's own ``config/`` or ``results/`` would
+    be the data set's victims) and outside the system trees. Returns (resolved path, problems).
+    """
+    where = f"tiers.{key}"
+    if not raw.strip():
+        return None, [f"{where}: got {raw!r}, expected an absolute directory path"]
+    if _BAD_PATH_CHARS.search(raw):
+        bad = sorted({repr(c) for c in _BAD_PATH_CHARS.findall(raw)})
+        return None, [
+            f"{where}: got {_clip(raw)!r} containing {', '.join(bad)}; quotes, backslashes and "
+            "control characters are not allowed in a tier path"
+        ]
+    if "$" in _ENV_REF.sub("", raw):
+        return None, [
+            f"{where}: got {_clip(raw)!r}; a '$' must start an environment variable "
+            "($NAME or ${NAME}), nothing else is expanded"
+        ]
+    missing = [
+        m.group("braced") or m.group("bare")
+        for m in _ENV_REF.finditer(raw)
+        if (m.group("braced") or m.group("bare")) not in environ
+    ]
+    if missing:
+        # os.path.expandvars would leave `$NAME` in the path and the stage rule would create a
+        # directory literally called `$NAME`.
+        return None, [
+            f"{where}: environment variable(s) {', '.join('$' + n for n in missing)} not set "
+            f"(in {_clip(raw)!r}); set them or write the directory out"
+        ]
+    expanded = _ENV_REF.sub(lambda m: environ[m.group("braced") or m.group("bare")], raw)
+    if _BAD_PATH_CHARS.search(expanded):
+        return None, [
+            f"{where}: {_clip(raw)!r} expands to a path with quotes, backslashes or control "
+            "characters"
+        ]
+    expanded = os.path.expanduser(expanded)
+    if not os.path.isabs(expanded):
+        return None, [
+            f"{where}: got {_clip(raw)!r}"
+            + (f" (expands to {_clip(expanded)!r})" if expanded != raw else "")
+            + ", expected an absolute directory path (e.g. /dev/shm/codl or $TMPDIR/codl)"
+        ]
+    # realpath: a symlink in the path must not lead back into the project tree.
+    path = Path(os.path.realpath(expanded))
+    if path == Path(path.anchor):
+        return None, [f"{where}: got {_clip(raw)!r}, the file system root; expected a directory"]
+    for root in project_dirs:
+        if _is_within(path, root):
+            return None, [
+                f"{where}: {_clip(raw)!r} resolves to {path}, inside the project directory "
+                f"{root}; a tier must be a directory outside the project"
+            ]
+    for system in _SYSTEM_DIRS:
+        if _is_within(path, system):
+            return None, [f"{where}: {_clip(raw)!r} resolves to {path}, a system directory"]
+    return path, []
+
+
+def resolve_tiers(
+    tiers: Mapping[str, str],
+    *,
+    project_dirs: tuple[Path, ...],
+    environ: Mapping[str, str] | None = None,
+) -> tuple[dict[str, str], list[str]]:
+    env = os.environ if environ is None else environ
+    roots = tuple(Path(os.path.realpath(d)) for d in project_dirs)
+    out: dict[str, str] = {}
+    problems: list[str] = []
+    for key, raw in tiers.items():
+        path, found = resolve_tier(str(key), raw, project_dirs=roots, environ=env)
+        problems += found
+        if path is not None:
+            out[str(key)] = str(path)
+    return out, problems
+
+
+def _clip(text: str, limit: int = 200) -> str:
+    """A value as a message shows it: whole when short, its start and length when not."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def build_plan(
+    cfg: Mapping[str, Any],
+    *,
+    source: str | None = None,
+    project_dirs: tuple[Path, ...] | None = None,
+) -> Plan:
     """Validate ``cfg`` and expand it; raise one ConfigError listing every problem.
 
     Schema violations do not stop the semantic checks of the experiments they leave intact, so
-    that one round trip reports every mistake the config makes.
+    that one round trip reports every mistake the config makes. ``project_dirs`` (default: the
+    working directory) are the trees no storage tier may point into.
     """
     errors = _schema_errors(cfg)
     problems = [msg for _, msg in errors]
@@ -228,10 +406,16 @@ def build_plan(cfg: Mapping[str, Any], *, source: str | None = None) -> Plan:
     if shared_broken or any(path == ("experiments",) for path, _ in errors):
         raise ConfigError(problems, source=source)
     defaults = cfg.get("defaults", {}) or {}
-    tiers = dict(cfg.get("tiers", {}) or {})
+    tiers, tier_problems = resolve_tiers(
+        dict(cfg.get("tiers", {}) or {}),
+        project_dirs=(Path.cwd(),) if project_dirs is None else project_dirs,
+    )
+    if tier_problems:
+        raise ConfigError(problems + tier_problems, source=source)
     valid_keys = set(field_paths())
     runs: list[PlannedRun] = []
     seen_names: set[str] = set()
+    total_planned = 0
     datasets: dict[tuple[str, str], tuple[DatasetSpec, str]] = {}
     for i, exp in enumerate(experiments):
         where = f"experiments[{i}]"
@@ -256,6 +440,17 @@ def build_plan(cfg: Mapping[str, Any], *, source: str | None = None) -> Plan:
         if bad:
             continue
         keys = list(factors)
+        repeats = int(exp.get("repeats", 1))
+        planned = math.prod(len(factors[k]) for k in keys) * repeats
+        total_planned += planned
+        if planned > MAX_RUNS or total_planned > MAX_RUNS:
+            # Checked before expanding: 10**9 repeats would otherwise run `codl plan` for hours.
+            problems.append(
+                f"{where}: {planned} runs ({' x '.join(str(len(factors[k])) for k in keys)}"
+                f"{' x ' if keys else ''}{repeats} repeats), expected at most {MAX_RUNS} "
+                "in the whole config"
+            )
+            continue
         combos = list(itertools.product(*(factors[k] for k in keys))) if keys else [()]
         # problem -> labels of the combinations it occurs in, to report a mistake of `base`
         # once rather than once per combination.
@@ -263,7 +458,7 @@ def build_plan(cfg: Mapping[str, Any], *, source: str | None = None) -> Plan:
         for combo in combos:
             label = ", ".join(f"{k}={v}" for k, v in zip(keys, combo, strict=True))
             run_where = f"{where} ({name}: {label})" if label else f"{where} ({name})"
-            for rep in range(int(exp.get("repeats", 1))):
+            for rep in range(repeats):
                 d = copy.deepcopy(base)
                 for k, v in zip(keys, combo, strict=True):
                     _set_dotted(d, k, v)
@@ -297,6 +492,19 @@ def build_plan(cfg: Mapping[str, Any], *, source: str | None = None) -> Plan:
                 problems.extend(
                     f"{where} ({name}: {label}): {p}" if label else f"{where} ({name}): {p}"
                     for label in labels
+                )
+    roots = [Path(os.path.realpath(d)) for d in (project_dirs or (Path.cwd(),))]
+    for (dname, tier), (_, run_where) in datasets.items():
+        if tier == "default" or tier not in tiers:
+            continue
+        target = Path(tiers[tier]) / dname
+        for root in roots:
+            if _is_within(root, target):
+                # Staging replaces the target directory: here that would be the project itself.
+                problems.append(
+                    f"{run_where}: data set {dname!r} on tier {tier!r} would be staged to "
+                    f"{target}, which holds the project directory {root}; rename the data set "
+                    f"or move tiers.{tier}"
                 )
     # De-duplicate problems while keeping order.
     unique = list(dict.fromkeys(problems))
@@ -336,6 +544,23 @@ def _plan_problems(spec: RunSpec, tiers: Mapping[str, str]) -> list[str]:
             "compute time measured in the warm-up steps)"
         )
     return out
+
+
+def check_config_files(paths: Iterable[str | os.PathLike[str]]) -> None:
+    """Load every config file with codl's loader, for the problems Snakemake's does not see.
+
+    Snakemake reads --configfile with a plain YAML loader: a duplicated key silently keeps the
+    last value, and nothing bounds what aliases expand to. The workflow calls this with the
+    files Snakemake read, so both entry points refuse the same files with the same messages.
+    """
+    problems: list[str] = []
+    for p in paths:
+        try:
+            load_yaml(Path(p))
+        except ConfigError as exc:
+            problems += exc.problems
+    if problems:
+        raise ConfigError(problems, source="the workflow's config files")
 
 
 def load_plan(path: Path) -> Plan:

@@ -6,45 +6,131 @@ noise (noise JPEGs are ~3x larger and slower to decode than ImageNet's at the sa
 Volume: HDF5 sample files of float32 4-channel cubes, CosmoFlow-like.
 A MANIFEST.json written last records the spec, file count and bytes; its presence marks a
 complete data set.
+
+Ownership: every directory built here carries ``.codl-dataset`` from its first moment, and an
+existing directory is replaced only if it carries that marker (or a codl MANIFEST, written by
+versions before the marker), or is empty. ``--out`` and ``--to`` are user input: a typo must not
+delete a directory codl did not create.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from codl.errors import CodlError
 from codl.spec import DatasetKind, DatasetSpec, _to_jsonable
 
 MANIFEST = "MANIFEST.json"
+OWNER_MARKER = ".codl-dataset"
 VOLUME_CHANNELS = 4
+# A MANIFEST larger than this is not one of ours (ours are a few hundred bytes).
+_MAX_MANIFEST_BYTES = 1 << 20
+
+
+def _absolute(path: Path, what: str) -> Path:
+    # abspath, not resolve(): a symlink given as the target must stay visible as a symlink.
+    out = Path(os.path.abspath(path))
+    if not out.name:
+        raise CodlError(f"{what} {path}: the file system root cannot be a data set directory")
+    return out
+
+
+def _is_codl_manifest(directory: Path) -> bool:
+    m = directory / MANIFEST
+    try:
+        if m.is_symlink() or not m.is_file() or m.stat().st_size > _MAX_MANIFEST_BYTES:
+            return False
+        data = json.loads(m.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(data, dict) and {"spec", "files", "bytes"} <= data.keys()
+
+
+def owned_by_codl(directory: Path) -> bool:
+    """True if ``directory`` is a data set directory codl built (marker or codl MANIFEST)."""
+    marker = directory / OWNER_MARKER
+    return (marker.is_file() and not marker.is_symlink()) or _is_codl_manifest(directory)
+
+
+def check_replaceable(target: Path, what: str) -> None:
+    """Raise unless ``target`` is absent, empty, or a directory codl marked as its own."""
+    if target.is_symlink():
+        raise CodlError(f"{what} {target} is a symbolic link; refusing to replace it")
+    if not target.exists():
+        return
+    if not target.is_dir():
+        raise CodlError(f"{what} {target} exists and is not a directory; refusing to replace it")
+    if owned_by_codl(target):
+        return
+    try:
+        empty = next(target.iterdir(), None) is None
+    except OSError as e:
+        raise CodlError(f"{what} {target} cannot be listed ({e.strerror or e})") from e
+    if not empty:
+        raise CodlError(
+            f"{what} {target} exists and was not created by codl (no {OWNER_MARKER} marker, "
+            f"no codl {MANIFEST}); refusing to delete it. Remove it yourself or choose another "
+            "directory"
+        )
+
+
+@contextlib.contextmanager
+def _building(target: Path, what: str) -> Iterator[Path]:
+    """A fresh, marked, uniquely named sibling of ``target`` to build in; moved into place at
+    the end, replacing ``target`` only if ``check_replaceable`` allows it."""
+    check_replaceable(target, what)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # A unique name per writer: two builds of one data set never share (or delete) a partial.
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent))
+    try:
+        (tmp / OWNER_MARKER).write_text(json.dumps({"created_by": "codl", "pid": os.getpid()}))
+        yield tmp
+        _replace_dir(tmp, target, what)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _replace_dir(new: Path, target: Path, what: str) -> None:
+    # Checked again: the target may have appeared while the data set was being built.
+    check_replaceable(target, what)
+    if not target.exists():
+        os.replace(new, target)
+        return
+    if not any(target.iterdir()):
+        target.rmdir()
+        os.replace(new, target)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
+    os.replace(target, old / target.name)
+    os.replace(new, target)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def generate(spec: DatasetSpec, out_dir: Path) -> dict[str, Any]:
     """Build the data set in a sibling temporary directory, then move it into place."""
-    out_dir = Path(out_dir)
-    tmp = out_dir.with_name(out_dir.name + ".partial")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    rng = np.random.default_rng(spec.seed)
-    if spec.kind is DatasetKind.JPEG:
-        files, nbytes = _generate_jpeg(spec, tmp, rng)
-    else:
-        files, nbytes = _generate_volumes(spec, tmp, rng)
-    manifest = {
-        "spec": _to_jsonable(spec),
-        "files": files,
-        "bytes": nbytes,
-    }
-    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    os.replace(tmp, out_dir)
+    out_dir = _absolute(Path(out_dir), "--out")
+    with _building(out_dir, "--out") as tmp:
+        rng = np.random.default_rng(spec.seed)
+        if spec.kind is DatasetKind.JPEG:
+            files, nbytes = _generate_jpeg(spec, tmp, rng)
+        else:
+            files, nbytes = _generate_volumes(spec, tmp, rng)
+        manifest = {
+            "spec": _to_jsonable(spec),
+            "files": files,
+            "bytes": nbytes,
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
     return manifest
 
 
@@ -87,22 +173,69 @@ def _generate_volumes(spec: DatasetSpec, root: Path, rng: np.random.Generator) -
 
 
 def read_manifest(out_dir: Path) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((Path(out_dir) / MANIFEST).read_text())
+    """The MANIFEST of a complete data set; CodlError naming the file if it is not one."""
+    path = Path(out_dir) / MANIFEST
+    try:
+        if path.stat().st_size > _MAX_MANIFEST_BYTES:
+            raise CodlError(f"{path}: {path.stat().st_size} bytes, not a codl data set manifest")
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CodlError(
+            f"{path}: no such file; {out_dir} is not a complete codl data set"
+        ) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CodlError(f"{path}: unreadable data set manifest ({e})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("spec"), dict):
+        raise CodlError(f"{path}: not a codl data set manifest (no `spec` mapping)")
     return data
+
+
+def check_dataset(spec: DatasetSpec, directory: Path) -> dict[str, Any]:
+    """The manifest of ``directory`` if it holds the data set ``spec`` describes; else a
+    CodlError naming the directory and every differing key (the tier is where a copy lives, not
+    what it holds, and is not compared)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise CodlError(f"--dataset-dir {directory}: no such directory")
+    manifest = read_manifest(directory)
+    stored = manifest["spec"]
+    expected = {k: v for k, v in _to_jsonable(spec).items() if k != "tier"}
+    diff = [
+        f"{k}: data set has {stored.get(k, '<missing>')!r}, spec wants {v!r}"
+        for k, v in expected.items()
+        if stored.get(k) != v
+    ]
+    if diff:
+        raise CodlError(
+            f"--dataset-dir {directory} holds another data set than the spec's dataset "
+            f"({'; '.join(diff)}); the run would be labelled with the wrong data set"
+        )
+    return manifest
 
 
 def stage(source: Path, target: Path, *, marker: Path) -> dict[str, Any]:
     """Copy a complete data set to a storage tier (temporary name, then rename), then mark it."""
+    source = _absolute(Path(source), "source")
+    target = _absolute(Path(target), "--to")
+    if not _is_codl_manifest(source):
+        raise CodlError(f"{source / MANIFEST}: missing or not a codl data set manifest")
     manifest = read_manifest(source)
-    target = Path(target)
-    tmp = target.with_name(target.name + ".partial")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(source, tmp)
-    if target.exists():
-        shutil.rmtree(target)
-    os.replace(tmp, target)
+    real_source, real_target = Path(os.path.realpath(source)), Path(os.path.realpath(target))
+    if (
+        real_source == real_target
+        or real_source in real_target.parents
+        or real_target in real_source.parents
+    ):
+        raise CodlError(
+            f"--to {target} and the data set {source} overlap; staging would replace its own source"
+        )
+    with _building(target, "--to") as tmp:
+        # dirs_exist_ok: tmp exists already (it carries the ownership marker).
+        shutil.copytree(source, tmp, dirs_exist_ok=True, symlinks=True)
+        (tmp / OWNER_MARKER).write_text(
+            json.dumps({"created_by": "codl", "staged_from": str(source)})
+        )
+    marker = Path(marker)
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text(json.dumps({"source": str(source), "target": str(target), **manifest}))
     return manifest

@@ -8,6 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+MAX_PROBLEMS_SHOWN = 50
+MAX_PROBLEM_CHARS = 500
+
+
+def _clip(text: str, limit: int = MAX_PROBLEM_CHARS) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
 
 class CodlError(Exception):
     """Base class of all errors raised deliberately by codl."""
@@ -24,7 +31,13 @@ class ConfigError(CodlError):
         self.problems: tuple[str, ...] = tuple(problems)
         self.source = source
         where = f" in {source}" if source else ""
-        lines = "\n".join(f"  - {p}" for p in self.problems)
+        # Bounded: a generated or hostile config can have millions of problems, and the message
+        # is printed whole by the CLI and by Snakemake.
+        shown = [_clip(p) for p in self.problems[:MAX_PROBLEMS_SHOWN]]
+        more = len(self.problems) - len(shown)
+        lines = "\n".join(f"  - {p}" for p in shown)
+        if more:
+            lines += f"\n  ... and {more} more"
         super().__init__(f"{len(self.problems)} problem(s){where}:\n{lines}")
 
 

@@ -13,6 +13,7 @@ import difflib
 import enum
 import hashlib
 import json
+import math
 import re
 import types
 import typing
@@ -37,7 +38,13 @@ AUTO: Literal["auto"] = "auto"
 # Policy `none` reads no other pinning key; its runs were published with `launch_cores: 1` (the
 # default then), and normalizing to that value keeps their ids now that the default is `auto`.
 _UNREAD_LAUNCH_CORES = 1
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# \Z, not $: Python's $ also matches before a trailing newline, which would let "name\n"
+# through into paths and shell words. The config schema uses the same pattern text.
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
+# Loader workers per rank, whatever the machine: an absolute fork-bomb guard. `codl run` also
+# refuses more than WORKERS_PER_CPU workers per CPU of the job.
+MAX_LOADER_WORKERS = 1024
+WORKERS_PER_CPU = 16
 
 
 class Mode(enum.StrEnum):
@@ -364,6 +371,17 @@ class RunSpec:
                 f"{p}trace.cuda_api_sched: true with trace.cuda_api: false, expected "
                 "trace.cuda_api: true (the evidence is taken in its callbacks)"
             )
+        if not math.isfinite(self.workload.lr) or self.workload.lr <= 0:
+            out.append(f"{p}workload.lr: got {self.workload.lr}, expected a finite number > 0")
+        for key, value, maximum in _upper_limits(self):
+            if value > maximum:
+                out.append(f"{p}{key}: got {value}, expected <= {maximum} ({_LIMIT_WHY[key]})")
+        if self.mode.loads and self.workload.batch_size > self.dataset.samples:
+            # drop_last: the loader would yield no batch at all.
+            out.append(
+                f"{p}workload.batch_size: got {self.workload.batch_size}, more than "
+                f"dataset.samples ({self.dataset.samples}); not one batch can be loaded"
+            )
         # Only when the window is on: with CUPTI off, `steps.measured: 1` must not fail on a
         # default the run never reads.
         if self.trace.cupti and self.trace.cupti_steps > self.steps.measured:
@@ -372,6 +390,48 @@ class RunSpec:
                 f"steps.measured ({self.steps.measured})"
             )
         return out
+
+
+# Upper limits of a run. Past them a run cannot work on any machine this tool targets, or is a
+# hazard: loader.workers forks that many processes per rank (100,000 is a fork bomb), and the
+# data set sizes decide how much is generated and copied to every tier.
+_LIMIT_WHY: dict[str, str] = {
+    "loader.workers": "processes forked per rank",
+    "loader.prefetch_factor": "batches held in memory per worker",
+    "workload.batch_size": "samples per step per rank",
+    "workload.image_size": "pixels per edge",
+    "workload.classes": "outputs of the model head",
+    "dataset.samples": "files generated and staged",
+    "dataset.classes": "class folders generated",
+    "dataset.height": "pixels",
+    "dataset.width": "pixels",
+    "dataset.depth": "voxels",
+    "steps.warmup": "steps",
+    "steps.measured": "steps",
+    "layout.nodes": "nodes",
+    "layout.ranks_per_node": "processes per node",
+    "layout.bucket_cap_mb": "MiB per gradient bucket",
+}
+
+
+def _upper_limits(spec: RunSpec) -> tuple[tuple[str, int, int], ...]:
+    return (
+        ("loader.workers", spec.loader.workers, MAX_LOADER_WORKERS),
+        ("loader.prefetch_factor", spec.loader.prefetch_factor, 64),
+        ("workload.batch_size", spec.workload.batch_size, 65_536),
+        ("workload.image_size", spec.workload.image_size, 4_096),
+        ("workload.classes", spec.workload.classes, 1_000_000),
+        ("dataset.samples", spec.dataset.samples, 10_000_000),
+        ("dataset.classes", spec.dataset.classes, 100_000),
+        ("dataset.height", spec.dataset.height, 8_192),
+        ("dataset.width", spec.dataset.width, 8_192),
+        ("dataset.depth", spec.dataset.depth, 1_024),
+        ("steps.warmup", spec.steps.warmup, 1_000_000),
+        ("steps.measured", spec.steps.measured, 10_000_000),
+        ("layout.nodes", spec.layout.nodes, 4_096),
+        ("layout.ranks_per_node", spec.layout.ranks_per_node, 256),
+        ("layout.bucket_cap_mb", spec.layout.bucket_cap_mb, 65_536),
+    )
 
 
 _T = TypeVar("_T")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -14,10 +14,23 @@ from codl.spec import DeviceKind, RunSpec, _to_jsonable
 
 
 def dataset_dir(paths: ResultPaths, tiers: Mapping[str, str], name: str, tier: str) -> Path:
-    """Where a run reads data set ``name`` from: resources/datasets/ or the tier's directory."""
+    """Where a run reads data set ``name`` from: resources/datasets/ or the tier's directory.
+
+    ``tiers`` are the plan's, already expanded and checked by ``codl.config.resolve_tiers``;
+    expanding here again would let a value of an environment variable be expanded twice.
+    """
     if tier == "default":
         return paths.dataset_dir(name)
-    return Path(os.path.expandvars(os.path.expanduser(tiers[tier]))) / name
+    return Path(tiers[tier]) / name
+
+
+def dataset_arg(paths: ResultPaths, tiers: Mapping[str, str], spec: RunSpec) -> str:
+    """The ``--dataset-dir DIR`` words of a run's shell command, quoted for the shell."""
+    if not spec.mode.loads:
+        return ""
+    return shlex.join(
+        ["--dataset-dir", str(dataset_dir(paths, tiers, spec.dataset.name, spec.dataset.tier))]
+    )
 
 
 def dataset_input(paths: ResultPaths, spec: RunSpec) -> list[str]:

@@ -84,6 +84,30 @@ export_env() {
     export SLURM_CONF=$ETC/slurm.conf
 }
 
+# apt-get that waits for the dpkg/apt locks instead of failing when another apt process (an
+# unattended upgrade, a second test session) holds them: DPkg::Lock::Timeout makes apt >= 1.9.11
+# wait by itself; the loop covers older apt and the lists lock of `apt-get update`.
+APT_LOCK_TRIES=${CODL_APT_LOCK_TRIES:-60}
+apt_get() {
+    local try out rc
+    for ((try = 1; try <= APT_LOCK_TRIES; try++)); do
+        rc=0
+        out=$(apt-get -o DPkg::Lock::Timeout=60 "$@" 2>&1) || rc=$?
+        if ((rc == 0)); then
+            [[ -z $out ]] || printf '%s\n' "$out"
+            return 0
+        fi
+        if ! grep -qiE 'could not get lock|unable to acquire the dpkg|unable to lock' <<<"$out"; then
+            printf '%s\n' "$out" >&2
+            return "$rc"
+        fi
+        log "apt/dpkg lock held by another process; waiting (try $try of $APT_LOCK_TRIES)"
+        sleep 10
+    done
+    printf '%s\n' "$out" >&2
+    return "$rc"
+}
+
 install_packages() {
     local missing=0 c
     for c in "${COMMANDS[@]}"; do
@@ -92,10 +116,10 @@ install_packages() {
     ((missing)) || return 0
     log "installing ${PACKAGES[*]}"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
+    apt_get update -qq
     # The postinst scripts try to start the services through invoke-rc.d; without an init system
     # that fails harmlessly ("policy-rc.d denied execution"), we start them ourselves below.
-    apt-get install -y -qq --no-install-recommends "${PACKAGES[@]}" >/dev/null
+    apt_get install -y -qq --no-install-recommends "${PACKAGES[@]}" >/dev/null
 }
 
 cgroup_plugins_usable() {

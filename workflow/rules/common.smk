@@ -1,8 +1,9 @@
 # Every Python helper of the workflow lives here and delegates to the `codl` package: the plan
 # (config -> runs), the paths (codl.paths.ResultPaths) and the per-run resources.
 import json
+from pathlib import Path
 
-from codl.config import build_plan
+from codl.config import build_plan, check_config_files
 from codl.paths import (
     ALL_FIGURES,
     DECOMPOSITION_FIGURE,
@@ -10,10 +11,24 @@ from codl.paths import (
     FIGURE_FORMATS,
     ResultPaths,
 )
-from codl.workflow import dataset_dir, dataset_input, dataset_spec_json, run_resources
+from codl.workflow import (
+    dataset_arg,
+    dataset_dir,
+    dataset_input,
+    dataset_spec_json,
+    run_resources,
+)
 
 PATHS = ResultPaths()
-PLAN = build_plan(config, source="the workflow config")
+# The files Snakemake loaded, read again by codl's loader (duplicate keys, alias bombs), so the
+# workflow and `codl plan` accept exactly the same files.
+check_config_files(workflow.configfiles)
+# No storage tier may point into the working directory or the workflow's own checkout.
+PLAN = build_plan(
+    config,
+    source="the workflow config",
+    project_dirs=(Path.cwd(), Path(workflow.basedir)),
+)
 SPECS = PLAN.specs
 
 
@@ -48,12 +63,7 @@ def get_dataset_input(wildcards):
 
 
 def get_dataset_arg(wildcards):
-    spec = get_spec(wildcards)
-    if not spec.mode.loads:
-        return ""
-    return "--dataset-dir '{}'".format(
-        dataset_dir(PATHS, PLAN.tiers, spec.dataset.name, spec.dataset.tier)
-    )
+    return dataset_arg(PATHS, PLAN.tiers, get_spec(wildcards))
 
 
 def get_run_resource(name):

@@ -17,7 +17,7 @@ rule spec:
     params:
         spec=get_spec_json,
     shell:
-        "codl write-spec '{params.spec}' --out '{output.spec}' > '{log}' 2>&1"
+        "codl write-spec {params.spec:q} --out {output.spec:q} > {log:q} 2>&1"
 
 
 rule run:
@@ -44,5 +44,5 @@ rule run:
         dataset=get_dataset_arg,
         kineto=str(PATHS.kineto_dir("{run_id}")),
     shell:
-        "codl run '{input.spec}' --trace '{output.trace}' {params.dataset} "
-        "--kineto-dir '{params.kineto}' --cpus-per-task {resources.cpus_per_task} > '{log}' 2>&1"
+        "codl run {input.spec:q} --trace {output.trace:q} {params.dataset} "
+        "--kineto-dir {params.kineto:q} --cpus-per-task {resources.cpus_per_task} > {log:q} 2>&1"

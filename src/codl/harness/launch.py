@@ -17,14 +17,30 @@ from typing import Any
 from codl.errors import CodlError, TraceFormatError
 from codl.harness.runner import RankEnv, execute
 from codl.spec import DeviceKind, RunSpec
+from codl.trace.store import check_trace_target, exclusive_lock, incomplete_path
 
 MERGE_TIMEOUT_S = 300.0
+# How long the other ranks get to stop by themselves (and keep their data) after one failed.
+RANK_GRACE_S = 60.0
 # Set in the environment of the tasks that `codl run` starts through srun.
 SRUN_MARK = "CODL_SRUN_TASK"
 
 
 def rank_trace_path(trace_path: Path, rank: int) -> Path:
     return trace_path.with_name(f"{trace_path.stem}.rank{rank}{trace_path.suffix}")
+
+
+def set_aside_stale(path: Path) -> Path | None:
+    """Move a rank trace left by an earlier attempt out of this attempt's way, keeping it.
+
+    A leftover ``trace.rank1.h5`` would otherwise be merged as this attempt's rank 1 (same
+    run_id: same spec). Its measurements are kept under a name no merge reads.
+    """
+    if not path.exists():
+        return None
+    stale = path.with_name(f"{path.stem}.stale-{path.stat().st_mtime_ns}{path.suffix}")
+    os.replace(path, stale)
+    return stale
 
 
 def _free_port() -> int:
@@ -121,12 +137,43 @@ def launch(
     cpus_per_task: int = 0,
 ) -> Path:
     """Run every rank of ``spec``. ``argv`` is this process's own command line, re-run under
-    ``srun`` when a multi-rank spec starts inside a Slurm job as a single process."""
-    trace_path = Path(trace_path)
+    ``srun`` when a multi-rank spec starts inside a Slurm job as a single process.
+
+    The trace path is checked and locked before anything is measured: a second run of the same
+    trace path fails at once instead of after its measurements (each srun task locks its own
+    rank trace; the process that started them holds the run's).
+    """
+    trace_path = check_trace_target(trace_path)
+    env = cluster_env() if spec.layout.world_size > 1 else None
+    mine = trace_path if env is None else rank_trace_path(trace_path, env.rank)
+    with exclusive_lock(mine, "run"):
+        return _launch(
+            spec,
+            trace_path=trace_path,
+            dataset_dir=dataset_dir,
+            kineto_dir=kineto_dir,
+            argv=argv,
+            cpus_per_task=cpus_per_task,
+            env=env,
+        )
+
+
+def _launch(
+    spec: RunSpec,
+    *,
+    trace_path: Path,
+    dataset_dir: Path | None,
+    kineto_dir: Path | None,
+    argv: list[str] | None,
+    cpus_per_task: int,
+    env: RankEnv | None,
+) -> Path:
     world = spec.layout.world_size
     if world == 1:
         return execute(spec, trace_path=trace_path, dataset_dir=dataset_dir, kineto_dir=kineto_dir)
-    env = cluster_env()
+    if env is None:
+        for r in range(world):
+            set_aside_stale(rank_trace_path(trace_path, r))
     if env is None and os.environ.get("SLURM_JOB_ID") and argv and not os.environ.get(SRUN_MARK):
         import subprocess
 
@@ -143,6 +190,7 @@ def launch(
                 f"spec asks for {world} ranks (layout.nodes x layout.ranks_per_node) but srun "
                 f"started {env.world_size} tasks"
             )
+        set_aside_stale(rank_trace_path(trace_path, env.rank))
         execute(
             spec,
             trace_path=rank_trace_path(trace_path, env.rank),
@@ -151,42 +199,108 @@ def launch(
             kineto_dir=kineto_dir,
         )
         if env.rank == 0:
-            merge_rank_traces(trace_path, world)
+            merge_rank_traces(trace_path, world, run_id=spec.run_id)
         return trace_path
     if spec.layout.nodes > 1:
         raise CodlError(
             f"layout.nodes={spec.layout.nodes} needs a multi-node launcher: run it under Slurm "
             "(snakemake --profile profiles/slurm), which starts one task per rank with srun"
         )
-    from torch.multiprocessing.spawn import start_processes
+    from torch.multiprocessing.spawn import (
+        ProcessExitedException,
+        ProcessRaisedException,
+        start_processes,
+    )
 
     port = _free_port()
-    start_processes(
-        _rank_main,
-        args=(spec, trace_path, dataset_dir, port, kineto_dir),
-        nprocs=world,
-        join=True,
-        start_method="spawn",
-    )
-    return merge_rank_traces(trace_path, world)
+    try:
+        context = start_processes(
+            _rank_main,
+            args=(spec, trace_path, dataset_dir, port, kineto_dir),
+            nprocs=world,
+            join=False,
+            start_method="spawn",
+        )
+        # When a rank dies, the others fail in their next collective and write what they
+        # measured; torch's default sends them SIGTERM at once and SIGKILL 30 s later, which
+        # can kill a survivor still blocked in a collective before it has written its trace.
+        while not context.join(grace_period=RANK_GRACE_S):
+            pass
+    except (ProcessExitedException, ProcessRaisedException) as exc:
+        kept = [
+            str(p)
+            for r in range(world)
+            if (p := incomplete_path(rank_trace_path(trace_path, r))).exists()
+        ]
+        raise CodlError(
+            f"rank {exc.error_index} of {world} failed: {str(exc).strip().splitlines()[-1]}; "
+            f"what the ranks measured is kept in {kept or 'no file'}"
+        ) from exc
+    return merge_rank_traces(trace_path, world, run_id=spec.run_id)
 
 
-def merge_rank_traces(trace_path: Path, world: int) -> Path:
+def check_rank_parts(parts: list[Path], *, run_id: str | None) -> None:
+    """Refuse to merge rank traces that are not the ranks of one attempt of one run.
+
+    Every part must be complete, be rank ``r`` of ``len(parts)``, carry the same run_id (the
+    spec's, when given) and the same Slurm job (a stale part of an earlier attempt has another).
+    Nothing is written or deleted when a check fails: the parts stay for inspection.
+    """
+    from codl.trace.store import open_trace
+
+    world = len(parts)
+    first: dict[str, Any] = {}
+    for r, p in enumerate(parts):
+        with open_trace(p, allow_incomplete=True) as t:
+            attrs = t.attrs
+        if attrs.get("complete") is not True:
+            reason = attrs.get("incomplete_reason", "no reason recorded")
+            raise TraceFormatError(f"{p}: rank {r} did not finish ({reason}); nothing merged")
+        if attrs.get("rank") != r or attrs.get("world_size") != world:
+            raise TraceFormatError(
+                f"{p}: holds rank {attrs.get('rank')!r} of {attrs.get('world_size')!r}, expected "
+                f"rank {r} of {world}; nothing merged"
+            )
+        expected = run_id if run_id is not None else first.get("run_id")
+        if expected is not None and attrs.get("run_id") != expected:
+            raise TraceFormatError(
+                f"{p}: rank {r} belongs to run {attrs.get('run_id')!r}, this run is {expected!r} "
+                "(a rank trace of another run or an earlier attempt?); nothing merged"
+            )
+        if r == 0:
+            first = attrs
+        elif attrs.get("slurm_job_id", "") != first.get("slurm_job_id", ""):
+            raise TraceFormatError(
+                f"{p}: rank {r} ran in Slurm job {attrs.get('slurm_job_id')!r}, rank 0 in "
+                f"{first.get('slurm_job_id')!r} (a stale rank trace of an earlier attempt); "
+                "nothing merged"
+            )
+
+
+def merge_rank_traces(trace_path: Path, world: int, *, run_id: str | None = None) -> Path:
     """Merge the per-rank traces into one trace; per-rank provenance kept under ``ranks``."""
     from codl.trace.schema import TABLES
-    from codl.trace.store import TraceWriter, open_trace
+    from codl.trace.store import RESERVED_ATTRS, TraceWriter, incomplete_path, open_trace
 
     parts = [rank_trace_path(trace_path, r) for r in range(world)]
     deadline = time.monotonic() + MERGE_TIMEOUT_S
     while not all(p.exists() for p in parts):
+        for r, p in enumerate(parts):
+            aborted = incomplete_path(p)
+            if not p.exists() and aborted.exists():
+                # That rank failed and kept its data there: waiting for it is pointless.
+                raise TraceFormatError(
+                    f"rank {r} did not finish (its data is in {aborted}); nothing merged"
+                )
         if time.monotonic() > deadline:
             missing = [str(p) for p in parts if not p.exists()]
             raise TraceFormatError(f"rank traces missing after {MERGE_TIMEOUT_S:.0f} s: {missing}")
         time.sleep(0.2)
+    check_rank_parts(parts, run_id=run_id)
     per_rank: list[dict[str, Any]] = []
     with TraceWriter(trace_path) as w:
         for r, p in enumerate(parts):
-            with open_trace(p) as t:
+            with open_trace(p, allow_incomplete=True) as t:  # checked above; rank parts
                 attrs = dict(t.attrs)
                 per_rank.append(
                     {
@@ -211,7 +325,8 @@ def merge_rank_traces(trace_path: Path, world: int) -> Path:
                     base = {
                         k: v
                         for k, v in attrs.items()
-                        if k not in {"complete", "json_attrs", "schema_version"}
+                        # The writer's own (digest, completion) are written anew.
+                        if k not in RESERVED_ATTRS
                     }
                 for name in TABLES:
                     if name in t.tables():

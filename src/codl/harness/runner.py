@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Sized
+from collections.abc import Callable, Iterable, Iterator, Sized
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -118,8 +118,28 @@ class _Recorder:
         self.span(step, name, times[0], times[1], ev)
 
 
-def _terminate(signum: int, frame: FrameType | None) -> None:
-    raise RunInterruptedError(f"received {signal.Signals(signum).name}")
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_REPEAT_IGNORE_S = 5.0
+
+
+def _stop_handler() -> Callable[[int, FrameType | None], None]:
+    """SIGTERM/SIGINT handler of one run: raise RunInterruptedError to stop it.
+
+    Repeats within _REPEAT_IGNORE_S of the first (Slurm and group-wide kills deliver several)
+    are ignored, so they cannot interrupt the unwinding into the code that writes the trace
+    (which then ignores both signals itself). A later one raises again: the first may have been
+    swallowed, raised inside a finalizer where Python only prints it.
+    """
+    first: list[float] = []
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        now = time.monotonic()
+        if first and now - first[0] < _REPEAT_IGNORE_S:
+            return
+        first[:] = [now]
+        raise RunInterruptedError(f"received {signal.Signals(signum).name}")
+
+    return handler
 
 
 def _git_revision() -> str:
@@ -157,6 +177,11 @@ def _versions() -> dict[str, str]:
 
 
 def _seed_worker(placement: pinning.Placement, seed: int, worker_id: int) -> None:
+    # A group-wide SIGTERM/SIGINT (Slurm, Ctrl-C) reaches the workers too: they leave it to the
+    # main process, which stops the run and shuts them down; otherwise a worker's death races
+    # the main process's handler and the run ends in a DataLoader traceback.
+    for s in _STOP_SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
     pinning.apply_worker(placement, worker_id)
     np.random.seed(seed + worker_id)
     random.seed(seed + worker_id)
@@ -184,7 +209,8 @@ def execute(
     mode = spec.mode
     if mode.loads and dataset_dir is None:
         raise CodlError(f"mode {mode.value!r} reads a data set but no dataset_dir was given")
-    previous = signal.signal(signal.SIGTERM, _terminate)
+    stop = _stop_handler()
+    previous = {s: signal.signal(s, stop) for s in _STOP_SIGNALS}
     # Oversubscribing the cores with workers is an experiment factor here, not a mistake.
     warnings.filterwarnings("ignore", message="This DataLoader will create")
     anchor_start = take_anchor()
@@ -391,7 +417,9 @@ def execute(
         reason = f"{type(exc).__name__}: {exc}"
         raise
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        # Ignored until the trace is written, restored after (below).
+        for s in _STOP_SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
         with contextlib.suppress(Exception):
             rec.resolve_gpu()
         if profiler is not None:
@@ -447,21 +475,25 @@ def execute(
                 "device_level": dev.unavailable_reason or ("on" if dev.rows["t_ns"] else "off"),
             }
         )
-        _write_trace(
-            trace_path,
-            complete=status == "complete",
-            reason=reason,
-            attrs=attrs,
-            rec=rec,
-            sched=sched,
-            dev=dev,
-            comm=comm_rec,
-            loader=(loader_items, loader_collate, loader_steps, env.rank),
-            threads=thread_rows,
-            rank=env.rank,
-            cupti=cupti_rows,
-            cuda_sched=cuda_sched_rows,
-        )
+        try:
+            _write_trace(
+                trace_path,
+                complete=status == "complete",
+                reason=reason,
+                attrs=attrs,
+                rec=rec,
+                sched=sched,
+                dev=dev,
+                comm=comm_rec,
+                loader=(loader_items, loader_collate, loader_steps, env.rank),
+                threads=thread_rows,
+                rank=env.rank,
+                cupti=cupti_rows,
+                cuda_sched=cuda_sched_rows,
+            )
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
         sched.close()
         dev.close()
         _restore_affinity(allowed)

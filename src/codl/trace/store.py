@@ -13,12 +13,17 @@ leaves only ``<final>.partial``. So a file at the final name is always a complet
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import fcntl
 import hashlib
 import json
 import os
+import secrets
+import socket
+import tempfile
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Literal, Self
@@ -28,7 +33,8 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from codl.errors import TraceFormatError
+from codl.errors import ConfigError, TraceFormatError
+from codl.spec import RunSpec
 from codl.trace.schema import SCHEMA_VERSION, TABLES, Column
 
 Compression = Literal["gzip", "lzf"]
@@ -56,7 +62,29 @@ INCOMPLETE_SUFFIX: Final = ".incomplete.h5"
 # Root attributes that always hold JSON text, whatever type they were given as.
 JSON_ATTRS: Final[tuple[str, ...]] = ("spec", "versions", "anchors_start", "anchors_end")
 # Written by the writer itself; set_attrs must not overwrite the completion protocol.
-RESERVED_ATTRS: Final = frozenset({"schema_version", "complete", "incomplete_reason", "json_attrs"})
+RESERVED_ATTRS: Final = frozenset(
+    {"schema_version", "complete", "incomplete_reason", "json_attrs", "attrs_sha256"}
+)
+# Root attribute holding the sha256 of every root attribute, every table's row count, column
+# digests, and every column's shape and dtype (see _metadata_digest). Written last.
+DIGEST_ATTR: Final = "attrs_sha256"
+# Group attribute of a table: JSON {column: sha256 of its first `rows` values}.
+COLUMN_DIGESTS: Final = "sha256"
+# What h5py raises on a damaged file, besides OSError: a flipped bit in a header can surface as
+# any of these, and each must become a TraceFormatError naming the file.
+H5_ERRORS: Final = (
+    OSError,
+    KeyError,
+    RuntimeError,
+    ValueError,
+    TypeError,
+    OverflowError,
+    IndexError,
+    AttributeError,
+    UnicodeError,
+)
+# gzip's best ratio is ~1000:1; a row count claiming more data than that cannot be true.
+_MAX_EXPANSION: Final = 2048
 
 _VERIFY_BLOCK_ROWS: Final = 1 << 20
 
@@ -67,16 +95,105 @@ def chunk_rows(column: Column) -> int:
     return max(MIN_CHUNK_ROWS, min(MAX_CHUNK_ROWS, CHUNK_BYTES // itemsize))
 
 
-def partial_path(final: str | os.PathLike[str]) -> Path:
-    """Where a trace is written while it is being measured: ``<final>.partial``."""
+def partial_path(final: str | os.PathLike[str], token: str = "") -> Path:
+    """Where a trace is written on its way to ``final``: ``<final>[.<token>].partial``.
+
+    Writers pass a token unique to them, so two writers of one path never write one file.
+    """
     p = Path(final)
-    return p.with_name(p.name + PARTIAL_SUFFIX)
+    return p.with_name(p.name + (f".{token}" if token else "") + PARTIAL_SUFFIX)
+
+
+def lock_path(final: str | os.PathLike[str], purpose: str) -> Path:
+    """The hidden lock file of ``final`` for ``purpose`` (``write``: TraceWriter; ``run``: a
+    whole measured run): ``.<final name>.<purpose>.lock``."""
+    p = Path(final)
+    return p.with_name(f".{p.name}.{purpose}.lock")
+
+
+@contextlib.contextmanager
+def exclusive_lock(final: str | os.PathLike[str], purpose: str) -> Iterator[Path]:
+    """Hold an exclusive lock on trace path ``final`` for ``purpose``, or fail at once.
+
+    flock(2) on a lock file next to the trace: released by the kernel when the holder dies (a
+    SIGKILLed run never blocks the next one), and honoured across nodes by Lustre and NFSv4.
+    The file is removed on release; a holder re-checks after locking that the file it locked is
+    still the one at the path, since the previous holder may have removed it in between.
+    """
+    lock = lock_path(final, purpose)
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            raise TraceFormatError(
+                f"{final}: cannot create the lock file {lock} ({e.strerror or e}); is the "
+                "directory writable?"
+            ) from e
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            try:
+                holder = os.read(fd, 200).decode("utf-8", "replace").strip() or "unknown"
+            finally:
+                os.close(fd)
+            raise TraceFormatError(
+                f"{final}: another {purpose}r holds it ({holder}; lock {lock}); two runs must "
+                "not share one trace path"
+            ) from None
+        try:
+            same = os.stat(lock).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode())
+        yield lock
+    finally:
+        # Unlink while still holding the lock, then release: see the docstring.
+        with contextlib.suppress(OSError):
+            os.unlink(lock)
+        os.close(fd)
 
 
 def incomplete_path(final: str | os.PathLike[str]) -> Path:
     """Where an aborted trace is kept: ``<final stem>.incomplete.h5`` next to ``final``."""
     p = Path(final)
     return p.with_name(p.stem + INCOMPLETE_SUFFIX)
+
+
+def check_trace_target(final: str | os.PathLike[str]) -> Path:
+    """Check, before a run starts, that its trace can be written at ``final``.
+
+    A run that measures for an hour and then finds its directory read-only or its name illegal
+    has lost the hour; this creates the directory and a probe file in it, and raises a
+    TraceFormatError naming the path otherwise.
+    """
+    p = Path(final)
+    if p.name.endswith((INCOMPLETE_SUFFIX, PARTIAL_SUFFIX, ".lock")) or not p.name:
+        raise TraceFormatError(
+            f"{p}: a trace name must not end in {INCOMPLETE_SUFFIX!r}, {PARTIAL_SUFFIX!r} or "
+            "'.lock'; those names mark unfinished traces and locks"
+        )
+    if p.is_dir():
+        raise TraceFormatError(f"{p} is a directory, expected a trace file path")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=p.parent):
+            pass
+    except OSError as e:
+        raise TraceFormatError(
+            f"{p}: the trace cannot be written in {p.parent} ({e.strerror or e}); fix the "
+            "path before the run, not after"
+        ) from e
+    return p
+
+
+def glob_escape(name: str) -> str:
+    """``name`` with glob metacharacters bracketed, to match itself in ``Path.glob``."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
 
 
 def _fsync_path(path: Path) -> None:
@@ -125,6 +242,37 @@ def _schema(table: str) -> tuple[Column, ...]:
     return schema
 
 
+def _canonical_attr(value: Any) -> str:
+    plain = _plain(value)
+    return f"{type(plain).__name__}:{json.dumps(plain, sort_keys=True, default=str)}"
+
+
+def _metadata_digest(f: Any) -> str:
+    """sha256 over what decides a result besides the column data, which fletcher32 and the
+    column digests cover: root attributes, row counts, column digests, shapes and dtypes.
+
+    A single flipped bit in the spec attribute (a different worker count), in a row count (a
+    shorter table) or in a dataspace (a longer one) then fails the check instead of reading as
+    a different, valid-looking trace.
+    """
+    h = hashlib.sha256()
+    for name in sorted(f.attrs):
+        if name != DIGEST_ATTR:
+            h.update(f"{name}={_canonical_attr(f.attrs[name])}\n".encode())
+    for table, schema in TABLES.items():
+        group = f.get(table)
+        if not isinstance(group, h5py.Group):
+            continue
+        h.update(f"[{table}] rows={_canonical_attr(group.attrs.get('rows'))} ".encode())
+        h.update(f"{COLUMN_DIGESTS}={_canonical_attr(group.attrs.get(COLUMN_DIGESTS))}\n".encode())
+        for c in schema:
+            ds = group.get(c.name)
+            shape = ds.shape if isinstance(ds, h5py.Dataset) else None
+            dtype = ds.dtype.str if isinstance(ds, h5py.Dataset) else None
+            h.update(f"{c.name} {shape} {dtype}\n".encode())
+    return h.hexdigest()
+
+
 class _State(enum.Enum):
     NEW = "new"
     OPEN = "open"
@@ -158,7 +306,12 @@ class TraceWriter:
         self._index: dict[str, int] = {"": 0}
         self._json_attrs: set[str] = set()
         self._rows: dict[str, int] = {}
+        # sha256 of every column's committed values, updated as rows are appended.
+        self._hashes: dict[str, dict[str, Any]] = {}
         self._state = _State.NEW
+        # Unique per writer (pid + random): two writers of one path never share a partial file.
+        self._token = f"{os.getpid()}-{secrets.token_hex(4)}"
+        self._lock = contextlib.ExitStack()
 
     @property
     def path(self) -> Path:
@@ -167,7 +320,7 @@ class TraceWriter:
 
     @property
     def partial_path(self) -> Path:
-        return partial_path(self._path)
+        return partial_path(self._path, self._token)
 
     @property
     def incomplete_path(self) -> Path:
@@ -183,6 +336,9 @@ class TraceWriter:
             raise RuntimeError(f"TraceWriter for {self._path} can be entered only once")
         if not self._path.parent.is_dir():
             raise FileNotFoundError(f"{self._path}: directory {self._path.parent} does not exist")
+        # Held until finish()/abort() has put the file in place: a second writer of this path
+        # fails here instead of one of them silently replacing the other's trace.
+        self._lock.enter_context(exclusive_lock(self._path, "write"))
         # The file is built in memory and written out in one piece at finish()/abort(): HDF5
         # crashes the process (SIGSEGV in its cache flush) when the disk fills mid-write,
         # whereas a plain write of the finished image fails with a clean ENOSPC. A killed run
@@ -323,6 +479,9 @@ class TraceWriter:
         # append interrupted half-way had already extended.
         group.attrs["rows"] = start + n
         self._rows[table] = start + n
+        hashes = self._hashes.setdefault(table, {c.name: hashlib.sha256() for c in schema})
+        for c in schema:
+            hashes[c.name].update(np.ascontiguousarray(arrays[c.name]).tobytes())
 
     def _coerce(self, table: str, col: Column, values: npt.ArrayLike) -> npt.NDArray[Any]:
         where = f"table {table!r} column {col.name!r}"
@@ -390,11 +549,22 @@ class TraceWriter:
         ds.attrs["sha256"] = _strings_digest(self._strings)
         ds.attrs["doc"] = "interned strings; sym columns index this, index 0 is ''"
 
+    def _seal(self, f: Any) -> None:
+        """Write the column digests and, last, the metadata digest over everything."""
+        for table, hashes in self._hashes.items():
+            f[table].attrs[COLUMN_DIGESTS] = json.dumps(
+                {name: h.hexdigest() for name, h in hashes.items()}, sort_keys=True
+            )
+        if DIGEST_ATTR in f.attrs:
+            del f.attrs[DIGEST_ATTR]
+        f.attrs[DIGEST_ATTR] = _metadata_digest(f)
+
     def finish(self) -> Path:
         """Write the string table, mark the trace complete, and move it to its final path."""
         f = self._require_open()
         self._write_strings(f)
         f.attrs["complete"] = True  # last attribute written: everything before it is in
+        self._seal(f)
         f.flush()
         partial = self.partial_path
         try:
@@ -411,6 +581,7 @@ class TraceWriter:
         f.close()
         self._file = None
         self._state = _State.FINISHED
+        self._lock.close()
         return self._path
 
     def abort(self, reason: str, keep: bool = True) -> Path | None:
@@ -420,6 +591,12 @@ class TraceWriter:
         that path is returned; without it the partial file is deleted. Calling it again is a
         no-op; calling it after ``finish()`` is an error (the trace is complete).
         """
+        try:
+            return self._abort(reason, keep)
+        finally:
+            self._lock.close()
+
+    def _abort(self, reason: str, keep: bool) -> Path | None:
         if self._state is _State.FINISHED:
             raise RuntimeError(f"{self._path} is already finished; it cannot be aborted")
         if self._state is not _State.OPEN:
@@ -435,6 +612,7 @@ class TraceWriter:
             if STRINGS in f:
                 del f[STRINGS]  # finish() may have written it before its disk write failed
             self._write_strings(f)
+            self._seal(f)
             f.flush()
             image = f.id.get_file_image()
         finally:
@@ -517,7 +695,10 @@ class Trace:
 
     def tables(self) -> list[str]:
         """Names of the tables present in this file, in schema order."""
-        return [name for name in TABLES if isinstance(self._file.get(name), h5py.Group)]
+        try:
+            return [name for name in TABLES if isinstance(self._file.get(name), h5py.Group)]
+        except H5_ERRORS as e:
+            raise self._corrupt("the group structure", e) from e
 
     def _corrupt(self, what: str, e: BaseException) -> TraceFormatError:
         return TraceFormatError(
@@ -527,24 +708,45 @@ class Trace:
     def _read(self, table: str, column: str, sel: slice) -> npt.NDArray[Any]:
         try:
             return np.asarray(self._file[table][column][sel])
-        except (OSError, KeyError) as e:
+        except H5_ERRORS as e:
             raise self._corrupt(f"dataset /{table}/{column}", e) from e
 
     def _row_count(self, table: str, schema: tuple[Column, ...]) -> int:
-        group = self._file[table]
+        """The table's committed row count, checked against every column's extent.
+
+        A complete trace's columns hold exactly ``rows`` values (the writer resizes them
+        together); only an append interrupted by a kill leaves longer columns, in an incomplete
+        trace. Bounded by the file size, so a damaged count never makes a reader loop or
+        allocate without end.
+        """
         try:
+            group = self._file[table]
             rows = int(group.attrs["rows"])
-        except (KeyError, OSError, TypeError, ValueError) as e:
+            limit = max(1, self._path.stat().st_size) * _MAX_EXPANSION
+            for c in schema:
+                ds = group.get(c.name)
+                if not isinstance(ds, h5py.Dataset):
+                    raise TraceFormatError(f"{self._path}: dataset /{table}/{c.name} is missing")
+                extent = ds.shape[0] if len(ds.shape) == 1 else -1
+                if extent < 0:
+                    raise TraceFormatError(
+                        f"{self._path}: dataset /{table}/{c.name} has shape {ds.shape}, "
+                        "expected one dimension"
+                    )
+                if extent < rows or (self.complete and extent != rows):
+                    raise TraceFormatError(
+                        f"{self._path}: dataset /{table}/{c.name} has {extent} rows, the "
+                        f"table says {rows}"
+                    )
+                if extent * ds.dtype.itemsize > limit:
+                    raise TraceFormatError(
+                        f"{self._path}: dataset /{table}/{c.name} claims {extent} rows, more "
+                        "than the file can hold"
+                    )
+        except H5_ERRORS as e:
             raise self._corrupt(f"attribute 'rows' of /{table}", e) from e
-        for c in schema:
-            ds = group.get(c.name)
-            if not isinstance(ds, h5py.Dataset):
-                raise TraceFormatError(f"{self._path}: dataset /{table}/{c.name} is missing")
-            if ds.shape[0] < rows:
-                raise TraceFormatError(
-                    f"{self._path}: dataset /{table}/{c.name} has {ds.shape[0]} rows, "
-                    f"fewer than the table's {rows}"
-                )
+        if rows < 0:
+            raise TraceFormatError(f"{self._path}: /{table} has {rows} rows")
         return rows
 
     def _decode(self, table: str, column: str, codes: npt.NDArray[Any]) -> pd.Categorical:
@@ -602,38 +804,87 @@ class Trace:
         return pd.DataFrame(data)
 
     def verify(self) -> None:
-        """Read every byte of every dataset, so fletcher32 checksums are all checked.
+        """Check everything a result depends on; raise TraceFormatError naming the first problem.
 
-        Also checks the tables against the schema and the string table against its digest.
-        Raises TraceFormatError naming the file and the first bad dataset.
+        Every dataset belongs to the schema; row counts match the columns (bounded by the file
+        size); dtypes are the schema's; every byte of every column is read, so its fletcher32
+        checksum is checked, and hashed against the column digest written with it; no event
+        ends before it starts; string indices are in the table; and the stored run_id is the
+        hash of the stored spec.
         """
         datasets: list[str] = []
         try:
             self._file.visititems(
                 lambda name, obj: datasets.append(name) if isinstance(obj, h5py.Dataset) else None
             )
-        except (OSError, RuntimeError) as e:
+        except H5_ERRORS as e:
             raise self._corrupt("the group structure", e) from e
-        for name in datasets:
-            try:
-                ds = self._file[name]
-                total = ds.shape[0] if ds.shape else 0
-                for start in range(0, max(total, 1), _VERIFY_BLOCK_ROWS):
-                    ds[start : start + _VERIFY_BLOCK_ROWS]
-            except OSError as e:
-                raise self._corrupt(f"dataset /{name}", e) from e
+        known = {f"{t}/{c.name}" for t, schema in TABLES.items() for c in schema} | {STRINGS}
+        unknown = sorted(set(datasets) - known)
+        if unknown:
+            raise TraceFormatError(
+                f"{self._path}: datasets {unknown[:5]} are not in trace schema v{SCHEMA_VERSION}"
+            )
         for table in self.tables():
-            schema = _schema(table)
-            n = self._row_count(table, schema)
-            for c in schema:
-                dtype = self._file[table][c.name].dtype
-                if dtype != np.dtype(c.numpy_dtype):
-                    raise TraceFormatError(
-                        f"{self._path}: dataset /{table}/{c.name} has dtype {dtype}, "
-                        f"schema v{SCHEMA_VERSION} says {c.numpy_dtype}"
-                    )
+            self._verify_table(table)
+        self._verify_identity()
+
+    def _verify_table(self, table: str) -> None:
+        schema = _schema(table)
+        n = self._row_count(table, schema)
+        try:
+            group = self._file[table]
+            digests_text = group.attrs.get(COLUMN_DIGESTS)
+            digests = json.loads(_plain(digests_text)) if digests_text is not None else {}
+            if not isinstance(digests, dict):
+                raise TypeError(f"{COLUMN_DIGESTS} is {type(digests).__name__}")
+        except (*H5_ERRORS, json.JSONDecodeError) as e:
+            raise self._corrupt(f"the column digests of /{table}", e) from e
+        columns: dict[str, npt.NDArray[Any]] = {}
+        for c in schema:
+            dtype = self._file[table][c.name].dtype
+            if dtype != np.dtype(c.numpy_dtype):
+                raise TraceFormatError(
+                    f"{self._path}: dataset /{table}/{c.name} has dtype {dtype}, "
+                    f"schema v{SCHEMA_VERSION} says {c.numpy_dtype}"
+                )
+            h = hashlib.sha256()
+            for start in range(0, n, _VERIFY_BLOCK_ROWS):
+                block = self._read(table, c.name, slice(start, min(n, start + _VERIFY_BLOCK_ROWS)))
+                h.update(np.ascontiguousarray(block).tobytes())
                 if c.is_symbol:
-                    self._decode(table, c.name, self._read(table, c.name, slice(0, n)))
+                    self._decode(table, c.name, block)
+                if c.name in {"start_ns", "end_ns"}:
+                    columns.setdefault(c.name, np.empty(0, dtype=block.dtype))
+                    columns[c.name] = np.concatenate([columns[c.name], block])
+            expected = digests.get(c.name)
+            if expected is not None and h.hexdigest() != expected:
+                raise TraceFormatError(
+                    f"{self._path}: dataset /{table}/{c.name} does not match its sha256; corrupt"
+                )
+        if {"start_ns", "end_ns"} <= columns.keys():
+            bad = np.flatnonzero(columns["end_ns"] < columns["start_ns"])
+            if bad.size:
+                raise TraceFormatError(
+                    f"{self._path}: /{table} has {bad.size} event(s) ending before they start "
+                    f"(first at row {int(bad[0])}); corrupt"
+                )
+
+    def _verify_identity(self) -> None:
+        run_id, spec = self._attrs.get("run_id"), self._attrs.get("spec")
+        if run_id is None or spec is None:
+            return
+        try:
+            derived = RunSpec.from_dict(spec).run_id if isinstance(spec, dict) else None
+        except ConfigError as e:
+            raise TraceFormatError(
+                f"{self._path}: the stored spec is not a valid run spec ({e.problems[:3]})"
+            ) from e
+        if derived != run_id:
+            raise TraceFormatError(
+                f"{self._path}: run_id {run_id!r} is not the hash of the stored spec "
+                f"({derived!r}); the spec or the id was altered"
+            )
 
 
 def empty_frame(table: str) -> pd.DataFrame:
@@ -673,6 +924,11 @@ def _read_strings(f: Any, path: Path, complete: bool) -> list[str]:
             raise TraceFormatError(f"{path}: the string table /{STRINGS} is missing")
         # A writer killed before abort() never wrote it; numeric columns are still readable.
         return [""]
+    if not isinstance(ds, h5py.Dataset) or len(ds.shape) != 1:
+        raise TraceFormatError(f"{path}: /{STRINGS} is not a 1-D dataset")
+    # Each variable-length string takes at least a 16-byte heap reference in the file.
+    if ds.shape[0] > path.stat().st_size // 16 + 1:
+        raise TraceFormatError(f"{path}: /{STRINGS} claims {ds.shape[0]} strings; corrupt")
     try:
         strings = [s.decode("utf-8") if isinstance(s, bytes) else str(s) for s in ds[()].tolist()]
         digest = ds.attrs.get("sha256")
@@ -693,23 +949,26 @@ def open_trace(path: str | os.PathLike[str], *, allow_incomplete: bool = False) 
     """
     p = Path(path)
     if not p.is_file():
-        hints = [str(c) for c in (incomplete_path(p), partial_path(p)) if c.exists()]
+        candidates = [incomplete_path(p), partial_path(p)]
+        with contextlib.suppress(OSError):
+            candidates += sorted(p.parent.glob(f"{glob_escape(p.name)}.*{PARTIAL_SUFFIX}"))
+        hints = [str(c) for c in dict.fromkeys(candidates) if c.exists()]
         hint = f" (found unfinished {', '.join(hints)})" if hints else ""
         raise TraceFormatError(f"{p}: no such trace file{hint}")
     try:
         is_hdf5 = h5py.is_hdf5(os.fspath(p))
-    except OSError as e:
+    except H5_ERRORS as e:
         raise TraceFormatError(f"{p}: cannot read ({e})") from e
     if not is_hdf5:
         raise TraceFormatError(f"{p}: not an HDF5 file")
     try:
         f = h5py.File(p, "r")
-    except OSError as e:
+    except H5_ERRORS as e:
         raise TraceFormatError(f"{p}: cannot open as HDF5 ({e}); truncated or corrupt") from e
     try:
         try:
             attrs = _read_attrs(f, p)
-        except OSError as e:
+        except H5_ERRORS as e:
             raise TraceFormatError(f"{p}: root attributes are unreadable ({e})") from e
         version = attrs.get("schema_version")
         if version is None:
@@ -717,6 +976,15 @@ def open_trace(path: str | os.PathLike[str], *, allow_incomplete: bool = False) 
         if version != SCHEMA_VERSION:
             raise TraceFormatError(
                 f"{p}: trace schema version {version!r}, this codl reads version {SCHEMA_VERSION}"
+            )
+        try:
+            digest = _metadata_digest(f) if DIGEST_ATTR in attrs else None
+        except H5_ERRORS as e:
+            raise TraceFormatError(f"{p}: metadata is unreadable ({e}); corrupt") from e
+        if digest is not None and attrs[DIGEST_ATTR] != digest:
+            raise TraceFormatError(
+                f"{p}: metadata (attributes, row counts, shapes) does not match its sha256; "
+                "the file is corrupt or was edited"
             )
         complete = attrs.get("complete") is True
         if not complete and not allow_incomplete:
@@ -727,7 +995,18 @@ def open_trace(path: str | os.PathLike[str], *, allow_incomplete: bool = False) 
                 f"{p}: incomplete trace ({reason}); pass allow_incomplete=True to read "
                 "what it measured"
             )
-        strings = _read_strings(f, p, complete)
+        world = attrs.get("world_size", 1)
+        if not allow_incomplete and isinstance(world, int) and world > 1 and "ranks" not in attrs:
+            # A rank's own file of a multi-rank run: the run's trace is the merge of all ranks,
+            # and a merge that was killed leaves these behind looking complete.
+            raise TraceFormatError(
+                f"{p}: rank {attrs.get('rank')!r} of a {world}-rank run, not the run's merged "
+                "trace (the merge did not finish); pass allow_incomplete=True to read this rank"
+            )
+        try:
+            strings = _read_strings(f, p, complete)
+        except H5_ERRORS as e:
+            raise TraceFormatError(f"{p}: dataset /{STRINGS} is unreadable ({e})") from e
     except BaseException:
         f.close()
         raise
