@@ -215,8 +215,9 @@ def test_shipped_config_counts_by_hand() -> None:
     plan = load_plan(REPO / "config" / "config.yaml")
     assert len(plan.runs) == 24 + 6 + 8
     assert len(plan.run_ids) == 24 + 6 + 8
-    # smoke: 4 modes x 3 policies, no collapse (no loader factor).
-    assert len(load_plan(REPO / "config" / "smoke.yaml").run_ids) == 4 * 3
+    # smoke: 4 modes x 3 policies, no collapse (no loader factor), plus compute+comm and
+    # combined on 2 gloo ranks (the decomposition's peer wait).
+    assert len(load_plan(REPO / "config" / "smoke.yaml").run_ids) == 4 * 3 + 2
 
 
 # --- bad configs (issue 10): every mistake fails at plan time, naming the key ---------------
