@@ -419,8 +419,8 @@ def plan(
     if not other:
         other = main
         warnings.append(
-            f"{spec.policy.value}: rank {local_rank}'s launch set {_braced(main)} is its whole share: the "
-            "other threads run on the main thread's CPU"
+            f"{spec.policy.value}: rank {local_rank}'s launch set {_braced(main)} is its whole "
+            "share: the other threads run on the main thread's CPU"
         )
 
     def cpus_of(role: Role) -> frozenset[int]:
