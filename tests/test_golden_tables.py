@@ -20,6 +20,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from codl.analysis import compare as cmp
+from codl.analysis import summarize as sm
 from codl.analysis.pipeline import compare_to, summarize_to
 from codl.datasets import generate
 from codl.harness.launch import launch
@@ -123,10 +125,10 @@ def test_golden_traces_give_the_golden_tables(tmp_path: Path) -> None:
 
 def test_the_comparison_covers_every_component_and_a_missing_twin() -> None:
     # Guards the fixture itself: a golden set that lost its comparisons would pass vacuously.
-    cmp = pd.read_csv(TABLES / "comparison.csv")
-    assert set(cmp["component"]) == {"data", "compute", "comm", "compute+comm"}
-    assert (cmp["status"] == "ok").any()
-    assert cmp["status"].astype(str).str.startswith("missing").any()
+    table = pd.read_csv(TABLES / "comparison.csv")
+    assert set(table["component"]) == {"data", "compute", "comm", "compute+comm"}
+    assert (table["status"] == "ok").any()
+    assert table["status"].astype(str).str.startswith("missing").any()
 
 
 @pytest.mark.parametrize("shift", [1e-9, 1e-3])
@@ -137,6 +139,25 @@ def test_a_changed_value_is_caught(shift: float) -> None:
     got.loc[0, col] = got.loc[0, col] + shift
     with pytest.raises(AssertionError):
         assert_same_table(got, want, "steps.csv")
+
+
+def test_mode_vocabulary_derived_from_spec_is_the_one_compare_used() -> None:
+    # compare and summarize spelled these out as strings before they were derived from
+    # spec.Mode; the literals are the old tables, kept to show the derivation changed nothing
+    # (data+sleep is compared on data only; combined also on its compute+comm twin).
+    assert cmp.MODE_COMPONENTS == {
+        "data": ("data",),
+        "compute": ("compute",),
+        "comm": ("comm",),
+        "compute+comm": ("compute", "comm"),
+        "data+compute": ("data", "compute"),
+        "combined": ("data", "compute", "comm", "compute+comm"),
+        "data+sleep": ("data",),
+    }
+    assert cmp.ISOLATION_MODES == {"data", "compute", "comm"}
+    loading = {"data", "data+compute", "combined", "data+sleep"}
+    assert cmp.LOADING_MODES == loading
+    assert sm.LOADING_MODES == loading
 
 
 if __name__ == "__main__":
