@@ -154,10 +154,10 @@ def test_mode_vocabulary_derived_from_spec_is_the_one_compare_used() -> None:
         "combined": ("data", "compute", "comm", "compute+comm"),
         "data+sleep": ("data",),
     }
-    assert cmp.ISOLATION_MODES == {"data", "compute", "comm"}
+    assert {"data", "compute", "comm"} == cmp.ISOLATION_MODES
     loading = {"data", "data+compute", "combined", "data+sleep"}
-    assert cmp.LOADING_MODES == loading
-    assert sm.LOADING_MODES == loading
+    assert loading == cmp.LOADING_MODES
+    assert loading == sm.LOADING_MODES
 
 
 if __name__ == "__main__":
