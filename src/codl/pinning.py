@@ -386,107 +386,41 @@ def plan(
     """
     allowed_set = frozenset(allowed)
     helpers = frozenset(roles)
-    name = spec.policy.value
-    if not allowed_set:
-        raise PlacementError(f"{name}: the job's allowed CPU set is empty")
-    if workers < 0:
-        raise PlacementError(f"{name}: workers={workers}, expected >= 0")
-    if isinstance(spec.launch_cores, int) and spec.launch_cores < 1:
-        raise PlacementError(f"{name}: launch_cores={spec.launch_cores}, expected 'auto' or >= 1")
-    if not helpers <= frozenset(HELPER_ROLES):
-        raise PlacementError(
-            f"{name}: roles {sorted(r.value for r in helpers - frozenset(HELPER_ROLES))} are "
-            f"not helper roles; expected some of {[r.value for r in HELPER_ROLES]}"
-        )
+    _check_request(spec, allowed_set, helpers, workers)
     if spec.policy is Policy.NONE:
         # Nothing is split or pinned, so a rank may run anywhere the job may: that is what the
         # recorded masks will show, and an impossible split is no reason to refuse a no-op.
-        return Placement(
-            policy=spec.policy,
-            allowed=allowed_set,
-            rank_cpus=allowed_set,
-            launch=None,
-            main=None,
-            autograd=None,
-            pin_memory=None,
-            comm=None,
-            other=None,
-            workers=None,
-            roles=helpers,
-        )
+        return _unpinned(spec.policy, allowed_set, helpers)
     share = rank_share(allowed_set, local_ranks, local_rank)
     places = role_places(spec)
     own = [r for r in HELPER_ROLES if r in helpers and places[r] is RolePlace.OWN]
     need = launch_need(spec, helpers)
-    holds = ", ".join(["main", *(r.value for r in own)])
-    if spec.launch_cores == AUTO:
-        k = need
-        asked = f"launch_cores=auto needs {_cpus_n(need)} ({holds})"
-    else:
-        k = int(spec.launch_cores)
-        asked = f"launch_cores={k}"
-        if k < need:
-            raise PlacementError(
-                f"{name}: launch_cores={k} is too few for this run's launch roles: {holds} "
-                f"take a CPU each, {need} in all; set launch_cores: auto (or >= {need}), or "
-                "place a helper beside the main thread or with the loader "
-                "(pinning.autograd / pin_memory / comm: main or loader)"
-            )
-    head = name
-    where = (
-        f"rank {local_rank} of {local_ranks} has only {_cpus(share)} {_braced(share)} "
-        f"of the job's {len(allowed_set)} allowed"
-    )
-    pool = share  # where the launch set is taken from
-    loader_wide = spec.policy is Policy.SHARED  # workers may run on the launch set
+    k, asked = _launch_size(spec, own, need)
     warnings: list[str] = []
-    if spec.policy is Policy.NUMA:
-        local = share & gpu_cpus if gpu_cpus is not None else frozenset()
-        if local:
-            pool, loader_wide = local, True
-            where = (
-                f"only {_cpus(local)} {_braced(local)} of rank {local_rank}'s share "
-                f"{_braced(share)} are local to GPU {gpu}"
-            )
-        else:
-            warning = f"{_numa_unknown(share, local_rank, gpu, gpu_cpus)}; fell back to isolated"
-            warnings.append(warning)
-            head = f"{warning}, and isolated is impossible"
+    pool, loader_wide, head, where = _launch_pool(
+        spec.policy, share, len(allowed_set), local_ranks, local_rank, gpu, gpu_cpus, warnings
+    )
     if k > len(pool):
         raise PlacementError(f"{head}: {asked} but {where}")
     ordered = sorted(pool)
     launch = frozenset(ordered[:k])
     main = frozenset(ordered[:1])
     own_cpus = {r: frozenset({ordered[1 + i]}) for i, r in enumerate(own)}
-    spare = frozenset(ordered[need:k])
     rest = sorted(share - launch)
     loader_cpus = pool if loader_wide else frozenset(rest)
     with_loader = [r.value for r in HELPER_ROLES if r in helpers and places[r] is RolePlace.LOADER]
     if not loader_cpus and (workers > 0 or with_loader):
-        homeless = ([f"{workers} loader worker(s)"] if workers else []) + [
-            f"the {r} thread" for r in with_loader
-        ]
-        raise PlacementError(
-            f"{head}: {asked} but {where}, leaving no CPU for {' and '.join(homeless)}"
-        )
-    if spec.policy is Policy.SPREAD:
-        worker_cpus = tuple(frozenset({rest[i % len(rest)]}) for i in range(workers))
-        if workers > len(rest):
-            warnings.append(
-                f"spread: oversubscribed: {workers} workers on {len(rest)} cores "
-                f"{_braced(rest)}; worker i runs on core i mod {len(rest)}"
-            )
-    else:
-        worker_cpus = (loader_cpus,) * workers
+        raise PlacementError(f"{head}: {asked} but {where}, {_homeless(workers, with_loader)}")
+    worker_cpus = _worker_cpus(spec.policy, workers, rest, loader_cpus, warnings)
     # The other threads (intra-op pool, CUDA and Python helpers) go where they cannot delay the
     # main thread: spare launch CPUs, else what the launch set leaves (of the GPU's NUMA node
     # first), else the helpers' CPUs.
-    other = spare or (pool - launch) or frozenset(rest) or (launch - main)
+    other = frozenset(ordered[need:k]) or (pool - launch) or frozenset(rest) or (launch - main)
     if not other:
         other = main
         warnings.append(
-            f"{name}: rank {local_rank}'s launch set {_braced(main)} is its whole share: the "
-            "other threads run on the main thread's CPU"
+            f"{spec.policy.value}: rank {local_rank}'s launch set {_braced(main)} is its whole "
+            "share: the other threads run on the main thread's CPU"
         )
 
     def cpus_of(role: Role) -> frozenset[int]:
@@ -510,6 +444,113 @@ def plan(
         roles=helpers,
         warnings=tuple(warnings),
     )
+
+
+def _unpinned(policy: Policy, allowed: frozenset[int], helpers: frozenset[Role]) -> Placement:
+    return Placement(
+        policy=policy,
+        allowed=allowed,
+        rank_cpus=allowed,
+        launch=None,
+        main=None,
+        autograd=None,
+        pin_memory=None,
+        comm=None,
+        other=None,
+        workers=None,
+        roles=helpers,
+    )
+
+
+def _launch_pool(
+    policy: Policy,
+    share: frozenset[int],
+    n_allowed: int,
+    local_ranks: int,
+    local_rank: int,
+    gpu: int | None,
+    gpu_cpus: frozenset[int] | None,
+    warnings: list[str],
+) -> tuple[frozenset[int], bool, str, str]:
+    """The CPUs the launch set is taken from; whether the workers may share them; and the
+    head and "where" of the error raised when they are too few. ``numa`` narrows the pool to
+    the GPU's node, or falls back to ``isolated`` with a warning appended to ``warnings``."""
+    where = (
+        f"rank {local_rank} of {local_ranks} has only {_cpus(share)} {_braced(share)} "
+        f"of the job's {n_allowed} allowed"
+    )
+    if policy is not Policy.NUMA:
+        return share, policy is Policy.SHARED, policy.value, where
+    local = share & gpu_cpus if gpu_cpus is not None else frozenset()
+    if local:
+        where = (
+            f"only {_cpus(local)} {_braced(local)} of rank {local_rank}'s share "
+            f"{_braced(share)} are local to GPU {gpu}"
+        )
+        return local, True, policy.value, where
+    warning = f"{_numa_unknown(share, local_rank, gpu, gpu_cpus)}; fell back to isolated"
+    warnings.append(warning)
+    return share, False, f"{warning}, and isolated is impossible", where
+
+
+def _homeless(workers: int, with_loader: list[str]) -> str:
+    homeless = ([f"{workers} loader worker(s)"] if workers else []) + [
+        f"the {r} thread" for r in with_loader
+    ]
+    return f"leaving no CPU for {' and '.join(homeless)}"
+
+
+def _check_request(
+    spec: PinningSpec, allowed: frozenset[int], helpers: frozenset[Role], workers: int
+) -> None:
+    """Refuse what no policy can place, before any policy is looked at."""
+    name = spec.policy.value
+    if not allowed:
+        raise PlacementError(f"{name}: the job's allowed CPU set is empty")
+    if workers < 0:
+        raise PlacementError(f"{name}: workers={workers}, expected >= 0")
+    if isinstance(spec.launch_cores, int) and spec.launch_cores < 1:
+        raise PlacementError(f"{name}: launch_cores={spec.launch_cores}, expected 'auto' or >= 1")
+    if not helpers <= frozenset(HELPER_ROLES):
+        raise PlacementError(
+            f"{name}: roles {sorted(r.value for r in helpers - frozenset(HELPER_ROLES))} are "
+            f"not helper roles; expected some of {[r.value for r in HELPER_ROLES]}"
+        )
+
+
+def _launch_size(spec: PinningSpec, own: list[Role], need: int) -> tuple[int, str]:
+    """CPUs of the launch set, and how the request reads in an error message."""
+    holds = ", ".join(["main", *(r.value for r in own)])
+    if spec.launch_cores == AUTO:
+        return need, f"launch_cores=auto needs {_cpus_n(need)} ({holds})"
+    k = int(spec.launch_cores)
+    if k < need:
+        raise PlacementError(
+            f"{spec.policy.value}: launch_cores={k} is too few for this run's launch roles: "
+            f"{holds} take a CPU each, {need} in all; set launch_cores: auto (or >= {need}), or "
+            "place a helper beside the main thread or with the loader "
+            "(pinning.autograd / pin_memory / comm: main or loader)"
+        )
+    return k, f"launch_cores={k}"
+
+
+def _worker_cpus(
+    policy: Policy,
+    workers: int,
+    rest: list[int],
+    loader_cpus: frozenset[int],
+    warnings: list[str],
+) -> tuple[frozenset[int], ...]:
+    """Each loader worker's CPUs: one core each, round-robin, under ``spread``; else the
+    loader's set. An oversubscribed ``spread`` is appended to ``warnings``."""
+    if policy is not Policy.SPREAD:
+        return (loader_cpus,) * workers
+    if workers > len(rest):
+        warnings.append(
+            f"spread: oversubscribed: {workers} workers on {len(rest)} cores "
+            f"{_braced(rest)}; worker i runs on core i mod {len(rest)}"
+        )
+    return tuple(frozenset({rest[i % len(rest)]}) for i in range(workers))
 
 
 def _cpus_n(n: int) -> str:

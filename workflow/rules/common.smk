@@ -75,10 +75,6 @@ def get_run_resource(name):
     return lookup
 
 
-def get_trace(wildcards):
-    return str(PATHS.trace(wildcards.run_id))
-
-
 def all_of(kind):
     return [str(getattr(PATHS, kind)(run_id)) for run_id in SPECS]
 

@@ -258,6 +258,23 @@ class CpuPeers:
         return ",".join(sorted(found)), judged
 
 
+# The columns of a slow call that its attribution row is made from.
+_SLOW_COLUMNS = (
+    "rank",
+    "tid",
+    "name",
+    "start_ns",
+    "end_ns",
+    "duration_ns",
+    "baseline_ns",
+    "baseline_source",
+    "thread_cpu_ns",
+    "voluntary",
+    "involuntary",
+    "ev_cpu",
+)
+
+
 def attribute_calls(
     calls: pd.DataFrame,
     evidence: pd.DataFrame | None,
@@ -280,6 +297,24 @@ def attribute_calls(
             "attribute_calls: no isolation twin given, so 'slow' needs an absolute "
             "SlowCallRule(threshold_ns=...)"
         )
+    slow = _slow_calls(calls, evidence, twin, rule)
+    roles = _roles(threads)
+    peers = CpuPeers(sched_samples, threads)
+    rows = [
+        _call_row(dict(zip(_SLOW_COLUMNS, values, strict=True)), run, roles, peers)
+        for values in zip(*(slow[c].tolist() for c in _SLOW_COLUMNS), strict=True)
+    ]
+    return pd.DataFrame(rows, columns=list(CALL_COLUMNS))
+
+
+def _slow_calls(
+    calls: pd.DataFrame,
+    evidence: pd.DataFrame | None,
+    twin: pd.DataFrame | None,
+    rule: SlowCallRule,
+) -> pd.DataFrame:
+    """The calls slower than ``rule`` allows, with their baseline and scheduling evidence
+    (-1 where a call has none)."""
     api = _durations(calls).merge(baselines(calls, twin), on="name", how="left")
     if rule.threshold_ns is not None:
         slow = api[api["duration_ns"] > rule.threshold_ns]
@@ -293,62 +328,47 @@ def attribute_calls(
         slow = slow.merge(ev, on=EVIDENCE_KEYS, how="left")
     for col in ("thread_cpu_ns", "voluntary", "involuntary", "ev_cpu"):
         slow[col] = slow[col].fillna(-1).astype(np.int64) if col in slow else -1
-    roles = _roles(threads)
-    peers = CpuPeers(sched_samples, threads)
-    rows: list[dict[str, Any]] = []
-    columns = (
-        "rank",
-        "tid",
-        "name",
-        "start_ns",
-        "end_ns",
-        "duration_ns",
-        "baseline_ns",
-        "baseline_source",
-        "thread_cpu_ns",
-        "voluntary",
-        "involuntary",
-        "ev_cpu",
+    return slow
+
+
+def _call_row(
+    r: dict[str, Any], run: str, roles: dict[tuple[int, int], str], peers: CpuPeers
+) -> dict[str, Any]:
+    """One slow call's attribution: its excess over the baseline, split by the evidence."""
+    duration, baseline = int(r["duration_ns"]), round(float(r["baseline_ns"]))
+    excess = max(0, duration - baseline)
+    sp = split_excess(
+        duration_ns=duration,
+        excess_ns=excess,
+        thread_cpu_ns=int(r["thread_cpu_ns"]),
+        voluntary=int(r["voluntary"]),
+        involuntary=int(r["involuntary"]),
     )
-    for values in zip(*(slow[c].tolist() for c in columns), strict=True):
-        r = dict(zip(columns, values, strict=True))
-        duration, baseline = int(r["duration_ns"]), round(float(r["baseline_ns"]))
-        excess = max(0, duration - baseline)
-        sp = split_excess(
-            duration_ns=duration,
-            excess_ns=excess,
-            thread_cpu_ns=int(r["thread_cpu_ns"]),
-            voluntary=int(r["voluntary"]),
-            involuntary=int(r["involuntary"]),
-        )
-        rank, tid, start, end = int(r["rank"]), int(r["tid"]), int(r["start_ns"]), int(r["end_ns"])
-        cpu = int(r["ev_cpu"]) if int(r["ev_cpu"]) >= 0 else peers.caller_cpu(tid, end)
-        cpu_peers, known = peers.peers(cpu, start, end, tid)
-        rows.append(
-            {
-                "run": run,
-                "rank": rank,
-                "tid": tid,
-                "role": roles.get((rank, tid), "unknown"),
-                "name": str(r["name"]),
-                "start_ns": start,
-                "duration_ns": duration,
-                "baseline_ns": baseline,
-                "baseline_source": str(r["baseline_source"]),
-                "excess_ns": excess,
-                "off_cpu_ns": sp.off_cpu_ns,
-                "preempted_ns": sp.preempted_ns,
-                "blocked_ns": sp.blocked_ns,
-                "on_cpu_ns": sp.on_cpu_ns,
-                "voluntary": int(r["voluntary"]),
-                "involuntary": int(r["involuntary"]),
-                "class": str(sp.cls),
-                "cpu": cpu,
-                "cpu_peers": cpu_peers,
-                "peers_known": known,
-            }
-        )
-    return pd.DataFrame(rows, columns=list(CALL_COLUMNS))
+    rank, tid, start, end = int(r["rank"]), int(r["tid"]), int(r["start_ns"]), int(r["end_ns"])
+    cpu = int(r["ev_cpu"]) if int(r["ev_cpu"]) >= 0 else peers.caller_cpu(tid, end)
+    cpu_peers, known = peers.peers(cpu, start, end, tid)
+    return {
+        "run": run,
+        "rank": rank,
+        "tid": tid,
+        "role": roles.get((rank, tid), "unknown"),
+        "name": str(r["name"]),
+        "start_ns": start,
+        "duration_ns": duration,
+        "baseline_ns": baseline,
+        "baseline_source": str(r["baseline_source"]),
+        "excess_ns": excess,
+        "off_cpu_ns": sp.off_cpu_ns,
+        "preempted_ns": sp.preempted_ns,
+        "blocked_ns": sp.blocked_ns,
+        "on_cpu_ns": sp.on_cpu_ns,
+        "voluntary": int(r["voluntary"]),
+        "involuntary": int(r["involuntary"]),
+        "class": str(sp.cls),
+        "cpu": cpu,
+        "cpu_peers": cpu_peers,
+        "peers_known": known,
+    }
 
 
 def attribute_trace(

@@ -25,6 +25,8 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from codl.spec import Mode
+
 # What each component is judged by; every metric is "larger is worse".
 COMPONENT_METRICS: dict[str, tuple[str, ...]] = {
     "compute": ("compute_eff_ms", "launch_wait_ms", "launch_kernel_us_mean", "step_ms"),
@@ -38,18 +40,25 @@ COMPONENT_METRICS: dict[str, tuple[str, ...]] = {
     # against the same DDP overlap (compute alone has no AllReduce hidden in its backward).
     "compute+comm": ("compute_eff_ms", "allreduce_ms", "launch_wait_ms", "step_ms"),
 }
-COMPONENT_OF_MODE = {"data": "data", "compute": "compute", "comm": "comm"}
-MODE_COMPONENTS: dict[str, tuple[str, ...]] = {
-    "data": ("data",),
-    "compute": ("compute",),
-    "comm": ("comm",),
-    "compute+comm": ("compute", "comm"),
-    "data+compute": ("data", "compute"),
-    "combined": ("data", "compute", "comm", "compute+comm"),
-    "data+sleep": ("data",),
-}
-ISOLATION_MODES = frozenset(COMPONENT_OF_MODE)
-LOADING_MODES = frozenset({"data", "data+compute", "combined", "data+sleep"})
+
+
+def _compared_components(mode: Mode) -> tuple[str, ...]:
+    """The components a run of ``mode`` is compared on, each named by its twin's mode."""
+    # data+sleep sleeps where compute would run: spec.Mode lists compute among its components
+    # because the sleep stands in for it, but there is no compute to compare with a twin.
+    comps = [m.value for m in mode.components if not (m is Mode.COMPUTE and mode.sleeps)]
+    if mode.loads and mode.computes and mode.communicates:
+        # Not a spec component: compute+comm is the twin of a multi-rank combined run without its
+        # loader (see COMPONENT_METRICS), compared on top of the single-component twins.
+        comps.append(Mode.COMPUTE_COMM.value)
+    return tuple(comps)
+
+
+# The modes' vocabulary comes from spec.Mode; the analysis reads modes as the strings stored in
+# the tables, so these are its string views.
+MODE_COMPONENTS: dict[str, tuple[str, ...]] = {m.value: _compared_components(m) for m in Mode}
+ISOLATION_MODES = frozenset(m.value for m in Mode if m.is_isolation)
+LOADING_MODES = frozenset(m.value for m in Mode if m.loads)
 # Spec columns that identify a group of repeats.
 GROUP_COLUMNS = (
     "device",
@@ -259,17 +268,7 @@ def compare_stats(
     with ``num``, same NaN steps) enables ``excess_share``: (mean combined - mean twin) / mean
     combined step time. Empty dict when either side has no measured step.
     """
-    if step_ms is not None:
-        pairs = [
-            (np.asarray(a, dtype=np.float64), np.asarray(t, dtype=np.float64))
-            for a, t in zip(num, step_ms, strict=True)
-        ]
-        keep = [(a[~np.isnan(a) & ~np.isnan(t)], t[~np.isnan(a) & ~np.isnan(t)]) for a, t in pairs]
-        keep = [(a, t) for a, t in keep if len(a)]
-        numc = [a for a, _ in keep]
-        steps_c: list[npt.NDArray[np.float64]] | None = [t for _, t in keep]
-    else:
-        numc, steps_c = _clean(num), None
+    numc, steps_c = _clean_with_steps(num, step_ms)
     denc = _clean(den)
     if not numc or not denc:
         return {}
@@ -277,35 +276,9 @@ def compare_stats(
     dn = draw_indices([len(a) for a in numc], n, rng)
     dd = draw_indices([len(a) for a in denc], n, rng)
     out: dict[str, dict[str, float]] = {}
-
-    def put(
-        stat: str,
-        iso: float,
-        comb: float,
-        iso_d: npt.NDArray[np.float64],
-        comb_d: npt.NDArray[np.float64],
-        *,
-        ratio: bool = True,
-    ) -> None:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            r = comb / iso if ratio and iso != 0 else np.nan
-            lo, hi = _interval(comb_d / iso_d) if np.isfinite(r) else (np.nan, np.nan)
-        dlo, dhi = _interval(comb_d - iso_d)
-        out[stat] = {
-            "isolation": iso,
-            "combined": comb,
-            "ratio": float(r),
-            "ci_low": lo,
-            "ci_high": hi,
-            "diff": comb - iso,
-            "diff_ci_low": dlo,
-            "diff_ci_high": dhi,
-        }
-
     for stat in DISTRIBUTION_STATS:
         f = run_statistic(stat)
-        put(
-            stat,
+        out[stat] = _stat_row(
             point(denc, stat),
             point(numc, stat),
             replicate(denc, dd, n, _ignore_replicates(f)),
@@ -316,26 +289,78 @@ def compare_stats(
     # The twin's own fraction (about 1 % by construction) is the reference it is compared with.
     thr = float(np.quantile(np.concatenate(denc), QUANTILES["p99"]))
     thr_d = pooled_quantile(denc, dd, n, QUANTILES["p99"])
-    put(
-        "above_p99",
+    out["above_p99"] = _stat_row(
         float(np.mean([np.mean(a > thr) for a in denc])),
         float(np.mean([np.mean(a > thr) for a in numc])),
         replicate(denc, dd, n, lambda a, s: np.mean(a > thr_d[s, None], axis=-1)),
         replicate(numc, dn, n, lambda a, s: np.mean(a > thr_d[s, None], axis=-1)),
     )
     if steps_c is not None:
-        total = point(steps_c, "mean")
-        lost = point(numc, "mean") - point(denc, "mean")
-        total_d = replicate(steps_c, dn, n, lambda a, _s: np.mean(a, axis=-1))
-        lost_d = replicate(numc, dn, n, lambda a, _s: np.mean(a, axis=-1)) - replicate(
-            denc, dd, n, lambda a, _s: np.mean(a, axis=-1)
-        )
-        with np.errstate(divide="ignore", invalid="ignore"):
-            share_d = lost_d / total_d
-        share = lost / total if total else np.nan
-        # A share has no twin value of its own: isolation is 0 and the difference carries it.
-        put("excess_share", 0.0, share, np.zeros(n), share_d, ratio=False)
+        out["excess_share"] = _excess_share(numc, denc, steps_c, dn, dd, n)
     return out
+
+
+def _clean_with_steps(
+    num: Sequence[npt.ArrayLike], step_ms: Sequence[npt.ArrayLike] | None
+) -> tuple[list[npt.NDArray[np.float64]], list[npt.NDArray[np.float64]] | None]:
+    """``num`` without NaN (and, with ``step_ms``, without the steps NaN in either) and empty
+    runs; the step times aligned with it, or ``None`` without ``step_ms``."""
+    if step_ms is None:
+        return _clean(num), None
+    pairs = [
+        (np.asarray(a, dtype=np.float64), np.asarray(t, dtype=np.float64))
+        for a, t in zip(num, step_ms, strict=True)
+    ]
+    keep = [(a[~np.isnan(a) & ~np.isnan(t)], t[~np.isnan(a) & ~np.isnan(t)]) for a, t in pairs]
+    keep = [(a, t) for a, t in keep if len(a)]
+    return [a for a, _ in keep], [t for _, t in keep]
+
+
+def _stat_row(
+    iso: float,
+    comb: float,
+    iso_d: npt.NDArray[np.float64],
+    comb_d: npt.NDArray[np.float64],
+    *,
+    ratio: bool = True,
+) -> dict[str, float]:
+    """One statistic: both values, their ratio and difference, with bootstrap intervals."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = comb / iso if ratio and iso != 0 else np.nan
+        lo, hi = _interval(comb_d / iso_d) if np.isfinite(r) else (np.nan, np.nan)
+    dlo, dhi = _interval(comb_d - iso_d)
+    return {
+        "isolation": iso,
+        "combined": comb,
+        "ratio": float(r),
+        "ci_low": lo,
+        "ci_high": hi,
+        "diff": comb - iso,
+        "diff_ci_low": dlo,
+        "diff_ci_high": dhi,
+    }
+
+
+def _excess_share(
+    numc: Sequence[npt.NDArray[np.float64]],
+    denc: Sequence[npt.NDArray[np.float64]],
+    steps_c: Sequence[npt.NDArray[np.float64]],
+    dn: list[Draw],
+    dd: list[Draw],
+    n: int,
+) -> dict[str, float]:
+    """(mean combined - mean twin) / mean combined step time, with its bootstrap interval."""
+    total = point(steps_c, "mean")
+    lost = point(numc, "mean") - point(denc, "mean")
+    total_d = replicate(steps_c, dn, n, lambda a, _s: np.mean(a, axis=-1))
+    lost_d = replicate(numc, dn, n, lambda a, _s: np.mean(a, axis=-1)) - replicate(
+        denc, dd, n, lambda a, _s: np.mean(a, axis=-1)
+    )
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share_d = lost_d / total_d
+    share = lost / total if total else np.nan
+    # A share has no twin value of its own: isolation is 0 and the difference carries it.
+    return _stat_row(0.0, share, np.zeros(n), share_d, ratio=False)
 
 
 def _describe_missing(row: pd.Series, comp: str) -> str:
@@ -530,7 +555,3 @@ def quantile_interval_width(
 def _mean_median(groups: Sequence[npt.NDArray[np.float64]]) -> float:
     meds = [float(np.nanmedian(a)) for a in groups if len(a) and not np.all(np.isnan(a))]
     return float(np.mean(meds)) if meds else np.nan
-
-
-def missing_runs(expected: list[str], present: list[str]) -> list[str]:
-    return sorted(set(expected) - set(present))

@@ -19,6 +19,7 @@ import pandas as pd
 
 from codl.analysis.steady import flag_outliers, steady
 from codl.pinning import parse_cpulist
+from codl.spec import Mode
 from codl.trace.store import empty_frame, open_trace
 
 PHASES = ("step", "data_wait", "h2d", "forward", "backward", "optimizer", "compute", "sleep")
@@ -48,7 +49,8 @@ SPEC_COLUMNS = {
     "cuda_api": ("trace", "cuda_api"),
     "repeat": ("repeat",),
 }
-LOADING_MODES = frozenset({"data", "data+compute", "combined", "data+sleep"})
+# Modes that read a data set, as the strings the tables hold; spec.Mode owns the vocabulary.
+LOADING_MODES = frozenset(m.value for m in Mode if m.loads)
 SCHED_COUNTERS = ("run_ns", "wait_ns", "timeslices", "voluntary", "involuntary")
 
 
@@ -598,9 +600,28 @@ def summarize_tables(
     """
     t = {n: tables[n] if n in tables else empty_frame(n) for n in TABLES}
     warm = warmup_steps(attrs)
-    spec = _spec(attrs)
     run_id = str(attrs.get("run_id", ""))
-    ident = {"run_id": run_id, **spec_columns(spec)}
+    ident = {"run_id": run_id, **spec_columns(_spec(attrs))}
+    steps = _flagged_steps(t, ident, warm, parts)
+    rpn = ident["ranks_per_node"]
+    attribution = attribute_launch_wait(
+        t["samples/sched"],
+        t["threads"],
+        warmup=warm,
+        ranks_per_node=ranks_per_node(attrs) if isinstance(rpn, int | np.integer) else None,
+    )
+    attribution.insert(0, "run_id", run_id)
+    summary = pd.DataFrame([_summary_row(t, attrs, ident, steps, attribution, warm)])
+    return steps, summary, attribution
+
+
+def _flagged_steps(
+    t: Mapping[str, pd.DataFrame],
+    ident: dict[str, Any],
+    warm: int,
+    parts: pd.DataFrame | None,
+) -> pd.DataFrame:
+    """One row per (rank, step): the run's identity, every per-step metric, the outlier flags."""
     steps = step_metrics(t["events/app"], t["events/comm"], warmup=warm)
     for extra in (
         launch_metrics(t["samples/sched"], t["threads"], warmup=warm),
@@ -613,22 +634,21 @@ def summarize_tables(
     waits = ["peer_wait_ms", "straggler_rank"]
     if parts is not None and len(parts) and set(waits) <= set(parts):
         with_waits = steps.merge(parts[[*KEYS, *waits]], on=KEYS, how="left")
-        steps = flag_outliers(with_waits).drop(columns=waits)
-    else:
-        steps = flag_outliers(steps)
-    rpn = ident["ranks_per_node"]
-    attribution = attribute_launch_wait(
-        t["samples/sched"],
-        t["threads"],
-        warmup=warm,
-        ranks_per_node=ranks_per_node(attrs) if isinstance(rpn, int | np.integer) else None,
-    )
-    attribution.insert(0, "run_id", run_id)
+        return flag_outliers(with_waits).drop(columns=waits)
+    return flag_outliers(steps)
 
-    flagged = int(steps["outlier"].sum())
-    tail = int(steps["tail_step"].sum())
-    steps_all = steps
-    steps = steady(steps)
+
+def _summary_row(
+    t: Mapping[str, pd.DataFrame],
+    attrs: Mapping[str, Any],
+    ident: Mapping[str, Any],
+    steps_all: pd.DataFrame,
+    attribution: pd.DataFrame,
+    warm: int,
+) -> dict[str, Any]:
+    """The run's one summary row: identity, step-time statistics over the steady-state steps,
+    call latencies, loader rate, launch-wait attribution and overlaps."""
+    steps = steady(steps_all)
     st = steps["step_ms"].dropna()
     wall = steps_all["step_ms"].dropna()
     world = int(attrs.get("world_size", 1))
@@ -639,8 +659,8 @@ def summarize_tables(
             "world_size": world,
             "host": attrs.get("host", ""),
             "steps": int(steps_all["step"].nunique()),
-            "outlier_steps": flagged,
-            "tail_steps": tail,
+            "outlier_steps": int(steps_all["outlier"].sum()),
+            "tail_steps": int(steps_all["tail_step"].sum()),
             "step_ms_p50": st.median() if len(st) else np.nan,
             "step_ms_p95": st.quantile(0.95) if len(st) else np.nan,
             "step_ms_p99": st.quantile(0.99) if len(st) else np.nan,
@@ -675,8 +695,7 @@ def summarize_tables(
     # Share of the launch thread's run-queue wait that the mechanism blames on loader workers.
     row["launch_wait_loader_share"] = loader_wait / total_wait if total_wait > 0 else np.nan
     row.update(overlaps(t["events/app"], t["events/loader"], t["events/cuda"], warmup=warm))
-    summary = pd.DataFrame([row])
-    return steps_all, summary, attribution
+    return row
 
 
 def read_tables(path: Path) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:

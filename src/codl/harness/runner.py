@@ -45,7 +45,7 @@ from codl.harness.comm import (
 )
 from codl.spec import DeviceKind, Mode, Policy, Precision, RunSpec
 from codl.trace import cuda_api, kineto
-from codl.trace.clock import now_ns, take_anchor
+from codl.trace.clock import Anchor, now_ns, take_anchor
 from codl.trace.device import DeviceSampler
 from codl.trace.sched import SchedSampler
 from codl.trace.schema import empty_columns
@@ -65,7 +65,7 @@ class RankEnv:
 
 
 @dataclass
-class _Recorder:
+class _AppSpans:
     """Application spans in column lists plus the CUDA event pairs still to be resolved."""
 
     rank: int
@@ -192,6 +192,205 @@ def _batches(loader: Any) -> Iterator[Any]:
     return iter(loader)
 
 
+# Loader timing rows addressed by column name; harness.data owns the column order.
+_ITEM = {name: i for i, name in enumerate(hdata.ITEM_COLUMNS)}
+_COLLATE = {name: i for i, name in enumerate(hdata.COLLATE_COLUMNS)}
+# Each per-item stage lies between two of the item row's timestamps.
+_ITEM_STAGES = (("fetch", "t0", "t1"), ("decode", "t1", "t2"), ("transform", "t2", "t3"))
+
+
+@dataclass
+class _LoaderLog:
+    """The loader's timing rows of every traced step, as the workers sent them."""
+
+    items: list[np.ndarray] = field(default_factory=list)
+    collates: list[np.ndarray] = field(default_factory=list)
+    steps: list[int] = field(default_factory=list)
+
+    def add(self, step: int, batch: hdata.Batch) -> None:
+        self.items.append(batch.items)
+        self.collates.append(batch.collate)
+        self.steps.append(step)
+
+    def workers(self) -> dict[int, int]:
+        """pid -> worker id of every loader worker seen."""
+        workers: dict[int, int] = {}
+        for arr in self.items:
+            pids = arr[:, _ITEM["pid"]].tolist()
+            for worker, pid in zip(arr[:, _ITEM["worker"]].tolist(), pids, strict=True):
+                workers.setdefault(int(pid), int(worker))
+        return workers
+
+    def columns(self, rank: int) -> dict[str, Any]:
+        """Per-item rows expanded into fetch/decode/transform events, plus one collate event
+        per batch: the ``events/loader`` columns."""
+        cols = empty_columns("events/loader")
+        for arr, col, step in zip(self.items, self.collates, self.steps, strict=True):
+            n = arr.shape[0]
+            item = {name: arr[:, i].tolist() for name, i in _ITEM.items()}
+            for stage, start, end in _ITEM_STAGES:
+                cols["rank"].extend([rank] * n)
+                cols["step"].extend([step] * n)
+                for name in ("worker", "pid", "tid", "cpu", "item"):
+                    cols[name].extend(item[name])
+                cols["stage"].extend([stage] * n)
+                cols["start_ns"].extend(item[start])
+                cols["end_ns"].extend(item[end])
+            cols["rank"].append(rank)
+            cols["step"].append(step)
+            for name in ("worker", "pid", "tid", "cpu"):
+                cols[name].append(int(col[_COLLATE[name]]))
+            cols["item"].append(-1)
+            cols["stage"].append("collate")
+            cols["start_ns"].append(int(col[_COLLATE["t0"]]))
+            cols["end_ns"].append(int(col[_COLLATE["t1"]]))
+        return cols
+
+
+@dataclass
+class _Placed:
+    """The rank's thread placement, and every reading of its threads' CPU masks."""
+
+    placement: pinning.Placement
+    allowed: frozenset[int]
+    # The intra-op pool size before the run, restored after it (CPU runs resize it).
+    threads_before: int
+    resized_pool: bool
+    # (capture time, rows): masks are read back and recorded at start, after step 0, after the
+    # last warm-up step and at the end; launch roles found sharing a CPU in a reading are warned
+    # about in the trace and the run log.
+    rows: list[tuple[int, pinning.ThreadRow]] = field(default_factory=list)
+    crowded: list[str] = field(default_factory=list)
+
+    def reapply(self) -> None:
+        """Place the threads made since the last reading, and record the masks."""
+        rows = pinning.apply_threads(self.placement)
+        self.rows += _stamped(rows)
+        new = [w for w in pinning.crowded(self.placement, rows) if w not in self.crowded]
+        _log_placement(new)
+        self.crowded += new
+
+    def record_final(self, loader: _LoaderLog) -> None:
+        """The last reading: every loader worker's threads and this process's."""
+        worker_rows: list[pinning.ThreadRow] = []
+        for pid, worker in sorted(loader.workers().items()):
+            with contextlib.suppress(ProcessLookupError):
+                worker_rows += pinning.record_threads(self.placement, pid, worker_id=worker)
+        self.rows += _stamped(worker_rows)
+        self.rows += _stamped(pinning.record_threads(self.placement))
+
+    def release(self) -> None:
+        _restore_affinity(self.allowed)
+        if self.resized_pool:
+            torch.set_num_threads(self.threads_before)
+
+
+@dataclass
+class _TraceRecorder:
+    """Everything one rank's trace holds, gathered while the run goes; ``write`` writes it."""
+
+    rank: int
+    spans: _AppSpans
+    sched: SchedSampler
+    dev: DeviceSampler
+    comm: CommRecorder
+    placed: _Placed
+    loader: _LoaderLog = field(default_factory=_LoaderLog)
+    attrs: dict[str, Any] = field(default_factory=dict)
+    cupti: dict[str, Any] | None = None
+    cuda_sched: dict[str, Any] | None = None
+
+    @classmethod
+    def start(cls, spec: RunSpec, env: RankEnv, placed: _Placed) -> _TraceRecorder:
+        cuda = spec.device is DeviceKind.CUDA
+        spans = _AppSpans(
+            rank=env.rank, app=spec.trace.app, cuda_events=cuda and spec.trace.cuda_events
+        )
+        sched = SchedSampler(rank=env.rank, per_thread=spec.trace.sched, per_core=spec.trace.cpu)
+        sched.track(os.getpid())
+        dev = DeviceSampler(rank=env.rank, gpu_index=env.local_rank)
+        if cuda and spec.trace.device:
+            dev.start()
+        comm = CommRecorder(rank=env.rank)
+        return cls(rank=env.rank, spans=spans, sched=sched, dev=dev, comm=comm, placed=placed)
+
+    def sample(self, step: int) -> None:
+        self.sched.sample(step)
+        self.dev.sample(step)
+
+    def write(self, path: Path, *, complete: bool, reason: str) -> None:
+        """Write the trace; one that did not complete is marked incomplete with ``reason``."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        writer = TraceWriter(path)
+        with writer:
+            writer.set_attrs(**self.attrs)
+            writer.append("events/app", self.spans.rows)
+            if self.sched.rows["tid"]:
+                writer.append("samples/sched", self.sched.rows)
+            if self.sched.cpu_rows["cpu"]:
+                writer.append("samples/cpu", self.sched.cpu_rows)
+            if self.dev.rows["t_ns"]:
+                writer.append("samples/device", self.dev.rows)
+            if self.comm.rows["bucket"]:
+                writer.append("events/comm", self.comm.rows)
+            if self.loader.items:
+                writer.append("events/loader", self.loader.columns(self.rank))
+            if self.cupti:
+                writer.append("events/cuda", self.cupti)
+            if self.cuda_sched and self.cuda_sched["tid"]:
+                writer.append("events/cuda_sched", self.cuda_sched)
+            if self.placed.rows:
+                writer.append("threads", self._thread_columns())
+            if complete:
+                writer.finish()
+            else:
+                writer.abort(reason or "run did not finish")
+
+    def _thread_columns(self) -> dict[str, list[Any]]:
+        stamped = self.placed.rows
+        rows = [r for _, r in stamped]
+        return {
+            "t_ns": [t for t, _ in stamped],
+            "rank": [self.rank] * len(rows),
+            "pid": [r.pid for r in rows],
+            "tid": [r.tid for r in rows],
+            "role": [str(r.role) for r in rows],
+            "name": [r.name for r in rows],
+            "cpus_planned": [r.cpus_planned for r in rows],
+            "cpus_actual": [r.cpus_actual for r in rows],
+        }
+
+    def close(self) -> None:
+        self.sched.close()
+        self.dev.close()
+
+
+@dataclass
+class _Open:
+    """What a run holds open and must release however it ends; filled as it is built."""
+
+    pg_started: bool = False
+    loader: Any = None
+    batches: Any = None
+    profiler: Any = None
+    api_tracer: cuda_api.ApiTracer | None = None
+
+
+@dataclass(frozen=True)
+class _Components:
+    """The model, its training step's parts and the data that feeds it."""
+
+    model: Any  # DDP-wrapped when AllReduce rides on backward
+    optimizer: torch.optim.Optimizer
+    loss_fn: Any
+    autocast: Any
+    memory_format: torch.memory_format
+    synthetic_x: torch.Tensor
+    synthetic_y: torch.Tensor
+    comm_tensors: Any
+    group: Any
+
+
 def execute(
     spec: RunSpec,
     *,
@@ -202,214 +401,34 @@ def execute(
 ) -> Path:
     """Run ``spec`` as this rank and write its trace; returns the trace path.
 
+    The steps: place the threads, build the components, run the step loop, write the trace.
     On an exception or SIGTERM the events measured so far are written to a file marked
     incomplete (``<stem>.incomplete.h5``) and the exception propagates: the run exits non-zero.
     """
     env = env or RankEnv()
-    mode = spec.mode
-    if mode.loads and dataset_dir is None:
-        raise CodlError(f"mode {mode.value!r} reads a data set but no dataset_dir was given")
-    stop = _stop_handler()
-    previous = {s: signal.signal(s, stop) for s in _STOP_SIGNALS}
+    if spec.mode.loads and dataset_dir is None:
+        raise CodlError(f"mode {spec.mode.value!r} reads a data set but no dataset_dir was given")
     # Oversubscribing the cores with workers is an experiment factor here, not a mistake.
     warnings.filterwarnings("ignore", message="This DataLoader will create")
     anchor_start = take_anchor()
     t_begin = now_ns()
-    allowed = frozenset(os.sched_getaffinity(0))
-    cuda = spec.device is DeviceKind.CUDA
-    if cuda and not torch.cuda.is_available():
-        raise CodlError("device 'cuda' requested but torch.cuda.is_available() is False")
-    numa = cuda and spec.pinning.policy is Policy.NUMA
-    placement = pinning.plan(
-        spec.pinning,
-        allowed=allowed,
-        local_ranks=env.local_world_size,
-        local_rank=env.local_rank,
-        workers=spec.loader.workers if mode.loads else 0,
-        roles=pinning.roles_for(spec),
-        gpu=env.local_rank if cuda else None,
-        gpu_cpus=pinning.gpu_local_cpus(env.local_rank) if numa else None,
-    )
-    launch_cpus = placement.launch if placement.launch is not None else placement.rank_cpus
-    threads_before = torch.get_num_threads()
-    if not cuda:
-        # On CPU the intra-op pool does the compute; size it to the launch role's cores so that
-        # a policy's core budget means the same on CPU and GPU. Threads inherit the launch
-        # thread's mask because pinning happens before the first parallel region.
-        torch.set_num_threads(max(1, len(launch_cpus)))
-    # (capture time, rows): masks are read back and recorded at start, after step 0, after the
-    # last warm-up step and at the end; launch roles found sharing a CPU in a reading are warned
-    # about in the trace and the run log.
-    thread_rows: list[tuple[int, pinning.ThreadRow]] = _stamped(pinning.apply_threads(placement))
-    _log_placement(placement.warnings)
-    crowded = pinning.crowded(placement, [r for _, r in thread_rows])
-    _log_placement(crowded)
-
-    torch.manual_seed(spec.seed + 1000 * spec.repeat + env.rank)
-    np.random.seed(spec.seed + env.rank)
-    random.seed(spec.seed + env.rank)
-    device = torch.device("cuda", env.local_rank) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-        torch.backends.cudnn.benchmark = True
-
-    rec = _Recorder(rank=env.rank, app=spec.trace.app, cuda_events=cuda and spec.trace.cuda_events)
-    sched = SchedSampler(rank=env.rank, per_thread=spec.trace.sched, per_core=spec.trace.cpu)
-    sched.track(os.getpid())
-    dev = DeviceSampler(rank=env.rank, gpu_index=env.local_rank)
-    if cuda and spec.trace.device:
-        dev.start()
-    comm_rec = CommRecorder(rank=env.rank)
-    loader_items: list[np.ndarray] = []
-    loader_collate: list[np.ndarray] = []
-    loader_steps: list[int] = []
-    attrs: dict[str, Any] = {}
-    status = "failed"
+    placed = _place(spec, env)
+    device = _seed_and_device(spec, env)
+    rec = _TraceRecorder.start(spec, env, placed)
+    held = _Open()
+    complete = False
     reason = ""
-    profiler: Any = None
-    api_tracer: cuda_api.ApiTracer | None = None
-    loader: Any = None
-    batches: Any = None
-    pg_started = False
+    # Installed here, not earlier: from now on every way out of the run goes through the
+    # `finally` below, which restores the previous handlers.
+    stop = _stop_handler()
+    previous = {s: signal.signal(s, stop) for s in _STOP_SIGNALS}
     try:
-        if env.world_size > 1:
-            pg_started = _init_process_group(spec, env)
-        workload = workloads.get(spec.workload.model)
-        model = workload.build_model(spec.workload).to(device)
-        memory_format = (
-            torch.channels_last
-            if spec.workload.channels_last and workload.dataset_kind.value == "jpeg"
-            else torch.contiguous_format
-        )
-        model = model.to(memory_format=memory_format)
-        ddp_model: Any = model
-        if pg_started and mode.computes and mode.communicates:
-            ddp_model = _wrap_ddp(model, spec, env, comm_rec)
-        optimizer = torch.optim.SGD(model.parameters(), lr=spec.workload.lr, momentum=0.9)
-        is_volume = workload.dataset_kind.value == "volume"
-        loss_fn: Any = torch.nn.MSELoss() if is_volume else torch.nn.CrossEntropyLoss()
-        autocast = (
-            torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-            if spec.workload.precision is Precision.BF16
-            else contextlib.nullcontext()
-        )
-        bs = spec.workload.batch_size
-        s = spec.workload.image_size
-        if is_volume:
-            shape: tuple[int, ...] = (bs, 4, s, s, s)
-        else:
-            shape = (bs, 3, s, s)
-        synthetic_x = torch.randn(shape, device=device).to(memory_format=memory_format)
-        synthetic_y = (
-            torch.randn(bs, 4, device=device)
-            if is_volume
-            else torch.randint(0, spec.workload.classes, (bs,), device=device)
-        )
-        if mode.loads:
-            if dataset_dir is None:  # pragma: no cover - checked above
-                raise CodlError("no dataset_dir")
-            dataset = hdata.dataset_for(workload.dataset_kind.value, dataset_dir, s)
-            gen = torch.Generator().manual_seed(spec.seed + env.rank)
-            n_samples = len(cast(Sized, dataset))
-            if n_samples < bs:
-                raise CodlError(
-                    f"data set {dataset_dir} has {n_samples} samples, fewer than one batch of {bs}"
-                )
-            loader = torch.utils.data.DataLoader(
-                dataset,
-                batch_size=bs,
-                sampler=hdata.EndlessShuffle(n_samples, gen),
-                multiprocessing_context=hdata.worker_context() if spec.loader.workers else None,
-                num_workers=spec.loader.workers,
-                prefetch_factor=spec.loader.prefetch_factor,
-                pin_memory=spec.loader.pin_memory and cuda,
-                persistent_workers=spec.loader.persistent_workers,
-                drop_last=True,
-                collate_fn=hdata.collate,
-                worker_init_fn=functools.partial(_seed_worker, placement, spec.seed),
-            )
-        batches = _batches(loader) if loader is not None else None
-        comm_buckets = _bucket_sizes(model, spec.layout.bucket_cap_mb) if mode is Mode.COMM else []
-        comm_tensors = prepare_tensors(comm_buckets, spec, device)
-        group = comm_group(spec) if mode is Mode.COMM and pg_started else None
-        sleep_s: float | None = None
-        warm_compute: list[float] = []
-        if spec.trace.cupti:
-            profiler = kineto.start_window(spec, kineto_dir)
-        if spec.trace.cuda_api:
-            # From the first warm-up step: the subscription's one-off cost lands in warm-up.
-            api_tracer = cuda_api.ApiTracer(sched=spec.trace.cuda_api_sched)
-            api_tracer.start()
-        sched.sample(-1)
-        dev.sample(-1)
-        for step in range(spec.steps.total):
-            comm_rec.step = step
-            t_step = now_ns()
-            step_ev = rec.events()
-            if step_ev:
-                step_ev[0].record()
-            x, y = synthetic_x, synthetic_y
-            if batches is not None:
-                with rec.phase(step, "data_wait", gpu=False):
-                    batch = next(batches)
-                if spec.trace.loader:
-                    loader_items.append(batch.items)
-                    loader_collate.append(batch.collate)
-                    loader_steps.append(step)
-                    # Batches arrive round-robin from the workers: track each new pid.
-                    for pid in set(batch.items[:, 2].tolist()):
-                        sched.track(int(pid))
-                with rec.phase(step, "h2d"):
-                    x = batch.inputs.to(device, non_blocking=spec.loader.pin_memory)
-                    x = x.to(memory_format=memory_format)
-                    y = batch.targets.to(device, non_blocking=spec.loader.pin_memory)
-            run_compute = mode.computes or (mode.sleeps and step < spec.steps.warmup)
-            if run_compute:
-                with rec.phase(step, "compute") as compute:
-                    with rec.phase(step, "forward"), autocast:
-                        out = ddp_model(x)
-                        loss = loss_fn(out.float(), y)
-                    with rec.phase(step, "backward"):
-                        loss.backward()
-                    with rec.phase(step, "optimizer"):
-                        optimizer.step()
-                        optimizer.zero_grad(set_to_none=True)
-                        if mode.sleeps:
-                            # The sleep replaces compute *as observed*, synchronisation included.
-                            _sync(device)
-                if mode.sleeps:
-                    warm_compute.append((compute[1] - compute[0]) / 1e9)
-            elif mode.sleeps:
-                if sleep_s is None:
-                    usable = warm_compute[1:] or warm_compute
-                    sleep_s = statistics.median(usable)
-                    attrs["sleep_ns"] = round(sleep_s * 1e9)
-                with rec.phase(step, "sleep", gpu=False):
-                    time.sleep(sleep_s)
-            if mode is Mode.COMM:
-                with rec.phase(step, "allreduce", gpu=False):
-                    run_comm_step(comm_tensors, spec, comm_rec, cuda=cuda, group=group)
-            if step_ev:
-                step_ev[1].record()
-            _sync(device)
-            t_end = now_ns()
-            comm_rec.flush(step)
-            rec.span(step, "step", t_step, t_end, step_ev)
-            if profiler is not None:
-                profiler.step()
-            sched.sample(step)
-            dev.sample(step)
-            if step in {0, spec.steps.warmup - 1}:
-                # Autograd, pin-memory and communication threads exist only after step 0; threads
-                # made later in the warm-up inherit their creator's CPUs, and are placed before
-                # the measured steps.
-                rows = pinning.apply_threads(placement)
-                thread_rows += _stamped(rows)
-                new = [w for w in pinning.crowded(placement, rows) if w not in crowded]
-                _log_placement(new)
-                crowded += new
-        rec.resolve_gpu()
-        status = "complete"
+        parts = _build(spec, env, device, rec, held, dataset_dir)
+        _start_tracers(spec, held, kineto_dir)
+        rec.sample(-1)
+        _step_loop(spec, parts, held, rec, device)
+        rec.spans.resolve_gpu()
+        complete = True
     except KeyboardInterrupt:
         reason = "interrupted (SIGINT)"
         raise
@@ -420,86 +439,340 @@ def execute(
         # Ignored until the trace is written, restored after (below).
         for s in _STOP_SIGNALS:
             signal.signal(s, signal.SIG_IGN)
-        with contextlib.suppress(Exception):
-            rec.resolve_gpu()
-        if profiler is not None:
-            with contextlib.suppress(Exception):
-                profiler.stop()
-        cupti_rows: dict[str, Any] | None = None
-        cuda_sched_rows: dict[str, Any] | None = None
-        if profiler is not None and status == "complete":
-            cupti_rows, cupti_attrs = kineto.collect(profiler, kineto_dir, rec, anchor_start)
-            attrs.update(cupti_attrs)
-        if api_tracer is not None:
-            # Cheap and already on our clock: kept for incomplete runs too.
-            try:
-                api_tables, api_attrs = cuda_api.collect_tables(api_tracer, rec)
-                cupti_rows = api_tables["events/cuda"]
-                cuda_sched_rows = api_tables.get(cuda_api.SCHED_TABLE)
-                attrs.update(api_attrs)
-            except Exception as exc:
-                attrs["cuda_api"] = f"lost: {type(exc).__name__}: {exc}"
-            finally:
-                with contextlib.suppress(Exception):
-                    api_tracer.close()
-        thread_rows += _stamped(_worker_thread_rows(loader_items, placement))
-        thread_rows += _stamped(pinning.record_threads(placement))
+        _stop_tracers(held, rec, kineto_dir, anchor_start, complete=complete)
+        placed.record_final(rec.loader)
         # Dropping the iterator and loader shuts the workers down before the trace is written.
-        batches = None
-        loader = None
+        held.batches = None
+        held.loader = None
         anchor_end = take_anchor()
         t_end_run = now_ns()
-        if pg_started:
+        if held.pg_started:
             with contextlib.suppress(Exception):
                 torch.distributed.destroy_process_group()
-        attrs.update(
-            {
-                "run_id": spec.run_id,
-                "spec": spec.to_dict(),
-                "host": socket.gethostname(),
-                "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
-                "git_revision": _git_revision(),
-                "versions": _versions(),
-                "anchors_start": anchor_start.as_dict(),
-                "anchors_end": anchor_end.as_dict(),
-                "t_begin_ns": t_begin,
-                "t_end_ns": t_end_run,
-                "warmup_steps": spec.steps.warmup,
-                "measured_steps": spec.steps.measured,
-                "rank": env.rank,
-                "world_size": env.world_size,
-                "clk_tck": os.sysconf("SC_CLK_TCK"),
-                "allowed_cpus": pinning.cpulist(allowed),
-                "placement": {**placement.to_dict(), "crowded": crowded},
-                "placement_mismatches": pinning.mismatches(r for _, r in thread_rows),
-                "device_level": dev.unavailable_reason or ("on" if dev.rows["t_ns"] else "off"),
-            }
+        rec.attrs.update(
+            _run_attrs(spec, env, rec, (anchor_start, anchor_end), (t_begin, t_end_run))
         )
         try:
-            _write_trace(
-                trace_path,
-                complete=status == "complete",
-                reason=reason,
-                attrs=attrs,
-                rec=rec,
-                sched=sched,
-                dev=dev,
-                comm=comm_rec,
-                loader=(loader_items, loader_collate, loader_steps, env.rank),
-                threads=thread_rows,
-                rank=env.rank,
-                cupti=cupti_rows,
-                cuda_sched=cuda_sched_rows,
-            )
+            rec.write(trace_path, complete=complete, reason=reason)
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
-        sched.close()
-        dev.close()
-        _restore_affinity(allowed)
-        if not cuda:
-            torch.set_num_threads(threads_before)
+        rec.close()
+        placed.release()
     return trace_path
+
+
+def _place(spec: RunSpec, env: RankEnv) -> _Placed:
+    """Plan this rank's CPUs, size the CPU intra-op pool, and pin the threads that exist now."""
+    allowed = frozenset(os.sched_getaffinity(0))
+    cuda = spec.device is DeviceKind.CUDA
+    if cuda and not torch.cuda.is_available():
+        raise CodlError("device 'cuda' requested but torch.cuda.is_available() is False")
+    numa = cuda and spec.pinning.policy is Policy.NUMA
+    placement = pinning.plan(
+        spec.pinning,
+        allowed=allowed,
+        local_ranks=env.local_world_size,
+        local_rank=env.local_rank,
+        workers=spec.loader.workers if spec.mode.loads else 0,
+        roles=pinning.roles_for(spec),
+        gpu=env.local_rank if cuda else None,
+        gpu_cpus=pinning.gpu_local_cpus(env.local_rank) if numa else None,
+    )
+    launch_cpus = placement.launch if placement.launch is not None else placement.rank_cpus
+    placed = _Placed(placement, allowed, torch.get_num_threads(), resized_pool=not cuda)
+    if not cuda:
+        # On CPU the intra-op pool does the compute; size it to the launch role's cores so that
+        # a policy's core budget means the same on CPU and GPU. Threads inherit the launch
+        # thread's mask because pinning happens before the first parallel region.
+        torch.set_num_threads(max(1, len(launch_cpus)))
+    placed.rows = _stamped(pinning.apply_threads(placement))
+    _log_placement(placement.warnings)
+    placed.crowded = pinning.crowded(placement, [r for _, r in placed.rows])
+    _log_placement(placed.crowded)
+    return placed
+
+
+def _seed_and_device(spec: RunSpec, env: RankEnv) -> torch.device:
+    torch.manual_seed(spec.seed + 1000 * spec.repeat + env.rank)
+    np.random.seed(spec.seed + env.rank)
+    random.seed(spec.seed + env.rank)
+    if spec.device is not DeviceKind.CUDA:
+        return torch.device("cpu")
+    device = torch.device("cuda", env.local_rank)
+    torch.cuda.set_device(device)
+    torch.backends.cudnn.benchmark = True
+    return device
+
+
+def _build(
+    spec: RunSpec,
+    env: RankEnv,
+    device: torch.device,
+    rec: _TraceRecorder,
+    held: _Open,
+    dataset_dir: Path | None,
+) -> _Components:
+    """Process group, model, optimizer, synthetic batch, loader and AllReduce buffers."""
+    mode = spec.mode
+    if env.world_size > 1:
+        held.pg_started = _init_process_group(spec, env)
+    workload = workloads.get(spec.workload.model)
+    model = workload.build_model(spec.workload).to(device)
+    memory_format = (
+        torch.channels_last
+        if spec.workload.channels_last and workload.dataset_kind.value == "jpeg"
+        else torch.contiguous_format
+    )
+    model = model.to(memory_format=memory_format)
+    ddp_model: Any = model
+    if held.pg_started and mode.computes and mode.communicates:
+        ddp_model = _wrap_ddp(model, spec, env, rec.comm)
+    optimizer = torch.optim.SGD(model.parameters(), lr=spec.workload.lr, momentum=0.9)
+    is_volume = workload.dataset_kind.value == "volume"
+    loss_fn: Any = torch.nn.MSELoss() if is_volume else torch.nn.CrossEntropyLoss()
+    autocast = (
+        torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+        if spec.workload.precision is Precision.BF16
+        else contextlib.nullcontext()
+    )
+    synthetic_x, synthetic_y = _synthetic_batch(spec, is_volume, device, memory_format)
+    if mode.loads:
+        if dataset_dir is None:  # pragma: no cover - checked in execute
+            raise CodlError("no dataset_dir")
+        held.loader = _build_loader(spec, env, workload, dataset_dir, rec.placed.placement)
+    held.batches = _batches(held.loader) if held.loader is not None else None
+    comm_buckets = _bucket_sizes(model, spec.layout.bucket_cap_mb) if mode is Mode.COMM else []
+    return _Components(
+        model=ddp_model,
+        optimizer=optimizer,
+        loss_fn=loss_fn,
+        autocast=autocast,
+        memory_format=memory_format,
+        synthetic_x=synthetic_x,
+        synthetic_y=synthetic_y,
+        comm_tensors=prepare_tensors(comm_buckets, spec, device),
+        group=comm_group(spec) if mode is Mode.COMM and held.pg_started else None,
+    )
+
+
+def _synthetic_batch(
+    spec: RunSpec, is_volume: bool, device: torch.device, memory_format: torch.memory_format
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch of the modes that do not load: drawn once, on the device."""
+    bs = spec.workload.batch_size
+    s = spec.workload.image_size
+    shape = (bs, 4, s, s, s) if is_volume else (bs, 3, s, s)
+    x = torch.randn(shape, device=device).to(memory_format=memory_format)
+    y = (
+        torch.randn(bs, 4, device=device)
+        if is_volume
+        else torch.randint(0, spec.workload.classes, (bs,), device=device)
+    )
+    return x, y
+
+
+def _build_loader(
+    spec: RunSpec,
+    env: RankEnv,
+    workload: workloads.Workload,
+    dataset_dir: Path,
+    placement: pinning.Placement,
+) -> Any:
+    bs = spec.workload.batch_size
+    dataset = hdata.dataset_for(workload.dataset_kind.value, dataset_dir, spec.workload.image_size)
+    gen = torch.Generator().manual_seed(spec.seed + env.rank)
+    n_samples = len(cast(Sized, dataset))
+    if n_samples < bs:
+        raise CodlError(
+            f"data set {dataset_dir} has {n_samples} samples, fewer than one batch of {bs}"
+        )
+    return torch.utils.data.DataLoader(
+        dataset,
+        batch_size=bs,
+        sampler=hdata.EndlessShuffle(n_samples, gen),
+        multiprocessing_context=hdata.worker_context() if spec.loader.workers else None,
+        num_workers=spec.loader.workers,
+        prefetch_factor=spec.loader.prefetch_factor,
+        pin_memory=spec.loader.pin_memory and spec.device is DeviceKind.CUDA,
+        persistent_workers=spec.loader.persistent_workers,
+        drop_last=True,
+        collate_fn=hdata.collate,
+        worker_init_fn=functools.partial(_seed_worker, placement, spec.seed),
+    )
+
+
+def _start_tracers(spec: RunSpec, held: _Open, kineto_dir: Path | None) -> None:
+    if spec.trace.cupti:
+        held.profiler = kineto.start_window(spec, kineto_dir)
+    if spec.trace.cuda_api:
+        # From the first warm-up step: the subscription's one-off cost lands in warm-up.
+        held.api_tracer = cuda_api.ApiTracer(sched=spec.trace.cuda_api_sched)
+        held.api_tracer.start()
+
+
+def _step_loop(
+    spec: RunSpec, parts: _Components, held: _Open, rec: _TraceRecorder, device: torch.device
+) -> None:
+    """Every warm-up and measured step; a step ends after a device synchronisation."""
+    mode = spec.mode
+    spans = rec.spans
+    sleep_s: float | None = None
+    warm_compute: list[float] = []
+    for step in range(spec.steps.total):
+        rec.comm.step = step
+        t_step = now_ns()
+        step_ev = spans.events()
+        if step_ev:
+            step_ev[0].record()
+        x, y = parts.synthetic_x, parts.synthetic_y
+        if held.batches is not None:
+            x, y = _next_batch(spec, step, held.batches, rec, parts, device)
+        run_compute = mode.computes or (mode.sleeps and step < spec.steps.warmup)
+        if run_compute:
+            compute_s = _train_step(spec, step, parts, spans, x, y, device)
+            if mode.sleeps:
+                warm_compute.append(compute_s)
+        elif mode.sleeps:
+            if sleep_s is None:
+                usable = warm_compute[1:] or warm_compute
+                sleep_s = statistics.median(usable)
+                rec.attrs["sleep_ns"] = round(sleep_s * 1e9)
+            with spans.phase(step, "sleep", gpu=False):
+                time.sleep(sleep_s)
+        if mode is Mode.COMM:
+            with spans.phase(step, "allreduce", gpu=False):
+                run_comm_step(
+                    parts.comm_tensors,
+                    spec,
+                    rec.comm,
+                    cuda=device.type == "cuda",
+                    group=parts.group,
+                )
+        if step_ev:
+            step_ev[1].record()
+        _sync(device)
+        t_end = now_ns()
+        rec.comm.flush(step)
+        spans.span(step, "step", t_step, t_end, step_ev)
+        if held.profiler is not None:
+            held.profiler.step()
+        rec.sample(step)
+        if step in {0, spec.steps.warmup - 1}:
+            # Autograd, pin-memory and communication threads exist only after step 0; threads
+            # made later in the warm-up inherit their creator's CPUs, and are placed before
+            # the measured steps.
+            rec.placed.reapply()
+
+
+def _next_batch(
+    spec: RunSpec,
+    step: int,
+    batches: Iterator[hdata.Batch],
+    rec: _TraceRecorder,
+    parts: _Components,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    with rec.spans.phase(step, "data_wait", gpu=False):
+        batch = next(batches)
+    if spec.trace.loader:
+        rec.loader.add(step, batch)
+        # Batches arrive round-robin from the workers: track each new pid.
+        for pid in set(batch.items[:, _ITEM["pid"]].tolist()):
+            rec.sched.track(int(pid))
+    with rec.spans.phase(step, "h2d"):
+        x = batch.inputs.to(device, non_blocking=spec.loader.pin_memory)
+        x = x.to(memory_format=parts.memory_format)
+        y = batch.targets.to(device, non_blocking=spec.loader.pin_memory)
+    return x, y
+
+
+def _train_step(
+    spec: RunSpec,
+    step: int,
+    parts: _Components,
+    spans: _AppSpans,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    device: torch.device,
+) -> float:
+    """Forward, backward and optimizer step; returns the compute span in seconds."""
+    with spans.phase(step, "compute") as compute:
+        with spans.phase(step, "forward"), parts.autocast:
+            out = parts.model(x)
+            loss = parts.loss_fn(out.float(), y)
+        with spans.phase(step, "backward"):
+            loss.backward()
+        with spans.phase(step, "optimizer"):
+            parts.optimizer.step()
+            parts.optimizer.zero_grad(set_to_none=True)
+            if spec.mode.sleeps:
+                # The sleep replaces compute *as observed*, synchronisation included.
+                _sync(device)
+    return (compute[1] - compute[0]) / 1e9
+
+
+def _stop_tracers(
+    held: _Open,
+    rec: _TraceRecorder,
+    kineto_dir: Path | None,
+    anchor_start: Anchor,
+    *,
+    complete: bool,
+) -> None:
+    """Stop the profilers and put what they collected into the record."""
+    with contextlib.suppress(Exception):
+        rec.spans.resolve_gpu()
+    if held.profiler is not None:
+        with contextlib.suppress(Exception):
+            held.profiler.stop()
+    if held.profiler is not None and complete:
+        rec.cupti, cupti_attrs = kineto.collect(held.profiler, kineto_dir, rec.spans, anchor_start)
+        rec.attrs.update(cupti_attrs)
+    if held.api_tracer is not None:
+        # Cheap and already on our clock: kept for incomplete runs too.
+        try:
+            api_tables, api_attrs = cuda_api.collect_tables(held.api_tracer, rec.spans)
+            rec.cupti = api_tables["events/cuda"]
+            rec.cuda_sched = api_tables.get(cuda_api.SCHED_TABLE)
+            rec.attrs.update(api_attrs)
+        except Exception as exc:
+            rec.attrs["cuda_api"] = f"lost: {type(exc).__name__}: {exc}"
+        finally:
+            with contextlib.suppress(Exception):
+                held.api_tracer.close()
+
+
+def _run_attrs(
+    spec: RunSpec,
+    env: RankEnv,
+    rec: _TraceRecorder,
+    anchors: tuple[Anchor, Anchor],
+    times: tuple[int, int],
+) -> dict[str, Any]:
+    """The trace's root attributes: provenance, clocks, layout and placement."""
+    placed = rec.placed
+    return {
+        "run_id": spec.run_id,
+        "spec": spec.to_dict(),
+        "host": socket.gethostname(),
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
+        "git_revision": _git_revision(),
+        "versions": _versions(),
+        "anchors_start": anchors[0].as_dict(),
+        "anchors_end": anchors[1].as_dict(),
+        "t_begin_ns": times[0],
+        "t_end_ns": times[1],
+        "warmup_steps": spec.steps.warmup,
+        "measured_steps": spec.steps.measured,
+        "rank": env.rank,
+        "world_size": env.world_size,
+        "clk_tck": os.sysconf("SC_CLK_TCK"),
+        "allowed_cpus": pinning.cpulist(placed.allowed),
+        "placement": {**placed.placement.to_dict(), "crowded": placed.crowded},
+        "placement_mismatches": pinning.mismatches(r for _, r in placed.rows),
+        "device_level": rec.dev.unavailable_reason or ("on" if rec.dev.rows["t_ns"] else "off"),
+    }
 
 
 def _restore_affinity(allowed: frozenset[int]) -> None:
@@ -527,21 +800,6 @@ def _stamped(rows: list[pinning.ThreadRow]) -> list[tuple[int, pinning.ThreadRow
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def _worker_thread_rows(
-    items: list[np.ndarray], placement: pinning.Placement
-) -> list[pinning.ThreadRow]:
-    """Threads of every loader worker seen in the loader events (pid -> worker id)."""
-    workers: dict[int, int] = {}
-    for arr in items:
-        for worker, pid in arr[:, 1:3].tolist():
-            workers.setdefault(int(pid), int(worker))
-    rows: list[pinning.ThreadRow] = []
-    for pid, worker in sorted(workers.items()):
-        with contextlib.suppress(ProcessLookupError):
-            rows += pinning.record_threads(placement, pid, worker_id=worker)
-    return rows
 
 
 def _init_process_group(spec: RunSpec, env: RankEnv) -> bool:
@@ -586,96 +844,6 @@ def _bucket_sizes(model: Any, cap_mb: int) -> list[int]:
     assign = dist._compute_bucket_assignment_by_size  # type: ignore[attr-defined]
     indices, _ = assign(params, [first, cap_mb * 1024 * 1024], [False] * len(params))
     return [sum(params[i].numel() for i in bucket) for bucket in reversed(indices)]
-
-
-def _write_trace(
-    path: Path,
-    *,
-    complete: bool,
-    reason: str,
-    attrs: dict[str, Any],
-    rec: _Recorder,
-    sched: SchedSampler,
-    dev: DeviceSampler,
-    comm: CommRecorder,
-    loader: tuple[list[np.ndarray], list[np.ndarray], list[int], int],
-    threads: list[tuple[int, pinning.ThreadRow]],
-    rank: int,
-    cupti: dict[str, Any] | None,
-    cuda_sched: dict[str, Any] | None = None,
-) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    writer = TraceWriter(path)
-    with writer:
-        writer.set_attrs(**attrs)
-        writer.append("events/app", rec.rows)
-        if sched.rows["tid"]:
-            writer.append("samples/sched", sched.rows)
-        if sched.cpu_rows["cpu"]:
-            writer.append("samples/cpu", sched.cpu_rows)
-        if dev.rows["t_ns"]:
-            writer.append("samples/device", dev.rows)
-        if comm.rows["bucket"]:
-            writer.append("events/comm", comm.rows)
-        items, collates, steps, rk = loader
-        if items:
-            writer.append("events/loader", _loader_columns(items, collates, steps, rk))
-        if cupti:
-            writer.append("events/cuda", cupti)
-        if cuda_sched and cuda_sched["tid"]:
-            writer.append("events/cuda_sched", cuda_sched)
-        if threads:
-            rows = [r for _, r in threads]
-            writer.append(
-                "threads",
-                {
-                    "t_ns": [t for t, _ in threads],
-                    "rank": [rank] * len(rows),
-                    "pid": [r.pid for r in rows],
-                    "tid": [r.tid for r in rows],
-                    "role": [str(r.role) for r in rows],
-                    "name": [r.name for r in rows],
-                    "cpus_planned": [r.cpus_planned for r in rows],
-                    "cpus_actual": [r.cpus_actual for r in rows],
-                },
-            )
-        if complete:
-            writer.finish()
-        else:
-            writer.abort(reason or "run did not finish")
-
-
-def _loader_columns(
-    items: list[np.ndarray], collates: list[np.ndarray], steps: list[int], rank: int
-) -> dict[str, Any]:
-    """Expand per-item rows (fetch/decode/transform) and per-batch collate rows into events."""
-    cols = empty_columns("events/loader")
-    for arr, col, step in zip(items, collates, steps, strict=True):
-        n = arr.shape[0]
-        for stage, (a, b) in zip(
-            ("fetch", "decode", "transform"), ((5, 6), (6, 7), (7, 8)), strict=True
-        ):
-            cols["rank"].extend([rank] * n)
-            cols["step"].extend([step] * n)
-            cols["worker"].extend(arr[:, 1].tolist())
-            cols["pid"].extend(arr[:, 2].tolist())
-            cols["tid"].extend(arr[:, 3].tolist())
-            cols["cpu"].extend(arr[:, 4].tolist())
-            cols["item"].extend(arr[:, 0].tolist())
-            cols["stage"].extend([stage] * n)
-            cols["start_ns"].extend(arr[:, a].tolist())
-            cols["end_ns"].extend(arr[:, b].tolist())
-        cols["rank"].append(rank)
-        cols["step"].append(step)
-        cols["worker"].append(int(col[0]))
-        cols["pid"].append(int(col[1]))
-        cols["tid"].append(int(col[2]))
-        cols["cpu"].append(int(col[3]))
-        cols["item"].append(-1)
-        cols["stage"].append("collate")
-        cols["start_ns"].append(int(col[4]))
-        cols["end_ns"].append(int(col[5]))
-    return cols
 
 
 def write_spec_json(spec: RunSpec, path: Path) -> None:

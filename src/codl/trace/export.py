@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -169,8 +170,49 @@ def to_chrome_trace(
     tables = {name: trace.table(name, t0=t0, t1=t1) for name in _EVENT_TABLES + _SAMPLE_TABLES}
     threads = trace.table("threads").drop_duplicates(subset=["pid", "tid"], keep="last")
     b = _Builder(_time_base(trace, tables))
+    # Events are added in this order, which is also the order of the metadata events.
+    hosts = _host_processes(b, tables["events/loader"], threads)
+    _app_events(b, tables["events/app"], hosts)
+    _loader_events(b, tables["events/loader"], hosts)
+    _cuda_events(b, tables["events/cuda"], hosts)
+    _comm_events(b, tables["events/comm"])
+    _sched_counters(b, tables["samples/sched"], hosts.label_of_tid)
+    _device_counters(b, tables["samples/device"])
 
-    loader = tables["events/loader"]
+    # Metadata first, then time order: viewers do not need it, but diffs and tests read better.
+    b.events.sort(key=lambda e: float(e["ts"]))
+    other: dict[str, str] = {
+        "producer": "codl.trace.export",
+        "schema_version": str(SCHEMA_VERSION),
+        "run_id": str(trace.attrs.get("run_id", "")),
+        "complete": str(trace.complete).lower(),
+        "time_base_monotonic_ns": str(b.base_ns),
+    }
+    unix = _unix_base(trace, b.base_ns)
+    if unix is not None:
+        other["time_base_unix_ns"] = str(unix)
+    # No "displayTimeUnit": Perfetto's JSON importer reads "ns" there as the unit of `ts` itself
+    # (not just of the display, as in Chrome's spec), which would shrink every span 1000x.
+    return {"traceEvents": b.meta + b.events, "otherData": other}
+
+
+@dataclass(frozen=True)
+class _Hosts:
+    """Which process each host thread is drawn in, and its label."""
+
+    worker_of: dict[int, int]  # loader worker pid -> worker id
+    pid_of_tid: dict[int, int]
+    main_pid_of_rank: dict[int, int]
+    label_of_tid: dict[int, str]
+
+    def pid(self, rank: int, tid: int) -> int:
+        # Threads missing from /threads (captured late or exited early) go to their rank's main
+        # process; the main thread's tid equals its pid as a last resort.
+        return self.pid_of_tid.get(tid, self.main_pid_of_rank.get(rank, tid))
+
+
+def _host_processes(b: _Builder, loader: pd.DataFrame, threads: pd.DataFrame) -> _Hosts:
+    """Name every rank's main process, its loader workers and their threads."""
     worker_of: dict[int, int] = dict(
         zip(_ints(loader["pid"]), _ints(loader["worker"]), strict=True)
     )
@@ -207,125 +249,109 @@ def to_chrome_trace(
             _ints(threads["tid"]), _strs(threads["role"]), _strs(threads["name"]), strict=True
         )
     }
+    return _Hosts(worker_of, pid_of_tid, main_pid_of_rank, label_of_tid)
 
-    def host_pid(rank: int, tid: int) -> int:
-        # Threads missing from /threads (captured late or exited early) go to their rank's main
-        # process; the main thread's tid equals its pid as a last resort.
-        return pid_of_tid.get(tid, main_pid_of_rank.get(rank, tid))
 
-    app = tables["events/app"]
-    if not app.empty:
-        ranks, tids = _ints(app["rank"]), _ints(app["tid"])
-        gpu = _ints(app["gpu_ns"])
-        b.complete(
-            "app",
-            names=_strs(app["phase"]),
-            pids=(host_pid(r, t) for r, t in zip(ranks, tids, strict=True)),
-            tids=tids,
-            start_ns=app["start_ns"],
-            end_ns=app["end_ns"],
-            args=(
-                {"step": s, "rank": r, **({"gpu_ns": g} if g >= 0 else {})}
-                for s, r, g in zip(_ints(app["step"]), ranks, gpu, strict=True)
-            ),
-        )
+def _app_events(b: _Builder, app: pd.DataFrame, hosts: _Hosts) -> None:
+    if app.empty:
+        return
+    ranks, tids = _ints(app["rank"]), _ints(app["tid"])
+    gpu = _ints(app["gpu_ns"])
+    b.complete(
+        "app",
+        names=_strs(app["phase"]),
+        pids=(hosts.pid(r, t) for r, t in zip(ranks, tids, strict=True)),
+        tids=tids,
+        start_ns=app["start_ns"],
+        end_ns=app["end_ns"],
+        args=(
+            {"step": s, "rank": r, **({"gpu_ns": g} if g >= 0 else {})}
+            for s, r, g in zip(_ints(app["step"]), ranks, gpu, strict=True)
+        ),
+    )
 
-    if not loader.empty:
-        pids, tids = _ints(loader["pid"]), _ints(loader["tid"])
-        for pid, tid in zip(pids, tids, strict=True):
-            b.thread(pid, tid, f"loader: worker {worker_of.get(pid, '?')}")
-        b.complete(
-            "loader",
-            names=_strs(loader["stage"]),
-            pids=pids,
-            tids=tids,
-            start_ns=loader["start_ns"],
-            end_ns=loader["end_ns"],
-            args=(
-                {"item": i, "step": s, "cpu": c, "worker": w}
-                for i, s, c, w in zip(
-                    _ints(loader["item"]),
-                    _ints(loader["step"]),
-                    _ints(loader["cpu"]),
-                    _ints(loader["worker"]),
-                    strict=True,
-                )
-            ),
-        )
 
-    cuda = tables["events/cuda"]
-    if not cuda.empty:
-        ranks, tids, streams = _ints(cuda["rank"]), _ints(cuda["tid"]), _ints(cuda["stream"])
-        kinds = _strs(cuda["kind"])
-        pids_out: list[int] = []
-        tids_out: list[int] = []
-        for rank, tid, stream in zip(ranks, tids, streams, strict=True):
-            if stream < 0:  # a runtime API call, on the host thread that made it
-                pids_out.append(host_pid(rank, tid))
-                tids_out.append(tid)
-            else:
-                b.process(gpu_pid(rank), f"GPU rank {rank}", 4 * rank + 2, None)
-                b.thread(gpu_pid(rank), stream, f"stream {stream}")
-                pids_out.append(gpu_pid(rank))
-                tids_out.append(stream)
-        b.complete(
-            "cuda",
-            names=_strs(cuda["name"]),
-            pids=pids_out,
-            tids=tids_out,
-            start_ns=cuda["start_ns"],
-            end_ns=cuda["end_ns"],
-            args=(
-                {"kind": k, "step": s, "correlation": c}
-                for k, s, c in zip(
-                    kinds, _ints(cuda["step"]), _ints(cuda["correlation"]), strict=True
-                )
-            ),
-        )
+def _loader_events(b: _Builder, loader: pd.DataFrame, hosts: _Hosts) -> None:
+    if loader.empty:
+        return
+    pids, tids = _ints(loader["pid"]), _ints(loader["tid"])
+    for pid, tid in zip(pids, tids, strict=True):
+        b.thread(pid, tid, f"loader: worker {hosts.worker_of.get(pid, '?')}")
+    b.complete(
+        "loader",
+        names=_strs(loader["stage"]),
+        pids=pids,
+        tids=tids,
+        start_ns=loader["start_ns"],
+        end_ns=loader["end_ns"],
+        args=(
+            {"item": i, "step": s, "cpu": c, "worker": w}
+            for i, s, c, w in zip(
+                _ints(loader["item"]),
+                _ints(loader["step"]),
+                _ints(loader["cpu"]),
+                _ints(loader["worker"]),
+                strict=True,
+            )
+        ),
+    )
 
-    comm = tables["events/comm"]
-    if not comm.empty:
-        ranks = _ints(comm["rank"])
-        for rank in sorted(set(ranks)):
-            b.process(comm_pid(rank), f"comm rank {rank}", 4 * rank + 3, None)
-            b.thread(comm_pid(rank), COMM_TID, "collectives")
-        b.complete(
-            "comm",
-            names=_strs(comm["op"]),
-            pids=(comm_pid(r) for r in ranks),
-            tids=(COMM_TID for _ in ranks),
-            start_ns=comm["start_ns"],
-            end_ns=comm["end_ns"],
-            args=(
-                {"bucket": k, "bytes": n, "step": s, "gpu_ns": g}
-                for k, n, s, g in zip(
-                    _ints(comm["bucket"]),
-                    _ints(comm["bytes"]),
-                    _ints(comm["step"]),
-                    _ints(comm["gpu_ns"]),
-                    strict=True,
-                )
-            ),
-        )
 
-    _sched_counters(b, tables["samples/sched"], label_of_tid)
-    _device_counters(b, tables["samples/device"])
+def _cuda_events(b: _Builder, cuda: pd.DataFrame, hosts: _Hosts) -> None:
+    if cuda.empty:
+        return
+    ranks, tids, streams = _ints(cuda["rank"]), _ints(cuda["tid"]), _ints(cuda["stream"])
+    kinds = _strs(cuda["kind"])
+    pids_out: list[int] = []
+    tids_out: list[int] = []
+    for rank, tid, stream in zip(ranks, tids, streams, strict=True):
+        if stream < 0:  # a runtime API call, on the host thread that made it
+            pids_out.append(hosts.pid(rank, tid))
+            tids_out.append(tid)
+        else:
+            b.process(gpu_pid(rank), f"GPU rank {rank}", 4 * rank + 2, None)
+            b.thread(gpu_pid(rank), stream, f"stream {stream}")
+            pids_out.append(gpu_pid(rank))
+            tids_out.append(stream)
+    b.complete(
+        "cuda",
+        names=_strs(cuda["name"]),
+        pids=pids_out,
+        tids=tids_out,
+        start_ns=cuda["start_ns"],
+        end_ns=cuda["end_ns"],
+        args=(
+            {"kind": k, "step": s, "correlation": c}
+            for k, s, c in zip(kinds, _ints(cuda["step"]), _ints(cuda["correlation"]), strict=True)
+        ),
+    )
 
-    # Metadata first, then time order: viewers do not need it, but diffs and tests read better.
-    b.events.sort(key=lambda e: float(e["ts"]))
-    other: dict[str, str] = {
-        "producer": "codl.trace.export",
-        "schema_version": str(SCHEMA_VERSION),
-        "run_id": str(trace.attrs.get("run_id", "")),
-        "complete": str(trace.complete).lower(),
-        "time_base_monotonic_ns": str(b.base_ns),
-    }
-    unix = _unix_base(trace, b.base_ns)
-    if unix is not None:
-        other["time_base_unix_ns"] = str(unix)
-    # No "displayTimeUnit": Perfetto's JSON importer reads "ns" there as the unit of `ts` itself
-    # (not just of the display, as in Chrome's spec), which would shrink every span 1000x.
-    return {"traceEvents": b.meta + b.events, "otherData": other}
+
+def _comm_events(b: _Builder, comm: pd.DataFrame) -> None:
+    if comm.empty:
+        return
+    ranks = _ints(comm["rank"])
+    for rank in sorted(set(ranks)):
+        b.process(comm_pid(rank), f"comm rank {rank}", 4 * rank + 3, None)
+        b.thread(comm_pid(rank), COMM_TID, "collectives")
+    b.complete(
+        "comm",
+        names=_strs(comm["op"]),
+        pids=(comm_pid(r) for r in ranks),
+        tids=(COMM_TID for _ in ranks),
+        start_ns=comm["start_ns"],
+        end_ns=comm["end_ns"],
+        args=(
+            {"bucket": k, "bytes": n, "step": s, "gpu_ns": g}
+            for k, n, s, g in zip(
+                _ints(comm["bucket"]),
+                _ints(comm["bytes"]),
+                _ints(comm["step"]),
+                _ints(comm["gpu_ns"]),
+                strict=True,
+            )
+        ),
+    )
 
 
 def _sched_counters(b: _Builder, sched: pd.DataFrame, label_of_tid: dict[int, str]) -> None:

@@ -176,18 +176,3 @@ TABLES: dict[str, tuple[Column, ...]] = {
 def empty_columns(table: str) -> dict[str, list[Any]]:
     """One empty list per column of ``table``: the recorders' row buffers, in schema order."""
     return {c.name: [] for c in TABLES[table]}
-
-
-ROLES = ("launch", "autograd", "pin_memory", "comm", "loader", "other")
-PHASES = (
-    "step",
-    "data_wait",
-    "h2d",
-    "forward",
-    "backward",
-    "optimizer",
-    "compute",
-    "allreduce",
-    "sleep",
-)
-LOADER_STAGES = ("fetch", "decode", "transform", "collate")
