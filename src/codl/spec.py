@@ -358,6 +358,23 @@ class RunSpec:
                 f"{p}loader.workers: got 0 with mode {self.mode.value!r}, expected >= 1 "
                 "(loading in the main process has no worker to trace or pin)"
             )
+        out += self._trace_problems(p)
+        if not math.isfinite(self.workload.lr) or self.workload.lr <= 0:
+            out.append(f"{p}workload.lr: got {self.workload.lr}, expected a finite number > 0")
+        for key, value, maximum in _upper_limits(self):
+            if value > maximum:
+                out.append(f"{p}{key}: got {value}, expected <= {maximum} ({_LIMIT_WHY[key]})")
+        if self.mode.loads and self.workload.batch_size > self.dataset.samples:
+            # drop_last: the loader would yield no batch at all.
+            out.append(
+                f"{p}workload.batch_size: got {self.workload.batch_size}, more than "
+                f"dataset.samples ({self.dataset.samples}); not one batch can be loaded"
+            )
+        return out
+
+    def _trace_problems(self, p: str) -> list[str]:
+        """The tracing levels this run can have: CUPTI needs CUDA and takes one subscriber."""
+        out: list[str] = []
         for key, on in (("cupti", self.trace.cupti), ("cuda_api", self.trace.cuda_api)):
             if on and self.device is not DeviceKind.CUDA:
                 out.append(f"{p}trace.{key}: true needs device 'cuda'")
@@ -370,17 +387,6 @@ class RunSpec:
             out.append(
                 f"{p}trace.cuda_api_sched: true with trace.cuda_api: false, expected "
                 "trace.cuda_api: true (the evidence is taken in its callbacks)"
-            )
-        if not math.isfinite(self.workload.lr) or self.workload.lr <= 0:
-            out.append(f"{p}workload.lr: got {self.workload.lr}, expected a finite number > 0")
-        for key, value, maximum in _upper_limits(self):
-            if value > maximum:
-                out.append(f"{p}{key}: got {value}, expected <= {maximum} ({_LIMIT_WHY[key]})")
-        if self.mode.loads and self.workload.batch_size > self.dataset.samples:
-            # drop_last: the loader would yield no batch at all.
-            out.append(
-                f"{p}workload.batch_size: got {self.workload.batch_size}, more than "
-                f"dataset.samples ({self.dataset.samples}); not one batch can be loaded"
             )
         # Only when the window is on: with CUPTI off, `steps.measured: 1` must not fail on a
         # default the run never reads.
