@@ -72,6 +72,7 @@ def steps() -> pd.DataFrame:
                     {
                         "mode": mode,
                         "policy": policy,
+                        "run_id": [f"{mode}-{policy}-{i % 2}" for i in range(n)],
                         "step": np.arange(n),
                         "launch_wait_ms": wait,
                         "compute_eff_ms": 50 + 3 * wait + rng.normal(0, 1, n),
@@ -117,10 +118,11 @@ def timeline() -> pd.DataFrame:
         ("launch thread", "launch", "span", "backward", "backward", 8.0, 16.0),
         ("launch thread", "launch", "span", "optimizer", "optimizer", 16.0, 18.0),
         ("GPU (events)", "gpu", "span", "forward", "forward", 3.0, 9.0),
-        ("loader worker 0", "loader", "span", "f", "fetch", 1.0, 4.0),
-        ("loader worker 0", "loader", "span", "d", "decode", 4.0, 12.0),
+        ("loader worker 0", "loader", "span", "fetch", "fetch", 1.0, 4.0),
+        ("loader worker 0", "loader", "span", "decode", "decode", 4.0, 12.0),
         ("collectives", "comm", "span", "b0", "", 10.0, 14.0),
-        ("loader w (5000) wait", "loader", "wait", "2.0 ms", "", 18.0, 20.0),
+        # A wait is a per-step total (schedstat has no position): a duration from 0.
+        ("loader w (5000)", "loader", "wait", "2.00 ms", "", 0.0, 2.0),
     ]
     return pd.DataFrame(rows, columns=figdata.TIMELINE_COLUMNS)
 
@@ -237,7 +239,6 @@ def test_step_timeline_legend_names_phases(tmp_path: Path, monkeypatch: pytest.M
     names = [t.get_text() for t in legend.get_texts()]
     assert names[:5] == ["data_wait", "h2d", "forward", "backward", "optimizer"]
     assert "loader" in names
-    assert "loader (run-queue wait)" in names
     colours = {plots.PHASE_COLORS[p] for p in ("data_wait", "h2d", "forward", "backward")}
     assert len(colours) == 4
 
@@ -318,15 +319,208 @@ def test_flagged_steps_are_drawn_apart(tmp_path: Path, monkeypatch: pytest.Monke
     assert "flagged anomalous step (n=4)" in legend
 
 
-def test_decomposition_stacks_negative_parts_below_zero(
+def test_decomposition_splits_overlapping_parts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     figs = _drawn(monkeypatch)
-    plots.decomposition(decomposition_means(), outputs(tmp_path, "x"))
+    means = decomposition_means()
+    means.loc[means["policy"] == "isolated", "transfer_ms"] = -0.3
+    plots.decomposition(means, outputs(tmp_path, "x"))
     ax = figs[0].axes[0]
-    heights = [p.get_height() for p in ax.patches]
-    # The isolated group's unattributed part is negative: drawn below zero.
-    assert min(heights) < 0
+    # The host part and the compute-span parts overlap: two bars side by side, never stacked.
+    host = [p for p in ax.patches if p.get_facecolor()[:3] == _rgb(plots.HOST_PART[2])]
+    span = [p for p in ax.patches if p not in host and p.get_height() != 0]
+    assert len(host) == len(means) and span
+    for i, h in enumerate(host):
+        # Group i's host bar ends where its compute-span bar begins, and starts at zero.
+        beside = [p for p in span if abs(p.get_x() - (h.get_x() + h.get_width())) < 1e-9]
+        assert beside and h.get_y() == 0.0, i
+    # A negative part is drawn below zero.
+    assert min(p.get_height() for p in span) < 0
+    title = ax.get_title()
+    assert "by cause" not in title and "move with" in title and "overlap" in title
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert {"host launch delay", "peer wait", "unattributed", "compute inflation"} <= set(legend)
-    assert all("x2 ranks" in t.get_text() for t in ax.get_xticklabels())
+    assert "compute inflation (mean)" in legend
+    assert not any("unattributed" in t for t in legend)
+    # GPU slowdown was not measured (NaN everywhere): no legend entry claims a zero.
+    assert not any("GPU slowdown" in t for t in legend)
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    assert all("x2 ranks" in t and "20 steps" in t for t in labels)
+
+
+def _rgb(color: str) -> tuple[float, ...]:
+    import matplotlib.colors
+
+    return tuple(matplotlib.colors.to_rgb(color))
+
+
+def test_component_durations_has_ci_on_both_bars_and_labels_clear_of_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    figs = _drawn(monkeypatch)
+    head = comparison().assign(
+        isolation_ci_low=lambda d: d["isolation"] * 0.9,
+        isolation_ci_high=lambda d: d["isolation"] * 1.1,
+        combined_ci_low=lambda d: d["combined"] * 0.8,
+        combined_ci_high=lambda d: d["combined"] * 1.3,
+        n_runs=3,
+        n_isolation_runs=2,
+        steps=600,
+        isolation_steps=400,
+    )
+    plots.component_durations(head, outputs(tmp_path, "x"))
+    ax = figs[0].axes[0]
+    bars = [c for c in ax.containers if hasattr(c, "errorbar")]
+    assert len(bars) == 2 and all(c.errorbar is not None for c in bars)
+    d = head[head["metric"] == "compute_eff_ms"]
+    # Each change label is anchored at the top of its pair's highest whisker, never on a bar.
+    tops = sorted(t.xy[1] for t in ax.texts)
+    assert tops == sorted(d["combined_ci_high"])
+    ticks = [t.get_text() for t in ax.get_xticklabels()]
+    assert all("runs 2+3" in t and "steps 400+600" in t for t in ticks)
+
+
+def test_launch_wait_vs_compute_title_claims_no_cause(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    figs = _drawn(monkeypatch)
+    plots.launch_wait_vs_compute(steps(), outputs(tmp_path, "x"))
+    ax = figs[0].axes[0]
+    assert "->" not in ax.get_title() and "Mechanism" not in ax.get_title()
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "combined / none (2 runs, 20 steps)" in legend
+
+
+def test_policy_heatmap_centres_ratio_at_one_with_ci_and_readable_text(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    figs = _drawn(monkeypatch)
+    table = heatmap().assign(
+        ci_low=lambda d: d["ratio"] * 0.9,
+        ci_high=lambda d: d["ratio"] * 1.1,
+        n_runs=3,
+        n_isolation_runs=3,
+        runs=3,
+    )
+    plots.policy_heatmap(table, outputs(tmp_path, "x"))
+    thr, ratio = figs[0].axes[0], figs[0].axes[1]
+    im = ratio.get_images()[0]
+    assert im.norm(1.0) == pytest.approx(0.5)
+    assert im.cmap.name.startswith("RdBu")
+    texts = {t.get_text(): t.get_color() for t in ratio.texts}
+    assert "1.05\n[0.95, 1.16]\n(3/3 runs)" in texts
+    # Near 1 the cell is near white: its text must be dark.
+    assert texts["1.05\n[0.95, 1.16]\n(3/3 runs)"] == "k"
+    assert "no pair" in texts
+    # One y label for the shared policy axis: none on the right panel to collide.
+    assert thr.get_ylabel() and not ratio.get_ylabel()
+
+
+def test_step_timeline_draws_waits_as_totals_apart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    figs = _drawn(monkeypatch)
+    plots.step_timeline(timeline(), outputs(tmp_path, "x"), title="Run abc")
+    spans, waits = figs[0].axes[:2]
+    assert "loader w (5000)" not in [t.get_text() for t in spans.get_yticklabels()]
+    assert [t.get_text() for t in waits.get_yticklabels()] == ["loader w (5000)"]
+    assert "total" in waits.get_xlabel()
+    # Loader spans carry their stage name, not its first letter.
+    assert "decode" in [t.get_text() for t in spans.texts]
+    assert not {"f", "d", "t"} & {t.get_text() for t in spans.texts}
+
+
+def test_step_time_distributions_in_study_order_with_n(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    figs = _drawn(monkeypatch)
+    plots.step_time_distributions(steps(), outputs(tmp_path, "x"))
+    labels = [t.get_text() for t in figs[0].axes[0].get_xticklabels()]
+    # Mode order of spec.Mode (compute before combined), then policy order (none first).
+    assert [lab.split("\n")[:2] for lab in labels] == [
+        ["compute", "none"],
+        ["compute", "isolated"],
+        ["combined", "none"],
+        ["combined", "isolated"],
+    ]
+    assert all("2 runs\n19 steps" in lab for lab in labels)
+
+
+def test_arm_intervals_bracket_each_arm() -> None:
+    st = steps()
+    head = pd.DataFrame(
+        [
+            {
+                "metric": "compute_eff_ms",
+                "stat": "p95",
+                "status": "ok",
+                "runs": "combined-none-0 combined-none-1",
+                "isolation_runs": "compute-none-0 compute-none-1",
+            },
+            {"metric": "compute_eff_ms", "stat": "p95", "status": "missing", "runs": "x"},
+        ]
+    )
+    out = figdata.with_arm_intervals(head, st)
+    ok = out.iloc[0]
+    for arm, mode in (("isolation", "compute"), ("combined", "combined")):
+        g = st[(st["mode"] == mode) & (st["policy"] == "none") & ~st["outlier"]]
+        point = g.groupby("run_id")["compute_eff_ms"].quantile(0.95).mean()
+        assert ok[f"{arm}_ci_low"] <= point <= ok[f"{arm}_ci_high"]
+        assert ok[f"{arm}_ci_low"] < ok[f"{arm}_ci_high"]
+    assert np.isnan(out.iloc[1]["combined_ci_low"])
+
+
+def test_timeline_run_is_the_typical_plain_combined_run() -> None:
+    summary = pd.DataFrame(
+        {
+            "run_id": ["a", "b", "c", "d", "e"],
+            "mode": ["combined", "combined", "combined", "combined", "compute"],
+            "step_ms_p50": [10.0, 20.0, 31.0, 21.0, 20.0],
+            "cuda_api": [False, False, False, True, False],
+        }
+    )
+    # Plain combined runs a, b, c: median 20 -> b (d is traced, e is not combined).
+    assert figdata.timeline_run(summary) == "b"
+    assert figdata.timeline_run(summary[summary["mode"] == "compute"]) == ""
+
+
+def test_heatmap_table_keeps_one_plain_comparison_per_cell() -> None:
+    summary = pd.DataFrame(
+        {
+            "mode": ["combined", "combined", "compute"],
+            "policy": ["none"] * 3,
+            "workers": [4, 4, 0],
+            "cuda_api": [False, True, False],
+            "throughput_samples_s": [100.0, 50.0, 200.0],
+        }
+    )
+    comp = pd.DataFrame(
+        {
+            "mode": ["combined", "combined"],
+            "policy": ["none", "none"],
+            "workers": [4, 4],
+            "cuda_api": [False, True],
+            "metric": "compute_eff_ms",
+            "stat": "p95",
+            "status": "ok",
+            "ratio": [1.5, 3.0],
+            "ci_low": [1.4, 2.0],
+            "ci_high": [1.6, 4.0],
+            "n_runs": [3, 1],
+            "n_isolation_runs": [3, 1],
+        }
+    )
+    t = figdata.heatmap_table(summary, comp)
+    assert len(t) == 1
+    row = t.iloc[0]
+    # The traced run is slower by itself: left out of both throughput and ratio.
+    assert (row["throughput_samples_s"], row["runs"], row["ratio"]) == (100.0, 1, 1.5)
+    assert (row["ci_low"], row["ci_high"]) == (1.4, 1.6)
+
+
+def test_decomposition_runs_counts_runs_per_group() -> None:
+    means = decomposition_means()
+    rows = means.drop(columns=["view", "steps"]).drop_duplicates()
+    decomp = pd.concat([rows.assign(run_id=r) for r in ("r1", "r2")], ignore_index=True)
+    out = figdata.decomposition_runs(means, decomp)
+    assert list(out["runs"]) == [2] * len(means)

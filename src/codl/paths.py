@@ -17,7 +17,8 @@ FIGURES = (
     "policy_heatmap",
     "step_time_distributions",
 )
-# The decomposition figure has a caption of its own in the report, so it is a separate output.
+# The decomposition figure is drawn from the decomposition table (the others from runs, steps,
+# comparison and traces); every figure has its own report entry and caption (analysis.smk).
 DECOMPOSITION_FIGURE = "decomposition"
 ALL_FIGURES = (*FIGURES, DECOMPOSITION_FIGURE)
 FIGURE_FORMATS = ("png", "pdf")

@@ -52,6 +52,8 @@ rule compare:
         "../scripts/compare.py"
 
 
+# One report entry per figure, each with its own caption: PNGs only. The PDFs are the same
+# figures for print; registering them too would list every figure twice in the report.
 rule figures:
     input:
         runs=PATHS.runs_table,
@@ -60,24 +62,84 @@ rule figures:
         decomposition=PATHS.decomposition_table,
         traces=all_of("trace"),
     output:
-        figures=report(
-            expand(
-                str(PATHS.figures / "{name}.{fmt}"),
-                name=FIGURES,
-                fmt=FIGURE_FORMATS,
-            ),
-            caption="../report/figures.rst",
+        component_durations=report(
+            PATHS.figure("component_durations"),
+            caption="../report/component_durations.rst",
             category="Figures",
+            subcategory="Interference",
+            labels={
+                "figure": "component_durations",
+                "shows": "isolation vs combined per component",
+                "statistic": "p95, 95 % CI per bar",
+            },
+        ),
+        policy_heatmap=report(
+            PATHS.figure("policy_heatmap"),
+            caption="../report/policy_heatmap.rst",
+            category="Figures",
+            subcategory="Interference",
+            labels={
+                "figure": "policy_heatmap",
+                "shows": "throughput and compute inflation per policy x workers",
+                "statistic": "median; p95 ratio, 95 % CI",
+            },
+        ),
+        step_time_distributions=report(
+            PATHS.figure("step_time_distributions"),
+            caption="../report/step_time_distributions.rst",
+            category="Figures",
+            subcategory="Interference",
+            labels={
+                "figure": "step_time_distributions",
+                "shows": "step-time distribution per mode and policy",
+                "statistic": "quartiles, p1-p99",
+            },
+        ),
+        launch_wait_vs_compute=report(
+            PATHS.figure("launch_wait_vs_compute"),
+            caption="../report/launch_wait_vs_compute.rst",
+            category="Figures",
+            subcategory="Mechanism",
+            labels={
+                "figure": "launch_wait_vs_compute",
+                "shows": "launch-thread run-queue wait vs compute, per step",
+                "statistic": "every step",
+            },
         ),
         decomposition=report(
-            expand(
-                str(PATHS.figures / "{name}.{fmt}"),
-                name=DECOMPOSITION_FIGURE,
-                fmt=FIGURE_FORMATS,
-            ),
+            PATHS.figure("decomposition"),
             caption="../report/decomposition.rst",
             category="Figures",
+            subcategory="Mechanism",
+            labels={
+                "figure": "decomposition",
+                "shows": "compute inflation and the parts that move with it",
+                "statistic": "mean, all and slowest 5 % steps",
+            },
         ),
+        step_timeline=report(
+            PATHS.figure("step_timeline"),
+            caption="../report/step_timeline.rst",
+            category="Figures",
+            subcategory="Mechanism",
+            labels={
+                "figure": "step_timeline",
+                "shows": "one representative step, every thread",
+                "statistic": "one step",
+            },
+        ),
+        api_latency_cdf=report(
+            PATHS.figure("api_latency_cdf"),
+            caption="../report/api_latency_cdf.rst",
+            category="Figures",
+            subcategory="Mechanism",
+            labels={
+                "figure": "api_latency_cdf",
+                "shows": "CUDA runtime API call latency",
+                "statistic": "empirical CDF",
+            },
+        ),
+        pdfs=[str(PATHS.figure(name, "pdf")) for name in ALL_FIGURES],
     log:
         str(PATHS.logs / "figures.log"),
     conda:

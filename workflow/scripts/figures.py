@@ -11,5 +11,5 @@ figures_to(
     comparison_table=Path(snakemake.input.comparison),
     decomposition_table=Path(snakemake.input.decomposition),
     traces=[Path(p) for p in snakemake.input.traces],
-    figdir=Path(snakemake.output.figures[0]).parent,
+    figdir=Path(snakemake.output.component_durations).parent,
 )

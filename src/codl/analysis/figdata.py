@@ -5,20 +5,31 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from codl.analysis.compare import HEADLINE_STAT
+from codl.analysis.compare import (
+    BOOTSTRAP,
+    HEADLINE_STAT,
+    QUANTILES,
+    draw_indices,
+    replicate,
+    run_statistic,
+)
 from codl.analysis.summarize import sched_deltas
+from codl.spec import Mode, Policy
 
+# The isolation modes: one component each, so no interference inside the run.
+COMPONENT_MODES = (Mode.DATA.value, Mode.COMPUTE.value, Mode.COMM.value)
 TIMELINE_COLUMNS = ["track", "role", "kind", "label", "phase", "start_ms", "end_ms"]
 
 
-def api_latencies(cuda: pd.DataFrame, label: str, *, warmup: int) -> pd.DataFrame:
-    """Every measured CUDA runtime API call as (label, name, us), for the latency CDF."""
+def api_latencies(cuda: pd.DataFrame, label: str, *, warmup: int, run_id: str = "") -> pd.DataFrame:
+    """Every measured CUDA runtime API call as (label, run_id, name, us), for the latency CDF."""
     if cuda.empty:
-        return pd.DataFrame(columns=["label", "name", "us"])
+        return pd.DataFrame(columns=["label", "run_id", "name", "us"])
     rt = cuda[(cuda["kind"].astype(str) == "runtime") & (cuda["step"] >= warmup)]
     return pd.DataFrame(
         {
             "label": label,
+            "run_id": run_id,
             "name": rt["name"].astype(str).to_numpy(),
             "us": ((rt["end_ns"] - rt["start_ns"]) / 1e3).to_numpy(),
         }
@@ -27,8 +38,12 @@ def api_latencies(cuda: pd.DataFrame, label: str, *, warmup: int) -> pd.DataFram
 
 def step_timeline(tables: dict[str, pd.DataFrame], *, step: int, rank: int = 0) -> pd.DataFrame:
     """Bars of one step: app phases on the launch track, loader stages per worker, GPU phase
-    durations (CUDA events) on a GPU track, AllReduce buckets, and each thread's run-queue wait
-    during the step as a hatched bar at the step's end (schedstat gives totals, not positions).
+    durations (CUDA events) on a GPU track, AllReduce buckets, and the threads with the most
+    run-queue wait during the step (``kind`` "wait").
+
+    schedstat gives a thread's wait as a per-step total, not where in the step it fell, so a
+    wait row is a duration (``start_ms`` 0, ``end_ms`` the total), never a position on the
+    step's time axis; the plot draws it apart from the spans.
 
     ``phase`` names the app phase (or loader stage) of a span so the plot can colour phases
     apart; it is empty for collectives and waits."""
@@ -77,7 +92,7 @@ def step_timeline(tables: dict[str, pd.DataFrame], *, step: int, rank: int = 0) 
             f"loader worker {int(r['worker'])}",
             "loader",
             "span",
-            str(r["stage"])[:1],
+            str(r["stage"]),
             int(r["start_ns"]),
             int(r["end_ns"]),
             str(r["stage"]),
@@ -102,32 +117,178 @@ def step_timeline(tables: dict[str, pd.DataFrame], *, step: int, rank: int = 0) 
         tid = int(r["tid"])
         role = str(threads["role"].get(tid, "other")) if len(threads) else "other"
         name = str(threads["name"].get(tid, "")) if len(threads) else ""
-        add(
-            f"{role} {name} ({tid}) wait",
-            role,
-            "wait",
-            f"{r['wait_ns'] / 1e6:.1f} ms",
-            t1 - int(r["wait_ns"]),
-            t1,
+        rows.append(
+            {
+                "track": f"{role} {name} ({tid})",
+                "role": role,
+                "kind": "wait",
+                "label": f"{r['wait_ns'] / 1e6:.2f} ms",
+                "phase": "",
+                "start_ms": 0.0,
+                "end_ms": r["wait_ns"] / 1e6,
+            }
         )
     return pd.DataFrame(rows, columns=TIMELINE_COLUMNS)
 
 
 def heatmap_table(summary: pd.DataFrame, comparison: pd.DataFrame) -> pd.DataFrame:
-    """policy, workers, throughput of the combined-like runs, compute inflation ratio at the
-    headline statistic (p95: the effect lives in the tail)."""
-    cols = ["policy", "workers", "throughput_samples_s", "ratio"]
+    """Per (policy, workers): median throughput of the multi-component runs and their count,
+    and the compute inflation ratio at the headline statistic (p95: the effect lives in the
+    tail) with its 95 % CI and run counts.
+
+    Runs with CUDA tracing are left out where plain runs exist (tracing slows a run by itself),
+    and where several modes fill one cell, ``combined`` wins: one comparison per cell, never a
+    median of unlike ones."""
+    cols = [
+        "policy",
+        "workers",
+        "throughput_samples_s",
+        "runs",
+        "ratio",
+        "ci_low",
+        "ci_high",
+        "n_runs",
+        "n_isolation_runs",
+    ]
     if summary.empty or not {"mode", "policy", "workers", "throughput_samples_s"} <= set(summary):
         return pd.DataFrame(columns=cols)
-    multi = summary[~summary["mode"].isin(["data", "compute", "comm"])]
-    thr = multi.groupby(["policy", "workers"])["throughput_samples_s"].median()
-    out = thr.reset_index()
-    if len(comparison) and {"metric", "status", "ratio"} <= set(comparison):
+    multi = summary[~summary["mode"].isin(list(COMPONENT_MODES))]
+    plain = multi[~instrumented(multi)]
+    multi = plain if len(plain) else multi
+    out = (
+        multi.groupby(["policy", "workers"])["throughput_samples_s"]
+        .agg(throughput_samples_s="median", runs="size")
+        .reset_index()
+    )
+    need = {"metric", "status", "ratio", "ci_low", "ci_high", "mode"}
+    if len(comparison) and need <= set(comparison):
         c = comparison[(comparison["metric"] == "compute_eff_ms") & (comparison["status"] == "ok")]
         if "stat" in c:
             c = c[c["stat"] == HEADLINE_STAT]
-        ratio = c.groupby(["policy", "workers"])["ratio"].median()
-        out = out.merge(ratio.reset_index(), on=["policy", "workers"], how="outer")
-    else:
-        out["ratio"] = np.nan
+        plain_c = c[~instrumented(c)]
+        c = plain_c if len(plain_c) else c
+        c = c.assign(_o=(c["mode"] == Mode.COMBINED.value).astype(int)).sort_values("_o")
+        keep = ["ratio", "ci_low", "ci_high", "n_runs", "n_isolation_runs"]
+        c = c.reindex(columns=["policy", "workers", *keep])
+        # tail(1), not last(): last() takes each column's last non-null, mixing rows.
+        best = c.groupby(["policy", "workers"]).tail(1)
+        out = out.merge(best, on=["policy", "workers"], how="outer")
+    return out.reindex(columns=cols)
+
+
+# Instrumented runs (CUPTI, API callbacks) are slower by themselves: a figure never pools them
+# with plain runs, and a per-cell summary prefers the plain ones.
+INSTRUMENT_COLUMNS = ("cupti", "cuda_api")
+
+
+def _truthy(s: pd.Series) -> pd.Series:
+    return s.astype(str).str.lower() == "true"
+
+
+def instrumented(df: pd.DataFrame) -> pd.Series:
+    """True where a row comes from a run with a CUDA tracing level on."""
+    on = pd.Series(False, index=df.index)
+    for col in INSTRUMENT_COLUMNS:
+        if col in df:
+            on |= _truthy(df[col])
+    return on
+
+
+def order_key(mode: object, policy: object) -> tuple[int, int, str, str]:
+    """Sort key in the order the study reads: modes as ``spec.Mode`` declares them (isolation
+    first, then the pairs, then combined), policies as ``spec.Policy`` does (none first)."""
+    modes = [m.value for m in Mode]
+    policies = [p.value for p in Policy]
+    m, p = str(mode), str(policy)
+    mi = modes.index(m) if m in modes else len(modes)
+    pi = policies.index(p) if p in policies else len(policies)
+    return (mi, pi, m, p)
+
+
+def _run_lists(col: pd.Series) -> list[list[str]]:
+    return [str(v).split() if isinstance(v, str) else [] for v in col]
+
+
+def _steady_values(steps: pd.DataFrame, run_ids: list[str], metric: str) -> list[np.ndarray]:
+    out = []
+    for rid in run_ids:
+        g = steps[steps["run_id"] == rid]
+        if "outlier" in g:
+            g = g[~_truthy(g["outlier"])]
+        v = pd.to_numeric(g[metric], errors="coerce").to_numpy(dtype=float)
+        v = v[np.isfinite(v)]
+        if len(v):
+            out.append(v)
     return out
+
+
+def arm_interval(
+    groups: list[np.ndarray], stat: str, *, n: int = BOOTSTRAP, seed: int = 0
+) -> tuple[float, float]:
+    """95 % two-level bootstrap interval (runs, then steps) of the mean over runs of a per-run
+    statistic: the same resampling ``compare`` uses for the ratio, applied to one arm."""
+    if not groups:
+        return (np.nan, np.nan)
+    rng = np.random.default_rng(seed)
+    f = run_statistic(stat)
+    draws = draw_indices([len(a) for a in groups], n, rng)
+    reps = replicate(groups, draws, n, lambda a, _sel: f(a))
+    lo, hi = np.percentile(reps, [2.5, 97.5])
+    return (float(lo), float(hi))
+
+
+def with_arm_intervals(headline: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """``compare.headline`` rows plus ``isolation_ci_low/high`` and ``combined_ci_low/high``:
+    the interval of each bar on its own (the comparison table has the interval of the ratio
+    and of the difference, not of each arm). NaN where the steps table lacks the runs."""
+    out = headline.copy()
+    cols = ("isolation_ci_low", "isolation_ci_high", "combined_ci_low", "combined_ci_high")
+    for c in cols:
+        out[c] = np.nan
+    need = {"runs", "isolation_runs", "metric", "stat", "status"}
+    if out.empty or not need <= set(out) or steps.empty or "run_id" not in steps:
+        return out
+    for i, row in out.iterrows():
+        metric = str(row["metric"])
+        if row["status"] != "ok" or metric not in steps or row["stat"] not in QUANTILES:
+            continue
+        for arm, col in (("isolation", "isolation_runs"), ("combined", "runs")):
+            ids = _run_lists(pd.Series([row[col]]))[0]
+            lo, hi = arm_interval(_steady_values(steps, ids, metric), str(row["stat"]))
+            out.loc[i, [f"{arm}_ci_low", f"{arm}_ci_high"]] = (lo, hi)
+    return out
+
+
+def timeline_run(summary: pd.DataFrame) -> str:
+    """The run the step-timeline figure shows: among the combined runs (else data+compute)
+    without CUDA tracing, the one whose median step time is closest to the median of those
+    runs' medians - a typical run, chosen by a rule rather than by file order. '' if none."""
+    need = {"run_id", "mode", "step_ms_p50"}
+    if summary.empty or not need <= set(summary):
+        return ""
+    for mode in (Mode.COMBINED.value, Mode.DATA_COMPUTE.value):
+        runs = summary[(summary["mode"] == mode) & summary["step_ms_p50"].notna()]
+        plain = runs[~instrumented(runs)]
+        runs = plain if len(plain) else runs
+        if len(runs):
+            med = runs["step_ms_p50"].median()
+            ordered = runs.assign(_d=(runs["step_ms_p50"] - med).abs()).sort_values(
+                ["_d", "run_id"]
+            )
+            return str(ordered["run_id"].iloc[0])
+    return ""
+
+
+def decomposition_runs(means: pd.DataFrame, decomposition: pd.DataFrame) -> pd.DataFrame:
+    """``decompose.decomposition_means`` plus ``runs``: how many runs each bar group pools."""
+    keys = ["mode", "policy", "workers", "world_size", "cupti", "cuda_api"]
+    if means.empty or "run_id" not in decomposition or not set(keys) <= set(decomposition):
+        return means.assign(runs=np.nan) if not means.empty else means
+    counts = decomposition.groupby(keys, dropna=False)["run_id"].nunique().reset_index()
+
+    def joined(df: pd.DataFrame) -> list[str]:
+        # NaN keys (world_size of an old table) do not merge; their string form does.
+        return ["|".join(map(str, row)) for row in df[keys].itertuples(index=False)]
+
+    runs = dict(zip(joined(counts), counts["run_id"], strict=True))
+    return means.assign(runs=[runs.get(k, np.nan) for k in joined(means)])

@@ -18,7 +18,7 @@ from codl.analysis import summarize as sm
 from codl.analysis.steady import flag_outliers
 from codl.errors import CodlError
 from codl.paths import DECOMPOSITION_FIGURE, FIGURE_FORMATS
-from codl.trace.store import open_trace
+from codl.trace.store import Trace, open_trace
 
 
 def summarize_to(
@@ -113,13 +113,19 @@ def table_figures_to(
     steps = pd.read_csv(steps_table)
     comparison = pd.read_csv(comparison_table)
     decomposition = pd.read_csv(decomposition_table)
-    plots.component_durations(cmp.headline(comparison), _outs(figdir, "component_durations"))
+    plots.component_durations(
+        figdata.with_arm_intervals(cmp.headline(comparison), steps),
+        _outs(figdir, "component_durations"),
+    )
     plots.launch_wait_vs_compute(steps, _outs(figdir, "launch_wait_vs_compute"))
     plots.step_time_distributions(steps, _outs(figdir, "step_time_distributions"))
     plots.policy_heatmap(
         figdata.heatmap_table(summary, comparison), _outs(figdir, "policy_heatmap")
     )
-    plots.decomposition(dec.decomposition_means(decomposition), _outs(figdir, DECOMPOSITION_FIGURE))
+    plots.decomposition(
+        figdata.decomposition_runs(dec.decomposition_means(decomposition), decomposition),
+        _outs(figdir, DECOMPOSITION_FIGURE),
+    )
 
 
 def figures_to(
@@ -138,6 +144,8 @@ def figures_to(
         decomposition_table=decomposition_table,
         figdir=figdir,
     )
+    # The timeline's run is picked by a stated rule from the runs table, not by file order.
+    chosen = figdata.timeline_run(pd.read_csv(runs_table))
     api_frames = []
     timeline = pd.DataFrame()
     title = ""
@@ -152,6 +160,7 @@ def figures_to(
     for path in traces:
         with open_trace(path) as t:
             spec = t.spec
+            run_id = str(t.attrs.get("run_id", ""))
             warm = int(t.attrs.get("warmup_steps", 0))
             mode = str(spec.get("mode"))
             cuda = t.table("events/cuda")
@@ -160,21 +169,28 @@ def figures_to(
                 label += f" / {spec['pinning']['policy']}"
                 # The two sources perturb differently (Kineto far more): never pooled.
                 label += " / callbacks" if spec["trace"].get("cuda_api") else " / Kineto"
-                api_frames.append(figdata.api_latencies(cuda, label, warmup=warm))
-            if timeline.empty and mode in {"combined", "data+compute"}:
-                tables = {n: t.table(n) for n in names}
-                # The median-length measured step is the representative one.
-                app = tables["events/app"]
-                st = app[(app["phase"].astype(str) == "step") & (app["step"] >= warm)]
-                if len(st):
-                    dur = (st["end_ns"] - st["start_ns"]).to_numpy()
-                    pick = int(np.argmin(np.abs(dur - np.median(dur))))
-                    step = int(st["step"].to_numpy()[pick])
-                    timeline = figdata.step_timeline(tables, step=step)
-                    title = (
-                        f"One {mode} step (run {t.attrs.get('run_id')}, step {step}, policy "
-                        f"{spec['pinning']['policy']}, {spec['loader']['workers']} workers)"
-                    )
+                api_frames.append(figdata.api_latencies(cuda, label, warmup=warm, run_id=run_id))
+            if run_id == chosen:
+                timeline, title = _timeline_of(t, {n: t.table(n) for n in names}, warm)
     api = pd.concat(api_frames, ignore_index=True) if api_frames else pd.DataFrame()
     plots.api_latency_cdf(api, _outs(figdir, "api_latency_cdf"))
     plots.step_timeline(timeline, _outs(figdir, "step_timeline"), title=title)
+
+
+def _timeline_of(t: Trace, tables: dict[str, pd.DataFrame], warm: int) -> tuple[pd.DataFrame, str]:
+    """Rank 0's measured step closest to the run's median step time, and a title naming it."""
+    app = tables["events/app"]
+    st = app[(app["phase"].astype(str) == "step") & (app["step"] >= warm) & (app["rank"] == 0)]
+    if st.empty:
+        return pd.DataFrame(), ""
+    dur = (st["end_ns"] - st["start_ns"]).to_numpy()
+    pick = int(np.argmin(np.abs(dur - np.median(dur))))
+    step = int(st["step"].to_numpy()[pick])
+    spec = t.spec
+    title = (
+        f"Run {t.attrs.get('run_id')} ({spec.get('mode')}, policy {spec['pinning']['policy']}, "
+        f"{spec['loader']['workers']} workers), rank 0, step {step} of {len(st)} measured: the "
+        "step closest to the run's median step time,\nin the run closest to the median step "
+        "time of its mode's runs (without CUDA tracing)"
+    )
+    return figdata.step_timeline(tables, step=step), title

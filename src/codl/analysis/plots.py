@@ -17,7 +17,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
+
+from codl.analysis import figdata
 
 ISO_COLOR = "#4c72b0"
 COMB_COLOR = "#dd8452"
@@ -71,20 +74,47 @@ def _note(ax: Any, text: str) -> None:
 MAX_LABEL_RATIO = 10.0
 
 
-def _effect_label(ratio: float, diff: float, p50_ratio: float) -> str:
-    """'+44%' (or '+0.36' when the twin is ~0 and the difference carries it), with p50 beside."""
+def _effect_label(ratio: float, diff: float, p50_ratio: float, unit: str = "ms") -> str:
+    """'+44%' (or '+0.36 ms' when the twin is ~0 and the difference carries it), p50 beside."""
     readable = np.isfinite(ratio) and ratio <= MAX_LABEL_RATIO
-    main = f"{(ratio - 1) * 100:+.0f}%" if readable else f"{diff:+.2g}"
+    main = f"{(ratio - 1) * 100:+.0f}%" if readable else f"{diff:+.2g} {unit}"
     readable50 = np.isfinite(p50_ratio) and p50_ratio <= MAX_LABEL_RATIO
     side = f"\n(p50 {(p50_ratio - 1) * 100:+.0f}%)" if readable50 else ""
     return main + side
+
+
+def _count(v: Any) -> str:
+    return str(int(v)) if pd.notna(v) else "?"
+
+
+def _n(v: Any, noun: str) -> str:
+    """'1 run', '3 runs', '? runs' (count unknown)."""
+    one = pd.notna(v) and int(v) == 1
+    return f"{_count(v)} {noun}" + ("" if one else "s")
+
+
+def _yerr(value: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Error-bar lengths below/above each bar; 0 where the interval is unknown."""
+    below = np.nan_to_num(np.clip(value - lo, 0, None))
+    above = np.nan_to_num(np.clip(hi - value, 0, None))
+    return np.vstack([below, above])
+
+
+def _column(d: pd.DataFrame, col: str) -> np.ndarray:
+    if col not in d:
+        return np.full(len(d), np.nan)
+    return d[col].to_numpy(dtype=float)
+
+
+MAX_PAIRS_PER_ROW = 10
 
 
 def component_durations(
     headline: pd.DataFrame, outputs: Sequence[Path], *, metrics: Sequence[str] | None = None
 ) -> None:
     """Fig. 1: isolation vs combined per policy at the headline statistic (one row per
-    comparison, as ``compare.headline`` gives: p95 with its 95 % CI, p50 change beside it).
+    comparison, as ``compare.headline`` gives: p95, p50 change beside it), each bar with its
+    own 95 % CI (``figdata.with_arm_intervals``) and n (runs, steps) under each pair.
 
     The data component is shown as per-item loader service time, not data wait: an isolation
     `data` run waits for data all step long, so its data wait is not comparable.
@@ -93,7 +123,24 @@ def component_durations(
     usable = len(headline) and {"status", "metric"} <= set(headline)
     ok = headline[headline["status"] == "ok"] if usable else pd.DataFrame()
     present = [m for m in metrics if len(ok) and m in set(ok["metric"])]
-    fig, axes = plt.subplots(1, max(1, len(present)), figsize=(4.2 * max(1, len(present)), 3.8))
+    # Panels as wide as their number of bar pairs, so tick labels of a crowded panel fit; past
+    # MAX_PAIRS_PER_ROW pairs in all, one panel per row (a page is not 30 inches wide).
+    pairs = [max(2, int((ok["metric"] == m).sum())) for m in present] or [2]
+    if sum(pairs) > MAX_PAIRS_PER_ROW:
+        fig, axes = plt.subplots(
+            len(pairs),
+            1,
+            figsize=(1.45 * max(pairs) + 1.5, 3.9 * len(pairs) + 0.6),
+            layout="constrained",
+        )
+    else:
+        fig, axes = plt.subplots(
+            1,
+            len(pairs),
+            figsize=(max(6.0, 1.45 * sum(pairs) + 0.9 * len(pairs)), 4.6),
+            gridspec_kw={"width_ratios": pairs},
+            layout="constrained",
+        )
     axes = np.atleast_1d(axes)
     if not present:
         why = "no isolation/combined pairs in this run set\n(add isolation modes)"
@@ -107,53 +154,76 @@ def component_durations(
     stat = str(ok["stat"].iloc[0]) if "stat" in ok else "median"
     for ax, metric in zip(axes, present, strict=True):
         d = ok[ok["metric"] == metric].copy()
+        many = d["mode"].nunique() > 1
         d["label"] = (
             d["policy"].astype(str)
-            + "\nw="
+            + " w="
             + d["workers"].astype(str)
-            + ("\n" + d["mode"].astype(str) if d["mode"].nunique() > 1 else "")
+            + ("\n" + d["mode"].astype(str) if many else "")
         )
         # Runs with a CUPTI level are slower by themselves: mark them so no one compares across.
-        for col, mark in (("cupti", "\n+CUPTI"), ("cuda_api", "\n+API")):
+        for col, mark in (("cupti", " +CUPTI"), ("cuda_api", " +API")):
             if col in d:
                 on = d[col].astype(str).str.lower() == "true"
                 d.loc[on, "label"] = d.loc[on, "label"] + mark
-        d = d.sort_values(["policy", "workers", "mode"])
+        d["label"] += [
+            f"\nruns {_count(ni)}+{_count(nc)}\nsteps {_count(si)}+{_count(sc)}"
+            for ni, nc, si, sc in zip(
+                _column(d, "n_isolation_runs"),
+                _column(d, "n_runs"),
+                _column(d, "isolation_steps"),
+                _column(d, "steps"),
+                strict=True,
+            )
+        ]
+        keys = [
+            (*figdata.order_key(m, p), float(w))
+            for m, p, w in zip(d["mode"], d["policy"], d["workers"], strict=True)
+        ]
+        d = d.iloc[sorted(range(len(d)), key=keys.__getitem__)]
         x = np.arange(len(d))
         iso = d["isolation"].to_numpy(dtype=float)
         comb = d["combined"].to_numpy(dtype=float)
-        # The interval of the difference places the combined bar's error bar on the value
-        # axis; it exists even where the twin is 0 and a ratio does not.
-        lo = iso + d["diff_ci_low"].to_numpy(dtype=float)
-        hi = iso + d["diff_ci_high"].to_numpy(dtype=float)
-        ax.bar(x - 0.2, iso, 0.4, color=ISO_COLOR, label="isolation")
-        ax.bar(
-            x + 0.2,
-            comb,
-            0.4,
-            color=COMB_COLOR,
-            label="combined",
-            yerr=np.vstack([np.clip(comb - lo, 0, None), np.clip(hi - comb, 0, None)]),
-            capsize=3,
-        )
-        p50 = d["p50_ratio"] if "p50_ratio" in d else pd.Series(np.nan, index=d.index)
-        for xi, c, r, df_, r50 in zip(
-            x, comb, d["ratio"], d["diff"], p50.to_numpy(dtype=float), strict=True
+        iso_lo, iso_hi = _column(d, "isolation_ci_low"), _column(d, "isolation_ci_high")
+        comb_lo, comb_hi = _column(d, "combined_ci_low"), _column(d, "combined_ci_high")
+        # Without an arm's own interval, the interval of the difference still places the
+        # combined bar's error bar (it exists even where the twin is 0 and a ratio does not).
+        fallback = ~np.isfinite(comb_lo)
+        comb_lo = np.where(fallback, iso + _column(d, "diff_ci_low"), comb_lo)
+        comb_hi = np.where(fallback, iso + _column(d, "diff_ci_high"), comb_hi)
+        err = {"capsize": 3, "error_kw": {"elinewidth": 1}}
+        for dx, v, lo, hi, color, name in (
+            (-0.2, iso, iso_lo, iso_hi, ISO_COLOR, "isolation"),
+            (0.2, comb, comb_lo, comb_hi, COMB_COLOR, "combined"),
         ):
-            if np.isfinite(c):
-                ax.text(
-                    xi + 0.2, c, _effect_label(r, df_, r50), ha="center", va="bottom", fontsize=6
+            ax.bar(x + dx, v, 0.4, color=color, label=name, yerr=_yerr(v, lo, hi), **err)
+        # The change label sits above the higher of the pair's bars and error bars, centred on
+        # the pair, so it never overlaps a whisker.
+        tops = np.nanmax(np.vstack([iso, comb, iso_hi, comb_hi]), axis=0)
+        p50 = _column(d, "p50_ratio")
+        unit = "us" if metric.endswith("_us_mean") else "ms"
+        for xi, top, r, df_, r50 in zip(x, tops, d["ratio"], d["diff"], p50, strict=True):
+            if np.isfinite(top):
+                ax.annotate(
+                    _effect_label(r, df_, r50, unit),
+                    (xi, top),
+                    xytext=(0, 3),
+                    textcoords="offset points",
+                    ha="center",
+                    va="bottom",
+                    fontsize=6.5,
                 )
-        # Labels carry the mode too when modes are mixed: tilt them so they do not collide.
-        many = d["mode"].nunique() > 1
-        ax.set_xticks(x, d["label"], fontsize=6 if many else 7, rotation=35 if many else 0)
-        ax.set_ylabel(f"{stat} of {METRIC_LABELS.get(metric, metric)}")
+        ymax = np.nanmax(tops) if np.isfinite(tops).any() else 1.0
+        ax.set_ylim(0, ymax * 1.22)
+        ax.set_xticks(x, d["label"], fontsize=6, rotation=0)
+        ax.set_ylabel(f"{stat} of {METRIC_LABELS.get(metric, metric)}", fontsize=8)
         ax.set_title(METRIC_LABELS.get(metric, metric).split(" (")[0], fontsize=9)
-    axes[0].legend(fontsize=8)
+    axes[0].legend(fontsize=7, loc="upper left")
     fig.suptitle(
-        f"Isolation vs combined at the {stat} of the steady-state steps (95 % bootstrap CI;"
-        " p50 change in brackets)",
-        fontsize=10,
+        f"Isolation vs combined at the {stat} of the steady-state steps: bars with 95 % "
+        "two-level bootstrap CI (runs, then steps);\nlabel: change at the "
+        f"{stat} (p50 change in brackets); under each pair: runs and steps, isolation+combined",
+        fontsize=9,
     )
     _save(fig, outputs)
 
@@ -173,18 +243,28 @@ def api_latency_cdf(api: pd.DataFrame, outputs: Sequence[Path]) -> None:
         return
     for label, g in api.groupby("label"):
         us = np.sort(g["us"].to_numpy())
-        ax.plot(us, np.arange(1, len(us) + 1) / len(us), label=f"{label} (n={len(us)})")
+        runs = g["run_id"].nunique() if "run_id" in g else np.nan
+        ax.plot(
+            us,
+            np.arange(1, len(us) + 1) / len(us),
+            label=f"{label} ({_n(runs, 'run')}, {_n(len(us), 'call')})",
+        )
     ax.set_xscale("log")
-    ax.set_xlabel("runtime API call duration (us)")
-    ax.set_ylabel("CDF")
+    ax.set_xlabel("runtime API call duration (us, log scale)")
+    ax.set_ylabel("fraction of calls at or below")
     ax.legend(fontsize=7)
-    ax.set_title("CUDA runtime API latency", fontsize=10)
+    ax.set_title("CUDA runtime API call latency, measured steps (empirical CDF)", fontsize=10)
     _save(fig, outputs)
+
+
+def _group_n(g: pd.DataFrame) -> str:
+    runs = g["run_id"].nunique() if "run_id" in g else np.nan
+    return f"{_n(runs, 'run')}, {_n(len(g), 'step')}"
 
 
 def launch_wait_vs_compute(steps: pd.DataFrame, outputs: Sequence[Path]) -> None:
     """Fig. 3: per step, launch-thread run-queue wait against compute duration."""
-    fig, ax = plt.subplots(figsize=(5.5, 4))
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
     need = {"launch_wait_ms", "compute_eff_ms", "mode", "policy"}
     d = steps.dropna(subset=["launch_wait_ms", "compute_eff_ms"]) if need <= set(steps) else None
     if d is not None:
@@ -205,60 +285,78 @@ def launch_wait_vs_compute(steps: pd.DataFrame, outputs: Sequence[Path]) -> None
             label=f"flagged anomalous step (n={int(flagged.sum())})",
             zorder=3,
         )
-    for (mode, policy), g in d.groupby(["mode", "policy"]):
+    groups = sorted(d.groupby(["mode", "policy"]), key=lambda kv: figdata.order_key(*kv[0]))
+    for (mode, policy), g in groups:
         ax.scatter(
             g["launch_wait_ms"],
             g["compute_eff_ms"],
-            s=14,
+            s=12,
             marker=markers.get(str(policy), "o"),
-            label=f"{mode} / {policy}",
-            alpha=0.75,
+            label=f"{mode} / {policy} ({_group_n(g)})",
+            alpha=0.6,
         )
     ax.set_xlabel("launch-thread run-queue wait during the step (ms)")
-    ax.set_ylabel("compute duration (ms)")
-    ax.set_title("Mechanism: waiting launch thread -> longer compute", fontsize=10)
-    ax.legend(fontsize=6, ncol=2)
+    ax.set_ylabel("compute duration of the step (ms)")
+    # A scatter shows association only: both can grow with a third load on the same CPUs.
+    ax.set_title(
+        "Per step: launch-thread run-queue wait and compute duration (association)", fontsize=10
+    )
+    ax.legend(fontsize=6.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     _save(fig, outputs)
 
 
-def step_timeline(timeline: pd.DataFrame, outputs: Sequence[Path], *, title: str = "") -> None:
-    """Fig. 4: one combined step, every track (threads, workers, GPU) on one time axis.
+def _fits(label: str, width_ms: float, span_ms: float) -> bool:
+    """Whether a 6-pt label fits inside a bar (about 1.1 % of a 10-inch axis per character)."""
+    return bool(label) and width_ms > 0.011 * span_ms * (len(label) + 1)
 
-    Launch-thread and GPU spans are coloured by phase, other tracks by thread role; run-queue
-    waits are hatched (schedstat gives their total, so they are drawn ending at the step end).
+
+def step_timeline(timeline: pd.DataFrame, outputs: Sequence[Path], *, title: str = "") -> None:
+    """Fig. 4: one combined step, every track (threads, workers, GPU) on one time axis, and
+    below it the threads' run-queue wait in that step as per-step totals.
+
+    Launch-thread and GPU spans are coloured by phase, other tracks by thread role. Waits get
+    a panel of their own: schedstat gives their total per step, not their position in it.
     """
-    tracks = list(dict.fromkeys(timeline["track"])) if len(timeline) else []
-    fig, ax = plt.subplots(figsize=(10, 0.35 * max(4, len(tracks)) + 1.6))
+    kind = timeline["kind"] if "kind" in timeline else pd.Series(dtype=str)
+    spans = timeline[kind != "wait"] if len(timeline) else timeline
+    waits = timeline[kind == "wait"] if len(timeline) else timeline
+    tracks = list(dict.fromkeys(spans["track"])) if len(spans) else []
     if not tracks:
+        fig, ax = plt.subplots(figsize=(10, 3))
         _note(ax, "no combined run with a loader in this run set")
         _save(fig, outputs)
         return
+    heights = [max(3, len(tracks)), max(1.5, len(waits))]
+    fig, (ax, wax) = plt.subplots(
+        2,
+        1,
+        figsize=(10, 0.32 * sum(heights) + 2.4),
+        gridspec_kw={"height_ratios": heights, "hspace": 0.55},
+    )
     ypos = {t: i for i, t in enumerate(tracks)}
-    span_ms = float(timeline["end_ms"].max())
-    phases = timeline["phase"] if "phase" in timeline else pd.Series("", index=timeline.index)
+    span_ms = float(spans["end_ms"].max())
     legend: dict[str, Any] = {}
-    for (_, r), phase in zip(timeline.iterrows(), phases.astype(str), strict=True):
-        wait = r["kind"] == "wait"
-        by_phase = r["role"] in {"launch", "gpu"} and phase in PHASE_COLORS
-        if by_phase:
+    for _, r in spans.iterrows():
+        phase = str(r.get("phase", ""))
+        if r["role"] in {"launch", "gpu"} and phase in PHASE_COLORS:
             color, key = PHASE_COLORS[phase], phase
         else:
-            color = ROLE_COLORS.get(str(r["role"]), WAIT_COLOR)
-            key = f"{r['role']} (run-queue wait)" if wait else str(r["role"])
+            color, key = ROLE_COLORS.get(str(r["role"]), WAIT_COLOR), str(r["role"])
+        width = float(r["end_ms"] - r["start_ms"])
         bar = ax.barh(
             ypos[r["track"]],
-            r["end_ms"] - r["start_ms"],
+            width,
             left=r["start_ms"],
             height=0.7,
             color=color,
-            alpha=0.35 if wait else 0.9,
-            hatch="//" if wait else None,
-            edgecolor="none",
+            alpha=0.9,
+            edgecolor="white" if r["role"] == "loader" else "none",
+            linewidth=0.5,
         )
         legend.setdefault(key, bar)
-        if r["end_ms"] - r["start_ms"] > 0.04 * span_ms and r["label"]:
+        if _fits(str(r["label"]), width, span_ms):
             ax.text(
-                (r["start_ms"] + r["end_ms"]) / 2,
+                float(r["start_ms"]) + width / 2,
                 ypos[r["track"]],
                 str(r["label"]),
                 ha="center",
@@ -267,8 +365,9 @@ def step_timeline(timeline: pd.DataFrame, outputs: Sequence[Path], *, title: str
             )
     ax.set_yticks(range(len(tracks)), tracks, fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel("time since step start (ms)")
-    ax.set_title(title or "One combined step", fontsize=10)
+    ax.set_xlim(0, span_ms)
+    ax.set_xlabel("time since step start (ms)", fontsize=8)
+    ax.set_title(title or "One combined step", fontsize=9)
     # Phases first, in step order, then roles: the legend reads like the step.
     order = [p for p in PHASE_COLORS if p in legend] + [k for k in legend if k not in PHASE_COLORS]
     ax.legend(
@@ -279,32 +378,129 @@ def step_timeline(timeline: pd.DataFrame, outputs: Sequence[Path], *, title: str
         bbox_to_anchor=(1.01, 1.0),
         frameon=False,
     )
+    if waits.empty:
+        _note(wax, "no thread waited in the run queue during this step")
+    else:
+        w = waits.sort_values("end_ms", ascending=False)
+        y = np.arange(len(w))
+        total = (w["end_ms"] - w["start_ms"]).to_numpy(dtype=float)
+        colors = [ROLE_COLORS.get(str(r), WAIT_COLOR) for r in w["role"]]
+        wax.barh(y, total, height=0.6, color=colors, hatch="//", alpha=0.5, edgecolor="k")
+        for yi, t, lab in zip(y, total, w["label"], strict=True):
+            wax.annotate(
+                str(lab),
+                (t, yi),
+                xytext=(3, 0),
+                textcoords="offset points",
+                va="center",
+                fontsize=6,
+            )
+        wax.set_yticks(y, list(w["track"]), fontsize=7)
+        wax.invert_yaxis()
+        wax.set_xlim(0, total.max() * 1.25)
+        wax.set_xlabel(
+            "run-queue wait in this step, total per thread (ms; schedstat gives no position)",
+            fontsize=8,
+        )
+        wax.set_title("Threads waiting for a CPU during this step (most first)", fontsize=9)
     _save(fig, outputs)
 
 
-def policy_heatmap(table: pd.DataFrame, outputs: Sequence[Path]) -> None:
-    """Fig. 5: policy x workers: throughput, and compute inflation (combined / isolation)."""
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    panels = (
-        ("throughput_samples_s", "throughput (samples/s)"),
-        ("ratio", "compute inflation (p95 ratio)"),
+def _text_color(cmap: Any, norm: Any, v: float) -> str:
+    """Black on light cells, white on dark ones (relative luminance of the cell colour)."""
+    r, g, b, _ = cmap(norm(v))
+    return "k" if 0.2126 * r + 0.7152 * g + 0.0722 * b > 0.5 else "w"
+
+
+def _heat_cells(
+    table: pd.DataFrame, col: str, policies: list[str], workers: list[Any]
+) -> npt.NDArray[np.float64]:
+    """One value per (policy, workers) cell on the shared grid; NaN where not run."""
+    if col not in table:
+        return np.full((len(policies), len(workers)), np.nan)
+    grid = table.assign(policy=table["policy"].astype(str)).pivot_table(
+        index="policy", columns="workers", values=col, aggfunc="first"
     )
-    for ax, (col, title) in zip(axes, panels, strict=True):
-        d = table.dropna(subset=[col]) if col in table else pd.DataFrame()
+    return grid.reindex(index=policies, columns=workers).to_numpy(dtype=float)
+
+
+def _heat_texts(table: pd.DataFrame, col: str, policies: list[str], workers: list[Any]) -> Any:
+    """Cell texts: throughput and its run count; a ratio with its CI and runs (comb./iso.)."""
+    v = _heat_cells(table, col, policies, workers)
+    if col == "ratio":
+        lo, hi, nr, ni = (
+            _heat_cells(table, c, policies, workers)
+            for c in ("ci_low", "ci_high", "n_runs", "n_isolation_runs")
+        )
+        return np.vectorize(
+            lambda x, a, b, c, d: f"{x:.2f}\n[{a:.2f}, {b:.2f}]\n({_count(c)}/{_count(d)} runs)"
+        )(v, lo, hi, nr, ni)
+    runs = _heat_cells(table, "runs", policies, workers)
+    return np.vectorize(lambda x, r: f"{x:,.0f}\n({_n(r, 'run')})")(v, runs)
+
+
+def policy_heatmap(table: pd.DataFrame, outputs: Sequence[Path]) -> None:
+    """Fig. 5: policy x workers: throughput (sequential colours), and compute inflation
+    (combined / isolation at p95; diverging colours centred at 1) with its 95 % CI and runs.
+    Both panels share one grid, so a cell means the same (policy, workers) in each."""
+    have = {"policy", "workers"} <= set(table) and len(table) > 0
+    policies = (
+        sorted(table["policy"].astype(str).unique(), key=lambda p: figdata.order_key("", p))
+        if have
+        else []
+    )
+    workers = sorted(table["workers"].dropna().unique()) if have else []
+    fig, axes = plt.subplots(
+        1, 2, figsize=(11, 0.7 * max(3, len(policies)) + 2.2), layout="constrained"
+    )
+    panels = (
+        ("throughput_samples_s", "throughput (samples/s) of the multi-component runs, median"),
+        ("ratio", "compute inflation: combined / isolation at p95\n[95 % CI] (runs comb./iso.)"),
+    )
+    for k, (ax, (col, title)) in enumerate(zip(axes, panels, strict=True)):
+        d = table.dropna(subset=[col]) if have and col in table else pd.DataFrame()
         if d.empty:
-            _note(ax, f"no data for {title}")
+            _note(ax, f"no data for {title.splitlines()[0]}")
             continue
-        grid = d.pivot_table(index="policy", columns="workers", values=col, aggfunc="median")
-        im = ax.imshow(grid.to_numpy(dtype=float), aspect="auto", cmap="viridis")
-        ax.set_xticks(range(grid.shape[1]), [str(c) for c in grid.columns])
-        ax.set_yticks(range(grid.shape[0]), [str(i) for i in grid.index])
-        ax.set_xlabel("loader workers")
-        ax.set_ylabel("policy")
-        for (i, j), v in np.ndenumerate(grid.to_numpy(dtype=float)):
-            if np.isfinite(v):
-                ax.text(j, i, f"{v:.3g}", ha="center", va="center", color="w", fontsize=8)
-        fig.colorbar(im, ax=ax)
-        ax.set_title(title, fontsize=10)
+        grid = _heat_cells(d, col, policies, workers)
+        texts = _heat_texts(d, col, policies, workers)
+        norm: Any
+        if col == "ratio":
+            # A ratio lives around 1: diverging colours, white at 1, on a log scale so that
+            # x2 and x0.5 are equally far from white.
+            cmap = plt.get_cmap("RdBu_r").with_extremes(bad="#eeeeee")
+            reach = float(np.nanmax(np.abs(np.log(grid[grid > 0])))) if (grid > 0).any() else 0
+            r = float(np.exp(max(reach, 0.05)))
+            norm = matplotlib.colors.LogNorm(vmin=1 / r, vmax=r)
+            label, missing = "ratio (1 = no change)", "no pair"
+        else:
+            cmap = plt.get_cmap("Blues").with_extremes(bad="#eeeeee")
+            norm = matplotlib.colors.Normalize(np.nanmin(grid) * 0.9, np.nanmax(grid))
+            label, missing = "samples/s", "not run"
+        im = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap=cmap, norm=norm)
+        ax.set_xticks(range(len(workers)), [str(int(w)) for w in workers])
+        ax.set_yticks(range(len(policies)), policies)
+        ax.set_xlabel("loader workers" + (" (0: no loader)" if 0 in workers else ""))
+        if k == 0:
+            ax.set_ylabel("CPU-set policy")
+        for (i, j), v in np.ndenumerate(grid):
+            finite = np.isfinite(v)
+            ax.text(
+                j,
+                i,
+                texts[i, j] if finite else missing,
+                ha="center",
+                va="center",
+                color=_text_color(cmap, norm, v) if finite else "#777777",
+                fontsize=7.5 if finite else 7,
+            )
+        bar = fig.colorbar(im, ax=ax, label=label, shrink=0.9)
+        if col == "ratio":
+            # Plain ratio ticks, not a log axis's powers of ten.
+            ticks = np.unique(np.round(np.geomspace(norm.vmin, norm.vmax, 5), 2))
+            bar.set_ticks(ticks.tolist(), labels=[f"{t:.2f}" for t in ticks])
+            bar.ax.minorticks_off()
+        ax.set_title(title, fontsize=9)
     _save(fig, outputs)
 
 
@@ -315,48 +511,79 @@ def _flagged(steps: pd.DataFrame) -> pd.Series:
 
 
 def step_time_distributions(steps: pd.DataFrame, outputs: Sequence[Path]) -> None:
-    """Fig. 6: step-time distribution per mode (and policy): boxes of the steady-state steps,
-    flagged anomalous steps drawn apart as crosses and counted in the label."""
+    """Fig. 6: step-time distribution per mode and policy (runs with CUDA tracing apart):
+    boxes of the steady-state steps in study order (modes as ``spec.Mode``, then policies),
+    n (runs, steps) under each box, flagged anomalous steps drawn apart as crosses."""
     groups: list[tuple[str, Any, Any]] = []
     if len(steps) and {"mode", "policy", "step_ms"} <= set(steps):
-        for (m, p), grp in steps.groupby(["mode", "policy"]):
+        d = steps.assign(_traced=figdata.instrumented(steps))
+        keyed = sorted(
+            d.groupby(["mode", "policy", "_traced"]),
+            key=lambda kv: (*figdata.order_key(kv[0][0], kv[0][1]), kv[0][2]),
+        )
+        for (m, p, traced), grp in keyed:
             g = grp.dropna(subset=["step_ms"])
             flag = _flagged(g)
+            kept = g.loc[~flag]
             n_out = int(flag.sum())
-            label = f"{m}\n{p}" + (f"\n{n_out} flagged" if n_out else "")
-            groups.append((label, g.loc[~flag, "step_ms"].to_numpy(), g.loc[flag, "step_ms"]))
+            runs = kept["run_id"].nunique() if "run_id" in kept else np.nan
+            label = f"{m}\n{p}" + (" +trace" if traced else "")
+            label += f"\n{_n(runs, 'run')}\n{_n(len(kept), 'step')}"
+            label += f"\n+{n_out} flagged" if n_out else ""
+            groups.append((label, kept["step_ms"].to_numpy(), g.loc[flag, "step_ms"]))
         groups = [(n, v, o) for n, v, o in groups if len(v)]
-    fig, ax = plt.subplots(figsize=(max(5.0, 0.7 * len(groups)), 4))
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.95 * len(groups) + 1.5), 4.6))
     if not groups:
         _note(ax, "no measured steps")
         _save(fig, outputs)
         return
-    ax.boxplot([g for _, g, _ in groups], showfliers=True)
+    ax.boxplot(
+        [g for _, g, _ in groups],
+        showfliers=True,
+        whis=(1, 99),
+        flierprops={"marker": ".", "markersize": 3, "alpha": 0.5},
+    )
     for i, (_, _, out) in enumerate(groups, start=1):
         if len(out):
             ax.scatter(np.full(len(out), i), out, marker="x", color="#c44e52", s=40, zorder=3)
-    ax.set_xticks(range(1, len(groups) + 1), [n for n, _, _ in groups], fontsize=7, rotation=45)
-    ax.set_ylabel("step time (ms)")
+    ax.set_xticks(range(1, len(groups) + 1), [n for n, _, _ in groups], fontsize=6.5)
+    # Loader-bound groups have tails 20x their median: on a linear axis every other box is a
+    # flat line at the bottom. A log axis keeps both readable.
+    medians = [float(np.median(v)) for _, v, _ in groups]
+    tails = [float(np.percentile(v, 99)) for _, v, _ in groups]
+    log = min(medians) > 0 and max(tails) / min(medians) > 20
+    if log:
+        ax.set_yscale("log")
+    ax.set_ylabel("step time (ms" + (", log scale)" if log else ")"))
     ax.set_title(
-        "Step-time distributions per mode and policy (x: flagged anomalous steps)", fontsize=10
+        "Step time per mode and policy: box = quartiles, line = median, whiskers = p1-p99,\n"
+        "dots = steps beyond; x = flagged anomalous steps (left out of the statistics)",
+        fontsize=9,
     )
     _save(fig, outputs)
 
 
-PART_COLORS = {
-    "host_launch_delay_ms": ("host launch delay", "#c44e52"),
-    "peer_wait_ms": ("peer wait", "#8172b3"),
+HOST_PART = (
+    "host_launch_delay_ms",
+    "host launch delay\n(launch threads' CPU time + wait, whole step)",
+    "#c44e52",
+)
+# Parts measured inside the compute span (the collective and the GPU): stacked on one bar.
+SPAN_PARTS = {
+    "peer_wait_ms": ("peer wait (inside the compute span)", "#8172b3"),
     "transfer_ms": ("transfer", "#55a868"),
-    "gpu_slowdown_ms": ("GPU slowdown", "#dd8452"),
-    "unattributed_ms": ("unattributed", "#b0b0b0"),
+    "gpu_slowdown_ms": ("GPU slowdown (CUPTI runs)", "#dd8452"),
 }
 
 
 def decomposition(means: pd.DataFrame, outputs: Sequence[Path]) -> None:
-    """Fig. 7: per mode and policy, the mean compute inflation against the twin (black
-    diamond) and its parts stacked (positive up, negative down), over all steady-state steps
-    and over the slowest steps. Prepared by ``decompose.decomposition_means``."""
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * max(1, len(means))), 4.4))
+    """Fig. 7: per mode and policy, the mean compute inflation against the twin (black line)
+    beside the parts that move with it, over all steady-state steps and over the slowest
+    steps. The parts can overlap (the host part counts the launch threads' whole-step CPU
+    time; peer wait lies inside the compute span), so they are split into two bars to be read
+    each against the line, not added up. Prepared by ``decompose.decomposition_means``
+    (``runs`` from ``figdata.decomposition_runs``)."""
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.15 * max(1, len(means)) + 3.5), 5.0))
     if means.empty:
         _note(
             ax,
@@ -370,28 +597,55 @@ def decomposition(means: pd.DataFrame, outputs: Sequence[Path]) -> None:
     for _, r in d.iterrows():
         ranks = r.get("world_size")
         on_ranks = f" x{int(ranks)} ranks" if pd.notna(ranks) and int(ranks) > 1 else ""
-        label = f"{r['mode']}{on_ranks}\n{r['policy']} w={r['workers']}\n{r['view']}"
+        label = f"{r['mode']}{on_ranks}\n{r['policy']} w={r['workers']}"
         for col, mark in (("cupti", " +CUPTI"), ("cuda_api", " +API")):
             if str(r.get(col)).lower() == "true":
                 label += mark
+        label += f"\n{r['view']}\n{_n(r.get('runs'), 'run')}, {_n(r.get('steps'), 'step')}"
         labels.append(label)
     x = np.arange(len(d))
+    width = 0.36
+    col, name, color = HOST_PART
+    host = np.nan_to_num(_column(d, col))
+    ax.bar(x - width / 2, host, width, color=color, label=name)
     up = np.zeros(len(d))
     down = np.zeros(len(d))
-    for col, (name, color) in PART_COLORS.items():
-        v = d[col].to_numpy(dtype=float) if col in d else np.zeros(len(d))
-        v = np.nan_to_num(v)
+    spans = 0
+    for col, (name, color) in SPAN_PARTS.items():
+        raw = _column(d, col)
+        # A part no run measured (peer wait on one GPU, GPU slowdown without CUPTI) stays out
+        # of the legend rather than claiming a zero.
+        if not np.isfinite(raw).any():
+            continue
+        spans += 1
+        v = np.nan_to_num(raw)
         pos, neg = np.clip(v, 0, None), np.clip(v, None, 0)
-        ax.bar(x, pos, 0.6, bottom=up, color=color, label=name)
-        ax.bar(x, neg, 0.6, bottom=down, color=color)
+        ax.bar(x + width / 2, pos, width, bottom=up, color=color, label=name)
+        ax.bar(x + width / 2, neg, width, bottom=down, color=color)
         up += pos
         down += neg
-    ax.scatter(
-        x, d["compute_inflation_ms"], marker="D", color="k", zorder=3, label="compute inflation"
+    infl = d["compute_inflation_ms"].to_numpy(dtype=float)
+    ax.hlines(
+        infl,
+        x - width - 0.04,
+        x + width + 0.04,
+        color="k",
+        lw=2,
+        zorder=3,
+        label="compute inflation (mean)",
     )
     ax.axhline(0, color="k", lw=0.6)
-    ax.set_xticks(x, labels, fontsize=6, rotation=30, ha="right")
+    ax.set_xticks(x, labels, fontsize=6.5)
     ax.set_ylabel("ms per step beyond the twin (mean)")
-    ax.set_title("Why compute got slower: inflation against the twin, by cause", fontsize=10)
+    how = (
+        "left bar: host; right bar: inside the compute span - the parts can overlap,"
+        " so read each bar against the line, do not add them"
+        if spans
+        else "only the host part is measured on these runs (no peer wait on one GPU, no CUPTI)"
+    )
+    ax.set_title(
+        f"Compute inflation against the twin and the parts that move with it\n({how})",
+        fontsize=9,
+    )
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     _save(fig, outputs)
