@@ -3,16 +3,14 @@ resources, so a config that would submit the wrong shape of job fails here, on a
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from codl.config import build_plan, load_yaml
 from codl.spec import Mode
+from test_workflow import snakemake
 
 pytestmark = pytest.mark.slow
 
@@ -26,26 +24,8 @@ _RESOURCES = re.compile(r"^\s+resources: (.*)$", re.M)
 
 
 def dry_run(config: Path, workdir: Path) -> str:
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    env.pop("CODL_SLURM_PARTITION", None)
-    env.pop("CODL_SLURM_ACCOUNT", None)
-    cmd = [
-        str(Path(sys.executable).parent / "snakemake"),
-        "-s",
-        str(REPO / "Snakefile"),
-        "-d",
-        str(workdir),
-        "--configfile",
-        str(config),
-        "--profile",
-        str(REPO / "profiles" / "slurm"),
-        "--dry-run",
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, check=False)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
-    return out
+    log, _ = snakemake(workdir, config, "--dry-run", profile="slurm")
+    return log
 
 
 def run_job_resources(log: str) -> list[dict[str, str]]:

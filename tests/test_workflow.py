@@ -35,7 +35,9 @@ CONFIG = {
 }
 
 
-def snakemake(workdir: Path, config: Path, *extra: str) -> tuple[str, dict[str, int]]:
+def snakemake(
+    workdir: Path, config: Path, *extra: str, profile: str = "local"
+) -> tuple[str, dict[str, int]]:
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     cmd = [
@@ -47,7 +49,7 @@ def snakemake(workdir: Path, config: Path, *extra: str) -> tuple[str, dict[str, 
         "--configfile",
         str(config),
         "--profile",
-        str(REPO / "profiles" / "local"),
+        str(REPO / "profiles" / profile),
         "--cores",
         "2",
         *extra,
