@@ -95,16 +95,21 @@ def test_kineto_launches_land_inside_their_steps(tmp_path: Path, dataset: Path) 
     assert np.median((kernels["end_ns"] - kernels["start_ns"]).to_numpy()) > 0
 
 
-def test_callback_level_times_every_launch_of_every_step(tmp_path: Path, dataset: Path) -> None:
-    spec = gpu_spec("data+compute", cupti=False, cuda_api=True)
-    # A fresh process, as the workflow runs it: once torch.profiler has run in a process, Kineto
-    # keeps CUPTI's only subscriber slot until the process ends.
+def run_in_fresh_process(spec: RunSpec, tmp_path: Path, dataset: Path) -> Path:
+    """`codl run` of ``spec`` in a new process, as the workflow runs it: once torch.profiler has
+    run in a process, Kineto keeps CUPTI's only subscriber slot until the process ends."""
     (tmp_path / "spec.json").write_text(json.dumps(spec.to_dict()))
     trace = tmp_path / "t.h5"
     cmd = [sys.executable, "-m", "codl.cli", "run", str(tmp_path / "spec.json")]
     cmd += ["--trace", str(trace), "--dataset-dir", str(dataset)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return trace
+
+
+def test_callback_level_times_every_launch_of_every_step(tmp_path: Path, dataset: Path) -> None:
+    spec = gpu_spec("data+compute", cupti=False, cuda_api=True)
+    trace = run_in_fresh_process(spec, tmp_path, dataset)
     with open_trace(trace) as t:
         cuda = t.table("events/cuda")
         app = t.table("events/app")

@@ -3,10 +3,7 @@ gets its scheduling evidence, row for row, and the per-call attribution reads th
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +14,7 @@ from codl.analysis import calls
 from codl.datasets import generate
 from codl.spec import DatasetSpec, RunSpec
 from codl.trace.store import open_trace
+from test_cuda import run_in_fresh_process
 
 pytestmark = [
     pytest.mark.cuda,
@@ -38,13 +36,7 @@ def test_every_callback_call_has_its_scheduling_evidence(tmp_path: Path) -> None
             "trace": {"cuda_api": True, "cuda_api_sched": True},
         }
     )
-    # A fresh process, as the workflow runs it (CUPTI's one subscriber; see test_cuda.py).
-    (tmp_path / "spec.json").write_text(json.dumps(spec.to_dict()))
-    trace = tmp_path / "t.h5"
-    cmd = [sys.executable, "-m", "codl.cli", "run", str(tmp_path / "spec.json")]
-    cmd += ["--trace", str(trace), "--dataset-dir", str(dataset)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    trace = run_in_fresh_process(spec, tmp_path, dataset)
     with open_trace(trace) as t:
         cuda = t.table("events/cuda")
         ev = t.table("events/cuda_sched")
