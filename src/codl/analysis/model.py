@@ -167,6 +167,8 @@ class RunData:
     compute_ms: Mapping[str, npt.NDArray[np.float64]]  # steady-state compute_eff_ms
     node: Node
     item_ms: float
+    groups: Mapping[str, tuple[str, ...]]  # configuration -> its run ids
+    first: Mapping[str, Mapping[str, Any]]  # configuration -> one of its runs' rows
 
 
 def run_data(runs: pd.DataFrame, steps: pd.DataFrame) -> RunData:
@@ -234,8 +236,15 @@ def run_data(runs: pd.DataFrame, steps: pd.DataFrame) -> RunData:
         else None
     )
     item_ms = float(item.mean()) if item is not None and len(item.dropna()) else np.nan
+    r = r.reset_index(drop=True)
+    groups = {str(k): tuple(g["run_id"].astype(str)) for k, g in r.groupby("group", sort=True)}
+    first = {
+        str(k): {str(c): v for c, v in g.iloc[0].items()} for k, g in r.groupby("group", sort=True)
+    }
     return RunData(
-        runs=r.reset_index(drop=True),
+        groups=groups,
+        first=first,
+        runs=r,
         step_ms=step_ms,
         compute_ms=compute_ms,
         node=node,
@@ -273,8 +282,8 @@ def group_stats(data: RunData, rng: np.random.Generator | None = None) -> pd.Dat
     configuration, then steps with replacement within each drawn run.
     """
     rows = []
-    for _, g in data.runs.groupby("group", sort=True):
-        ids = g["run_id"].astype(str).to_numpy()
+    for group, members in data.groups.items():
+        ids = np.array(members)
         if rng is not None:
             ids = ids[rng.integers(0, len(ids), len(ids))]
         thr, comp = [], []
@@ -287,7 +296,7 @@ def group_stats(data: RunData, rng: np.random.Generator | None = None) -> pd.Dat
             thr.append(data.node.batch * 1000.0 / float(x.mean()))
             if len(c):
                 comp.append(float(c.mean()))
-        first = g.iloc[0]
+        first = data.first[group]
         rows.append(
             {
                 "mode": str(first["mode"]),
@@ -415,18 +424,21 @@ def _fit_interference(
         ],
         dtype=np.float64,
     )
-    pol = comb["policy"].astype(str)
-    cap = _f64(pol.map(compute))
-    infl = comb["compute_ms"].to_numpy(np.float64) / pol.map(compute_ms).to_numpy(np.float64)
+    # Plain arrays: this loop runs for every bootstrap replicate, and pandas' per-call cost
+    # dominated the fit.
+    pol = comb["policy"].astype(str).to_numpy()
+    masks = {p: pol == p for p in policies}
+    cap = _f64([compute[p] for p in pol])
+    infl = comb["compute_ms"].to_numpy(np.float64) / _f64([compute_ms[p] for p in pol])
     x_l = rate * np.minimum(w, kappa * np.maximum(c_l, 0.0))
     k = dict.fromkeys(policies, 0.0)
     fitted: set[str] = set()
     for _ in range(_K_ITERATIONS):
-        kk = _f64(pol.map(k))
+        kk = _f64([k[p] for p in pol])
         x, _ = _solve(x_l, cap, kk, w, c_l, np.full_like(w, float(cores)))
         over = np.maximum(0.0, w * x / x_l - c_l) / cores
-        num = {p: float(np.sum((over * (infl - 1))[pol == p])) for p in policies}
-        den = {p: float(np.sum((over**2)[pol == p])) for p in policies}
+        num = {p: float(np.sum((over * (infl - 1))[m])) for p, m in masks.items()}
+        den = {p: float(np.sum((over**2)[m])) for p, m in masks.items()}
         fitted = {p for p in policies if den[p] > 0}
         total = sum(den.values())
         # Inflation below 1 under overload is noise, not a speed-up: k is clipped at 0.
