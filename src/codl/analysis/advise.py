@@ -240,12 +240,18 @@ def verification_config(
     return cfg
 
 
-def render_config(cfg: Mapping[str, Any], advice: Advice, source: str) -> str:
+def describe_launch(advice: Advice) -> str:
+    if advice.launch_set == 0:
+        return "launch roles not pinned"
     lc = "auto" if advice.launch_cores is None else str(advice.launch_cores)
+    return f"launch_cores {lc} ({advice.launch_set} launch CPUs)"
+
+
+def render_config(cfg: Mapping[str, Any], advice: Advice, source: str) -> str:
     header = (
         f"# Verification of `codl advise {source}` (docs/advisor.md): the advice and its\n"
         f"# neighbours, re-run. Advice per rank on {advice.cores} cores: policy {advice.policy},\n"
-        f"# {advice.workers} workers, launch_cores {lc} ({advice.launch_set} launch CPUs);\n"
+        f"# {advice.workers} workers, {describe_launch(advice)};\n"
         f"# predicted {advice.throughput:.0f} samples/s per rank "
         f"[{advice.throughput_lo:.0f}, {advice.throughput_hi:.0f}] (model), "
         f"[{advice.pred_lo:.0f}, {advice.pred_hi:.0f}] (one run), {advice.bound}-bound.\n"
@@ -330,7 +336,7 @@ def _print_advice(advice: Advice, fit: mdl.Fit, out: Path | None, tie: float) ->
     print(fit.parameters().to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     print(
         f"\nadvice for {advice.cores} cores per rank: policy {advice.policy}, "
-        f"{advice.workers} workers, launch_cores {lc} ({advice.launch_set} launch CPUs)\n"
+        f"{advice.workers} workers, {describe_launch(advice)}\n"
         f"predicted {advice.throughput:.0f} samples/s per rank "
         f"[{advice.throughput_lo:.0f}, {advice.throughput_hi:.0f}] (model), "
         f"[{advice.pred_lo:.0f}, {advice.pred_hi:.0f}] (one run); "

@@ -61,7 +61,9 @@ LOADER_MODE = "data"
 #: Combined mode -> the isolation mode of its compute twin.
 COMPUTE_TWIN = {"data+compute": "compute", "combined": "compute+comm"}
 COMBINED_MODES = tuple(COMPUTE_TWIN)
+#: Policies whose launch set is the roles' own CPUs (or ``launch_cores`` of them).
 FENCED_POLICIES = frozenset({"isolated", "spread", "numa"})
+UNFENCED_POLICIES = frozenset({"none", "shared"})
 RUN_COLUMNS = ("run_id", "mode", "policy", "workers", "batch_size")
 STEP_COLUMNS = ("run_id", "step_ms")
 # kappa is searched on a log grid, then refined around the best point: the loss is piecewise
@@ -259,19 +261,23 @@ def _f64(values: Any) -> npt.NDArray[np.float64]:
 def _launch_cores(value: Any) -> int | None:
     """``launch_cores`` of a run or setting: an int, or None for ``auto`` (and for unknown)."""
     try:
-        return int(value)
-    except (TypeError, ValueError):
+        # CSV readers turn an int column with gaps into floats ("1.0").
+        return int(float(value))
+    except (TypeError, ValueError, OverflowError):
         return None
 
 
 def loader_cores(policy: str, launch_cores: int | None, *, cores: int, roles: int) -> int:
     """``c_L = c - max(a, n)``: the cores a rank's loader can turn into throughput."""
-    if policy in ("none", "shared"):
+    if policy in UNFENCED_POLICIES:
         reserved = 0
     elif policy == "isolated-main":
         reserved = max(1, launch_cores or 1)
-    else:
+    elif policy in FENCED_POLICIES:
         reserved = max(roles, launch_cores or roles)
+    else:
+        known = sorted({*UNFENCED_POLICIES, *FENCED_POLICIES, "isolated-main"})
+        raise ModelError(f"policy {policy!r}: unknown, expected one of {known}")
     return cores - max(roles, reserved)
 
 
