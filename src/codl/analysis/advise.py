@@ -328,7 +328,6 @@ def _read_table(path: Path, results: Path) -> pd.DataFrame:
 
 
 def _print_advice(advice: Advice, fit: mdl.Fit, out: Path | None, tie: float) -> None:
-    lc = "auto" if advice.launch_cores is None else str(advice.launch_cores)
     print(
         f"model fitted on {fit.cores} cores per rank ({fit.node.combined_mode}, "
         f"{fit.node.world} rank(s)); parameters with 95 % bootstrap intervals:"
