@@ -152,3 +152,17 @@ def test_main_errors_are_one_line(
     err = capsys.readouterr().err
     assert err.startswith("codl advise: error: ") and message in err
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_mounts_as_a_cli_subcommand(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # How cli.py is meant to wire it (docs/advisor.md): the advise parser as a parent.
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="codl")
+    sub = parser.add_subparsers(dest="command", required=True)
+    cmd = sub.add_parser("advise", parents=[adv.build_parser()], add_help=False)
+    cmd.set_defaults(func=adv.run)
+    args = parser.parse_args(["advise", str(tmp_path), "--cores", "8"])
+    assert args.cores == 8
+    assert args.func(args) == 2
+    assert "tables/runs.csv: missing table" in capsys.readouterr().err

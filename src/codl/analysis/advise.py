@@ -353,7 +353,14 @@ def _print_advice(advice: Advice, fit: mdl.Fit, out: Path | None, tie: float) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """``codl advise RESULTS_DIR [--cores N] [--out verify.yaml]``: 0, or 2 with a one-line
+    error on stderr."""
+    return run(build_parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """The command on parsed arguments, so that ``cli.py`` can mount ``build_parser()`` as a
+    parent of its ``advise`` subcommand and dispatch here."""
     results: Path = args.results
     try:
         runs = _read_table(results / RUNS_TABLE, results)
