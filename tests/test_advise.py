@@ -63,6 +63,11 @@ def test_ties_go_to_fewer_cores(fit: mdl.Fit) -> None:
     assert adv.advise(fit, cores=CORES, policies=["isolated"], tie=0.0).workers <= 9
 
 
+def test_budget_without_a_loader_core_is_refused(fit: mdl.Fit) -> None:
+    with pytest.raises(mdl.ModelError, match="--cores 3: the launch roles take every core"):
+        adv.advise(fit, cores=3)
+
+
 def test_unknown_policy_is_refused(fit: mdl.Fit) -> None:
     with pytest.raises(mdl.ModelError, match=r"\['numa'\].*\['isolated', 'none'\]"):
         adv.advise(fit, cores=CORES, policies=["numa"])

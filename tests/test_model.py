@@ -201,6 +201,19 @@ def test_degenerate_tables_fail_clearly(kwargs: dict[str, object], message: str)
         mdl.fit(mdl.run_data(runs, steps), cores=CORES, boot=0)
 
 
+def test_both_combined_modes_need_a_choice() -> None:
+    runs, steps = planted_tables(repeats=1, steps=5)
+    extra = runs[runs["mode"] == "data+compute"].assign(mode="combined")
+    both = pd.concat([runs, extra], ignore_index=True)
+    with pytest.raises(mdl.ModelError, match=r"both \['combined', 'data\+compute'\].*--mode"):
+        mdl.run_data(both, steps)
+    assert mdl.run_data(both, steps, combined_mode="data+compute").node.combined_mode == (
+        "data+compute"
+    )
+    with pytest.raises(mdl.ModelError, match="no combined runs \\(mode combined\\)"):
+        mdl.run_data(runs, steps, combined_mode="combined")
+
+
 @pytest.mark.parametrize(("table", "column"), [("runs", "batch_size"), ("steps", "step_ms")])
 def test_missing_column_is_named(table: str, column: str) -> None:
     runs, steps = planted_tables(repeats=1, steps=5)

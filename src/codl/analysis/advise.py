@@ -310,6 +310,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="cores per rank the runs had (default: slurm.cpus_per_rank of RESULTS/config.yaml)",
     )
     p.add_argument("--out", type=Path, help="write the verification config here")
+    p.add_argument(
+        "--mode",
+        choices=mdl.COMBINED_MODES,
+        help="the combined mode to fit when the tables hold both",
+    )
     p.add_argument("--max-workers", type=int, help="largest worker count tried (default 2 x cores)")
     p.add_argument("--worker-step", type=int, default=2, help="neighbours: workers +- this")
     p.add_argument("--repeats", type=int, default=3, help="repeats of each verification run")
@@ -377,7 +382,7 @@ def run(args: argparse.Namespace) -> int:
                 f"cores per rank of the measured runs unknown: {config_path} has no "
                 "slurm.cpus_per_rank; pass --fit-cores"
             )
-        data = mdl.run_data(runs, steps)
+        data = mdl.run_data(runs, steps, combined_mode=args.mode)
         fit = mdl.fit(data, cores=int(fit_cores), boot=args.boot, seed=args.seed)
         cores = args.cores if args.cores is not None else fit.cores
         advice = advise(fit, cores=cores, max_workers=args.max_workers, tie=args.tie)

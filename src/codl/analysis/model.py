@@ -173,8 +173,11 @@ class RunData:
     first: Mapping[str, Mapping[str, Any]]  # configuration -> one of its runs' rows
 
 
-def run_data(runs: pd.DataFrame, steps: pd.DataFrame) -> RunData:
-    """Check the tables and keep what the model reads.
+def run_data(
+    runs: pd.DataFrame, steps: pd.DataFrame, *, combined_mode: str | None = None
+) -> RunData:
+    """Check the tables and keep what the model reads; ``combined_mode`` picks the layout when
+    the tables hold both ``data+compute`` and ``combined`` runs.
 
     CUPTI and ``cuda_api`` runs are left out: their tracer costs the step 4-40 % (DESIGN.md
     sect. 5), which the model would read as loss of capacity.
@@ -186,15 +189,18 @@ def run_data(runs: pd.DataFrame, steps: pd.DataFrame) -> RunData:
         if col in r:
             r = r[~r[col].fillna(False).astype(bool)]
     r = r[r["mode"].isin((LOADER_MODE, *COMBINED_MODES, *COMPUTE_TWIN.values()))]
-    combined = r[r["mode"].isin(COMBINED_MODES)]
+    if combined_mode is not None and combined_mode not in COMBINED_MODES:
+        raise ModelError(f"mode {combined_mode!r}: expected one of {list(COMBINED_MODES)}")
+    wanted = (combined_mode,) if combined_mode is not None else COMBINED_MODES
+    combined = r[r["mode"].isin(wanted)]
     if combined.empty:
         raise ModelError(
-            "runs.csv: no combined runs (mode data+compute or combined): the interference term "
+            f"runs.csv: no combined runs (mode {' or '.join(wanted)}): the interference term "
             "is fitted from them"
         )
     modes = sorted(combined["mode"].unique())
     if len(modes) > 1:
-        raise ModelError(f"runs.csv: both {modes} present; fit one layout at a time")
+        raise ModelError(f"runs.csv: both {modes} present; fit one layout at a time (--mode MODE)")
     mode = str(modes[0])
     world = int(combined["world_size"].iloc[0]) if "world_size" in combined else 1
     r = r[r["mode"].isin((LOADER_MODE, mode, COMPUTE_TWIN[mode]))].copy()
@@ -586,7 +592,12 @@ def predict(fit: Fit, settings: pd.DataFrame, *, level: float = 0.95) -> pd.Data
     tail = 100 * (1 - level) / 2
     if fit.boot:
         draws = np.array([_evaluate(b, fit.node, s)["throughput"] for b in fit.boot])
-        lo, hi = np.nanpercentile(draws, [tail, 100 - tail], axis=0)
+        # Settings that leave the loader no core have no draw at all: NaN, without a warning.
+        lo = np.full(len(s), np.nan)
+        hi = np.full(len(s), np.nan)
+        some = np.isfinite(draws).any(axis=0)
+        if some.any():
+            lo[some], hi[some] = np.nanpercentile(draws[:, some], [tail, 100 - tail], axis=0)
     else:
         lo = hi = out["throughput"].to_numpy(np.float64)
     # Normal quantile for the two-sided level without scipy: 1.96 at 95 %.
