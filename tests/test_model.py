@@ -201,6 +201,20 @@ def test_degenerate_tables_fail_clearly(kwargs: dict[str, object], message: str)
         mdl.fit(mdl.run_data(runs, steps), cores=CORES, boot=0)
 
 
+def test_policies_without_a_compute_twin_are_named() -> None:
+    runs, steps = planted_tables(repeats=1, steps=5)
+    runs = runs[~((runs["mode"] == "compute") & (runs["policy"] == "none"))].copy()
+    fit = mdl.fit(mdl.run_data(runs, steps), cores=CORES, boot=0)
+    assert fit.policies == ("isolated",)
+    assert any("['none'] have combined runs but no compute twin" in n for n in fit.notes)
+    spread = runs["mode"] == "compute"
+    runs.loc[spread, "policy"] = "spread"
+    with pytest.raises(mdl.ModelError, match=r"no policy has both compute and data\+compute"):
+        mdl.fit(mdl.run_data(runs, steps), cores=CORES, boot=0)
+    with pytest.raises(mdl.ModelError, match="no compute-mode runs"):
+        mdl.fit(mdl.run_data(runs[~spread], steps), cores=CORES, boot=0)
+
+
 def test_both_combined_modes_need_a_choice() -> None:
     runs, steps = planted_tables(repeats=1, steps=5)
     extra = runs[runs["mode"] == "data+compute"].assign(mode="combined")

@@ -28,6 +28,7 @@ import pandas as pd
 import yaml
 
 from codl.analysis import model as mdl
+from codl.config import build_plan, load_yaml
 from codl.errors import CodlError, ConfigError
 from codl.paths import ResultPaths
 
@@ -373,8 +374,6 @@ def run(args: argparse.Namespace) -> int:
         config_path = results / CONFIG_NAME
         source_cfg: dict[str, Any] = {}
         if config_path.is_file():
-            from codl.config import load_yaml
-
             source_cfg = load_yaml(config_path)
         fit_cores = args.fit_cores or (source_cfg.get("slurm") or {}).get("cpus_per_rank")
         if fit_cores is None:
@@ -398,8 +397,6 @@ def run(args: argparse.Namespace) -> int:
                 worker_step=args.worker_step,
                 repeats=args.repeats,
             )
-            from codl.config import build_plan
-
             build_plan(cfg, source=str(args.out))
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(render_config(cfg, advice, str(results)))

@@ -481,6 +481,13 @@ def fit(data: RunData, *, cores: int, boot: int = 200, seed: int = 0) -> Fit:
         raise ModelError(f"cores: got {cores}, expected >= 1")
     groups = group_stats(data)
     params, notes = _fit_params(groups, data.node, cores)
+    if not set(params.compute) & set(params.k):
+        mode = data.node.combined_mode
+        combined = sorted(set(data.runs.loc[data.runs["mode"] == mode, "policy"]))
+        raise ModelError(
+            f"runs.csv: no policy has both {COMPUTE_TWIN[mode]} and {mode} runs (compute: "
+            f"{sorted(params.compute)}, combined: {combined})"
+        )
     rng = np.random.default_rng(seed)
     reps: list[Params] = []
     failed = 0
