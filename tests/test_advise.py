@@ -138,6 +138,8 @@ def test_main_without_config_rebuilds_defaults(
         ("no_steps", "tables/steps.csv.gz: missing table"),
         ("no_column", "runs.csv: missing column(s) ['policy']"),
         ("no_data_runs", "no data-mode runs"),
+        ("bad_config", "config.yaml: "),
+        ("stale_config", "verification config invalid: "),
     ],
 )
 def test_main_errors_are_one_line(
@@ -153,7 +155,15 @@ def test_main_errors_are_one_line(
         _write_results(root, runs, steps, config=True)
     if damage == "no_steps":
         (root / "tables" / "steps.csv.gz").unlink()
-    assert adv.main([str(root), "--boot", "0"]) == 2
+    if damage == "bad_config":
+        (root / "config.yaml").write_text("defaults: [unclosed\n")
+    out = []
+    if damage == "stale_config":
+        cfg = yaml.safe_load((root / "config.yaml").read_text())
+        cfg["defaults"]["loader"]["no_such_key"] = 1
+        (root / "config.yaml").write_text(yaml.safe_dump(cfg))
+        out = ["--out", str(tmp_path / "verify.yaml")]
+    assert adv.main([str(root), "--boot", "0", *out]) == 2
     err = capsys.readouterr().err
     assert err.startswith("codl advise: error: ") and message in err
     assert err.count("\n") == 1 and "Traceback" not in err

@@ -364,6 +364,46 @@ def main(argv: list[str] | None = None) -> int:
     return run(build_parser().parse_args(argv))
 
 
+def _one_line(exc: ConfigError) -> str:
+    return "; ".join(exc.problems)
+
+
+def _source_config(results: Path) -> dict[str, Any]:
+    """RESULTS/config.yaml, the config the runs came from, or {} when the workflow left none."""
+    path = results / CONFIG_NAME
+    if not path.is_file():
+        return {}
+    try:
+        return load_yaml(path)
+    except ConfigError as exc:
+        raise CodlError(f"{path}: {_one_line(exc)}") from None
+
+
+def _write_verification(
+    args: argparse.Namespace,
+    advice: Advice,
+    fit: mdl.Fit,
+    runs: pd.DataFrame,
+    source_cfg: Mapping[str, Any],
+) -> None:
+    defaults = source_cfg.get("defaults") or _defaults_from_runs(runs, fit.node.combined_mode)
+    cfg = verification_config(
+        advice,
+        fit,
+        defaults=defaults,
+        slurm=source_cfg.get("slurm"),
+        worker_step=args.worker_step,
+        repeats=args.repeats,
+    )
+    try:
+        build_plan(cfg, source=str(args.out))
+    except ConfigError as exc:
+        # The defaults come from the results' config, which may predate today's schema.
+        raise CodlError(f"verification config invalid: {_one_line(exc)}") from None
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(render_config(cfg, advice, str(args.results)))
+
+
 def run(args: argparse.Namespace) -> int:
     """The command on parsed arguments, so that ``cli.py`` can mount ``build_parser()`` as a
     parent of its ``advise`` subcommand and dispatch here."""
@@ -371,14 +411,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         runs = _read_table(results / RUNS_TABLE, results)
         steps = _read_table(results / STEPS_TABLE, results)
-        config_path = results / CONFIG_NAME
-        source_cfg: dict[str, Any] = {}
-        if config_path.is_file():
-            source_cfg = load_yaml(config_path)
+        source_cfg = _source_config(results)
         fit_cores = args.fit_cores or (source_cfg.get("slurm") or {}).get("cpus_per_rank")
         if fit_cores is None:
             raise CodlError(
-                f"cores per rank of the measured runs unknown: {config_path} has no "
+                f"cores per rank of the measured runs unknown: {results / CONFIG_NAME} has no "
                 "slurm.cpus_per_rank; pass --fit-cores"
             )
         data = mdl.run_data(runs, steps, combined_mode=args.mode)
@@ -386,24 +423,8 @@ def run(args: argparse.Namespace) -> int:
         cores = args.cores if args.cores is not None else fit.cores
         advice = advise(fit, cores=cores, max_workers=args.max_workers, tie=args.tie)
         if args.out is not None:
-            defaults = source_cfg.get("defaults") or _defaults_from_runs(
-                runs, fit.node.combined_mode
-            )
-            cfg = verification_config(
-                advice,
-                fit,
-                defaults=defaults,
-                slurm=source_cfg.get("slurm"),
-                worker_step=args.worker_step,
-                repeats=args.repeats,
-            )
-            build_plan(cfg, source=str(args.out))
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(render_config(cfg, advice, str(results)))
+            _write_verification(args, advice, fit, runs, source_cfg)
         _print_advice(advice, fit, args.out, args.tie)
-    except ConfigError as exc:
-        print(f"codl advise: error: verification config invalid: {exc}", file=sys.stderr)
-        return 2
     except CodlError as exc:
         print(f"codl advise: error: {exc}", file=sys.stderr)
         return 2
