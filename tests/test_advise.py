@@ -110,11 +110,12 @@ def test_main_end_to_end(tmp_path: Path, name: str, capsys: pytest.CaptureFixtur
     runs, steps = planted_tables(repeats=2, steps=20)
     results = _write_results(tmp_path / name, runs, steps, config=True)
     out = tmp_path / name / "verify.yaml"
-    assert adv.main([str(results), "--out", str(out), "--boot", "4"]) == 0
+    assert adv.main([str(results), "--out", str(out), "--boot", "4", "--steps", "200"]) == 0
     printed = capsys.readouterr().out
     assert "policy none, 9 workers" in printed
     plan = load_plan(out)
     assert set(plan.experiments()) == {"advice", "policies", "loader"}
+    assert {s.steps.measured for s in plan.specs.values()} == {200}
 
 
 def test_main_without_config_rebuilds_defaults(

@@ -185,6 +185,7 @@ def verification_config(
     slurm: Mapping[str, Any] | None = None,
     worker_step: int = 2,
     repeats: int = 3,
+    measured_steps: int | None = None,
 ) -> dict[str, Any]:
     """A config (config/README.md format) that re-runs the advice and its neighbours.
 
@@ -203,6 +204,10 @@ def verification_config(
     workers = sorted({x for x in (w - worker_step, w, w + worker_step) if x >= 1})
     d = copy.deepcopy(dict(defaults))
     d.pop("mode", None)
+    if measured_steps is not None:
+        # Results measured with few steps (the 30-step H200 set) deserve a verification with
+        # enough steps for the comparison to mean something (config/README.md).
+        d.setdefault("steps", {})["measured"] = measured_steps
     if "pinning" in d:
         # The experiments set policy and launch cores; other pinning keys (helper placement)
         # stay as the measured runs had them.
@@ -320,6 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--worker-step", type=int, default=2, help="neighbours: workers +- this")
     p.add_argument("--repeats", type=int, default=3, help="repeats of each verification run")
     p.add_argument(
+        "--steps", type=int, help="measured steps of the verification runs (default: as measured)"
+    )
+    p.add_argument(
         "--tie", type=float, default=0.01, help="relative tie tolerance (fewer cores win)"
     )
     p.add_argument("--boot", type=int, default=200, help="bootstrap replicates")
@@ -394,6 +402,7 @@ def _write_verification(
         slurm=source_cfg.get("slurm"),
         worker_step=args.worker_step,
         repeats=args.repeats,
+        measured_steps=args.steps,
     )
     try:
         build_plan(cfg, source=str(args.out))
