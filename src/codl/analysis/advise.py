@@ -1,0 +1,444 @@
+"""Loader advisor: the setting (workers, policy, launch cores per rank) with the highest predicted
+throughput for a core budget, and a config that verifies it by re-running it and its neighbours.
+
+``advise`` evaluates the fitted model (``codl.analysis.model``) over a grid: every fitted policy,
+1 .. ``max_workers`` loader workers, and for the pinned policies the launch set ``auto`` plus a
+few CPUs more. It picks the highest predicted throughput; settings within ``tie`` of it count as
+equal and the one that occupies the fewest cores wins (then fewer workers): a core the advice does
+not need is a core another job on the node can have.
+
+``main`` is ``codl advise RESULTS_DIR [--cores N] [--out verify.yaml]``; RESULTS_DIR holds the
+merged tables as the workflow writes them (``tables/runs.csv``, ``tables/steps.csv.gz``) and,
+when the workflow made it, the ``config.yaml`` the runs came from (its ``defaults`` and
+``slurm.cpus_per_rank`` are reused).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from codl.analysis import model as mdl
+from codl.config import build_plan, load_yaml
+from codl.errors import CodlError, ConfigError
+from codl.paths import ResultPaths
+
+#: Table paths relative to a results directory, from the one object that owns them.
+_PATHS = ResultPaths(root=Path())
+RUNS_TABLE = _PATHS.runs_table.relative_to(_PATHS.results)
+STEPS_TABLE = _PATHS.steps_table.relative_to(_PATHS.results)
+CONFIG_NAME = "config.yaml"
+#: How many launch CPUs beyond ``auto`` the grid tries for the pinned policies.
+EXTRA_LAUNCH_CORES = 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class Advice:
+    """The advised setting per rank and what the model predicts for it."""
+
+    policy: str
+    workers: int
+    launch_cores: int | None  # None: `auto` (the roles' own CPUs) or not pinned (`none`)
+    launch_set: int  # CPUs reserved for the launch roles (0 under `none`)
+    cores: int
+    throughput: float  # per rank, samples/s
+    throughput_lo: float
+    throughput_hi: float
+    pred_lo: float  # interval of one run (adds the run-to-run scatter)
+    pred_hi: float
+    total_throughput: float  # all ranks
+    bound: str  # "loader" or "compute"
+    inflation: float
+    grid: pd.DataFrame = field(repr=False, compare=False)
+    notes: tuple[str, ...] = ()
+
+
+def launch_set_size(policy: str, launch_cores: int | None, *, roles: int) -> int:
+    """CPUs the policy reserves for the launch roles (``pinning``'s launch set ``L``)."""
+    if policy == "none":
+        return 0
+    if policy == "isolated-main":
+        return max(1, launch_cores or 1)
+    return max(roles, launch_cores or roles)
+
+
+def candidate_grid(
+    fit: mdl.Fit,
+    *,
+    cores: int,
+    max_workers: int | None = None,
+    policies: Sequence[str] | None = None,
+) -> pd.DataFrame:
+    """Settings to evaluate: policy x workers x launch cores (``None`` = auto)."""
+    chosen = list(policies) if policies is not None else list(fit.policies)
+    unknown = sorted(set(chosen) - set(fit.policies))
+    if unknown:
+        raise mdl.ModelError(
+            f"--policies {unknown}: not fitted; the model can predict {list(fit.policies)}"
+        )
+    top = max_workers if max_workers is not None else 2 * cores
+    if top < 1:
+        raise mdl.ModelError(f"--max-workers: got {top}, expected >= 1")
+    roles = fit.node.roles(fit.node.combined_mode)
+    rows = []
+    for p in chosen:
+        launch: list[int | None] = [None]
+        if p != "none":
+            base = launch_set_size(p, None, roles=roles)
+            launch += [base + i for i in range(1, EXTRA_LAUNCH_CORES + 1)]
+        for lc in launch:
+            for w in range(1, top + 1):
+                rows.append({"policy": p, "workers": w, "launch_cores": lc, "cores": cores})
+    return pd.DataFrame(rows)
+
+
+def advise(
+    fit: mdl.Fit,
+    *,
+    cores: int,
+    max_workers: int | None = None,
+    policies: Sequence[str] | None = None,
+    tie: float = 0.01,
+) -> Advice:
+    """The best setting for ``cores`` cores per rank; ``grid`` holds every evaluated one."""
+    if cores < 1:
+        raise mdl.ModelError(f"--cores: got {cores}, expected >= 1")
+    grid = mdl.predict(
+        fit, candidate_grid(fit, cores=cores, max_workers=max_workers, policies=policies)
+    )
+    grid = grid[np.isfinite(grid["throughput"])].copy()
+    if grid.empty:
+        raise mdl.ModelError(
+            f"--cores {cores}: the launch roles take every core; no setting leaves the loader one"
+        )
+    roles = fit.node.roles(fit.node.combined_mode)
+    grid["launch_set"] = [
+        launch_set_size(p, lc, roles=roles)
+        for p, lc in zip(grid["policy"], grid["launch_cores"], strict=True)
+    ]
+    # Cores a setting occupies: its launch set and one per worker up to the loader's cores
+    # (beyond them extra workers take no core of their own, they crowd the ones there are).
+    grid["cores_used"] = grid["launch_set"] + np.minimum(grid["workers"], grid["loader_cores"])
+    pick = best_setting(grid, tie)
+    notes = list(fit.notes)
+    lo_w, hi_w = min(fit.measured_workers), max(fit.measured_workers)
+    if not lo_w <= int(pick["workers"]) <= hi_w:
+        notes.append(
+            f"{int(pick['workers'])} workers lies outside the measured {lo_w}..{hi_w}: "
+            "an extrapolation; the verification runs test it"
+        )
+    if cores != fit.cores:
+        notes.append(f"fitted on {fit.cores} cores per rank, advised for {cores}")
+    lc = pick["launch_cores"]
+    return Advice(
+        policy=str(pick["policy"]),
+        workers=int(pick["workers"]),
+        launch_cores=None if lc is None or pd.isna(lc) else int(lc),
+        launch_set=int(pick["launch_set"]),
+        cores=cores,
+        throughput=float(pick["throughput"]),
+        throughput_lo=float(pick["throughput_lo"]),
+        throughput_hi=float(pick["throughput_hi"]),
+        pred_lo=float(pick["pred_lo"]),
+        pred_hi=float(pick["pred_hi"]),
+        total_throughput=float(pick["total_throughput"]),
+        bound=str(pick["bound"]),
+        inflation=float(pick["inflation"]),
+        grid=grid.reset_index(drop=True),
+        notes=tuple(notes),
+    )
+
+
+def best_setting(grid: pd.DataFrame, tie: float) -> pd.Series:
+    """The row of ``grid`` with the highest throughput, where rows within ``tie`` (relative) of
+    it are equal and the fewest cores used, then the fewest workers, win."""
+    best = float(grid["throughput"].max())
+    near = grid[grid["throughput"] >= best * (1 - tie)]
+    return near.sort_values(
+        ["cores_used", "workers", "launch_set", "throughput"],
+        ascending=[True, True, True, False],
+        kind="stable",
+    ).iloc[0]
+
+
+def _pinning(policy: str, launch_cores: int | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"policy": policy}
+    if launch_cores is not None and policy != "none":
+        out["launch_cores"] = launch_cores
+    return out
+
+
+def verification_config(
+    advice: Advice,
+    fit: mdl.Fit,
+    *,
+    defaults: Mapping[str, Any],
+    slurm: Mapping[str, Any] | None = None,
+    worker_step: int = 2,
+    repeats: int = 3,
+    measured_steps: int | None = None,
+) -> dict[str, Any]:
+    """A config (config/README.md format) that re-runs the advice and its neighbours.
+
+    Experiments: ``advice`` (the advised policy and launch cores at workers - step, workers,
+    workers + step, with its compute twin), ``policies`` (every other fitted policy at the
+    advised workers, with their twins) and ``loader`` (data mode at the same worker counts), so
+    that the model can be refitted on the verification runs and its prediction compared.
+    """
+    if worker_step < 1 or repeats < 1:
+        raise mdl.ModelError(
+            f"--worker-step {worker_step}, --repeats {repeats}: expected both >= 1"
+        )
+    mode = fit.node.combined_mode
+    twin = mdl.COMPUTE_TWIN[mode]
+    w = advice.workers
+    workers = sorted({x for x in (w - worker_step, w, w + worker_step) if x >= 1})
+    d = copy.deepcopy(dict(defaults))
+    d.pop("mode", None)
+    if measured_steps is not None:
+        # Results measured with few steps (the 30-step H200 set) deserve a verification with
+        # enough steps for the comparison to mean something (config/README.md).
+        d.setdefault("steps", {})["measured"] = measured_steps
+    if "pinning" in d:
+        # The experiments set policy and launch cores; other pinning keys (helper placement)
+        # stay as the measured runs had them.
+        d["pinning"] = {
+            k: v for k, v in d["pinning"].items() if k not in ("policy", "launch_cores")
+        }
+    experiments: list[dict[str, Any]] = [
+        {
+            "name": "advice",
+            "base": {"pinning": _pinning(advice.policy, advice.launch_cores)},
+            "factors": {"mode": [mode, twin], "loader.workers": workers},
+            "repeats": repeats,
+        }
+    ]
+    others = [p for p in fit.policies if p != advice.policy]
+    if others:
+        experiments.append(
+            {
+                "name": "policies",
+                "base": {"loader": {"workers": w}},
+                "factors": {"mode": [mode, twin], "pinning.policy": others},
+                "repeats": repeats,
+            }
+        )
+    experiments.append(
+        {
+            "name": "loader",
+            "factors": {"mode": ["data"], "pinning.policy": ["none"], "loader.workers": workers},
+            "repeats": repeats,
+        }
+    )
+    cfg: dict[str, Any] = {"defaults": d, "experiments": experiments}
+    s = dict(slurm or {})
+    s["cpus_per_rank"] = advice.cores
+    cfg["slurm"] = s
+    return cfg
+
+
+def describe_launch(advice: Advice) -> str:
+    if advice.launch_set == 0:
+        return "launch roles not pinned"
+    lc = "auto" if advice.launch_cores is None else str(advice.launch_cores)
+    return f"launch_cores {lc} ({advice.launch_set} launch CPUs)"
+
+
+def render_config(cfg: Mapping[str, Any], advice: Advice, source: str) -> str:
+    header = (
+        f"# Verification of `codl advise {source}` (docs/advisor.md): the advice and its\n"
+        f"# neighbours, re-run. Advice per rank on {advice.cores} cores: policy {advice.policy},\n"
+        f"# {advice.workers} workers, {describe_launch(advice)};\n"
+        f"# predicted {advice.throughput:.0f} samples/s per rank "
+        f"[{advice.throughput_lo:.0f}, {advice.throughput_hi:.0f}] (model), "
+        f"[{advice.pred_lo:.0f}, {advice.pred_hi:.0f}] (one run), {advice.bound}-bound.\n"
+    )
+    return header + yaml.dump(
+        dict(cfg), Dumper=_NoAliasDumper, sort_keys=False, default_flow_style=None
+    )
+
+
+class _NoAliasDumper(yaml.SafeDumper):
+    """A config is read by people: repeated lists are written out, not as YAML anchors."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _defaults_from_runs(runs: pd.DataFrame, mode: str) -> dict[str, Any]:
+    """Run-spec defaults rebuilt from the runs table, for a results dir without its config."""
+    row = runs[runs["mode"] == mode].iloc[0]
+
+    def put(out: dict[str, Any], section: str, key: str, column: str) -> None:
+        if column in row and pd.notna(row[column]):
+            value = row[column]
+            value = value.item() if isinstance(value, np.generic) else value
+            out.setdefault(section, {})[key] = value
+
+    out: dict[str, Any] = {}
+    if "device" in row and pd.notna(row["device"]):
+        out["device"] = str(row["device"])
+    for key in ("model", "batch_size", "image_size", "precision"):
+        put(out, "workload", key, key)
+    for key in ("prefetch_factor", "pin_memory"):
+        put(out, "loader", key, key)
+    for key in ("nodes", "ranks_per_node", "backend"):
+        put(out, "layout", key, key)
+    if "prefetch_factor" in out.get("loader", {}):
+        out["loader"]["prefetch_factor"] = int(out["loader"]["prefetch_factor"])
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="codl advise",
+        description="Fit the throughput model on a results directory and advise loader workers, "
+        "CPU-set policy and launch cores per rank; write a verification config.",
+    )
+    p.add_argument("results", type=Path, help="results directory with tables/runs.csv")
+    p.add_argument("--cores", type=int, help="core budget per rank (default: the measured one)")
+    p.add_argument(
+        "--fit-cores",
+        type=int,
+        help="cores per rank the runs had (default: slurm.cpus_per_rank of RESULTS/config.yaml)",
+    )
+    p.add_argument("--out", type=Path, help="write the verification config here")
+    p.add_argument(
+        "--mode",
+        choices=mdl.COMBINED_MODES,
+        help="the combined mode to fit when the tables hold both",
+    )
+    p.add_argument("--max-workers", type=int, help="largest worker count tried (default 2 x cores)")
+    p.add_argument("--worker-step", type=int, default=2, help="neighbours: workers +- this")
+    p.add_argument("--repeats", type=int, default=3, help="repeats of each verification run")
+    p.add_argument(
+        "--steps", type=int, help="measured steps of the verification runs (default: as measured)"
+    )
+    p.add_argument(
+        "--tie", type=float, default=0.01, help="relative tie tolerance (fewer cores win)"
+    )
+    p.add_argument("--boot", type=int, default=200, help="bootstrap replicates")
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def _read_table(path: Path, results: Path) -> pd.DataFrame:
+    if not path.is_file():
+        raise CodlError(f"{path}: missing table ({results} must hold the workflow's tables/)")
+    return pd.read_csv(path)
+
+
+def _print_advice(advice: Advice, fit: mdl.Fit, out: Path | None, tie: float) -> None:
+    print(
+        f"model fitted on {fit.cores} cores per rank ({fit.node.combined_mode}, "
+        f"{fit.node.world} rank(s)); parameters with 95 % bootstrap intervals:"
+    )
+    print(fit.parameters().to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(
+        f"\nadvice for {advice.cores} cores per rank: policy {advice.policy}, "
+        f"{advice.workers} workers, {describe_launch(advice)}\n"
+        f"predicted {advice.throughput:.0f} samples/s per rank "
+        f"[{advice.throughput_lo:.0f}, {advice.throughput_hi:.0f}] (model), "
+        f"[{advice.pred_lo:.0f}, {advice.pred_hi:.0f}] (one run); "
+        f"{advice.total_throughput:.0f} samples/s in all; {advice.bound}-bound, "
+        f"compute inflation {advice.inflation:.3f}"
+    )
+    best = pd.DataFrame([best_setting(g, tie) for _, g in advice.grid.groupby("policy", sort=True)])
+    print("\nbest per policy (same tie rule):")
+    cols = ["policy", "workers", "launch_set", "throughput", "throughput_lo", "throughput_hi"]
+    print(best[cols].to_string(index=False, float_format=lambda v: f"{v:.0f}"))
+    for note in advice.notes:
+        print(f"note: {note}")
+    if out is not None:
+        print(f"\nverification config: {out}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``codl advise RESULTS_DIR [--cores N] [--out verify.yaml]``: 0, or 2 with a one-line
+    error on stderr."""
+    return run(build_parser().parse_args(argv))
+
+
+def _one_line(exc: ConfigError) -> str:
+    return "; ".join(exc.problems)
+
+
+def _source_config(results: Path) -> dict[str, Any]:
+    """RESULTS/config.yaml, the config the runs came from, or {} when the workflow left none."""
+    path = results / CONFIG_NAME
+    if not path.is_file():
+        return {}
+    try:
+        return load_yaml(path)
+    except ConfigError as exc:
+        raise CodlError(f"{path}: {_one_line(exc)}") from None
+
+
+def _write_verification(
+    args: argparse.Namespace,
+    advice: Advice,
+    fit: mdl.Fit,
+    runs: pd.DataFrame,
+    source_cfg: Mapping[str, Any],
+) -> None:
+    defaults = source_cfg.get("defaults") or _defaults_from_runs(runs, fit.node.combined_mode)
+    cfg = verification_config(
+        advice,
+        fit,
+        defaults=defaults,
+        slurm=source_cfg.get("slurm"),
+        worker_step=args.worker_step,
+        repeats=args.repeats,
+        measured_steps=args.steps,
+    )
+    try:
+        build_plan(cfg, source=str(args.out))
+    except ConfigError as exc:
+        # The defaults come from the results' config, which may predate today's schema.
+        raise CodlError(f"verification config invalid: {_one_line(exc)}") from None
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(render_config(cfg, advice, str(args.results)))
+
+
+def run(args: argparse.Namespace) -> int:
+    """The command on parsed arguments, so that ``cli.py`` can mount ``build_parser()`` as a
+    parent of its ``advise`` subcommand and dispatch here."""
+    results: Path = args.results
+    try:
+        runs = _read_table(results / RUNS_TABLE, results)
+        steps = _read_table(results / STEPS_TABLE, results)
+        source_cfg = _source_config(results)
+        fit_cores = args.fit_cores or (source_cfg.get("slurm") or {}).get("cpus_per_rank")
+        if fit_cores is None:
+            raise CodlError(
+                f"cores per rank of the measured runs unknown: {results / CONFIG_NAME} has no "
+                "slurm.cpus_per_rank; pass --fit-cores"
+            )
+        data = mdl.run_data(runs, steps, combined_mode=args.mode)
+        fit = mdl.fit(data, cores=int(fit_cores), boot=args.boot, seed=args.seed)
+        cores = args.cores if args.cores is not None else fit.cores
+        advice = advise(fit, cores=cores, max_workers=args.max_workers, tie=args.tie)
+        if args.out is not None:
+            _write_verification(args, advice, fit, runs, source_cfg)
+        _print_advice(advice, fit, args.out, args.tie)
+    except CodlError as exc:
+        print(f"codl advise: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""The advisor: planted optima are found, ties go to fewer cores, the verification config is a
+valid plan holding the advice and its neighbours, and `codl advise` fails in one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from codl.analysis import advise as adv
+from codl.analysis import model as mdl
+from codl.config import build_plan, load_plan, load_yaml
+from test_model import BATCH, COMPUTE, CORES, RATE, planted_tables
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def fit() -> mdl.Fit:
+    runs, steps = planted_tables()
+    return mdl.fit(mdl.run_data(runs, steps), cores=CORES, boot=10, seed=0)
+
+
+def test_compute_bound_optimum(fit: mdl.Fit) -> None:
+    # 16 cores: the loader could deliver up to 400 * 0.9 * 13 = 4680 samples/s, more than
+    # compute's 3500 (`none`) or 3200 (`isolated`). The fewest workers that feed `none`:
+    # 9 x 400 = 3600 >= 3500, while 8 x 400 = 3200 is 9 % short. More workers add nothing until
+    # they overload the cores, then inflate compute; `none` needs no launch CPUs of its own.
+    a = adv.advise(fit, cores=CORES)
+    assert (a.policy, a.workers, a.launch_cores, a.launch_set) == ("none", 9, None, 0)
+    assert a.bound == "compute"
+    assert a.throughput == pytest.approx(COMPUTE["none"], rel=0.05)
+    assert a.throughput_lo <= a.throughput <= a.throughput_hi
+    assert a.pred_lo <= a.throughput_lo and a.throughput_hi <= a.pred_hi
+    # Past the loader's cores the grid shows the interference the advice avoids.
+    none = a.grid[(a.grid["policy"] == "none")].set_index("workers")["throughput"]
+    assert none[32] < none[24] < none[9]
+
+
+def test_loader_bound_optimum(fit: mdl.Fit) -> None:
+    # 10 cores: 3 go to the launch roles, the loader saturates at 0.9 x 7 = 6.3 workers, i.e.
+    # 2520 samples/s < compute. 7 workers reach it; 6 deliver 2400 (5 % short).
+    a = adv.advise(fit, cores=10)
+    assert (a.policy, a.workers, a.launch_set) == ("none", 7, 0)
+    assert a.bound == "loader"
+    assert a.throughput == pytest.approx(RATE * 0.9 * 7, rel=0.05)
+    assert any("advised for 10" in n for n in a.notes)
+
+
+def test_ties_go_to_fewer_cores(fit: mdl.Fit) -> None:
+    # Only `isolated`: 8 x 400 = 3200 = its compute capacity; the launch set stays `auto`
+    # (3 CPUs), since the extra launch CPUs of the grid cost cores and buy nothing.
+    a = adv.advise(fit, cores=CORES, policies=["isolated"])
+    assert (a.policy, a.workers, a.launch_cores, a.launch_set) == ("isolated", 8, None, 3)
+    grid = a.grid
+    top = grid["throughput"].max()
+    tied = grid[grid["throughput"] >= top * 0.99]
+    assert len(tied) > 1
+    assert (tied["cores_used"] >= 3 + 8).all()
+    # A zero tolerance still prefers fewer cores among exact ties (the flat compute plateau).
+    assert adv.advise(fit, cores=CORES, policies=["isolated"], tie=0.0).workers <= 9
+
+
+def test_budget_without_a_loader_core_is_refused(fit: mdl.Fit) -> None:
+    with pytest.raises(mdl.ModelError, match="--cores 3: the launch roles take every core"):
+        adv.advise(fit, cores=3)
+
+
+def test_unknown_policy_is_refused(fit: mdl.Fit) -> None:
+    with pytest.raises(mdl.ModelError, match=r"\['numa'\].*\['isolated', 'none'\]"):
+        adv.advise(fit, cores=CORES, policies=["numa"])
+
+
+def test_verification_config_is_a_plan_with_the_advice_and_its_neighbours(fit: mdl.Fit) -> None:
+    a = adv.advise(fit, cores=CORES)
+    defaults = load_yaml(REPO / "config" / "config.yaml")["defaults"]
+    cfg = adv.verification_config(a, fit, defaults=defaults, worker_step=2, repeats=2)
+    text = adv.render_config(cfg, a, "results/x")
+    plan = build_plan(yaml.safe_load(text))
+    settings = {
+        (s.mode.value, s.pinning.policy.value, s.loader.workers if s.mode.loads else 0)
+        for s in plan.specs.values()
+    }
+    assert {("data+compute", "none", w) for w in (7, 9, 11)} <= settings
+    assert ("data+compute", "isolated", 9) in settings
+    assert {("compute", "none", 0), ("compute", "isolated", 0)} <= settings
+    assert {("data", "none", w) for w in (7, 9, 11)} <= settings
+    assert {s.repeat for s in plan.specs.values()} == {0, 1}
+    assert cfg["slurm"]["cpus_per_rank"] == CORES
+    assert "&id" not in text  # lists written out, not as YAML anchors
+    assert text.startswith("# Verification of `codl advise results/x`")
+
+
+def _write_results(root: Path, runs: pd.DataFrame, steps: pd.DataFrame, *, config: bool) -> Path:
+    (root / "tables").mkdir(parents=True)
+    runs.to_csv(root / "tables" / "runs.csv", index=False)
+    steps.to_csv(root / "tables" / "steps.csv.gz", index=False)
+    if config:
+        cfg = load_yaml(REPO / "config" / "config.yaml")
+        cfg["defaults"]["workload"]["batch_size"] = BATCH
+        cfg["slurm"]["cpus_per_rank"] = CORES
+        (root / "config.yaml").write_text(yaml.safe_dump(cfg))
+    return root
+
+
+@pytest.mark.parametrize("name", ["plain", "with space", "ünïcødé"])
+def test_main_end_to_end(tmp_path: Path, name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    runs, steps = planted_tables(repeats=2, steps=20)
+    results = _write_results(tmp_path / name, runs, steps, config=True)
+    out = tmp_path / name / "verify.yaml"
+    assert adv.main([str(results), "--out", str(out), "--boot", "4", "--steps", "200"]) == 0
+    printed = capsys.readouterr().out
+    assert "policy none, 9 workers" in printed
+    plan = load_plan(out)
+    assert set(plan.experiments()) == {"advice", "policies", "loader"}
+    assert {s.steps.measured for s in plan.specs.values()} == {200}
+
+
+def test_main_without_config_rebuilds_defaults(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs, steps = planted_tables(repeats=1, steps=20)
+    results = _write_results(tmp_path / "r", runs, steps, config=False)
+    out = tmp_path / "verify.yaml"
+    assert adv.main([str(results), "--out", str(out), "--boot", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--fit-cores" in err
+    assert adv.main([str(results), "--fit-cores", "16", "--out", str(out), "--boot", "0"]) == 0
+    spec = next(iter(load_plan(out).specs.values()))
+    assert spec.workload.batch_size == BATCH
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        ("no_dir", "tables/runs.csv: missing table"),
+        ("no_steps", "tables/steps.csv.gz: missing table"),
+        ("no_column", "runs.csv: missing column(s) ['policy']"),
+        ("no_data_runs", "no data-mode runs"),
+        ("bad_config", "config.yaml: "),
+        ("stale_config", "verification config invalid: "),
+    ],
+)
+def test_main_errors_are_one_line(
+    tmp_path: Path, damage: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs, steps = planted_tables(repeats=1, steps=10)
+    if damage == "no_column":
+        runs = runs.drop(columns="policy")
+    if damage == "no_data_runs":
+        runs = runs[runs["mode"] != "data"]
+    root = tmp_path / "results"
+    if damage != "no_dir":
+        _write_results(root, runs, steps, config=True)
+    if damage == "no_steps":
+        (root / "tables" / "steps.csv.gz").unlink()
+    if damage == "bad_config":
+        (root / "config.yaml").write_text("defaults: [unclosed\n")
+    out = []
+    if damage == "stale_config":
+        cfg = yaml.safe_load((root / "config.yaml").read_text())
+        cfg["defaults"]["loader"]["no_such_key"] = 1
+        (root / "config.yaml").write_text(yaml.safe_dump(cfg))
+        out = ["--out", str(tmp_path / "verify.yaml")]
+    assert adv.main([str(root), "--boot", "0", *out]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("codl advise: error: ") and message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_mounts_as_a_cli_subcommand(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # How cli.py is meant to wire it (docs/advisor.md): the advise parser as a parent.
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="codl")
+    sub = parser.add_subparsers(dest="command", required=True)
+    cmd = sub.add_parser("advise", parents=[adv.build_parser()], add_help=False)
+    cmd.set_defaults(func=adv.run)
+    args = parser.parse_args(["advise", str(tmp_path), "--cores", "8"])
+    assert args.cores == 8
+    assert args.func(args) == 2
+    assert "tables/runs.csv: missing table" in capsys.readouterr().err

@@ -1,0 +1,279 @@
+"""The throughput model: planted parameters are recovered, degenerate tables fail clearly, and
+the fit on the committed one-H200 tables runs and is reported against its measurements."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from codl.analysis import model as mdl
+
+REPO = Path(__file__).resolve().parent.parent
+H200_TABLES = REPO / "results" / "h200" / "tables"
+
+# Planted node: 16 cores per rank, one CUDA rank with a pinning loader, so 2 busy launch roles
+# in `data` mode (main, pin-memory) and 3 in `data+compute` (+ autograd).
+CORES = 16
+BATCH = 128
+RATE = 400.0  # samples/s per worker
+KAPPA = 0.9  # worker-equivalents per loader core
+COMPUTE = {"none": 3500.0, "isolated": 3200.0}  # samples/s alone
+K = {"none": 0.8, "isolated": 1.6}
+DATA_WORKERS = (2, 4, 8, 16, 24)
+COMBINED_WORKERS = (4, 8, 16, 24, 32, 48)
+
+
+def planted_throughput(w: int, policy: str, cores: int = CORES) -> tuple[float, float]:
+    """Combined throughput and compute inflation, solved in closed form (not by the model's
+    bisection), so that a mistake in the model's solver cannot hide in the planted data."""
+    c_l = cores - 3
+    x_l = RATE * min(w, KAPPA * c_l)
+    c, k = COMPUTE[policy], K[policy]
+    if x_l * (1 + k * max(0.0, w - c_l) / cores) <= c:
+        return x_l, 1 + k * max(0.0, w - c_l) / cores
+    if c * w / x_l <= c_l:
+        return c, 1.0
+    # X * (1 + k * (w X / X_L - c_L) / c) = C: a quadratic in X.
+    a = k * w / (cores * x_l)
+    b = 1 - k * c_l / cores
+    x = (-b + math.sqrt(b * b + 4 * a * c)) / (2 * a)
+    return x, c / x
+
+
+def planted_tables(
+    *,
+    data_workers: tuple[int, ...] = DATA_WORKERS,
+    combined: bool = True,
+    seed: int = 1,
+    steps: int = 100,
+    repeats: int = 3,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """runs.csv and steps.csv.gz as the workflow writes them, for the planted parameters, with
+    2 % step-to-step and 0.5 % run-to-run noise."""
+    rng = np.random.default_rng(seed)
+    runs: list[dict[str, object]] = []
+    steps_rows: list[pd.DataFrame] = []
+
+    def add(mode: str, policy: str, w: int, x: float, compute_ms: float | None) -> None:
+        for rep in range(repeats):
+            run_id = f"{mode}-{policy}-{w}-{rep}"
+            offset = 1 + 0.005 * rng.standard_normal()
+            step = BATCH * 1000.0 / x * offset * (1 + 0.02 * rng.standard_normal(steps))
+            comp = (
+                compute_ms * (1 + 0.02 * rng.standard_normal(steps))
+                if compute_ms is not None
+                else np.full(steps, np.nan)
+            )
+            runs.append(
+                {
+                    "run_id": run_id,
+                    "mode": mode,
+                    "device": "cuda",
+                    "batch_size": BATCH,
+                    "policy": policy,
+                    "launch_cores": "auto",
+                    "workers": w,
+                    "pin_memory": True if mode != "compute" else None,
+                    "cupti": False,
+                    "repeat": rep,
+                    "world_size": 1,
+                    "throughput_samples_s": BATCH * 1000.0 / step.mean(),
+                    "loader_item_ms_mean": 1000.0 / RATE if mode == "data" else np.nan,
+                }
+            )
+            steps_rows.append(
+                pd.DataFrame(
+                    {
+                        "run_id": run_id,
+                        "rank": 0,
+                        "step": np.arange(steps),
+                        "step_ms": step,
+                        "compute_eff_ms": comp,
+                        "outlier": False,
+                    }
+                )
+            )
+
+    for w in data_workers:
+        add("data", "none", w, RATE * min(w, KAPPA * (CORES - 2)), None)
+    for policy, c in COMPUTE.items():
+        add("compute", policy, 0, c, BATCH * 1000.0 / c)
+        if combined:
+            for w in COMBINED_WORKERS:
+                x, infl = planted_throughput(w, policy)
+                add("data+compute", policy, w, x, BATCH * 1000.0 / c * infl)
+    return pd.DataFrame(runs), pd.concat(steps_rows, ignore_index=True)
+
+
+@pytest.fixture(scope="module")
+def planted_fit() -> tuple[mdl.Fit, mdl.RunData]:
+    runs, steps = planted_tables()
+    data = mdl.run_data(runs, steps)
+    return mdl.fit(data, cores=CORES, boot=25, seed=3), data
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_fit_recovers_planted_parameters(seed: int) -> None:
+    # k is the least well determined: it divides the inflation by the overload, a difference
+    # (runnable workers - loader cores) that carries the errors of r and kappa. Over 12 seeds
+    # at this noise the worst error was 3.6 % for k and < 1 % for r, kappa and C.
+    runs, steps = planted_tables(seed=seed)
+    fit = mdl.fit(mdl.run_data(runs, steps), cores=CORES, boot=0)
+    p = fit.params
+    assert p.rate == pytest.approx(RATE, rel=0.05)
+    assert p.kappa == pytest.approx(KAPPA, rel=0.05)
+    for policy, capacity in COMPUTE.items():
+        assert p.compute[policy] == pytest.approx(capacity, rel=0.05)
+        assert p.k[policy] == pytest.approx(K[policy], rel=0.05)
+    assert fit.policies == ("isolated", "none")
+    assert fit.loader_item_rate == pytest.approx(RATE)
+
+
+def test_parameter_intervals_hold_the_planted_values(
+    planted_fit: tuple[mdl.Fit, mdl.RunData],
+) -> None:
+    table = planted_fit[0].parameters().set_index(["parameter", "policy"])
+    planted = {("rate", ""): RATE, ("kappa", ""): KAPPA}
+    planted.update({("compute", p): c for p, c in COMPUTE.items()})
+    planted.update({("k", p): k for p, k in K.items()})
+    for key, value in planted.items():
+        row = table.loc[key]
+        assert row["lo"] <= value <= row["hi"], (key, row.to_dict())
+        assert row["lo"] < row["hi"]
+
+
+def test_predictions_match_the_planted_runs(planted_fit: tuple[mdl.Fit, mdl.RunData]) -> None:
+    fit, data = planted_fit
+    checked = mdl.check(fit, data)
+    assert len(checked) == 2 * len(COMBINED_WORKERS) * 3
+    # Run-to-run noise is 1 %: every run within 5 %, and nearly all inside the interval.
+    assert checked["error"].abs().max() < 0.05
+    assert checked["inside"].mean() >= 0.9
+    # The regimes: 4 and 8 workers starve compute, 16 feed it, 24 and up overload the cores.
+    by_w = checked[checked["policy"] == "none"].groupby("workers")
+    assert by_w["bound"].first().to_dict() == {
+        4: "loader",
+        8: "loader",
+        16: "compute",
+        24: "compute",
+        32: "compute",
+        48: "compute",
+    }
+    infl = by_w["inflation"].first()
+    assert infl[16] == pytest.approx(1.0)
+    assert 1.0 < infl[24] < infl[32] < infl[48]
+
+
+def test_predict_solves_the_fixed_point(planted_fit: tuple[mdl.Fit, mdl.RunData]) -> None:
+    fit, _ = planted_fit
+    settings = pd.DataFrame({"policy": ["none"] * 4, "workers": [3, 12, 28, 40]})
+    out = mdl.predict(fit, settings)
+    for row in out.itertuples():
+        x, infl = planted_throughput(int(row.workers), "none")
+        assert row.throughput == pytest.approx(x, rel=0.03)
+        assert row.inflation == pytest.approx(infl, rel=0.03)
+        assert row.throughput_lo <= row.throughput <= row.throughput_hi
+        assert row.pred_lo <= row.throughput_lo and row.pred_hi >= row.throughput_hi
+
+
+def test_unfitted_policy_is_named(planted_fit: tuple[mdl.Fit, mdl.RunData]) -> None:
+    with pytest.raises(mdl.ModelError, match=r"\['spread'\].*\['isolated', 'none'\]"):
+        mdl.predict(planted_fit[0], pd.DataFrame({"policy": ["spread"], "workers": [4]}))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"data_workers": ()}, "no data-mode runs"),
+        ({"data_workers": (8,)}, r"data-mode runs at \[8\] worker\(s\) only; .*>= 2 worker counts"),
+        ({"data_workers": (2, 4)}, "below the loader's saturation.*more workers"),
+        ({"data_workers": (24, 32)}, "above the loader's saturation.*fewer workers"),
+        ({"combined": False}, "no combined runs"),
+    ],
+)
+def test_degenerate_tables_fail_clearly(kwargs: dict[str, object], message: str) -> None:
+    runs, steps = planted_tables(**kwargs, repeats=1, steps=5)  # type: ignore[arg-type]
+    with pytest.raises(mdl.ModelError, match=message):
+        mdl.fit(mdl.run_data(runs, steps), cores=CORES, boot=0)
+
+
+def test_policies_without_a_compute_twin_are_named() -> None:
+    runs, steps = planted_tables(repeats=1, steps=5)
+    runs = runs[~((runs["mode"] == "compute") & (runs["policy"] == "none"))].copy()
+    fit = mdl.fit(mdl.run_data(runs, steps), cores=CORES, boot=0)
+    assert fit.policies == ("isolated",)
+    assert any("['none'] have combined runs but no compute twin" in n for n in fit.notes)
+    spread = runs["mode"] == "compute"
+    runs.loc[spread, "policy"] = "spread"
+    with pytest.raises(mdl.ModelError, match=r"no policy has both compute and data\+compute"):
+        mdl.fit(mdl.run_data(runs, steps), cores=CORES, boot=0)
+    with pytest.raises(mdl.ModelError, match="no compute-mode runs"):
+        mdl.fit(mdl.run_data(runs[~spread], steps), cores=CORES, boot=0)
+
+
+def test_both_combined_modes_need_a_choice() -> None:
+    runs, steps = planted_tables(repeats=1, steps=5)
+    extra = runs[runs["mode"] == "data+compute"].assign(mode="combined")
+    both = pd.concat([runs, extra], ignore_index=True)
+    with pytest.raises(mdl.ModelError, match=r"both \['combined', 'data\+compute'\].*--mode"):
+        mdl.run_data(both, steps)
+    assert mdl.run_data(both, steps, combined_mode="data+compute").node.combined_mode == (
+        "data+compute"
+    )
+    with pytest.raises(mdl.ModelError, match="no combined runs \\(mode combined\\)"):
+        mdl.run_data(runs, steps, combined_mode="combined")
+
+
+@pytest.mark.parametrize(("table", "column"), [("runs", "batch_size"), ("steps", "step_ms")])
+def test_missing_column_is_named(table: str, column: str) -> None:
+    runs, steps = planted_tables(repeats=1, steps=5)
+    if table == "runs":
+        runs = runs.drop(columns=column)
+    else:
+        steps = steps.drop(columns=column)
+    name = "runs.csv" if table == "runs" else "steps.csv.gz"
+    with pytest.raises(mdl.ModelError, match=rf"{name}: missing column\(s\) \['{column}'\]"):
+        mdl.run_data(runs, steps)
+
+
+def test_fit_on_committed_h200_tables() -> None:
+    """The one-H200 tables (30 steps, the old finite sampler: docs/results-h200.md) are what
+    the model meets in practice. It is fitted and its errors printed (docs/advisor.md quotes
+    them); what is asserted is what can be defended on these tables:
+
+    - every combined run is called loader-bound, as their measured data wait says;
+    - the model is closer than the compute-alone throughput a compute benchmark would predict;
+    - below the fitted loader saturation (6 workers) the one-run interval holds every run;
+    - above it (24 workers) the model over-predicts every run: the data-alone runs it is fitted
+      on drain a 48-batch prefetch buffer in 30 steps, and the old sampler's epoch restarts
+      stall compute and loader in series, which ``min()`` does not describe. A fit on tables
+      without these artefacts must be checked anew, not against this bias.
+    """
+    runs = pd.read_csv(H200_TABLES / "runs.csv")
+    steps = pd.read_csv(H200_TABLES / "steps.csv.gz")
+    data = mdl.run_data(runs, steps)
+    fit = mdl.fit(data, cores=16, boot=60, seed=0)
+    print(fit.parameters().to_string(index=False))
+    print("notes:", fit.notes)
+    checked = mdl.check(fit, data)
+    cols = ["policy", "workers", "measured", "throughput", "pred_lo", "pred_hi", "error"]
+    print(checked[cols].to_string(index=False))
+    err = checked["error"].abs()
+    print(f"median |error| {err.median():.3f}, worst {err.max():.3f}")
+    assert np.isfinite([fit.params.rate, fit.params.kappa]).all()
+    assert set(fit.policies) == {"none", "shared", "isolated", "spread"}
+    assert (checked["bound"] == "loader").all()
+    comb = runs[(runs["mode"] == "data+compute") & ~runs["cupti"]]
+    assert (comb["data_wait_ms_mean"] > 0.3 * comb["step_ms_mean"]).all()
+    naive = checked["policy"].map(fit.params.compute) / checked["measured"] - 1
+    assert err.median() < naive.abs().median()
+    saturation = fit.params.kappa * checked["loader_cores"]
+    below = checked[checked["workers"] < saturation]
+    above = checked[checked["workers"] > saturation]
+    assert len(below) == 3 and len(above) == 12
+    assert below["inside"].all()
+    assert (above["error"] > 0).all()
