@@ -170,15 +170,13 @@ def test_main_errors_are_one_line(
     assert err.count("\n") == 1 and "Traceback" not in err
 
 
-def test_mounts_as_a_cli_subcommand(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # How cli.py is meant to wire it (docs/advisor.md): the advise parser as a parent.
-    import argparse
+def test_runs_as_a_codl_subcommand(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from codl import cli
 
-    parser = argparse.ArgumentParser(prog="codl")
-    sub = parser.add_subparsers(dest="command", required=True)
-    cmd = sub.add_parser("advise", parents=[adv.build_parser()], add_help=False)
-    cmd.set_defaults(func=adv.run)
-    args = parser.parse_args(["advise", str(tmp_path), "--cores", "8"])
-    assert args.cores == 8
-    assert args.func(args) == 2
-    assert "tables/runs.csv: missing table" in capsys.readouterr().err
+    assert cli.main(["advise", str(tmp_path), "--cores", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "tables/runs.csv: missing table" in err and "Traceback" not in err
+    with pytest.raises(SystemExit) as help_exit:
+        cli.main(["advise", "--help"])
+    assert help_exit.value.code == 0
+    assert "--cores" in capsys.readouterr().out

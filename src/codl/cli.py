@@ -1,4 +1,5 @@
-"""`codl` command line: run | inspect | export | plan | dataset | summarize | compare | figures."""
+"""`codl` command line: run | inspect | export | plan | dataset | write-spec | stage | summarize |
+advise."""
 
 from __future__ import annotations
 
@@ -265,10 +266,25 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("trace", type=Path)
     s.add_argument("--out-dir", required=True)
     s.set_defaults(func=cmd_summarize)
+
+    # Its own parser (codl.analysis.advise), handed the rest of the line: importing it here would
+    # load pandas for every `codl run`, whose start-up is part of the measured job.
+    a = sub.add_parser(
+        "advise",
+        add_help=False,
+        help="fit the throughput model on a results directory, advise loader workers and policy",
+    )
+    a.add_argument("args", nargs=argparse.REMAINDER, help="see `codl advise --help`")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["advise"]:
+        # Handed over whole (its options, --help included), imported only now: see build_parser.
+        from codl.analysis import advise
+
+        return advise.main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
