@@ -36,6 +36,10 @@ def api_latencies(cuda: pd.DataFrame, label: str, *, warmup: int, run_id: str = 
     )
 
 
+# One step-timeline row, keyed by TIMELINE_COLUMNS.
+Row = dict[str, object]
+
+
 def step_timeline(tables: dict[str, pd.DataFrame], *, step: int, rank: int = 0) -> pd.DataFrame:
     """Bars of one step: app phases on the launch track, loader stages per worker, GPU phase
     durations (CUDA events) on a GPU track, AllReduce buckets, and the threads with the most
@@ -52,71 +56,92 @@ def step_timeline(tables: dict[str, pd.DataFrame], *, step: int, rank: int = 0) 
     st = app[(app["step"] == step) & (app["phase"].astype(str) == "step")]
     if st.empty:
         return pd.DataFrame(columns=TIMELINE_COLUMNS)
-    t0, t1 = int(st["start_ns"].iloc[0]), int(st["end_ns"].iloc[0])
-    rows: list[dict[str, object]] = []
+    window = (int(st["start_ns"].iloc[0]), int(st["end_ns"].iloc[0]))
+    # Row order matters: the plot stacks tracks in order of first appearance.
+    rows = [
+        *_phase_spans(app, step, window),
+        *_loader_spans(tables["events/loader"], rank, window),
+        *_comm_spans(tables["events/comm"], rank, step, window),
+        *_wait_rows(tables["samples/sched"], tables["threads"], rank, step),
+    ]
+    return pd.DataFrame(rows, columns=TIMELINE_COLUMNS)
 
-    def add(track: str, role: str, kind: str, label: str, a: int, b: int, phase: str = "") -> None:
-        a, b = max(a, t0), min(b, t1)
-        if b > a:
-            rows.append(
-                {
-                    "track": track,
-                    "role": role,
-                    "kind": kind,
-                    "label": label,
-                    "phase": phase,
-                    "start_ms": (a - t0) / 1e6,
-                    "end_ms": (b - t0) / 1e6,
-                }
-            )
 
+def _span(
+    track: str, role: str, label: str, a: int, b: int, window: tuple[int, int], phase: str = ""
+) -> list[Row]:
+    """One span row clipped to the step's window [t0, t1], in ms from t0; none if nothing of
+    it falls inside (a list, so callers can splice it in)."""
+    t0, t1 = window
+    a, b = max(a, t0), min(b, t1)
+    if b <= a:
+        return []
+    return [
+        {
+            "track": track,
+            "role": role,
+            "kind": "span",
+            "label": label,
+            "phase": phase,
+            "start_ms": (a - t0) / 1e6,
+            "end_ms": (b - t0) / 1e6,
+        }
+    ]
+
+
+def _phase_spans(app: pd.DataFrame, step: int, window: tuple[int, int]) -> list[Row]:
+    """App phases on the launch track, each followed by its GPU duration where measured.
+
+    ``app`` is already one rank's; "step" is the window itself and "compute" spans the phases.
+    """
+    rows: list[Row] = []
     phases = app[(app["step"] == step) & ~app["phase"].astype(str).isin(["step", "compute"])]
     for _, r in phases.iterrows():
         phase = str(r["phase"])
-        add("launch thread", "launch", "span", phase, int(r["start_ns"]), int(r["end_ns"]), phase)
+        start = int(r["start_ns"])
+        rows += _span("launch thread", "launch", phase, start, int(r["end_ns"]), window, phase)
         if r["gpu_ns"] >= 0:
             # The GPU view: duration from CUDA events, drawn from the phase's host start.
-            add(
-                "GPU (events)",
-                "gpu",
-                "span",
-                str(r["phase"]),
-                int(r["start_ns"]),
-                int(r["start_ns"]) + int(r["gpu_ns"]),
-                phase,
+            rows += _span(
+                "GPU (events)", "gpu", phase, start, start + int(r["gpu_ns"]), window, phase
             )
-    ld = tables["events/loader"]
-    ld = ld[(ld["rank"] == rank) & (ld["end_ns"] > t0) & (ld["start_ns"] < t1)]
+    return rows
+
+
+def _loader_spans(loader: pd.DataFrame, rank: int, window: tuple[int, int]) -> list[Row]:
+    """Loader stages overlapping the step in time, one track per worker (picked by time, not by
+    step tag: workers prepare later batches while this step runs)."""
+    t0, t1 = window
+    ld = loader[(loader["rank"] == rank) & (loader["end_ns"] > t0) & (loader["start_ns"] < t1)]
+    rows: list[Row] = []
     for _, r in ld.iterrows():
-        add(
-            f"loader worker {int(r['worker'])}",
-            "loader",
-            "span",
-            str(r["stage"]),
-            int(r["start_ns"]),
-            int(r["end_ns"]),
-            str(r["stage"]),
-        )
-    comm = tables["events/comm"]
+        stage = str(r["stage"])
+        track = f"loader worker {int(r['worker'])}"
+        rows += _span(track, "loader", stage, int(r["start_ns"]), int(r["end_ns"]), window, stage)
+    return rows
+
+
+def _comm_spans(comm: pd.DataFrame, rank: int, step: int, window: tuple[int, int]) -> list[Row]:
+    """AllReduce buckets of the step on one collectives track, labelled by bucket."""
     comm = comm[(comm["rank"] == rank) & (comm["step"] == step)]
+    rows: list[Row] = []
     for _, r in comm.iterrows():
-        add(
-            "collectives",
-            "comm",
-            "span",
-            f"b{int(r['bucket'])}",
-            int(r["start_ns"]),
-            int(r["end_ns"]),
-        )
-    d = sched_deltas(tables["samples/sched"])
+        label = f"b{int(r['bucket'])}"
+        rows += _span("collectives", "comm", label, int(r["start_ns"]), int(r["end_ns"]), window)
+    return rows
+
+
+def _wait_rows(sched: pd.DataFrame, threads: pd.DataFrame, rank: int, step: int) -> list[Row]:
+    """The 8 threads with the most run-queue wait in the step, as per-step totals from 0."""
+    d = sched_deltas(sched)
     d = d[(d["step"] == step) & (d["rank"] == rank) & (d["wait_ns"] > 0)]
-    th = tables["threads"]
     # TIDs are per node: look threads up within this rank only.
-    threads = th[th["rank"] == rank].drop_duplicates("tid", keep="last").set_index("tid")
+    known = threads[threads["rank"] == rank].drop_duplicates("tid", keep="last").set_index("tid")
+    rows: list[Row] = []
     for _, r in d.sort_values("wait_ns", ascending=False).head(8).iterrows():
         tid = int(r["tid"])
-        role = str(threads["role"].get(tid, "other")) if len(threads) else "other"
-        name = str(threads["name"].get(tid, "")) if len(threads) else ""
+        role = str(known["role"].get(tid, "other")) if len(known) else "other"
+        name = str(known["name"].get(tid, "")) if len(known) else ""
         rows.append(
             {
                 "track": f"{role} {name} ({tid})",
@@ -128,7 +153,7 @@ def step_timeline(tables: dict[str, pd.DataFrame], *, step: int, rank: int = 0) 
                 "end_ms": r["wait_ns"] / 1e6,
             }
         )
-    return pd.DataFrame(rows, columns=TIMELINE_COLUMNS)
+    return rows
 
 
 def heatmap_table(summary: pd.DataFrame, comparison: pd.DataFrame) -> pd.DataFrame:

@@ -120,12 +120,33 @@ def component_durations(
     `data` run waits for data all step long, so its data wait is not comparable.
     """
     metrics = list(metrics or DEFAULT_COMPONENT_METRICS)
-    usable = len(headline) and {"status", "metric"} <= set(headline)
+    usable = bool(len(headline) and {"status", "metric"} <= set(headline))
     ok = headline[headline["status"] == "ok"] if usable else pd.DataFrame()
     present = [m for m in metrics if len(ok) and m in set(ok["metric"])]
+    fig, axes = _component_figure([max(2, int((ok["metric"] == m).sum())) for m in present])
+    if not present:
+        _note(axes[0], _no_pairs_reason(headline, usable))
+        _save(fig, outputs)
+        return
+    stat = str(ok["stat"].iloc[0]) if "stat" in ok else "median"
+    for ax, metric in zip(axes, present, strict=True):
+        _component_panel(ax, _labelled_pairs(ok[ok["metric"] == metric].copy()), metric, stat)
+    axes[0].legend(fontsize=7, loc="upper left")
+    fig.suptitle(
+        f"Isolation vs combined at the {stat} of the steady-state steps: bars with 95 % "
+        "two-level bootstrap CI (runs, then steps);\nlabel: change at the "
+        f"{stat} (p50 change in brackets); under each pair: runs and steps, isolation+combined",
+        fontsize=9,
+    )
+    _save(fig, outputs)
+
+
+def _component_figure(pairs: list[int]) -> tuple[Any, np.ndarray]:
+    """The figure and its panels, one per metric with ``pairs`` bar pairs each (empty: one
+    two-pair panel for the note)."""
+    pairs = pairs or [2]
     # Panels as wide as their number of bar pairs, so tick labels of a crowded panel fit; past
     # MAX_PAIRS_PER_ROW pairs in all, one panel per row (a page is not 30 inches wide).
-    pairs = [max(2, int((ok["metric"] == m).sum())) for m in present] or [2]
     if sum(pairs) > MAX_PAIRS_PER_ROW:
         fig, axes = plt.subplots(
             len(pairs),
@@ -141,91 +162,97 @@ def component_durations(
             gridspec_kw={"width_ratios": pairs},
             layout="constrained",
         )
-    axes = np.atleast_1d(axes)
-    if not present:
-        why = "no isolation/combined pairs in this run set\n(add isolation modes)"
-        if usable:
-            missing = headline.loc[headline["status"] != "ok", "status"].astype(str)
-            if len(missing):
-                why += "\n\n" + "\n".join(textwrap.wrap(missing.iloc[0], 70))
-        _note(axes[0], why)
-        _save(fig, outputs)
-        return
-    stat = str(ok["stat"].iloc[0]) if "stat" in ok else "median"
-    for ax, metric in zip(axes, present, strict=True):
-        d = ok[ok["metric"] == metric].copy()
-        many = d["mode"].nunique() > 1
-        d["label"] = (
-            d["policy"].astype(str)
-            + " w="
-            + d["workers"].astype(str)
-            + ("\n" + d["mode"].astype(str) if many else "")
-        )
-        # Runs with a CUPTI level are slower by themselves: mark them so no one compares across.
-        for col, mark in (("cupti", " +CUPTI"), ("cuda_api", " +API")):
-            if col in d:
-                on = d[col].astype(str).str.lower() == "true"
-                d.loc[on, "label"] = d.loc[on, "label"] + mark
-        d["label"] += [
-            f"\nruns {_count(ni)}+{_count(nc)}\nsteps {_count(si)}+{_count(sc)}"
-            for ni, nc, si, sc in zip(
-                _column(d, "n_isolation_runs"),
-                _column(d, "n_runs"),
-                _column(d, "isolation_steps"),
-                _column(d, "steps"),
-                strict=True,
-            )
-        ]
-        keys = [
-            (*figdata.order_key(m, p), float(w))
-            for m, p, w in zip(d["mode"], d["policy"], d["workers"], strict=True)
-        ]
-        d = d.iloc[sorted(range(len(d)), key=keys.__getitem__)]
-        x = np.arange(len(d))
-        iso = d["isolation"].to_numpy(dtype=float)
-        comb = d["combined"].to_numpy(dtype=float)
-        iso_lo, iso_hi = _column(d, "isolation_ci_low"), _column(d, "isolation_ci_high")
-        comb_lo, comb_hi = _column(d, "combined_ci_low"), _column(d, "combined_ci_high")
-        # Without an arm's own interval, the interval of the difference still places the
-        # combined bar's error bar (it exists even where the twin is 0 and a ratio does not).
-        fallback = ~np.isfinite(comb_lo)
-        comb_lo = np.where(fallback, iso + _column(d, "diff_ci_low"), comb_lo)
-        comb_hi = np.where(fallback, iso + _column(d, "diff_ci_high"), comb_hi)
-        err = {"capsize": 3, "error_kw": {"elinewidth": 1}}
-        for dx, v, lo, hi, color, name in (
-            (-0.2, iso, iso_lo, iso_hi, ISO_COLOR, "isolation"),
-            (0.2, comb, comb_lo, comb_hi, COMB_COLOR, "combined"),
-        ):
-            ax.bar(x + dx, v, 0.4, color=color, label=name, yerr=_yerr(v, lo, hi), **err)
-        # The change label sits above the higher of the pair's bars and error bars, centred on
-        # the pair, so it never overlaps a whisker.
-        tops = np.nanmax(np.vstack([iso, comb, iso_hi, comb_hi]), axis=0)
-        p50 = _column(d, "p50_ratio")
-        unit = "us" if metric.endswith("_us_mean") else "ms"
-        for xi, top, r, df_, r50 in zip(x, tops, d["ratio"], d["diff"], p50, strict=True):
-            if np.isfinite(top):
-                ax.annotate(
-                    _effect_label(r, df_, r50, unit),
-                    (xi, top),
-                    xytext=(0, 3),
-                    textcoords="offset points",
-                    ha="center",
-                    va="bottom",
-                    fontsize=6.5,
-                )
-        ymax = np.nanmax(tops) if np.isfinite(tops).any() else 1.0
-        ax.set_ylim(0, ymax * 1.22)
-        ax.set_xticks(x, d["label"], fontsize=6, rotation=0)
-        ax.set_ylabel(f"{stat} of {METRIC_LABELS.get(metric, metric)}", fontsize=8)
-        ax.set_title(METRIC_LABELS.get(metric, metric).split(" (")[0], fontsize=9)
-    axes[0].legend(fontsize=7, loc="upper left")
-    fig.suptitle(
-        f"Isolation vs combined at the {stat} of the steady-state steps: bars with 95 % "
-        "two-level bootstrap CI (runs, then steps);\nlabel: change at the "
-        f"{stat} (p50 change in brackets); under each pair: runs and steps, isolation+combined",
-        fontsize=9,
+    return fig, np.atleast_1d(axes)
+
+
+def _no_pairs_reason(headline: pd.DataFrame, usable: bool) -> str:
+    """Why no pair is drawn, with the first comparison's own status when there is one."""
+    why = "no isolation/combined pairs in this run set\n(add isolation modes)"
+    if usable:
+        missing = headline.loc[headline["status"] != "ok", "status"].astype(str)
+        if len(missing):
+            why += "\n\n" + "\n".join(textwrap.wrap(missing.iloc[0], 70))
+    return why
+
+
+def _labelled_pairs(d: pd.DataFrame) -> pd.DataFrame:
+    """One metric's comparisons with a tick label each (policy, workers, mode where several,
+    instrumentation marks, n), in study order."""
+    many = d["mode"].nunique() > 1
+    d["label"] = (
+        d["policy"].astype(str)
+        + " w="
+        + d["workers"].astype(str)
+        + ("\n" + d["mode"].astype(str) if many else "")
     )
-    _save(fig, outputs)
+    # Runs with a CUPTI level are slower by themselves: mark them so no one compares across.
+    for col, mark in (("cupti", " +CUPTI"), ("cuda_api", " +API")):
+        if col in d:
+            on = d[col].astype(str).str.lower() == "true"
+            d.loc[on, "label"] = d.loc[on, "label"] + mark
+    d["label"] += [
+        f"\nruns {_count(ni)}+{_count(nc)}\nsteps {_count(si)}+{_count(sc)}"
+        for ni, nc, si, sc in zip(
+            _column(d, "n_isolation_runs"),
+            _column(d, "n_runs"),
+            _column(d, "isolation_steps"),
+            _column(d, "steps"),
+            strict=True,
+        )
+    ]
+    keys = [
+        (*figdata.order_key(m, p), float(w))
+        for m, p, w in zip(d["mode"], d["policy"], d["workers"], strict=True)
+    ]
+    return d.iloc[sorted(range(len(d)), key=keys.__getitem__)]
+
+
+def _component_panel(ax: Any, d: pd.DataFrame, metric: str, stat: str) -> None:
+    """One metric's panel: the bar pairs, each pair's change label, axes and title."""
+    x = np.arange(len(d))
+    tops = _arm_bars(ax, x, d)
+    p50 = _column(d, "p50_ratio")
+    unit = "us" if metric.endswith("_us_mean") else "ms"
+    for xi, top, r, df_, r50 in zip(x, tops, d["ratio"], d["diff"], p50, strict=True):
+        if np.isfinite(top):
+            ax.annotate(
+                _effect_label(r, df_, r50, unit),
+                (xi, top),
+                xytext=(0, 3),
+                textcoords="offset points",
+                ha="center",
+                va="bottom",
+                fontsize=6.5,
+            )
+    ymax = np.nanmax(tops) if np.isfinite(tops).any() else 1.0
+    ax.set_ylim(0, ymax * 1.22)
+    ax.set_xticks(x, d["label"], fontsize=6, rotation=0)
+    ax.set_ylabel(f"{stat} of {METRIC_LABELS.get(metric, metric)}", fontsize=8)
+    ax.set_title(METRIC_LABELS.get(metric, metric).split(" (")[0], fontsize=9)
+
+
+def _arm_bars(ax: Any, x: np.ndarray, d: pd.DataFrame) -> np.ndarray:
+    """The isolation and combined bars with their error bars; returns each pair's top (the
+    higher of its bars and error bars) so the change label can sit clear of both."""
+    iso = d["isolation"].to_numpy(dtype=float)
+    comb = d["combined"].to_numpy(dtype=float)
+    iso_lo, iso_hi = _column(d, "isolation_ci_low"), _column(d, "isolation_ci_high")
+    comb_lo, comb_hi = _column(d, "combined_ci_low"), _column(d, "combined_ci_high")
+    # Without an arm's own interval, the interval of the difference still places the
+    # combined bar's error bar (it exists even where the twin is 0 and a ratio does not).
+    fallback = ~np.isfinite(comb_lo)
+    comb_lo = np.where(fallback, iso + _column(d, "diff_ci_low"), comb_lo)
+    comb_hi = np.where(fallback, iso + _column(d, "diff_ci_high"), comb_hi)
+    err = {"capsize": 3, "error_kw": {"elinewidth": 1}}
+    for dx, v, lo, hi, color, name in (
+        (-0.2, iso, iso_lo, iso_hi, ISO_COLOR, "isolation"),
+        (0.2, comb, comb_lo, comb_hi, COMB_COLOR, "combined"),
+    ):
+        ax.bar(x + dx, v, 0.4, color=color, label=name, yerr=_yerr(v, lo, hi), **err)
+    # The change label sits above the higher of the pair's bars and error bars, centred on
+    # the pair, so it never overlaps a whisker.
+    tops: np.ndarray = np.nanmax(np.vstack([iso, comb, iso_hi, comb_hi]), axis=0)
+    return tops
 
 
 def api_latency_cdf(api: pd.DataFrame, outputs: Sequence[Path]) -> None:
@@ -333,15 +360,29 @@ def step_timeline(timeline: pd.DataFrame, outputs: Sequence[Path], *, title: str
         figsize=(10, 0.32 * sum(heights) + 2.4),
         gridspec_kw={"height_ratios": heights, "hspace": 0.55},
     )
+    _timeline_spans(ax, spans, tracks, title)
+    if waits.empty:
+        _note(wax, "no thread waited in the run queue during this step")
+    else:
+        _timeline_waits(wax, waits)
+    _save(fig, outputs)
+
+
+def _span_color(role: str, phase: str) -> tuple[str, str]:
+    """(colour, legend key) of a span: launch and GPU spans by phase, the rest by role."""
+    if role in {"launch", "gpu"} and phase in PHASE_COLORS:
+        return PHASE_COLORS[phase], phase
+    return ROLE_COLORS.get(role, WAIT_COLOR), role
+
+
+def _timeline_spans(ax: Any, spans: pd.DataFrame, tracks: list[str], title: str) -> None:
+    """The spans panel: one row per track on the step's time axis, labels inside bars that
+    fit them, and a legend of phases and roles."""
     ypos = {t: i for i, t in enumerate(tracks)}
     span_ms = float(spans["end_ms"].max())
     legend: dict[str, Any] = {}
     for _, r in spans.iterrows():
-        phase = str(r.get("phase", ""))
-        if r["role"] in {"launch", "gpu"} and phase in PHASE_COLORS:
-            color, key = PHASE_COLORS[phase], phase
-        else:
-            color, key = ROLE_COLORS.get(str(r["role"]), WAIT_COLOR), str(r["role"])
+        color, key = _span_color(str(r["role"]), str(r.get("phase", "")))
         width = float(r["end_ms"] - r["start_ms"])
         bar = ax.barh(
             ypos[r["track"]],
@@ -378,32 +419,32 @@ def step_timeline(timeline: pd.DataFrame, outputs: Sequence[Path], *, title: str
         bbox_to_anchor=(1.01, 1.0),
         frameon=False,
     )
-    if waits.empty:
-        _note(wax, "no thread waited in the run queue during this step")
-    else:
-        w = waits.sort_values("end_ms", ascending=False)
-        y = np.arange(len(w))
-        total = (w["end_ms"] - w["start_ms"]).to_numpy(dtype=float)
-        colors = [ROLE_COLORS.get(str(r), WAIT_COLOR) for r in w["role"]]
-        wax.barh(y, total, height=0.6, color=colors, hatch="//", alpha=0.5, edgecolor="k")
-        for yi, t, lab in zip(y, total, w["label"], strict=True):
-            wax.annotate(
-                str(lab),
-                (t, yi),
-                xytext=(3, 0),
-                textcoords="offset points",
-                va="center",
-                fontsize=6,
-            )
-        wax.set_yticks(y, list(w["track"]), fontsize=7)
-        wax.invert_yaxis()
-        wax.set_xlim(0, total.max() * 1.25)
-        wax.set_xlabel(
-            "run-queue wait in this step, total per thread (ms; schedstat gives no position)",
-            fontsize=8,
+
+
+def _timeline_waits(wax: Any, waits: pd.DataFrame) -> None:
+    """The waits panel: each thread's run-queue wait total as a bar from 0, most first."""
+    w = waits.sort_values("end_ms", ascending=False)
+    y = np.arange(len(w))
+    total = (w["end_ms"] - w["start_ms"]).to_numpy(dtype=float)
+    colors = [ROLE_COLORS.get(str(r), WAIT_COLOR) for r in w["role"]]
+    wax.barh(y, total, height=0.6, color=colors, hatch="//", alpha=0.5, edgecolor="k")
+    for yi, t, lab in zip(y, total, w["label"], strict=True):
+        wax.annotate(
+            str(lab),
+            (t, yi),
+            xytext=(3, 0),
+            textcoords="offset points",
+            va="center",
+            fontsize=6,
         )
-        wax.set_title("Threads waiting for a CPU during this step (most first)", fontsize=9)
-    _save(fig, outputs)
+    wax.set_yticks(y, list(w["track"]), fontsize=7)
+    wax.invert_yaxis()
+    wax.set_xlim(0, total.max() * 1.25)
+    wax.set_xlabel(
+        "run-queue wait in this step, total per thread (ms; schedstat gives no position)",
+        fontsize=8,
+    )
+    wax.set_title("Threads waiting for a CPU during this step (most first)", fontsize=9)
 
 
 def _text_color(cmap: Any, norm: Any, v: float) -> str:
