@@ -173,6 +173,28 @@ class RunData:
     first: Mapping[str, Mapping[str, Any]]  # configuration -> one of its runs' rows
 
 
+def _step_arrays(
+    s: pd.DataFrame,
+) -> tuple[dict[str, npt.NDArray[np.float64]], dict[str, npt.NDArray[np.float64]]]:
+    """Per run: every step's time, and the compute time of its steady-state steps.
+
+    Compute time is compared on steady-state steps (the outlier rule of steady.py drops the
+    deterministic GC-like pauses); throughput keeps every step, as summarize does: a pause
+    costs the job wall time.
+    """
+    outlier = (
+        s["outlier"].fillna(False).astype(bool) if "outlier" in s else pd.Series(False, s.index)
+    )
+    step_ms: dict[str, npt.NDArray[np.float64]] = {}
+    compute_ms: dict[str, npt.NDArray[np.float64]] = {}
+    for run_id, g in s.groupby("run_id"):
+        step_ms[str(run_id)] = g["step_ms"].dropna().to_numpy(np.float64)
+        if "compute_eff_ms" in g:
+            steady = g.loc[~outlier[g.index], "compute_eff_ms"].dropna()
+            compute_ms[str(run_id)] = steady.to_numpy(np.float64)
+    return step_ms, compute_ms
+
+
 def run_data(
     runs: pd.DataFrame, steps: pd.DataFrame, *, combined_mode: str | None = None
 ) -> RunData:
@@ -223,20 +245,7 @@ def run_data(
         batch=int(combined["batch_size"].iloc[0]),
         pin_memory=bool(pin) if pd.notna(pin) else False,
     )
-    s = steps[steps["run_id"].isin(r["run_id"])]
-    # Compute time is compared on steady-state steps (the outlier rule of steady.py drops the
-    # deterministic GC-like pauses); throughput keeps every step, as summarize does: a pause
-    # costs the job wall time.
-    outlier = (
-        s["outlier"].fillna(False).astype(bool) if "outlier" in s else pd.Series(False, s.index)
-    )
-    step_ms: dict[str, npt.NDArray[np.float64]] = {}
-    compute_ms: dict[str, npt.NDArray[np.float64]] = {}
-    for run_id, g in s.groupby("run_id"):
-        step_ms[str(run_id)] = g["step_ms"].dropna().to_numpy(np.float64)
-        if "compute_eff_ms" in g:
-            steady = g.loc[~outlier[g.index], "compute_eff_ms"].dropna()
-            compute_ms[str(run_id)] = steady.to_numpy(np.float64)
+    step_ms, compute_ms = _step_arrays(steps[steps["run_id"].isin(r["run_id"])])
     r = r[r["run_id"].astype(str).map(lambda x: len(step_ms.get(x, ())) > 0)]
     item = (
         r.loc[r["mode"] == LOADER_MODE, "loader_item_ms_mean"]
