@@ -12,7 +12,7 @@ import math
 import os
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -402,97 +402,184 @@ def build_plan(
     broken_experiments = {
         path[1] for path, _ in errors if len(path) >= 2 and path[0] == "experiments"
     }
-    experiments = cfg.get("experiments", [])
     if shared_broken or any(path == ("experiments",) for path, _ in errors):
         raise ConfigError(problems, source=source)
-    defaults = cfg.get("defaults", {}) or {}
     tiers, tier_problems = resolve_tiers(
         dict(cfg.get("tiers", {}) or {}),
         project_dirs=(Path.cwd(),) if project_dirs is None else project_dirs,
     )
     if tier_problems:
         raise ConfigError(problems + tier_problems, source=source)
+    expansion = _Expansion(tiers=tiers, problems=problems)
+    _expand_experiments(
+        expansion, cfg.get("experiments", []), cfg.get("defaults", {}) or {}, broken_experiments
+    )
+    problems += _staging_problems(expansion.datasets, tiers, project_dirs)
+    # De-duplicate problems while keeping order.
+    unique = list(dict.fromkeys(problems))
+    if unique:
+        raise ConfigError(unique, source=source)
+    return Plan(runs=tuple(expansion.runs), tiers=tiers)
+
+
+@dataclass
+class _Expansion:
+    """What expanding the experiments accumulates, shared across them: a data set name may be
+    defined once for the whole config, and MAX_RUNS bounds the whole config."""
+
+    tiers: Mapping[str, str]
+    # The caller's list: schema problems first, then these in the order they are found.
+    problems: list[str]
+    runs: list[PlannedRun] = field(default_factory=list)
+    # (name, tier) -> the data set's spec and where it was first defined, for the conflict check.
+    datasets: dict[tuple[str, str], tuple[DatasetSpec, str]] = field(default_factory=dict)
+    total_planned: int = 0
+
+
+def _expand_experiments(
+    expansion: _Expansion,
+    experiments: Iterable[Any],
+    defaults: Mapping[str, Any],
+    broken_experiments: set[Any],
+) -> None:
+    """Expand each experiment the schema left intact; a duplicate name is reported even on a
+    broken one, and only the first experiment of a name is expanded."""
     valid_keys = set(field_paths())
-    runs: list[PlannedRun] = []
     seen_names: set[str] = set()
-    total_planned = 0
-    datasets: dict[tuple[str, str], tuple[DatasetSpec, str]] = {}
     for i, exp in enumerate(experiments):
         where = f"experiments[{i}]"
         name = exp.get("name") if isinstance(exp, Mapping) else None
         if isinstance(name, str) and name in seen_names:
-            problems.append(f"{where}.name: duplicate experiment name {name!r}")
+            expansion.problems.append(f"{where}.name: duplicate experiment name {name!r}")
             continue
         if i in broken_experiments or not isinstance(name, str):
             continue
         seen_names.add(name)
         base = _merge(defaults, exp.get("base", {}) or {})
         factors: dict[str, list[Any]] = dict(exp.get("factors", {}) or {})
-        bad = [k for k in factors if k not in valid_keys or k == "repeat"]
-        for k in bad:
-            factor_keys = sorted(valid_keys - {"repeat"})
-            problems.append(
-                f"{where}.factors.{k}: unknown factor"
-                + ("; `repeat` is set by `repeats`" if k == "repeat" else "")
-                + did_you_mean(k, factor_keys)
-                + f" (a dotted run-spec key; all: {factor_keys})"
-            )
-        if bad:
+        if not _factors_are_known(where, factors, valid_keys, expansion.problems):
             continue
-        keys = list(factors)
         repeats = int(exp.get("repeats", 1))
-        planned = math.prod(len(factors[k]) for k in keys) * repeats
-        total_planned += planned
-        if planned > MAX_RUNS or total_planned > MAX_RUNS:
-            # Checked before expanding: 10**9 repeats would otherwise run `codl plan` for hours.
-            problems.append(
-                f"{where}: {planned} runs ({' x '.join(str(len(factors[k])) for k in keys)}"
-                f"{' x ' if keys else ''}{repeats} repeats), expected at most {MAX_RUNS} "
-                "in the whole config"
-            )
+        if not _within_run_limit(expansion, where, factors, repeats):
             continue
-        combos = list(itertools.product(*(factors[k] for k in keys))) if keys else [()]
-        # problem -> labels of the combinations it occurs in, to report a mistake of `base`
-        # once rather than once per combination.
-        found: dict[str, list[str]] = {}
-        for combo in combos:
-            label = ", ".join(f"{k}={v}" for k, v in zip(keys, combo, strict=True))
-            run_where = f"{where} ({name}: {label})" if label else f"{where} ({name})"
-            for rep in range(repeats):
-                d = copy.deepcopy(base)
-                for k, v in zip(keys, combo, strict=True):
-                    _set_dotted(d, k, v)
-                d["repeat"] = rep
-                try:
-                    spec = RunSpec.from_dict(d, where="")
-                except ConfigError as exc:
-                    for p in exc.problems:
-                        found.setdefault(p, []).append(label)
-                    continue
-                for p in _plan_problems(spec, tiers):
+        _expand_experiment(expansion, where, name, base, factors, repeats)
+
+
+def _factors_are_known(
+    where: str, factors: Mapping[str, Any], valid_keys: set[str], problems: list[str]
+) -> bool:
+    """Report every factor that is not a run-spec key (or is `repeat`); True when none is."""
+    bad = [k for k in factors if k not in valid_keys or k == "repeat"]
+    for k in bad:
+        factor_keys = sorted(valid_keys - {"repeat"})
+        problems.append(
+            f"{where}.factors.{k}: unknown factor"
+            + ("; `repeat` is set by `repeats`" if k == "repeat" else "")
+            + did_you_mean(k, factor_keys)
+            + f" (a dotted run-spec key; all: {factor_keys})"
+        )
+    return not bad
+
+
+def _within_run_limit(
+    expansion: _Expansion, where: str, factors: Mapping[str, list[Any]], repeats: int
+) -> bool:
+    """Count the experiment's runs into the config's total; report it if either passes MAX_RUNS.
+
+    Checked before expanding: 10**9 repeats would otherwise run `codl plan` for hours.
+    """
+    keys = list(factors)
+    planned = math.prod(len(factors[k]) for k in keys) * repeats
+    expansion.total_planned += planned
+    if planned > MAX_RUNS or expansion.total_planned > MAX_RUNS:
+        expansion.problems.append(
+            f"{where}: {planned} runs ({' x '.join(str(len(factors[k])) for k in keys)}"
+            f"{' x ' if keys else ''}{repeats} repeats), expected at most {MAX_RUNS} "
+            "in the whole config"
+        )
+        return False
+    return True
+
+
+def _expand_experiment(
+    expansion: _Expansion,
+    where: str,
+    name: str,
+    base: dict[str, Any],
+    factors: Mapping[str, list[Any]],
+    repeats: int,
+) -> None:
+    """Add one experiment's runs (every factor combination, each ``repeats`` times)."""
+    keys = list(factors)
+    combos = list(itertools.product(*(factors[k] for k in keys))) if keys else [()]
+    # problem -> labels of the combinations it occurs in, to report a mistake of `base`
+    # once rather than once per combination.
+    found: dict[str, list[str]] = {}
+    for combo in combos:
+        label = ", ".join(f"{k}={v}" for k, v in zip(keys, combo, strict=True))
+        run_where = f"{where} ({name}: {label})" if label else f"{where} ({name})"
+        for rep in range(repeats):
+            d = copy.deepcopy(base)
+            for k, v in zip(keys, combo, strict=True):
+                _set_dotted(d, k, v)
+            d["repeat"] = rep
+            try:
+                spec = RunSpec.from_dict(d, where="")
+            except ConfigError as exc:
+                for p in exc.problems:
                     found.setdefault(p, []).append(label)
-                if spec.mode.loads:
-                    key = (spec.dataset.name, spec.dataset.tier)
-                    prior = datasets.get(key)
-                    if prior is not None and prior[0] != spec.dataset:
-                        problems.append(
-                            f"{run_where}: dataset.name {spec.dataset.name!r} is defined with "
-                            f"different parameters in {prior[1]} "
-                            f"({_dataset_diff(prior[0], spec.dataset)}); "
-                            "give each variant its own name"
-                        )
-                    else:
-                        datasets[key] = (spec.dataset, run_where)
-                runs.append(PlannedRun(name, spec))
-        for p, occurrences in found.items():
-            labels = list(dict.fromkeys(occurrences))
-            if len(combos) > 1 and len(labels) == len(combos):
-                problems.append(f"{where} ({name}, every combination): {p}")
-            else:
-                problems.extend(
-                    f"{where} ({name}: {label}): {p}" if label else f"{where} ({name}): {p}"
-                    for label in labels
-                )
+                continue
+            for p in _plan_problems(spec, expansion.tiers):
+                found.setdefault(p, []).append(label)
+            if spec.mode.loads:
+                _record_dataset(expansion, spec.dataset, run_where)
+            expansion.runs.append(PlannedRun(name, spec))
+    _report_by_combination(expansion.problems, where, name, found, len(combos))
+
+
+def _record_dataset(expansion: _Expansion, dataset: DatasetSpec, run_where: str) -> None:
+    """Remember where a data set is first defined; report a later run that redefines it, since
+    both would be generated into the same directory."""
+    key = (dataset.name, dataset.tier)
+    prior = expansion.datasets.get(key)
+    if prior is not None and prior[0] != dataset:
+        expansion.problems.append(
+            f"{run_where}: dataset.name {dataset.name!r} is defined with "
+            f"different parameters in {prior[1]} "
+            f"({_dataset_diff(prior[0], dataset)}); "
+            "give each variant its own name"
+        )
+    else:
+        expansion.datasets[key] = (dataset, run_where)
+
+
+def _report_by_combination(
+    problems: list[str],
+    where: str,
+    name: str,
+    found: Mapping[str, list[str]],
+    n_combos: int,
+) -> None:
+    """Report each problem once per combination it occurs in, or once for the experiment when
+    every combination has it (a mistake of `base` rather than of a factor)."""
+    for p, occurrences in found.items():
+        labels = list(dict.fromkeys(occurrences))
+        if n_combos > 1 and len(labels) == n_combos:
+            problems.append(f"{where} ({name}, every combination): {p}")
+        else:
+            problems.extend(
+                f"{where} ({name}: {label}): {p}" if label else f"{where} ({name}): {p}"
+                for label in labels
+            )
+
+
+def _staging_problems(
+    datasets: Mapping[tuple[str, str], tuple[DatasetSpec, str]],
+    tiers: Mapping[str, str],
+    project_dirs: tuple[Path, ...] | None,
+) -> list[str]:
+    """Data sets whose staging target (``<tier>/<name>``) holds a project directory."""
+    problems: list[str] = []
     roots = [Path(os.path.realpath(d)) for d in (project_dirs or (Path.cwd(),))]
     for (dname, tier), (_, run_where) in datasets.items():
         if tier == "default" or tier not in tiers:
@@ -506,11 +593,7 @@ def build_plan(
                     f"{target}, which holds the project directory {root}; rename the data set "
                     f"or move tiers.{tier}"
                 )
-    # De-duplicate problems while keeping order.
-    unique = list(dict.fromkeys(problems))
-    if unique:
-        raise ConfigError(unique, source=source)
-    return Plan(runs=tuple(runs), tiers=tiers)
+    return problems
 
 
 def _dataset_diff(a: DatasetSpec, b: DatasetSpec) -> str:
