@@ -18,6 +18,7 @@ from codl.analysis import steady
 from codl.analysis import summarize as sm
 from codl.trace.schema import TABLES
 from codl.trace.store import empty_frame
+from test_analysis import SPEC
 
 BASE = 7_000_000_000_000  # a realistic CLOCK_MONOTONIC origin, in ns
 MS = 1_000_000
@@ -116,23 +117,7 @@ def test_steady_threshold_floor_when_steps_are_identical() -> None:
 
 # --- tail statistics ----------------------------------------------------------------------
 
-SPEC = {
-    "device": "cuda",
-    "model": "resnet50",
-    "batch_size": 128,
-    "image_size": 224,
-    "precision": "bf16",
-    "policy": "none",
-    "launch_cores": 1,
-    "nodes": 1,
-    "ranks_per_node": 1,
-    "backend": "nccl",
-    "comm_pattern": "buckets",
-    "tier": "default",
-    "cupti": False,
-    "cuda_api": False,
-    "world_size": 1,
-}
+# The spec columns every synthetic run carries: test_analysis's, so both suites mean one run.
 
 
 def run(run_id: str, mode: str, values: dict[str, np.ndarray], **spec: Any) -> pd.DataFrame:
