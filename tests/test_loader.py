@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import itertools
+import json
 import multiprocessing
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
 
+from codl.datasets import generate
 from codl.harness import data as hdata
+from codl.spec import RunSpec
+from codl.trace.store import open_trace
 
 
 def _start_method_in_child(queue: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
@@ -42,3 +49,32 @@ def test_endless_shuffle_is_reproducible_from_its_generator() -> None:
     a = list(itertools.islice(iter(hdata.EndlessShuffle(7, torch.Generator().manual_seed(3))), 30))
     b = list(itertools.islice(iter(hdata.EndlessShuffle(7, torch.Generator().manual_seed(3))), 30))
     assert a == b
+
+
+def test_a_corrupt_jpeg_fails_the_run_with_a_message_that_names_it(tmp_path: Path) -> None:
+    spec = RunSpec.from_dict(
+        {
+            "mode": "data",
+            "workload": {"batch_size": 4, "image_size": 32},
+            "dataset": {"samples": 16, "height": 40, "width": 48},
+            "loader": {"workers": 2},
+            "steps": {"warmup": 1, "measured": 19},
+        }
+    )
+    data = tmp_path / "jpeg"
+    generate(spec.dataset, data)
+    # 20 batches of 4 from 16 files: every file is read, the broken one among them.
+    broken = sorted(data.rglob("*.jpg"))[5]
+    broken.write_bytes(b"\xff\xd8 not a JPEG at all")
+    (tmp_path / "spec.json").write_text(json.dumps(spec.to_dict()))
+    trace = tmp_path / "t.h5"
+    cmd = [sys.executable, "-m", "codl.cli", "run", str(tmp_path / "spec.json")]
+    cmd += ["--trace", str(trace), "--dataset-dir", str(data)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode != 0
+    assert f"{broken}: not a decodable JPEG" in proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    # What was measured before the bad sample is kept, marked incomplete with the same reason.
+    assert not trace.exists()
+    with open_trace(tmp_path / "t.incomplete.h5", allow_incomplete=True) as t:
+        assert str(broken) in t.attrs["incomplete_reason"]

@@ -51,3 +51,7 @@ class TraceFormatError(CodlError):
 
 class RunInterruptedError(CodlError):
     """A run was stopped by a signal (Slurm timeout, preemption, Ctrl-C) before it finished."""
+
+
+class DataSetError(CodlError):
+    """A sample of the data set cannot be read or decoded; the message names its file."""

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler, get_worker_info
 
+from codl.errors import DataSetError
 from codl.trace.clock import now_ns
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -101,7 +102,12 @@ class ImageFolderFiles(Dataset[tuple[torch.Tensor, int, np.ndarray]]):
         with open(path, "rb") as f:
             raw = f.read()
         t1 = now_ns()
-        img = decode_jpeg(torch.frombuffer(bytearray(raw), dtype=torch.uint8), ImageReadMode.RGB)
+        try:
+            img = decode_jpeg(
+                torch.frombuffer(bytearray(raw), dtype=torch.uint8), ImageReadMode.RGB
+            )
+        except RuntimeError as exc:
+            raise DataSetError(f"{path}: not a decodable JPEG ({exc})") from None
         t2 = now_ns()
         out = self.transform(img)
         t3 = now_ns()

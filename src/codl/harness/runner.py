@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from codl import __version__, pinning
-from codl.errors import CodlError, RunInterruptedError
+from codl.errors import CodlError, DataSetError, RunInterruptedError
 from codl.harness import data as hdata
 from codl.harness import workloads
 from codl.harness.comm import (
@@ -190,6 +190,14 @@ def _seed_worker(placement: pinning.Placement, seed: int, worker_id: int) -> Non
 def _batches(loader: Any) -> Iterator[Any]:
     # The sampler never ends (hdata.EndlessShuffle): one iterator, no epoch boundary to drain.
     return iter(loader)
+
+
+def _shutdown_loader(batches: Iterator[Any] | None) -> None:
+    """Stop a multi-process DataLoader iterator's workers the way it does itself (a sentinel to
+    each, then join): torch has no public call for it; single-process iterators have none."""
+    shutdown = getattr(batches, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
 
 
 # Loader timing rows addressed by column name; harness.data owns the column order.
@@ -441,7 +449,11 @@ def execute(
             signal.signal(s, signal.SIG_IGN)
         _stop_tracers(held, rec, kineto_dir, anchor_start, complete=complete)
         placed.record_final(rec.loader)
-        # Dropping the iterator and loader shuts the workers down before the trace is written.
+        # The workers are shut down here, explicitly, before the trace is written: dropping the
+        # iterator is not enough when an exception's traceback still holds it, and the workers
+        # ignore SIGTERM (see _seed_worker), so multiprocessing's exit-time terminate-and-join
+        # of a live worker would wait for ever.
+        _shutdown_loader(held.batches)
         held.batches = None
         held.loader = None
         anchor_end = take_anchor()
@@ -674,7 +686,12 @@ def _next_batch(
     device: torch.device,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     with rec.spans.phase(step, "data_wait", gpu=False):
-        batch = next(batches)
+        try:
+            batch = next(batches)
+        except DataSetError as exc:
+            # Re-raised by the DataLoader with the worker's whole traceback as its message: keep
+            # the last line, the one that names the file.
+            raise DataSetError(str(exc).strip().splitlines()[-1].split("Error: ", 1)[-1]) from None
     if spec.trace.loader:
         rec.loader.add(step, batch)
         # Batches arrive round-robin from the workers: track each new pid.
