@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -294,6 +294,17 @@ def test_sched_evidence_covers_the_call_and_not_what_lies_between_calls() -> Non
     assert 0 <= short["cpu_exit"] < os.cpu_count()  # type: ignore[operator]
 
 
+def until_quiet(
+    attempt: Callable[[], tuple[np.ndarray[Any, np.dtype[Any]], bool]],
+) -> np.ndarray[Any, np.dtype[Any]]:
+    """The records of the first of 20 attempts whose planted spin nothing preempted."""
+    for _ in range(20):
+        rec, quiet = attempt()
+        if quiet:
+            return rec
+    raise AssertionError("every spin was preempted: the machine is too busy to plant this")
+
+
 def test_cpu_time_at_entry_is_carried_from_the_last_clock_read_while_nothing_switched() -> None:
     """The shim reads the CPU clock only after a switch; in between, CPU time advances with
     wall time. A call that sleeps after 1.5 ms of switch-free spinning must be charged ~0 CPU."""
@@ -317,11 +328,7 @@ def test_cpu_time_at_entry_is_carried_from_the_last_clock_read_while_nothing_swi
 
     # The carried path needs a spin that nothing preempted (2 CPUs shared with other jobs):
     # a preempted spin makes the shim re-read the clock, which is right but not this test.
-    for _ in range(20):
-        rec, quiet = attempt()
-        if quiet:
-            break
-    assert quiet, "every spin was preempted: the machine is too busy to plant this"
+    rec = until_quiet(attempt)
     fast, slept = rec[:-1], rec[-1]
     still = fast[(fast["voluntary"] == 0) & (fast["involuntary"] == 0)]
     assert still.size >= 10  # most of them, on a busy machine
@@ -352,11 +359,7 @@ def test_a_call_that_outlasts_a_nested_switching_call_is_charged_its_later_cpu_t
         return shim.records(), quiet[0]
 
     # Only a spin that nothing preempted leaves the counts where the inner call left them.
-    for _ in range(20):
-        rec, quiet = attempt()
-        if quiet:
-            break
-    assert quiet, "every spin was preempted: the machine is too busy to plant this"
+    rec = until_quiet(attempt)
     inner, outer = rec  # exits in order: the inner call first
     assert (inner["correlation"], outer["correlation"]) == (2, 1)
     assert inner["voluntary"] >= 1 and outer["voluntary"] >= inner["voluntary"]

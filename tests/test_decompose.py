@@ -16,9 +16,8 @@ from codl.analysis import compare as cmp
 from codl.analysis import decompose as dec
 from codl.analysis import steady
 from codl.analysis import summarize as sm
-from codl.trace.schema import TABLES
 from codl.trace.store import empty_frame
-from test_analysis import SPEC
+from test_analysis import SPEC, frame
 
 BASE = 7_000_000_000_000  # a realistic CLOCK_MONOTONIC origin, in ns
 MS = 1_000_000
@@ -26,20 +25,6 @@ WARMUP = 2
 STEPS = 40
 LAUNCH, AUTOGRAD, WORKER = 100, 101, 200
 REL = 0.05
-
-
-def frame(table: str, rows: list[dict[str, Any]]) -> pd.DataFrame:
-    """A table with the schema's columns and dtypes (categorical ``sym`` columns)."""
-    if not rows:
-        return empty_frame(table)
-    data: dict[str, Any] = {}
-    for c in TABLES[table]:
-        if c.is_symbol:
-            data[c.name] = pd.Categorical([str(r.get(c.name, "")) for r in rows])
-        else:
-            default = -1 if c.name == "gpu_ns" else 0
-            data[c.name] = np.array([r.get(c.name, default) for r in rows], dtype=c.dtype)
-    return pd.DataFrame(data)
 
 
 # --- steady state -------------------------------------------------------------------------
