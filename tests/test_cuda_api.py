@@ -409,12 +409,13 @@ def planted_calls(shim: Shim) -> dict[str, np.ndarray[Any, np.dtype[Any]]]:
 
     def preempted() -> None:
         os.sched_setaffinity(0, {cpu})  # this thread only
-        # Niceness 19 for this thread alone (unprivileged): the hog, at the default, then takes
-        # nearly all of the CPU, so the call's time is mostly run-queue wait whatever else the
-        # machine runs. At equal priority the split is a coin flip around one half, and the
-        # call's class (the largest part) flipped between preempted and on_cpu with it.
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         with cpu_hog(cpu):
+            # Niceness 19 for this thread alone (unprivileged), set after the hog started (a
+            # child inherits its parent thread's niceness): the hog, at the default, then takes
+            # nearly all of the CPU, so the call's time is mostly run-queue wait whatever else
+            # the machine runs. At equal priority the split is a coin flip around one half, and
+            # the call's class (the largest part) flipped between preempted and on_cpu with it.
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
             shim.call(cuda_api.DOMAIN_RUNTIME, LAUNCH, 1, inner=lambda: spin(150_000_000))
 
     def blocked() -> None:
