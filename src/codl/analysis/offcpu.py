@@ -66,13 +66,19 @@ def _longest_occupants(iv: pd.DataFrame, switch: pd.DataFrame) -> np.ndarray:
     between two unrecorded tasks counts for the last recorded one."""
     by = iv["preempted_by"].to_numpy(np.int64).copy()
     pre = np.flatnonzero(iv["state"].to_numpy() == "preempted")
+    ordered = switch.sort_values("t_ns")
+    cpu_col = ordered["cpu"].to_numpy(np.int64)
     per_cpu = {
-        int(c): (g["t_ns"].to_numpy(np.int64), g["next_tid"].to_numpy(np.int64))
-        for c, g in switch.sort_values("t_ns").groupby("cpu")
+        int(c): (
+            ordered["t_ns"].to_numpy(np.int64)[cpu_col == c],
+            ordered["next_tid"].to_numpy(np.int64)[cpu_col == c],
+        )
+        for c in np.unique(cpu_col)
     }
     starts = iv["start_ns"].to_numpy(np.int64)
     ends = iv["end_ns"].to_numpy(np.int64)
     cpus = iv["cpu_out"].to_numpy(np.int64)
+    tids = iv["tid"].to_numpy(np.int64)
     for i in pre:
         t, who = per_cpu[int(cpus[i])]
         lo = np.searchsorted(t, starts[i], side="right") - 1
@@ -80,10 +86,11 @@ def _longest_occupants(iv: pd.DataFrame, switch: pd.DataFrame) -> np.ndarray:
         if hi <= lo:
             continue
         seg_t = np.clip(np.append(t[lo:hi], ends[i]), starts[i], ends[i])
-        held = pd.Series(np.diff(seg_t)).groupby(who[lo:hi]).sum()
-        held = held.drop(index=[0, int(iv["tid"].iat[i])], errors="ignore")
-        if not held.empty and held.max() > 0:
-            by[i] = int(held.idxmax())
+        occupant, held = who[lo:hi], np.diff(seg_t)
+        keep = (occupant != 0) & (occupant != tids[i]) & (held > 0)
+        if keep.any():
+            tasks, index = np.unique(occupant[keep], return_inverse=True)
+            by[i] = int(tasks[np.argmax(np.bincount(index, weights=held[keep]))])
     return by
 
 
@@ -146,10 +153,17 @@ def overlap_by_window(
     window are cut off; for a blocked interval the wake-up splits it as in ``offcpu_intervals``.
     """
     rows = []
-    by_tid = {tid: g for tid, g in intervals.groupby("tid")}
-    for w in windows.itertuples(index=False):
-        g = by_tid.get(int(w.tid))
-        rows.append(_window(g, int(w.start_ns), int(w.end_ns), getattr(w, key)))
+    iv_tid = intervals["tid"].to_numpy(np.int64)
+    by_tid = {int(t): intervals[iv_tid == t] for t in np.unique(iv_tid)}
+    cols_in = zip(
+        windows["tid"].to_numpy(np.int64),
+        windows["start_ns"].to_numpy(np.int64),
+        windows["end_ns"].to_numpy(np.int64),
+        windows[key].tolist(),
+        strict=True,
+    )
+    for tid, lo, hi, label in cols_in:
+        rows.append(_window(by_tid.get(int(tid)), int(lo), int(hi), label))
     cols = [key, "runnable_ns", "blocked_ns", "preempted_by", "waker_tid"]
     return pd.DataFrame(rows, columns=cols)
 
