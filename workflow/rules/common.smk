@@ -3,12 +3,15 @@
 import json
 from pathlib import Path
 
+from codl.analysis.loop import advisor_settings, advisor_targets
 from codl.config import build_plan, check_config_files
 from codl.paths import (
     ALL_FIGURES,
     DECOMPOSITION_FIGURE,
     FIGURES,
     FIGURE_FORMATS,
+    MAP_FIGURE,
+    PREDICTION_FIGURE,
     ResultPaths,
 )
 from codl.workflow import (
@@ -30,6 +33,7 @@ PLAN = build_plan(
     project_dirs=(Path.cwd(), Path(workflow.basedir)),
 )
 SPECS = PLAN.specs
+ADVISOR = advisor_settings(config)
 
 
 wildcard_constraints:
@@ -86,4 +90,4 @@ def get_final_outputs():
         str(PATHS.comparison_table),
         str(PATHS.decomposition_table),
     ]
-    return tables + figures
+    return tables + figures + advisor_targets(config, PATHS)

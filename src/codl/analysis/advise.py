@@ -341,7 +341,7 @@ def _read_table(path: Path, results: Path) -> pd.DataFrame:
     return pd.read_csv(path)
 
 
-def _print_advice(advice: Advice, fit: mdl.Fit, out: Path | None, tie: float) -> None:
+def print_advice(advice: Advice, fit: mdl.Fit, out: Path | None, tie: float) -> None:
     print(
         f"model fitted on {fit.cores} cores per rank ({fit.node.combined_mode}, "
         f"{fit.node.world} rank(s)); parameters with 95 % bootstrap intervals:"
@@ -433,7 +433,7 @@ def run(args: argparse.Namespace) -> int:
         advice = advise(fit, cores=cores, max_workers=args.max_workers, tie=args.tie)
         if args.out is not None:
             _write_verification(args, advice, fit, runs, source_cfg)
-        _print_advice(advice, fit, args.out, args.tie)
+        print_advice(advice, fit, args.out, args.tie)
     except CodlError as exc:
         print(f"codl advise: error: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,100 @@
+"""The advisor's closed loop on CPU, end to end with real runs (config/loop-cpu.yaml):
+runs -> fit -> advice -> verification runs -> predicted vs measured, and the map on the way."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from codl.analysis import loop
+from codl.analysis.pipeline import compare_to, summarize_to
+from codl.config import Plan, build_plan, load_yaml
+from codl.datasets import generate
+from codl.harness.launch import launch
+from codl.paths import MAP_FIGURE, PREDICTION_FIGURE, ResultPaths
+
+CONFIG = Path(__file__).resolve().parents[1] / "config" / "loop-cpu.yaml"
+
+
+def run_plan(plan: Plan, paths: ResultPaths) -> None:
+    """What the workflow's dataset, run, summarize and compare rules do, in this process."""
+    for (name, _tier), dataset in plan.datasets().items():
+        if not paths.dataset_manifest(name).exists():
+            generate(dataset, paths.dataset_dir(name))
+    kinds = ("summary", "steps", "attribution", "parts")
+    for run_id, spec in plan.specs.items():
+        if not paths.trace(run_id).exists():  # a verification run the first plan had
+            launch(
+                spec,
+                trace_path=paths.trace(run_id),
+                dataset_dir=paths.dataset_dir(spec.dataset.name),
+            )
+            summarize_to(paths.trace(run_id), **{k: getattr(paths, k)(run_id) for k in kinds})
+    ids = list(plan.specs)
+    compare_to(
+        summaries=[paths.summary(r) for r in ids],
+        steps=[paths.steps(r) for r in ids],
+        attributions=[paths.attribution(r) for r in ids],
+        parts=[paths.parts(r) for r in ids],
+        runs_table=paths.runs_table,
+        steps_table=paths.steps_table,
+        comparison_table=paths.comparison_table,
+        attribution_table=paths.attribution_table,
+        decomposition_table=paths.decomposition_table,
+    )
+
+
+@pytest.mark.slow
+def test_the_loop_closes_on_cpu(tmp_path: Path) -> None:
+    paths = ResultPaths(root=tmp_path)
+    cfg = load_yaml(CONFIG)
+    plan = build_plan(cfg)
+    run_plan(plan, paths)
+    assert set(loop.advisor_targets(cfg, paths)) >= {str(paths.verify_config), str(paths.map_table)}
+
+    # The map of the fitting runs: every data+compute setting, with a regime.
+    fig = paths.figure(MAP_FIGURE)
+    table = loop.map_to(
+        runs=paths.runs_table,
+        steps=paths.steps_table,
+        cfg=cfg,
+        table=paths.map_table,
+        figures=[fig],
+    )
+    assert len(table) == 4 and set(table["regime"]) <= {"data-bound", "balanced", "launch-bound"}
+    assert table["inflation_mean"].notna().all() and fig.stat().st_size > 0
+
+    advice = loop.advise_to(
+        runs=paths.runs_table,
+        steps=paths.steps_table,
+        cfg=cfg,
+        text=paths.advice_text,
+        verify=paths.verify_config,
+        predictions=paths.predictions_table,
+        boot=50,
+    )
+    assert f"{advice.workers} workers" in paths.advice_text.read_text()
+    verify = load_yaml(paths.verify_config)
+    assert verify["advisor"] == {"predictions": str(paths.predictions_table)}
+    predictions = pd.read_csv(paths.predictions_table)
+    assert predictions["advised"].sum() == 1
+
+    # The verification runs, then predicted vs measured.
+    run_plan(build_plan(verify), paths)
+    out = paths.figure(PREDICTION_FIGURE)
+    result = loop.predicted_vs_measured_to(
+        predictions=paths.predictions_table,
+        runs=paths.runs_table,
+        table=paths.predicted_vs_measured_table,
+        figures=[out],
+    )
+    assert out.stat().st_size > 0
+    # Every predicted setting was run by the verification config, the advice among them.
+    assert (result["n_runs"] >= 1).all() and result["measured"].gt(0).all()
+    advised = result[result["advised"]].iloc[0]
+    assert advised["error"] == pytest.approx(advised["throughput"] / advised["measured"] - 1)
+    summary = loop.prediction_summary(result)
+    print(result.to_string(), summary, sep="\n")
+    assert summary["settings"] == len(result) and summary["worst_abs_error"] >= 0
