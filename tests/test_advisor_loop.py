@@ -96,5 +96,4 @@ def test_the_loop_closes_on_cpu(tmp_path: Path) -> None:
     advised = result[result["advised"]].iloc[0]
     assert advised["error"] == pytest.approx(advised["throughput"] / advised["measured"] - 1)
     summary = loop.prediction_summary(result)
-    print(result.to_string(), summary, sep="\n")
     assert summary["settings"] == len(result) and summary["worst_abs_error"] >= 0
