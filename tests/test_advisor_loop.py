@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from codl.analysis import loop
+from codl.analysis.advisor_config import advisor_targets
 from codl.analysis.pipeline import compare_to, summarize_to
 from codl.config import Plan, build_plan, load_yaml
 from codl.datasets import generate
@@ -52,7 +53,7 @@ def test_the_loop_closes_on_cpu(tmp_path: Path) -> None:
     cfg = load_yaml(CONFIG)
     plan = build_plan(cfg)
     run_plan(plan, paths)
-    assert set(loop.advisor_targets(cfg, paths)) >= {str(paths.verify_config), str(paths.map_table)}
+    assert set(advisor_targets(cfg, paths)) >= {str(paths.verify_config), str(paths.map_table)}
 
     # The map of the fitting runs: every data+compute setting, with a regime.
     fig = paths.figure(MAP_FIGURE)

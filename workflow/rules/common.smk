@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from codl.analysis.loop import advisor_settings, advisor_targets
+from codl.analysis.advisor_config import advisor_settings, advisor_targets
 from codl.config import build_plan, check_config_files
 from codl.paths import (
     ALL_FIGURES,
