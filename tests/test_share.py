@@ -6,19 +6,23 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from codl import share
 from codl.analysis import advise as adv
 from codl.analysis import model as mdl
+from codl.analysis.advisor_config import share_settings, share_specs
+from codl.config import build_plan, load_yaml
 from codl.datasets import generate
 from codl.errors import CodlError
+from codl.paths import ResultPaths
 from codl.pinning import cpulist
-from codl.spec import RunSpec
 from codl.trace.store import open_trace
 
 NODE = 16
+CONFIG = Path(__file__).resolve().parents[1] / "config" / "share-cpu.yaml"
 
 
 def planted_job(rate: float, compute: float) -> mdl.Fit:
@@ -91,33 +95,49 @@ def test_the_report_totals_and_compares_with_the_even_split() -> None:
 
 @pytest.mark.slow
 def test_two_cpu_jobs_share_a_node(tmp_path: Path) -> None:
+    """config/share-cpu.yaml as the workflow's `share` rule runs it, in this process."""
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         pytest.skip("needs 2 CPUs to split")
-    cpus = cpus[:2]
-    spec = RunSpec.from_dict(
+    cfg = load_yaml(CONFIG)
+    paths = ResultPaths(root=tmp_path)
+    plan = build_plan(cfg)
+    for (name, _tier), dataset in plan.datasets().items():
+        generate(dataset, paths.dataset_dir(name))
+    figure = tmp_path / "share.png"
+    report = share.share_to(
+        cfg, paths=paths, rows_out=paths.share_rows, table_out=paths.share_table, figures=[figure]
+    )
+    rows = pd.read_csv(paths.share_rows)
+    assert len(rows) == 4 and (rows["throughput"] > 0).all()
+    assert figure.stat().st_size > 0
+    # Each job ran inside its share: the run records the CPUs it was allowed.
+    first, second = share.cpu_shares(cpus, share.even_counts(len(cpus), 2), jobs=2)
+    for split, shares in (("none", [cpus, cpus]), ("even", [first, second])):
+        for name, own in zip(("job-light", "job-heavy"), shares, strict=True):
+            with open_trace(paths.share / split / "0" / f"{name}.h5") as t:
+                assert t.attrs["allowed_cpus"] == cpulist(own)
+    assert set(report["split"]) == {"none", "even"}
+    assert np.allclose(report["total"], report["job-light"] + report["job-heavy"])
+    assert report.set_index("split").loc["even", "mean_speedup_vs_even"] == pytest.approx(1.0)
+
+
+def test_the_share_section_is_checked() -> None:
+    cfg = load_yaml(CONFIG)
+    plan = build_plan(cfg)
+    assert list(share_specs(cfg, plan)) == ["job-light", "job-heavy"]
+    with pytest.raises(CodlError, match="one CPU count per job"):
+        share_settings({"share": {"jobs": ["a", "b"], "advised": [1]}})
+    with pytest.raises(CodlError, match="'nope' is not an experiment"):
+        share_specs({**cfg, "share": {"jobs": ["job-light", "nope"]}}, plan)
+    wide = build_plan(
         {
-            "mode": "data+compute",
-            "workload": {"batch_size": 4, "image_size": 32},
-            "dataset": {"name": "share", "cost": "light", "samples": 16, "height": 40, "width": 48},
-            "loader": {"workers": 1, "prefetch_factor": 1},
-            "steps": {"warmup": 1, "measured": 4},
+            **cfg,
+            "experiments": [
+                {**cfg["experiments"][0], "factors": {"loader.workers": [1, 2]}},
+                cfg["experiments"][1],
+            ],
         }
     )
-    data = tmp_path / "data"
-    generate(spec.dataset, data)
-    jobs = [
-        share.Job(name=n, spec=spec, dataset_dir=data, trace=tmp_path / f"{n}.h5")
-        for n in ("a", "b")
-    ]
-    splits = {"none": None, "even": share.even_counts(2, 2)}
-    rows = share.run_shared(jobs, splits, work=tmp_path / "work", cpus=cpus)
-    assert len(rows) == 4 and (rows["throughput"] > 0).all()
-    # Each job ran inside its share: the run records the CPUs it was allowed.
-    for split, shares in (("none", [cpus, cpus]), ("even", [cpus[:1], cpus[1:]])):
-        for name, own in zip(("a", "b"), shares, strict=True):
-            with open_trace(tmp_path / "work" / split / "0" / f"{name}.h5") as t:
-                assert t.attrs["allowed_cpus"] == cpulist(own)
-    report = share.share_report(rows)
-    assert set(report["split"]) == {"none", "even"}
-    assert (report["total"] == report["a"] + report["b"]).all()
+    with pytest.raises(CodlError, match="plans 2 runs, expected exactly one"):
+        share_specs(cfg, wide)

@@ -25,6 +25,7 @@ FIGURE_FORMATS = ("png", "pdf")
 # The advisor's figures, drawn only when the config's `advisor` section asks for them.
 MAP_FIGURE = "interference_map"
 PREDICTION_FIGURE = "predicted_vs_measured"
+SHARE_FIGURE = "share"
 
 
 @dataclass(frozen=True)
@@ -146,3 +147,15 @@ class ResultPaths:
     @property
     def predicted_vs_measured_table(self) -> Path:
         return self.tables / "predicted_vs_measured.csv"
+
+    @property
+    def share(self) -> Path:
+        return self.results / "share"
+
+    @property
+    def share_rows(self) -> Path:
+        return self.share / "rows.csv"
+
+    @property
+    def share_table(self) -> Path:
+        return self.tables / "share.csv"

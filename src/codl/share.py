@@ -23,12 +23,17 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
+from codl.analysis.advisor_config import share_settings, share_specs
+from codl.config import build_plan
 from codl.errors import CodlError
+from codl.paths import ResultPaths
 from codl.pinning import cpulist
 from codl.spec import RunSpec
+from codl.workflow import dataset_dir
 
 SPLITS = ("none", "even", "advised")
 _CONFINE = (
@@ -180,3 +185,43 @@ def run_shared(
                     }
                 )
     return pd.DataFrame(rows)
+
+
+def share_to(
+    cfg: Mapping[str, Any],
+    *,
+    paths: ResultPaths,
+    rows_out: Path,
+    table_out: Path,
+    figures: Sequence[Path],
+) -> pd.DataFrame:
+    """The config's ``share`` section, run: every split, the rows, the report and its figure."""
+    from codl.analysis import plots
+
+    settings = share_settings(cfg)
+    plan = build_plan(cfg, source="the config")
+    specs = share_specs(cfg, plan)
+    jobs = [
+        Job(
+            name=name,
+            spec=spec,
+            dataset_dir=dataset_dir(paths, plan.tiers, spec.dataset.name, spec.dataset.tier)
+            if spec.mode.loads
+            else None,
+            trace=paths.share / f"{name}.h5",
+        )
+        for name, spec in specs.items()
+    ]
+    n_cpus = len(os.sched_getaffinity(0))
+    splits: dict[str, Sequence[int] | None] = {}
+    for split in settings.splits:
+        splits[split] = None if split == "none" else even_counts(n_cpus, len(jobs))
+    if settings.advised:
+        splits["advised"] = list(settings.advised)
+    rows = run_shared(jobs, splits, work=paths.share, repeats=settings.repeats)
+    report = share_report(rows)
+    for out, df in ((rows_out, rows), (table_out, report)):
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        df.to_csv(out, index=False)
+    plots.share_throughput(report, [str(j.name) for j in jobs], figures)
+    return report

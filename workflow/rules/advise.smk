@@ -76,3 +76,32 @@ if ADVISOR.predictions:
         threads: 1
         script:
             "../scripts/predicted_vs_measured.py"
+
+
+# Jobs sharing a node (section `share`): every split runs the jobs together on this machine,
+# so the rule takes all of its cores, as a run does.
+if config.get("share", {}).get("jobs"):
+
+    rule share:
+        input:
+            datasets=SHARE_INPUTS,
+        output:
+            rows=PATHS.share_rows,
+            table=report(
+                PATHS.share_table,
+                caption="../report/share.rst",
+                category="Advisor",
+            ),
+            png=report(
+                PATHS.figure(SHARE_FIGURE),
+                caption="../report/share.rst",
+                category="Advisor",
+            ),
+            pdf=PATHS.figure(SHARE_FIGURE, "pdf"),
+        log:
+            str(PATHS.logs / "share.log"),
+        conda:
+            "../../envs/codl.yaml"
+        threads: workflow.cores
+        script:
+            "../scripts/share.py"

@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from codl.analysis.advisor_config import advisor_settings, advisor_targets
+from codl.analysis.advisor_config import advisor_settings, advisor_targets, share_inputs
 from codl.config import build_plan, check_config_files
 from codl.paths import (
     ALL_FIGURES,
@@ -12,6 +12,7 @@ from codl.paths import (
     FIGURE_FORMATS,
     MAP_FIGURE,
     PREDICTION_FIGURE,
+    SHARE_FIGURE,
     ResultPaths,
 )
 from codl.workflow import (
@@ -34,6 +35,8 @@ PLAN = build_plan(
 )
 SPECS = PLAN.specs
 ADVISOR = advisor_settings(config)
+# Data sets of the shared-node jobs (config section `share`); empty without one.
+SHARE_INPUTS = share_inputs(config, PLAN, PATHS)
 
 
 wildcard_constraints:

@@ -811,3 +811,27 @@ def predicted_vs_measured(
     )
     ax.legend(fontsize=8, loc="lower right")
     _save(fig, outputs)
+
+
+def share_throughput(report: pd.DataFrame, jobs: Sequence[str], outputs: Sequence[Path]) -> None:
+    """Sharing a node: per split, each job's throughput (bars) and the total (outlined bar),
+    samples/s per rank; the CPUs each job had under the bar labels."""
+    fig, ax = plt.subplots(figsize=(2.2 + 1.6 * max(1, len(report)), 4.2), layout="constrained")
+    if report.empty:
+        _note(ax, "no shared-node runs")
+        _save(fig, outputs)
+        return
+    x = np.arange(len(report))
+    width = 0.8 / (len(jobs) + 1)
+    for i, job in enumerate(jobs):
+        ax.bar(x + i * width, report[job], width, label=job)
+    ax.bar(x + len(jobs) * width, report["total"], width, fill=False, ec="k", label="total")
+    labels = [
+        f"{s}\n" + " / ".join(str(r[f"cpus_{j}"]) for j in jobs)
+        for s, (_, r) in zip(report["split"], report.iterrows(), strict=True)
+    ]
+    ax.set_xticks(x + 0.4 - width / 2, labels, fontsize=8)
+    ax.set_ylabel("throughput (samples/s per rank)")
+    ax.set_title("Jobs sharing a node: per job and total, per CPU split\n(CPUs per job below)")
+    ax.legend(fontsize=8)
+    _save(fig, outputs)
