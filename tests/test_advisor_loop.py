@@ -4,11 +4,13 @@ runs -> fit -> advice -> verification runs -> predicted vs measured, and the map
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NoReturn
 
 import pandas as pd
 import pytest
 
 from codl.analysis import loop
+from codl.analysis import model as mdl
 from codl.analysis.advisor_config import advisor_targets
 from codl.analysis.pipeline import compare_to, summarize_to
 from codl.config import Plan, build_plan, load_yaml
@@ -47,6 +49,21 @@ def run_plan(plan: Plan, paths: ResultPaths) -> None:
     )
 
 
+def skip_if_the_loader_did_not_scale(paths: ResultPaths, exc: mdl.ModelError) -> NoReturn:
+    """The model refuses data runs that do not tell rate and per-core efficiency apart. On a
+    2-core VM shared with other jobs, 4 workers can deliver no more than 1 (the machine gives
+    the test's process group its share whatever the worker count): skip with the numbers then,
+    and only then; any other refusal fails."""
+    runs = pd.read_csv(paths.runs_table)
+    data = runs[runs["mode"] == "data"].groupby("workers")["throughput_samples_s"].mean()
+    flat = data.loc[data.index.max()] <= data.loc[data.index.min()] * 1.05
+    if "cannot be told apart" in str(exc) and flat:
+        pytest.skip(
+            f"loader did not scale on this machine (samples/s by workers: {data.to_dict()})"
+        )
+    raise exc
+
+
 @pytest.mark.slow
 def test_the_loop_closes_on_cpu(tmp_path: Path) -> None:
     paths = ResultPaths(root=tmp_path)
@@ -67,23 +84,29 @@ def test_the_loop_closes_on_cpu(tmp_path: Path) -> None:
     assert len(table) == 4 and set(table["regime"]) <= {"data-bound", "balanced", "launch-bound"}
     assert table["inflation_mean"].notna().all() and fig.stat().st_size > 0
 
-    advice = loop.advise_to(
-        runs=paths.runs_table,
-        steps=paths.steps_table,
-        cfg=cfg,
-        text=paths.advice_text,
-        verify=paths.verify_config,
-        predictions=paths.predictions_table,
-        boot=50,
-    )
+    try:
+        advice = loop.advise_to(
+            runs=paths.runs_table,
+            steps=paths.steps_table,
+            cfg=cfg,
+            text=paths.advice_text,
+            verify=paths.verify_config,
+            predictions=paths.predictions_table,
+            boot=50,
+        )
+    except mdl.ModelError as exc:
+        skip_if_the_loader_did_not_scale(paths, exc)
     assert f"{advice.workers} workers" in paths.advice_text.read_text()
     verify = load_yaml(paths.verify_config)
     assert verify["advisor"] == {"predictions": str(paths.predictions_table)}
     predictions = pd.read_csv(paths.predictions_table)
     assert predictions["advised"].sum() == 1
 
-    # The verification runs, then predicted vs measured.
-    run_plan(build_plan(verify), paths)
+    # The verification runs (new measurements: none is a fitting run again), then predicted
+    # vs measured.
+    verify_plan = build_plan(verify)
+    assert not set(verify_plan.specs) & set(plan.specs)
+    run_plan(verify_plan, paths)
     out = paths.figure(PREDICTION_FIGURE)
     result = loop.predicted_vs_measured_to(
         predictions=paths.predictions_table,

@@ -31,6 +31,8 @@ from codl.config import Plan, build_plan
 from codl.errors import CodlError
 from codl.spec import AUTO, Policy, RunSpec
 
+# Added to the fitting runs' seed in the verification config (see advise_to).
+VERIFY_SEED_OFFSET = 1
 PREDICTION_COLUMNS = (
     "policy",
     "workers",
@@ -110,6 +112,10 @@ def advise_to(
         slurm=cfg.get("slurm"),
         repeats=settings.repeats,
     )
+    # A verification run with the spec of a fitting run has its run id, and the workflow would
+    # reuse it: a new seed makes every verification run a new measurement, not the fit's data.
+    defaults = vcfg["defaults"]
+    defaults["seed"] = int(defaults.get("seed", 0)) + VERIFY_SEED_OFFSET
     vcfg["advisor"] = {"predictions": str(predictions)}
     plan = build_plan(vcfg, source="the verification config")
     table = verification_predictions(fit, advice, plan)
