@@ -10,6 +10,7 @@ import pytest
 import torch
 from torchvision.io import decode_jpeg
 
+from codl.config import build_plan
 from codl.datasets import MANIFEST, check_dataset, generate
 from codl.errors import CodlError, ConfigError, DataSetError
 from codl.harness import data as hdata
@@ -108,3 +109,12 @@ def test_cost_variants_are_of_jpeg_sets_only() -> None:
         RunSpec.from_dict(
             {"workload": {"model": "cosmoflow"}, "dataset": {"kind": "volume", "cost": "light"}}
         )
+
+
+def test_one_data_set_name_cannot_hold_two_costs() -> None:
+    experiments = [
+        {"name": cost, "base": {"dataset": {"name": "same", "cost": cost}}}
+        for cost in ("light", "heavy")
+    ]
+    with pytest.raises(ConfigError, match=r"dataset\.name 'same' is defined with.*cost"):
+        build_plan({"defaults": {"dataset": {"samples": 32}}, "experiments": experiments})
