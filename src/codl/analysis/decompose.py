@@ -24,7 +24,9 @@ buckets during the backward pass; a launch thread delayed while the GPU still ha
 costs the GPU nothing), which is why ``unattributed`` may be negative and is always shown.
 
 Peer wait needs the ranks' enqueue times on one clock: ranks of one node share
-CLOCK_MONOTONIC; across nodes the trace holds no measured offset yet, so it is NaN there. The
+CLOCK_MONOTONIC; across nodes the merge put every rank on rank 0's clock through a measured
+offset (``codl.trace.clock``), and ``peer_wait_bound_ms`` bounds what that offset's error can do
+to ``peer_wait_ms`` (0 on one node; NaN parts for traces without a measured offset). The
 arrival is the host's enqueue of the bucket (the DDP comm hook); on CUDA the GPU reaches the
 bucket later than the host enqueues it, so there it is the host-side view of the wait.
 """
@@ -69,6 +71,8 @@ PART_COLUMNS: dict[str, str] = {
     "transfer_ms": "float64",
     "straggler_rank": "float64",
     "gpu_kernel_ms": "float64",
+    # Bound on peer_wait_ms's error from the clock alignment of the ranks compared.
+    "peer_wait_bound_ms": "float64",
 }
 
 
@@ -119,17 +123,27 @@ BUCKET_COLUMNS: dict[str, str] = {
     "peer_wait_ms": "float64",
     "transfer_ms": "float64",
     "last_rank": "int64",
+    "peer_wait_bound_ms": "float64",
 }
 
 
-def bucket_waits(comm: pd.DataFrame, *, warmup: int, ranks_per_node: int) -> pd.DataFrame:
+def bucket_waits(
+    comm: pd.DataFrame,
+    *,
+    warmup: int,
+    ranks_per_node: int,
+    clock_bound_ns: Mapping[int, int] | None = None,
+) -> pd.DataFrame:
     """Per (rank, step, bucket): the collective's duration split at the last rank's arrival.
 
     A bucket's collective cannot start before every rank has enqueued it, so rank r's
     ``peer_wait`` is (last arrival - r's arrival), at most its duration, and ``transfer`` the
     rest. ``duration`` is the GPU time when CUDA events measured it, host wall otherwise (as
     ``allreduce_ms``), so the parts of a step add up to its ``allreduce_ms``. Only ranks of one
-    node (one clock) are compared; the buckets of a multi-node run get NaN parts.
+    node (one clock) are compared, unless ``clock_bound_ns`` (``clock.rank_bounds``) says the
+    trace put all ranks on one clock, each rank's times true to within its bound; then the
+    bucket's ``peer_wait_bound_ms`` is this rank's bound plus the last rank's. Without it the
+    buckets of a multi-node run get NaN parts.
     """
     c = comm[comm["step"] >= warmup]
     if c.empty:
@@ -138,7 +152,9 @@ def bucket_waits(comm: pd.DataFrame, *, warmup: int, ranks_per_node: int) -> pd.
         rank=c["rank"].astype("int64"),
         step=c["step"].astype("int64"),
         bucket=c["bucket"].astype("int64"),
-        node=c["rank"].astype("int64") // max(1, ranks_per_node),
+        node=0
+        if clock_bound_ns is not None
+        else c["rank"].astype("int64") // max(1, ranks_per_node),
         duration_ns=np.where(c["gpu_ns"] >= 0, c["gpu_ns"], c["end_ns"] - c["start_ns"]),
     )
     key = ["step", "bucket"]
@@ -152,17 +168,42 @@ def bucket_waits(comm: pd.DataFrame, *, warmup: int, ranks_per_node: int) -> pd.
     c["peer_wait_ms"] = np.where(one_clock, _ms(wait), np.nan)
     c["duration_ms"] = _ms(c["duration_ns"])
     c["transfer_ms"] = c["duration_ms"] - c["peer_wait_ms"]
+    c["peer_wait_bound_ms"] = np.where(one_clock, _ms(_wait_bound(c, clock_bound_ns)), np.nan)
     return c.astype(BUCKET_COLUMNS)[list(BUCKET_COLUMNS)].reset_index(drop=True)
 
 
-def comm_parts(comm: pd.DataFrame, *, warmup: int, ranks_per_node: int) -> pd.DataFrame:
+def _wait_bound(c: pd.DataFrame, clock_bound_ns: Mapping[int, int] | None) -> pd.Series:
+    """Per row, the bound (ns) on its peer wait's clock error: the wait is the largest
+    (arrival_k - arrival_r) over the other ranks k, each term off by at most b_k + b_r."""
+    b = c["rank"].map(pd.Series(clock_bound_ns or {}, dtype="float64")).fillna(0.0)
+    g = b.groupby([c["step"], c["bucket"]])
+    top = g.transform("max")
+    at_top = b == top
+    n_top = at_top.groupby([c["step"], c["bucket"]]).transform("sum")
+    second = b.where(~at_top).groupby([c["step"], c["bucket"]]).transform("max").fillna(0.0)
+    others = np.where(at_top & (n_top == 1), second, top)
+    return b + others
+
+
+def comm_parts(
+    comm: pd.DataFrame,
+    *,
+    warmup: int,
+    ranks_per_node: int,
+    clock_bound_ns: Mapping[int, int] | None = None,
+) -> pd.DataFrame:
     """Per (rank, step): peer wait and transfer summed over buckets, and ``straggler_rank``,
-    the rank that arrived last at the bucket this rank waited longest in (NaN without waits)."""
-    b = bucket_waits(comm, warmup=warmup, ranks_per_node=ranks_per_node)
+    the rank that arrived last at the bucket this rank waited longest in (NaN without waits).
+    ``peer_wait_bound_ms`` is the sum of the buckets' bounds (see ``bucket_waits``)."""
+    b = bucket_waits(
+        comm, warmup=warmup, ranks_per_node=ranks_per_node, clock_bound_ns=clock_bound_ns
+    )
     cols = {"rank": "int64", "step": "int64", "peer_wait_ms": "float64", "transfer_ms": "float64"}
+    cols["peer_wait_bound_ms"] = "float64"
     if b.empty:
         return _empty({**cols, "straggler_rank": "float64"})
-    out = b.groupby(KEYS)[["peer_wait_ms", "transfer_ms"]].sum(min_count=1)
+    summed = ["peer_wait_ms", "transfer_ms", "peer_wait_bound_ms"]
+    out = b.groupby(KEYS)[summed].sum(min_count=1)
     waited = b[b["peer_wait_ms"] > 0]
     rows = waited.loc[waited.groupby(KEYS)["peer_wait_ms"].idxmax()]
     worst = rows.set_index(KEYS)["last_rank"]
@@ -192,9 +233,14 @@ def gpu_parts(cuda: pd.DataFrame, *, warmup: int) -> pd.DataFrame:
 
 
 def step_parts(
-    tables: Mapping[str, pd.DataFrame], *, warmup: int, ranks_per_node: int = 1
+    tables: Mapping[str, pd.DataFrame],
+    *,
+    warmup: int,
+    ranks_per_node: int = 1,
+    clock_bound_ns: Mapping[int, int] | None = None,
 ) -> pd.DataFrame:
-    """The per-run decomposition inputs: one row per measured (rank, step) with a step span."""
+    """The per-run decomposition inputs: one row per measured (rank, step) with a step span.
+    ``clock_bound_ns``: the trace's per-rank alignment bounds (``clock.rank_bounds``)."""
     app = tables["events/app"]
     st = app[(app["phase"].astype(str) == "step") & (app["step"] >= warmup)]
     base = (
@@ -204,7 +250,12 @@ def step_parts(
     )
     for part in (
         host_parts(tables["samples/sched"], tables["threads"], warmup=warmup),
-        comm_parts(tables["events/comm"], warmup=warmup, ranks_per_node=ranks_per_node),
+        comm_parts(
+            tables["events/comm"],
+            warmup=warmup,
+            ranks_per_node=ranks_per_node,
+            clock_bound_ns=clock_bound_ns,
+        ),
         gpu_parts(tables["events/cuda"], warmup=warmup),
     ):
         base = base.merge(part, on=KEYS, how="left")
@@ -247,6 +298,7 @@ DECOMPOSITION_COLUMNS = (
     *PARTS,
     "unattributed_ms",
     "straggler_rank",
+    "peer_wait_bound_ms",
 )
 # Absolute inputs whose twin means are the baselines of the parts.
 _BASE = {
@@ -285,6 +337,10 @@ def decompose(steps: pd.DataFrame, parts: pd.DataFrame, summaries: pd.DataFrame)
         return pd.DataFrame(columns=list(DECOMPOSITION_COLUMNS))
     groups = cmp.run_groups(summaries)
     extra = [c for c in PART_COLUMNS if c not in KEYS]
+    if len(parts) and "peer_wait_bound_ms" not in parts:
+        # Parts written before clock alignment: their peer waits were one-clock or NaN.
+        known = parts["peer_wait_ms"].notna()
+        parts = parts.assign(peer_wait_bound_ms=np.where(known, 0.0, np.nan))
     st = steps.drop(columns=[c for c in extra if c in steps])
     merged = (
         st.merge(parts[["run_id", *KEYS, *extra]], on=["run_id", *KEYS], how="left")
@@ -312,6 +368,8 @@ def decompose(steps: pd.DataFrame, parts: pd.DataFrame, summaries: pd.DataFrame)
         g["allreduce_inflation_ms"] = allreduce - _baseline(tw, "allreduce_ms")
         for part, col in _BASE.items():
             g[part] = g[col] - _baseline(tw, col)
+        # Both the run's and the twin's peer waits carry their clocks' error.
+        g["peer_wait_bound_ms"] += np.nan_to_num(_baseline(tw, "peer_wait_bound_ms"))
         # A part that was not measured (NaN) explains nothing; it does not void the others.
         g["unattributed_ms"] = g["compute_inflation_ms"] - g[list(PARTS)].sum(axis=1, min_count=0)
         if "outlier" not in g:

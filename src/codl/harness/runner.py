@@ -44,7 +44,7 @@ from codl.harness.comm import (
     run_comm_step,
 )
 from codl.spec import DeviceKind, Mode, Policy, Precision, RunSpec
-from codl.trace import cuda_api, kineto
+from codl.trace import clock, cuda_api, kineto
 from codl.trace.clock import Anchor, now_ns, take_anchor
 from codl.trace.device import DeviceSampler
 from codl.trace.sched import SchedSampler
@@ -378,6 +378,8 @@ class _Open:
     """What a run holds open and must release however it ends; filled as it is built."""
 
     pg_started: bool = False
+    # The CPU (gloo) group the clock exchanges run over; None: the default group is gloo.
+    clock_group: Any = None
     loader: Any = None
     batches: Any = None
     profiler: Any = None
@@ -435,6 +437,8 @@ def execute(
         _start_tracers(spec, held, kineto_dir)
         rec.sample(-1)
         _step_loop(spec, parts, held, rec, device)
+        if held.pg_started:
+            _sync_clock(env, rec, held, "end")
         rec.spans.resolve_gpu()
         complete = True
     except KeyboardInterrupt:
@@ -529,6 +533,8 @@ def _build(
     mode = spec.mode
     if env.world_size > 1:
         held.pg_started = _init_process_group(spec, env)
+        held.clock_group = _clock_group(spec)
+        _sync_clock(env, rec, held, "start")
     workload = workloads.get(spec.workload.model)
     model = workload.build_model(spec.workload).to(device)
     memory_format = (
@@ -834,6 +840,26 @@ def _init_process_group(spec: RunSpec, env: RankEnv) -> bool:
         device_id=torch.device("cuda", env.local_rank) if spec.device is DeviceKind.CUDA else None,
     )
     return True
+
+
+def _clock_group(spec: RunSpec) -> Any:
+    """A gloo group for the clock exchange: host timestamps must not ride through a GPU."""
+    import torch.distributed as dist
+
+    if spec.layout.backend.value == "gloo":
+        return None
+    # new_group is collective; every rank makes it here, before any other subgroup.
+    return dist.new_group(backend="gloo")
+
+
+def _sync_clock(env: RankEnv, rec: _TraceRecorder, held: _Open, when: str) -> None:
+    """Measure this rank's clock against rank 0's (``when``: start or end of the run); the
+    merge puts every rank on rank 0's clock with it (``codl.trace.clock``)."""
+    sync = rec.attrs.setdefault(
+        "clock_sync",
+        {"clock_id": clock.clock_identity(), "granularity_ns": clock.clock_granularity_ns()},
+    )
+    sync[when] = clock.exchange(held.clock_group, env.rank, env.world_size).as_dict()
 
 
 def _wrap_ddp(model: Any, spec: RunSpec, env: RankEnv, comm: CommRecorder) -> Any:
