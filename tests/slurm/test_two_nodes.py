@@ -1,10 +1,11 @@
 """A run across two nodes through `snakemake --profile profiles/slurm`.
 
 The test cluster's partition `twonode` has two nodes, codl-n1 and codl-n2, each a slurmd in its
-own network and UTS namespace (tests/slurm/cluster.sh). A `layout.nodes: 2` run (one gloo rank
-per node, CPU) must be one 2-node Slurm job whose srun step starts a task on each node; the ranks
-find each other through submitit's TorchDistributedEnvironment (rank 0's node by name), and the
-merged trace holds both ranks, each on its own host, on one clock.
+own network and UTS namespace (tests/slurm/cluster.sh). The `compute+comm` run of
+config/twonode.yaml (`layout.nodes: 2`, one gloo rank per node, CPU) must be one 2-node Slurm
+job whose srun step starts a task on each node; the ranks find each other through submitit's
+TorchDistributedEnvironment (rank 0's node by name), and the merged trace holds both ranks, each
+on its own host, on one clock.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_slurm_workflow import DEFAULTS, SLURM, _sacct, _snakemake, _states, _write_config
+from test_slurm_workflow import _sacct, _snakemake, _states
 
 from codl.config import build_plan
 from codl.paths import ResultPaths
@@ -22,18 +23,7 @@ from codl.trace.store import open_trace
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
-def two_node_config() -> dict[str, object]:
-    return {
-        "defaults": {**DEFAULTS, "loader": {"workers": 0}},
-        "slurm": dict(SLURM),
-        "experiments": [
-            {
-                "name": "twonode",
-                "base": {"layout": {"nodes": 2, "ranks_per_node": 1, "backend": "gloo"}},
-                "factors": {"mode": ["compute+comm"]},
-            }
-        ],
-    }
+CONFIG = Path(__file__).resolve().parents[2] / "config" / "twonode.yaml"
 
 
 def test_a_two_node_run_is_one_job_with_a_rank_on_each_node(
@@ -44,9 +34,8 @@ def test_a_two_node_run_is_one_job_with_a_rank_on_each_node(
         state = Path(slurm_env["SLURM_CONF"]).parents[1] / "twonode"
         why = state.read_text().splitlines()[1:] if state.exists() else ["no record"]
         pytest.skip(f"the test cluster has no two-node partition: {' '.join(why)}")
-    cfg = two_node_config()
-    config = _write_config(tmp_path / "config.yaml", cfg)
-    (rid,) = build_plan(cfg).specs
+    cfg = yaml.safe_load(CONFIG.read_text())
+    (rid,) = [r for r, spec in build_plan(cfg).specs.items() if spec.mode.value == "compute+comm"]
     workdir = tmp_path / "work"
     paths = ResultPaths(workdir)
     targets = [
@@ -54,7 +43,7 @@ def test_a_two_node_run_is_one_job_with_a_rank_on_each_node(
         str(paths.summary(rid).relative_to(workdir)),
     ]
     env = {**slurm_env, "CODL_SLURM_PARTITION": partition}
-    wf = _snakemake(env, workdir, config, *targets)
+    wf = _snakemake(env, workdir, CONFIG, *targets)
     assert wf.returncode == 0, wf.tail()
     (job,) = [s.job_id for s in wf.jobs("run")]
     states = _states(env, [s.job_id for s in wf.submissions])
@@ -80,3 +69,4 @@ def test_a_two_node_run_is_one_job_with_a_rank_on_each_node(
     for when in ("start", "end"):
         sample = r1[when]
         assert abs(sample["offset_ns"]) <= sample["bound_ns"], yaml.safe_dump(r1)
+    print(f"two namespaced nodes, rank 1's measured offsets against 0: {yaml.safe_dump(r1)}")
