@@ -107,7 +107,8 @@ def test_a_rank_on_rank_0s_clock_gets_exactly_zero_whatever_was_measured() -> No
     assert same.same_clock and same.offset_at(t).tolist() == [0] and same.bound_ns == 0
     assert not other.same_clock and other.offset_at(t).tolist() == [37 * US]
     unmeasured = alignment_of(1, {"clock_id": "boot-b time:[1]"}, "boot-a time:[1]")
-    assert not unmeasured.measured
+    assert not unmeasured.measured and unmeasured.bound_ns == -1
+    assert unmeasured.offset_at(t).tolist() == [0]
 
 
 def test_cross_node_peer_wait_needs_the_measured_bounds() -> None:

@@ -207,9 +207,10 @@ class Alignment:
 
     @property
     def bound_ns(self) -> int:
+        """The error bound of the aligned times; -1 when nothing was measured (not aligned)."""
         if self.same_clock:
             return 0
-        return max(s.bound_ns for s in (self.start, self.end) if s is not None)
+        return max((s.bound_ns for s in (self.start, self.end) if s is not None), default=-1)
 
     @property
     def measured(self) -> bool:
