@@ -30,6 +30,7 @@ from codl.trace.store import (
     partial_path,
     row_bytes,
     schema_markdown,
+    signals_deferred,
 )
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "trace-format.md"
@@ -730,3 +731,24 @@ def test_a_full_disk_is_a_clean_error_and_keeps_what_was_written(tmp_path: Path)
         assert "buffered rows not written" in t.attrs["incomplete_reason"]
         rows = len(t.table("samples/sched"))
     assert rows > 0 and rows % block_rows("samples/sched") == 0
+
+
+def test_a_signal_during_a_block_write_is_delivered_after_it() -> None:
+    import os
+
+    class StopError(Exception):
+        pass
+
+    def stop(signum: int, frame: Any) -> None:
+        raise StopError(signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        done = []
+        with pytest.raises(StopError), signals_deferred():
+            os.kill(os.getpid(), signal.SIGTERM)
+            done.append("rest of the block")
+        assert done == ["rest of the block"]
+        assert signal.getsignal(signal.SIGTERM) is stop
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -20,8 +20,10 @@ import hashlib
 import json
 import os
 import secrets
+import signal
 import socket
 import tempfile
+import threading
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -207,6 +209,38 @@ def check_trace_target(final: str | os.PathLike[str]) -> Path:
             "path before the run, not after"
         ) from e
     return p
+
+
+# The signals a run turns into exceptions (harness.runner); deferred while rows change hands.
+DEFERRED_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Hold SIGTERM/SIGINT back for the block, and re-raise them after it.
+
+    A Python signal handler that raises can fire between any two bytecodes; inside a block
+    write or a recorder's hand-over that would leave columns of different lengths or a digest
+    that hashed some rows twice. The handlers are swapped for one that only notes the signal
+    (a thread mask would not do: the process's other threads would still take it), and a
+    noted signal is raised again once the old handlers are back. Outside the main thread,
+    where handlers cannot be set (and never run), the block runs as it is.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    old = {
+        s: signal.signal(s, lambda signum, _frame: caught.append(signum)) for s in DEFERRED_SIGNALS
+    }
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            # None: a handler set outside Python, which cannot be put back; the default then.
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
+        for signum in dict.fromkeys(caught):
+            signal.raise_signal(signum)
 
 
 def glob_escape(name: str) -> str:
@@ -674,6 +708,10 @@ class TraceWriter:
 
     def _write_block(self, table: str) -> None:
         """Write the table's buffered rows as whole chunks, then commit them."""
+        with signals_deferred():
+            self._write_block_now(table)
+
+    def _write_block_now(self, table: str) -> None:
         buf = self._buffers[table]
         n = buf.fill
         if n == 0:
