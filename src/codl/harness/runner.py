@@ -474,14 +474,7 @@ def execute(
     placed = _place(spec, env)
     device = _seed_and_device(spec, env)
     rec = _TraceRecorder.start(spec, env, placed)
-    try:
-        # Opened before measuring: the rows stream to its partial file during the run, and a
-        # trace that cannot be written fails the run now, not after an hour.
-        rec.open(trace_path)
-    except BaseException:
-        rec.close()
-        placed.release()
-        raise
+    _open_trace_writer(rec, trace_path)
     held = _Open()
     complete = False
     reason = ""
@@ -531,6 +524,17 @@ def execute(
         rec.close()
         placed.release()
     return trace_path
+
+
+def _open_trace_writer(rec: _TraceRecorder, trace_path: Path) -> None:
+    """Open the trace before measuring: the rows stream to its partial file during the run,
+    and a trace that cannot be written fails the run now, not after an hour."""
+    try:
+        rec.open(trace_path)
+    except BaseException:
+        rec.close()
+        rec.placed.release()
+        raise
 
 
 def _place(spec: RunSpec, env: RankEnv) -> _Placed:
