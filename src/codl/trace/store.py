@@ -1135,6 +1135,26 @@ class Trace:
             return (t >= lo_t) & (t < hi_t)
         return None
 
+    def block_ranges(self, name: str) -> list[tuple[int, int]]:
+        """Half-open row ranges covering table ``name``: its chunk-index blocks (adjacent ones
+        merged up to 1 Mi rows), or 1 Mi-row ranges for traces without an index. What a
+        reader splits a table by to process it in bounded memory or in parallel."""
+        if name not in self.tables():
+            return []
+        return self._ranges(name, self._row_count(name, _schema(name)), None, None)
+
+    def read_rows(
+        self, name: str, lo: int, hi: int, columns: list[str] | None = None
+    ) -> dict[str, npt.NDArray[Any]]:
+        """Raw column arrays of rows ``[lo, hi)`` of ``name`` (``sym`` columns as int32 codes
+        into ``strings``), bounds-checked against the committed row count."""
+        schema = _schema(name)
+        n = self._row_count(name, schema)
+        if not 0 <= lo <= hi <= n:
+            raise ValueError(f"rows {lo}..{hi} of /{name}: the table has {n}")
+        wanted = [c.name for c in schema if columns is None or c.name in columns]
+        return {c: self._read(name, c, slice(lo, hi)) for c in wanted}
+
     def iter_blocks(
         self,
         name: str,
