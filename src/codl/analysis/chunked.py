@@ -37,9 +37,28 @@ _Reducer = Callable[[dict[str, npt.NDArray[Any]], list[str], int], _Partial]
 def _step_groups(
     rank: npt.NDArray[Any], step: npt.NDArray[Any], sub: npt.NDArray[np.int64], n_sub: int
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """Group ids of (rank, step, sub) rows, and the unique (rank, step, sub) keys as one int64:
-    rank in bits 48.., step in 8..47, sub (< n_sub <= 256) in 0..7."""
-    key = (rank.astype(np.int64) << 48) | ((step.astype(np.int64) & 0xFFFFFFFFFF) << 8) | sub
+    """Group ids of (rank, step, sub) rows, and the groups' (rank, step, sub) keys packed in one
+    int64 each: rank in bits 48.., step in 8..47, sub (< n_sub <= 256) in 0..7.
+
+    A block holds a few steps of a few ranks, so the ids are dense offsets from the block's
+    smallest rank and step (one pass, no sort); np.unique only when they would be sparse.
+    """
+    if rank.size == 0:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    r = rank.astype(np.int64)
+    st = step.astype(np.int64)
+    r0, s0 = int(r.min()), int(st.min())
+    n_r, n_s = int(r.max()) - r0 + 1, int(st.max()) - s0 + 1
+    if n_r * n_s * n_sub <= 4 * rank.size + 1024:
+        dense = ((r - r0) * n_s + (st - s0)) * n_sub + sub
+        present = np.flatnonzero(np.bincount(dense, minlength=n_r * n_s * n_sub))
+        remap = np.empty(n_r * n_s * n_sub, np.int64)
+        remap[present] = np.arange(present.size)
+        pr, rest = np.divmod(present, n_s * n_sub)
+        ps, psub = np.divmod(rest, n_sub)
+        keys = ((pr + r0) << 48) | (((ps + s0) & 0xFFFFFFFFFF) << 8) | psub
+        return keys, remap[dense]
+    key = (r << 48) | ((st & 0xFFFFFFFFFF) << 8) | sub
     uniq, inverse = np.unique(key, return_inverse=True)
     return uniq, inverse
 
