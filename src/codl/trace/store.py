@@ -1204,7 +1204,12 @@ class Trace:
         (traces written by the streaming writer) a window reads only the chunks it overlaps.
         """
         schema = _schema(name)
-        blocks = list(self.iter_blocks(name, t0=t0, t1=t1, decode=False))
+        if name in self.tables() and ((t0 is None and t1 is None) or name == "threads"):
+            # No window: each column in one read, no per-block pieces to concatenate.
+            n = self._row_count(name, schema)
+            blocks = [self.read_rows(name, 0, n)] if n else []
+        else:
+            blocks = list(self.iter_blocks(name, t0=t0, t1=t1, decode=False))
         if not blocks:
             return empty_frame(name)
         data: dict[str, Any] = {}
