@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import os
 import pstats
 import subprocess
@@ -126,7 +125,7 @@ def dry_run(args: list[str], cwd: Path) -> float:
 PARTS = {
     "codl plan (checks, expansion, spec hashing)": ("codl/config.py", "build_plan"),
     "spec hashing alone": ("codl/spec.py", "run_id"),
-    "common.smk input/params/resources": ("common.smk", None),
+    "common.smk input/params/resources": ("common.smk", "get_"),
     "config schema validation": ("snakemake/utils.py", "validate"),
     "file checks (stat)": ("~", "<built-in method posix.stat>"),
 }
@@ -150,7 +149,11 @@ def profile(config: Path, cwd: Path) -> dict[str, float]:
     result: dict[str, float] = {}
     for label, (file_part, func) in PARTS.items():
         # Cumulative time of the outermost matching frames (callers outside the set).
-        keys = [k for k in stats if file_part in k[0] and (func is None or k[2] == func)]
+        keys = [
+            k
+            for k in stats
+            if file_part in k[0] and (k[2] == func or (func == "get_" and k[2].startswith(func)))
+        ]
         own = set(keys)
         total = 0.0
         for k in keys:
@@ -198,7 +201,6 @@ def main(argv: list[str] | None = None) -> None:
             + [round(v, 3) for v in parts.values()]
         )
     print(f"# wrote {args.csv}")
-    json.dumps(parts)
 
 
 if __name__ == "__main__":
