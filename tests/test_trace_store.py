@@ -752,3 +752,26 @@ def test_a_signal_during_a_block_write_is_delivered_after_it() -> None:
         assert signal.getsignal(signal.SIGTERM) is stop
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_the_writers_memory_does_not_grow_with_the_rows_written(tmp_path: Path) -> None:
+    """Python-side memory the writer keeps (numpy buffers, digests, chunk index) is the same
+    after 2 and after 6 blocks: rows are on disk, not in the writer."""
+    import tracemalloc
+
+    block = block_rows("events/comm")
+    held = []
+    tracemalloc.start()
+    try:
+        with TraceWriter(tmp_path / "t.h5") as w:
+            for i in range(6):
+                batch = _comm_block(i * block, block)
+                w.append("events/comm", batch)
+                del batch
+                held.append(tracemalloc.get_traced_memory()[0])
+            w.finish()
+    finally:
+        tracemalloc.stop()
+    assert held[-1] - held[1] < 64 * 1024, held
+    # Whereas the rows of those 4 blocks are ~20 MB.
+    assert 4 * block * row_bytes("events/comm") > 100 * (held[-1] - held[1])
