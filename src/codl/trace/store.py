@@ -1198,8 +1198,8 @@ class Trace:
         """Rows of table ``name`` within the half-open window ``[t0, t1)`` (ns, monotonic).
 
         Event tables (start_ns/end_ns) keep rows that overlap the window; a zero-length event
-        counts as the instant ``start_ns``. ``samples/*`` keep ``t0 <= t_ns < t1``. ``threads``
-        is never filtered. ``sym`` columns come back as categoricals of str. A table absent from
+        counts as the instant ``start_ns``. Tables of instants (``t_ns``: ``samples/*``) keep
+        ``t0 <= t_ns < t1``. ``threads`` is never filtered. ``sym`` columns come back as categoricals of str. A table absent from
         the file gives an empty frame with the schema's columns and dtypes. With a chunk index
         (traces written by the streaming writer) a window reads only the chunks it overlaps.
         """
