@@ -1199,9 +1199,10 @@ class Trace:
 
         Event tables (start_ns/end_ns) keep rows that overlap the window; a zero-length event
         counts as the instant ``start_ns``. Tables of instants (``t_ns``: ``samples/*``) keep
-        ``t0 <= t_ns < t1``. ``threads`` is never filtered. ``sym`` columns come back as categoricals of str. A table absent from
-        the file gives an empty frame with the schema's columns and dtypes. With a chunk index
-        (traces written by the streaming writer) a window reads only the chunks it overlaps.
+        ``t0 <= t_ns < t1``. ``threads`` is never filtered. ``sym`` columns come back as
+        categoricals of str. A table absent from the file gives an empty frame with the
+        schema's columns and dtypes. With a chunk index (traces written by the streaming
+        writer) a window reads only the chunks it overlaps.
         """
         schema = _schema(name)
         if name in self.tables() and ((t0 is None and t1 is None) or name == "threads"):
