@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
+import functools
 import hashlib
 import json
 import math
@@ -294,8 +295,10 @@ class RunSpec:
                 del d[group][key]
         return json.dumps(d, sort_keys=True, separators=(",", ":"))
 
-    @property
+    @functools.cached_property
     def run_id(self) -> str:
+        # Cached (in the instance __dict__, which a frozen dataclass still has): the workflow
+        # asks for the ids of a 1,000-run matrix several times per DAG build.
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()[:RUN_ID_LENGTH]
 
     def with_mode(self, mode: Mode) -> RunSpec:
@@ -470,12 +473,24 @@ def _to_jsonable(value: Any) -> Any:
     return value
 
 
+# get_type_hints evaluates every annotation string anew; the spec classes never change, and a
+# 1,000-run matrix parses 6,000 of them (benchmarks/dag_cost.py: 70 % of the plan's time).
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _type_hints(cls: type) -> dict[str, Any]:
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = typing.get_type_hints(cls)
+    return hints
+
+
 def _from_mapping(cls: type[_T], data: Any, where: str, problems: list[str]) -> _T | None:
     """Build dataclass ``cls`` from plain data, collecting every problem with its key path."""
     if not isinstance(data, Mapping):
         problems.append(f"{where or '<root>'}: got {type(data).__name__}, expected a mapping")
         return None
-    hints = typing.get_type_hints(cls)
+    hints = _type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     for key in data:
         if key not in fields:
