@@ -25,6 +25,52 @@ FIGURE_FORMATS = ("png", "pdf")
 
 
 @dataclass(frozen=True)
+class RunFiles:
+    """The file names inside one run's directory, wherever that directory is: the workflow's
+    ``results/runs/<run_id>/`` (through :class:`ResultPaths`) or a directory given to the CLI."""
+
+    dir: Path
+
+    @property
+    def spec(self) -> Path:
+        return self.dir / "spec.json"
+
+    @property
+    def trace(self) -> Path:
+        return self.dir / "trace.h5"
+
+    @property
+    def kineto(self) -> Path:
+        return self.dir / "kineto"
+
+    @property
+    def steps(self) -> Path:
+        return self.dir / "steps.parquet"
+
+    @property
+    def summary(self) -> Path:
+        return self.dir / "summary.parquet"
+
+    @property
+    def attribution(self) -> Path:
+        return self.dir / "attribution.parquet"
+
+    @property
+    def parts(self) -> Path:
+        """Per (rank, step) decomposition inputs: launch roles' CPU time, peer wait, kernels."""
+        return self.dir / "parts.parquet"
+
+    def tables(self) -> dict[str, Path]:
+        """Every table summarize writes for one run, by the keyword summarize_to takes."""
+        return {
+            "steps": self.steps,
+            "summary": self.summary,
+            "attribution": self.attribution,
+            "parts": self.parts,
+        }
+
+
+@dataclass(frozen=True)
 class ResultPaths:
     root: Path = Path()
 
@@ -55,27 +101,29 @@ class ResultPaths:
     def run_dir(self, run_id: str) -> Path:
         return self.results / "runs" / run_id
 
+    def run_files(self, run_id: str) -> RunFiles:
+        return RunFiles(self.run_dir(run_id))
+
     def spec(self, run_id: str) -> Path:
-        return self.run_dir(run_id) / "spec.json"
+        return self.run_files(run_id).spec
 
     def trace(self, run_id: str) -> Path:
-        return self.run_dir(run_id) / "trace.h5"
+        return self.run_files(run_id).trace
 
     def kineto_dir(self, run_id: str) -> Path:
-        return self.run_dir(run_id) / "kineto"
+        return self.run_files(run_id).kineto
 
     def summary(self, run_id: str) -> Path:
-        return self.run_dir(run_id) / "summary.parquet"
+        return self.run_files(run_id).summary
 
     def steps(self, run_id: str) -> Path:
-        return self.run_dir(run_id) / "steps.parquet"
+        return self.run_files(run_id).steps
 
     def attribution(self, run_id: str) -> Path:
-        return self.run_dir(run_id) / "attribution.parquet"
+        return self.run_files(run_id).attribution
 
     def parts(self, run_id: str) -> Path:
-        """Per (rank, step) decomposition inputs: launch roles' CPU time, peer wait, kernels."""
-        return self.run_dir(run_id) / "parts.parquet"
+        return self.run_files(run_id).parts
 
     def run_log(self, run_id: str) -> Path:
         return self.logs / "run" / f"{run_id}.log"

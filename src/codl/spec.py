@@ -40,7 +40,7 @@ AUTO: Literal["auto"] = "auto"
 _UNREAD_LAUNCH_CORES = 1
 # \Z, not $: Python's $ also matches before a trailing newline, which would let "name\n"
 # through into paths and shell words. The config schema uses the same pattern text.
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
+SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 # Loader workers per rank, whatever the machine: an absolute fork-bomb guard. `codl run` also
 # refuses more than WORKERS_PER_CPU workers per CPU of the job.
 MAX_LOADER_WORKERS = 1024
@@ -272,7 +272,7 @@ class RunSpec:
         return spec
 
     def to_dict(self) -> dict[str, Any]:
-        return _to_jsonable(self)  # type: ignore[no-any-return]
+        return to_dict(self)  # type: ignore[no-any-return]
 
     def canonical_json(self) -> str:
         d = self.normalized().to_dict()
@@ -334,7 +334,7 @@ class RunSpec:
         if not 1 <= self.dataset.quality <= 100:
             out.append(f"{p}dataset.quality: got {self.dataset.quality}, expected 1..100")
         for key, name in (("dataset.name", self.dataset.name), ("dataset.tier", self.dataset.tier)):
-            if not _SAFE_NAME.match(name):
+            if not SAFE_NAME.match(name):
                 out.append(
                     f"{p}{key}: got {name!r}, expected letters, digits, '_', '.', '-' "
                     "(it becomes a path)"
@@ -443,12 +443,28 @@ def _upper_limits(spec: RunSpec) -> tuple[tuple[str, int, int], ...]:
 _T = TypeVar("_T")
 
 
-def _to_jsonable(value: Any) -> Any:
+def to_dict(value: Any) -> Any:
+    """A spec dataclass (or an enum, or plain data) as JSON-ready plain data."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {f.name: to_dict(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, enum.Enum):
         return value.value
     return value
+
+
+# The old private name, still imported by codl.datasets (another change owns that module).
+_to_jsonable = to_dict
+
+
+def from_dict(cls: type[_T], data: Any, *, where: str = "") -> _T:
+    """Build spec dataclass ``cls`` from plain data; raises ConfigError listing every problem
+    with its key path (``where`` prefixes them). ``RunSpec.from_dict`` adds the semantic checks.
+    """
+    problems: list[str] = []
+    built = _from_mapping(cls, data, where, problems)
+    if problems or built is None:
+        raise ConfigError(problems or [f"{where or '<root>'}: could not be built"])
+    return built
 
 
 def _from_mapping(cls: type[_T], data: Any, where: str, problems: list[str]) -> _T | None:
@@ -571,4 +587,4 @@ def field_paths(cls: type[Any] = RunSpec, prefix: str = "") -> list[str]:
 
 def is_safe_name(name: str) -> bool:
     """Names that become paths or shell words: letters, digits, '_', '.', '-'; no leading dot."""
-    return bool(_SAFE_NAME.match(name))
+    return bool(SAFE_NAME.match(name))

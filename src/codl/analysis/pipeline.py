@@ -5,6 +5,7 @@ The Snakemake scripts are adapters that call exactly one function of this module
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,11 +21,24 @@ from codl.errors import CodlError
 from codl.paths import DECOMPOSITION_FIGURE, FIGURE_FORMATS
 from codl.trace.store import Trace, open_trace
 
+log = logging.getLogger(__name__)
+
+
+def _wrote(df: pd.DataFrame, out: Path) -> None:
+    log.info("wrote %s (%d rows x %d columns)", out, len(df), df.shape[1])
+
 
 def summarize_to(
     trace: Path, *, steps: Path, summary: Path, attribution: Path, parts: Path
-) -> None:
+) -> pd.DataFrame:
+    """Every per-run table of one trace; returns the one-row summary."""
+    log.info("reading %s", trace)
     tables, attrs = sm.read_tables(trace)
+    log.info(
+        "run %s: %s",
+        attrs.get("run_id", "?"),
+        ", ".join(f"{name} {len(df)} rows" for name, df in tables.items() if len(df)),
+    )
     pt = dec.step_parts(
         tables, warmup=sm.warmup_steps(attrs), ranks_per_node=sm.ranks_per_node(attrs)
     )
@@ -33,6 +47,8 @@ def summarize_to(
     for df, out in ((st, steps), (sm_, summary), (at, attribution), (pt, parts)):
         out.parent.mkdir(parents=True, exist_ok=True)
         df.to_parquet(out, index=False)
+        _wrote(df, out)
+    return sm_
 
 
 def _read_all(paths: Sequence[Path], kind: str) -> pd.DataFrame:
@@ -41,7 +57,11 @@ def _read_all(paths: Sequence[Path], kind: str) -> pd.DataFrame:
         raise CodlError(f"missing {kind} files (their runs did not finish): {missing}")
     frames = [pd.read_parquet(p) for p in paths]
     frames = [f for f in frames if len(f)]
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    merged = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    log.info(
+        "read %d %s file(s), %d with rows: %d rows", len(paths), kind, len(frames), len(merged)
+    )
+    return merged
 
 
 def compare_to(
@@ -71,11 +91,21 @@ def compare_to(
     ):
         out.parent.mkdir(parents=True, exist_ok=True)
         df.to_csv(out, index=False)
+        _wrote(df, out)
     return comparison
 
 
 def _outs(figdir: Path, name: str) -> list[Path]:
-    return [figdir / f"{name}.{fmt}" for fmt in FIGURE_FORMATS]
+    outs = [figdir / f"{name}.{fmt}" for fmt in FIGURE_FORMATS]
+    # Logged before drawing: a figure that fails names itself as the last line of the log.
+    log.info("drawing %s", ", ".join(str(p) for p in outs))
+    return outs
+
+
+def _read_csv(path: Path) -> pd.DataFrame:
+    df = pd.read_csv(path)
+    log.info("read %s (%d rows)", path, len(df))
+    return df
 
 
 def recompare_tables(
@@ -109,10 +139,10 @@ def table_figures_to(
     figdir: Path,
 ) -> None:
     """The figures drawn from the merged tables alone."""
-    summary = pd.read_csv(runs_table)
-    steps = pd.read_csv(steps_table)
-    comparison = pd.read_csv(comparison_table)
-    decomposition = pd.read_csv(decomposition_table)
+    summary = _read_csv(runs_table)
+    steps = _read_csv(steps_table)
+    comparison = _read_csv(comparison_table)
+    decomposition = _read_csv(decomposition_table)
     plots.component_durations(
         figdata.with_arm_intervals(cmp.headline(comparison), steps),
         _outs(figdir, "component_durations"),
@@ -157,6 +187,7 @@ def figures_to(
         "samples/sched",
         "threads",
     )
+    log.info("reading the CUDA calls of %d trace(s), the timeline of run %s", len(traces), chosen)
     for path in traces:
         with open_trace(path) as t:
             spec = t.spec

@@ -16,6 +16,7 @@ from typing import Any
 
 from codl.errors import CodlError, TraceFormatError
 from codl.harness.runner import RankEnv, execute
+from codl.log import configure
 from codl.spec import DeviceKind, RunSpec
 from codl.trace.store import check_trace_target, exclusive_lock, incomplete_path
 
@@ -88,6 +89,8 @@ def _rank_main(
     port: int,
     kineto_dir: Path | None,
 ) -> None:
+    # A spawned process starts with logging unconfigured; the level travels in the environment.
+    configure()
     n = spec.layout.ranks_per_node
     env = RankEnv(
         rank=local_rank,
