@@ -1,3 +1,14 @@
+# Summarize, compare and figures read a few files and write tables and figures in seconds: under
+# Slurm they run where Snakemake runs (localrules) instead of waiting in the queue as one sbatch
+# job each (one per run for summarize). `--local-cores` caps how many run there at once.
+
+
+localrules:
+    summarize,
+    compare,
+    figures,
+
+
 rule summarize:
     input:
         trace=PATHS.trace("{run_id}"),
