@@ -217,3 +217,16 @@ def test_summarize_writes_every_table_of_the_rule_and_logs_them(
     for path in tables.values():
         assert len(pd.read_parquet(path)) > 0, path
         assert f"wrote {path} (" in captured.err
+
+
+def test_the_readme_shows_real_inspect_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    readme = (REPO / "README.md").read_text()
+    block = readme.split("$ codl inspect trace.h5\n", 1)[1].split("```", 1)[0]
+    trace = tmp_path / "trace.h5"
+    with gzip.open(REPO / "tests" / "golden" / "traces" / "r2_combined.h5.gz", "rb") as src:
+        trace.write_bytes(src.read())
+    monkeypatch.chdir(tmp_path)
+    assert main(["inspect", "trace.h5"]) == 0
+    assert capsys.readouterr().out == block

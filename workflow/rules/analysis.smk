@@ -19,8 +19,6 @@ rule summarize:
         parts=PATHS.parts("{run_id}"),
     log:
         PATHS.summarize_log("{run_id}"),
-    conda:
-        "../../envs/codl.yaml"
     threads: 1
     script:
         "../scripts/summarize.py"
@@ -56,8 +54,6 @@ rule compare:
         ),
     log:
         str(PATHS.logs / "compare.log"),
-    conda:
-        "../../envs/codl.yaml"
     threads: 1
     script:
         "../scripts/compare.py"
@@ -153,8 +149,6 @@ rule figures:
         pdfs=[str(PATHS.figure(name, "pdf")) for name in ALL_FIGURES],
     log:
         str(PATHS.logs / "figures.log"),
-    conda:
-        "../../envs/codl.yaml"
     threads: 1
     script:
         "../scripts/figures.py"

@@ -8,8 +8,6 @@ rule dataset:
         manifest=PATHS.dataset_manifest("{dataset}"),
     log:
         str(PATHS.logs / "dataset" / "{dataset}.log"),
-    conda:
-        "../../envs/codl.yaml"
     threads: 1
     params:
         spec=get_dataset_spec_json,
@@ -25,8 +23,6 @@ rule stage_dataset:
         marker=PATHS.staged_marker("{tier}", "{dataset}"),
     log:
         str(PATHS.logs / "stage" / "{tier}-{dataset}.log"),
-    conda:
-        "../../envs/codl.yaml"
     threads: 1
     params:
         target=get_tier_target,
