@@ -586,3 +586,11 @@ def test_docs_contain_generated_schema_tables() -> None:
     assert generated in DOCS.read_text(encoding="utf-8"), (
         "docs/trace-format.md is out of date: paste codl.trace.store.schema_markdown() into it"
     )
+
+
+def test_the_table_enum_names_every_table_of_the_schema() -> None:
+    from codl.trace.schema import TABLES, Table
+
+    assert [t.value for t in Table] == list(TABLES)
+    # A member is its name: it indexes the schema, the readers and HDF5 paths unchanged.
+    assert TABLES[Table.APP] is TABLES["events/app"] and f"/{Table.APP}" == "/events/app"

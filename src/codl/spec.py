@@ -48,7 +48,7 @@ WORKERS_PER_CPU = 16
 
 
 class Mode(enum.StrEnum):
-    """Which pipeline components run (DESIGN.md sect. 4)."""
+    """Which pipeline components run (docs/design.md sect. 4)."""
 
     DATA = "data"
     COMPUTE = "compute"
@@ -92,7 +92,7 @@ class Mode(enum.StrEnum):
 
 
 class Policy(enum.StrEnum):
-    """CPU-set policy for loader workers and launch threads (DESIGN.md sect. 7; table in
+    """CPU-set policy for loader workers and launch threads (docs/design.md sect. 7; table in
     ``codl.pinning``). ``isolated-main`` isolates the main thread alone and puts the other launch
     roles with the loader workers, so that a matrix separates "launch thread alone" from "all
     launch roles together" (``isolated``)."""

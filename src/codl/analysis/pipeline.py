@@ -19,6 +19,7 @@ from codl.analysis import summarize as sm
 from codl.analysis.steady import flag_outliers
 from codl.errors import CodlError
 from codl.paths import DECOMPOSITION_FIGURE, FIGURE_FORMATS
+from codl.trace.schema import Table
 from codl.trace.store import Trace, open_trace
 
 log = logging.getLogger(__name__)
@@ -180,12 +181,12 @@ def figures_to(
     timeline = pd.DataFrame()
     title = ""
     names = (
-        "events/app",
-        "events/loader",
-        "events/comm",
-        "events/cuda",
-        "samples/sched",
-        "threads",
+        Table.APP,
+        Table.LOADER,
+        Table.COMM,
+        Table.CUDA,
+        Table.SCHED,
+        Table.THREADS,
     )
     log.info("reading the CUDA calls of %d trace(s), the timeline of run %s", len(traces), chosen)
     for path in traces:
@@ -194,7 +195,7 @@ def figures_to(
             run_id = str(t.attrs.get("run_id", ""))
             warm = int(t.attrs.get("warmup_steps", 0))
             mode = str(spec.get("mode"))
-            cuda = t.table("events/cuda")
+            cuda = t.table(Table.CUDA)
             if len(cuda):
                 label = "isolation" if mode == "compute" else mode
                 label += f" / {spec['pinning']['policy']}"
@@ -210,7 +211,7 @@ def figures_to(
 
 def _timeline_of(t: Trace, tables: dict[str, pd.DataFrame], warm: int) -> tuple[pd.DataFrame, str]:
     """Rank 0's measured step closest to the run's median step time, and a title naming it."""
-    app = tables["events/app"]
+    app = tables[Table.APP]
     st = app[(app["phase"].astype(str) == "step") & (app["step"] >= warm) & (app["rank"] == 0)]
     if st.empty:
         return pd.DataFrame(), ""
