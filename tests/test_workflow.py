@@ -116,8 +116,8 @@ def test_workflow_runs_once_and_reruns_only_changed_specs(tmp_path: Path) -> Non
     assert f"wrote {rel.trace(ids['combined'])}" in run_log
     summarize_log = paths.summarize_log(ids["combined"]).read_text()
     assert f"wrote {rel.parts(ids['combined'])} (" in summarize_log
-    assert f"wrote {rel.comparison_table} (" in (paths.logs / "compare.log").read_text()
-    assert "drawing " in (paths.logs / "figures.log").read_text()
+    assert f"wrote {rel.comparison_table} (" in paths.log("compare").read_text()
+    assert "drawing " in paths.log("figures").read_text()
 
     out, second = snakemake(workdir, cfg_path)
     assert second == {}, out[-2000:]

@@ -125,11 +125,16 @@ class ResultPaths:
     def parts(self, run_id: str) -> Path:
         return self.run_files(run_id).parts
 
+    def log(self, rule: str, name: str | None = None) -> Path:
+        """The log of one job of ``rule``: ``logs/<rule>/<name>.log`` for a job per wildcard
+        value (pass ``"{run_id}"`` for a rule's pattern), ``logs/<rule>.log`` for a single job."""
+        return self.logs / rule / f"{name}.log" if name is not None else self.logs / f"{rule}.log"
+
     def run_log(self, run_id: str) -> Path:
-        return self.logs / "run" / f"{run_id}.log"
+        return self.log("run", run_id)
 
     def summarize_log(self, run_id: str) -> Path:
-        return self.logs / "summarize" / f"{run_id}.log"
+        return self.log("summarize", run_id)
 
     # merges
     @property

@@ -53,7 +53,7 @@ rule compare:
             category="Tables",
         ),
     log:
-        str(PATHS.logs / "compare.log"),
+        PATHS.log("compare"),
     threads: 1
     script:
         "../scripts/compare.py"
@@ -148,7 +148,7 @@ rule figures:
         ),
         pdfs=[str(PATHS.figure(name, "pdf")) for name in ALL_FIGURES],
     log:
-        str(PATHS.logs / "figures.log"),
+        PATHS.log("figures"),
     threads: 1
     script:
         "../scripts/figures.py"

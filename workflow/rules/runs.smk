@@ -11,7 +11,7 @@ rule spec:
     output:
         spec=PATHS.spec("{run_id}"),
     log:
-        str(PATHS.logs / "spec" / "{run_id}.log"),
+        PATHS.log("spec", "{run_id}"),
     params:
         spec=get_spec_json,
     shell:
