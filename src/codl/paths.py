@@ -17,8 +17,8 @@ FIGURES = (
     "policy_heatmap",
     "step_time_distributions",
 )
-# The decomposition figure is drawn from the decomposition table (the others from runs, steps,
-# comparison and traces); every figure has its own report entry and caption (analysis.smk).
+# Every figure is drawn from tables (codl.analysis.figtables.FIGURES) and has its own report
+# entry and caption (analysis.smk).
 DECOMPOSITION_FIGURE = "decomposition"
 ALL_FIGURES = (*FIGURES, DECOMPOSITION_FIGURE)
 FIGURE_FORMATS = ("png", "pdf")
@@ -60,6 +60,16 @@ class RunFiles:
         """Per (rank, step) decomposition inputs: launch roles' CPU time, peer wait, kernels."""
         return self.dir / "parts.parquet"
 
+    @property
+    def api_calls(self) -> Path:
+        """Every measured CUDA runtime API call, for the latency CDF (codl.analysis.figtables)."""
+        return self.dir / "api_calls.parquet"
+
+    @property
+    def timeline(self) -> Path:
+        """The run's representative step as step-timeline bars (codl.analysis.figtables)."""
+        return self.dir / "timeline.parquet"
+
     def tables(self) -> dict[str, Path]:
         """Every table summarize writes for one run, by the keyword summarize_to takes."""
         return {
@@ -67,6 +77,8 @@ class RunFiles:
             "summary": self.summary,
             "attribution": self.attribution,
             "parts": self.parts,
+            "api_calls": self.api_calls,
+            "timeline": self.timeline,
         }
 
 
@@ -124,6 +136,12 @@ class ResultPaths:
 
     def parts(self, run_id: str) -> Path:
         return self.run_files(run_id).parts
+
+    def api_calls(self, run_id: str) -> Path:
+        return self.run_files(run_id).api_calls
+
+    def timeline(self, run_id: str) -> Path:
+        return self.run_files(run_id).timeline
 
     def log(self, rule: str, name: str | None = None) -> Path:
         """The log of one job of ``rule``: ``logs/<rule>/<name>.log`` for a job per wildcard

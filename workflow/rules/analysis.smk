@@ -17,6 +17,8 @@ rule summarize:
         summary=PATHS.summary("{run_id}"),
         attribution=PATHS.attribution("{run_id}"),
         parts=PATHS.parts("{run_id}"),
+        api_calls=PATHS.api_calls("{run_id}"),
+        timeline=PATHS.timeline("{run_id}"),
     log:
         PATHS.summarize_log("{run_id}"),
     threads: 1
@@ -67,7 +69,8 @@ rule figures:
         steps=PATHS.steps_table,
         comparison=PATHS.comparison_table,
         decomposition=PATHS.decomposition_table,
-        traces=all_of("trace"),
+        api_calls=all_of("api_calls"),
+        timelines=all_of("timeline"),
     output:
         component_durations=report(
             PATHS.figure("component_durations"),

@@ -14,6 +14,7 @@ figures_to(
     steps_table=Path(snakemake.input.steps),
     comparison_table=Path(snakemake.input.comparison),
     decomposition_table=Path(snakemake.input.decomposition),
-    traces=[Path(p) for p in snakemake.input.traces],
+    api_calls=[Path(p) for p in snakemake.input.api_calls],
+    timelines=[Path(p) for p in snakemake.input.timelines],
     figdir=Path(snakemake.output.component_durations).parent,
 )

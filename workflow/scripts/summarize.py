@@ -15,4 +15,6 @@ summarize_to(
     summary=Path(snakemake.output.summary),
     attribution=Path(snakemake.output.attribution),
     parts=Path(snakemake.output.parts),
+    api_calls=Path(snakemake.output.api_calls),
+    timeline=Path(snakemake.output.timeline),
 )
