@@ -32,6 +32,7 @@ _ID_OPTIONAL_DEFAULTS: dict[tuple[str, str], Any] = {
     ("pinning", "autograd"): "own",
     ("pinning", "pin_memory"): "own",
     ("pinning", "comm"): "own",
+    ("dataset", "cost"): "standard",
 }
 #: ``pinning.launch_cores: auto`` sizes the launch set from the roles it must hold.
 AUTO: Literal["auto"] = "auto"
@@ -136,6 +137,17 @@ class DatasetKind(enum.StrEnum):
     VOLUME = "volume"
 
 
+class DatasetCost(enum.StrEnum):
+    """Per-sample loader cost of a JPEG data set: how samples are stored and augmented."""
+
+    #: pre-decoded uint8 arrays, random crop + flip: no decode, the loader keeps up
+    LIGHT = "light"
+    #: JPEG decode + the ImageNet training augmentation (RandomResizedCrop, flip, normalize)
+    STANDARD = "standard"
+    #: JPEG decode + ImageNet augmentation + colour jitter + Gaussian blur: a starved loader
+    HEAVY = "heavy"
+
+
 class CommPattern(enum.StrEnum):
     """How `comm` mode drives AllReduce over the model's gradient buckets."""
 
@@ -158,6 +170,7 @@ class DatasetSpec:
     quality: int = 90
     seed: int = 0
     tier: str = "default"
+    cost: DatasetCost = DatasetCost.STANDARD
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -339,6 +352,12 @@ class RunSpec:
                     f"{p}{key}: got {name!r}, expected letters, digits, '_', '.', '-' "
                     "(it becomes a path)"
                 )
+        jpeg = self.dataset.kind is DatasetKind.JPEG
+        if self.dataset.cost is not DatasetCost.STANDARD and not jpeg:
+            out.append(
+                f"{p}dataset.cost: got {self.dataset.cost.value!r} with dataset.kind "
+                f"{self.dataset.kind.value!r}, expected 'standard' (cost variants are of JPEG sets)"
+            )
         if self.dataset.classes > self.workload.classes and self.mode.loads:
             out.append(
                 f"{p}dataset.classes: got {self.dataset.classes}, expected <= "
