@@ -211,6 +211,8 @@ class Table(enum.StrEnum):
     LOADER = "events/loader"
     CUDA = "events/cuda"
     CUDA_SCHED = "events/cuda_sched"
+    SCHED_SWITCH = "events/sched_switch"
+    SCHED_WAKING = "events/sched_waking"
     COMM = "events/comm"
     SCHED = "samples/sched"
     CPU = "samples/cpu"
