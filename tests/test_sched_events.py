@@ -192,3 +192,36 @@ def test_a_live_recording_finds_a_planted_block_and_a_planted_preemption() -> No
     assert tids["hog"] in by.index
     assert by[tids["hog"]] >= 0.1e9
     assert not ({0, -1, tids["victim"]} & set(by.index))
+
+
+def test_exact_events_replace_the_counter_split_of_slow_calls() -> None:
+    """Two slow calls of thread 10 (baseline 5 us): one preempted for 30 us by task 20 inside
+    it, one asleep 40 us (woken by 30) then 10 us in the run queue. The counters could only
+    call the second 'blocked' as a whole; the events split it exactly."""
+    from codl.analysis.calls import CALL_COLUMNS, exact_split
+
+    switch = _switch(
+        [
+            (110_000, 0, 10, "R", 20),
+            (140_000, 0, 20, "S", 10),
+            (210_000, 0, 10, "S", 0),
+            (260_000, 0, 0, "R", 10),
+        ]
+    )
+    waking = pd.DataFrame(
+        {"t_ns": [250_000], "cpu": [0], "tid": [10], "waker_tid": [30], "target_cpu": [0]}
+    )
+    base = dict.fromkeys(CALL_COLUMNS, 0) | {"run": "r", "rank": 0, "tid": 10, "name": "x"}
+    slow = pd.DataFrame(
+        [
+            base | {"start_ns": 100_000, "duration_ns": 50_000, "excess_ns": 45_000},
+            base | {"start_ns": 200_000, "duration_ns": 70_000, "excess_ns": 65_000},
+        ]
+    )
+    got = exact_split(slow, switch, waking, roles={(0, 20): "loader"})
+    assert list(got["preempted_ns"]) == [30_000, 10_000]
+    assert list(got["blocked_ns"]) == [0, 40_000]
+    assert list(got["on_cpu_ns"]) == [15_000, 15_000]
+    assert list(got["class"]) == ["preempted", "blocked"]
+    assert list(got["cpu_peers"]) == ["20/loader", "30/other"]
+    assert set(got["source"]) == {"sched_events"}

@@ -30,6 +30,7 @@ RUN_ID_LENGTH = 12
 _ID_OPTIONAL_DEFAULTS: dict[tuple[str, str], Any] = {
     ("trace", "cuda_api"): False,
     ("trace", "cuda_api_sched"): False,
+    ("trace", "sched_events"): False,
     ("pinning", "autograd"): "own",
     ("pinning", "pin_memory"): "own",
     ("pinning", "comm"): "own",
@@ -249,7 +250,10 @@ class TraceSpec:
     latency of every launch, memcpy/memset and synchronisation call on every step) is the cheap
     way to get per-call runtime API latency. CUPTI takes one subscriber: they exclude each other.
     `cuda_api_sched` adds each call's scheduling evidence (thread CPU time, voluntary and
-    involuntary context switches): two syscalls per call, so off unless asked for."""
+    involuntary context switches): two syscalls per call, so off unless asked for.
+    `sched_events` records every context switch and wake-up of the rank's threads from the
+    kernel's scheduler tracepoints (ftrace; root only): exact off-CPU intervals, the preempter
+    and the waker, at their real times."""
 
     app: bool = True
     loader: bool = True
@@ -262,6 +266,7 @@ class TraceSpec:
     cupti_steps: int = 2
     cuda_api: bool = False
     cuda_api_sched: bool = False
+    sched_events: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

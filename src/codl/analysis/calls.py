@@ -25,7 +25,14 @@ which: the off-CPU part is split in proportion to the switch counts (each switch
 equal share) and the call is classed **mixed**. A voluntary switch-out includes the run-queue
 wait after the wake-up (the thread left voluntarily; when it became runnable again it may have
 waited for the CPU): "blocked" is an upper bound of the time blocked, "preempted" a lower bound
-of run-queue wait. The exact split needs scheduler events (sched_switch/sched_wakeup).
+of run-queue wait.
+
+With exact scheduler events (``trace.sched_events``: ``events/sched_switch`` and
+``events/sched_waking``, ``codl.analysis.offcpu``) the split is exact instead (``source`` =
+``sched_events``): preempted = the call's run-queue wait (runnable but not running, also after a
+wake-up), blocked = the time it slept, each cut to the call; ``cpu_peers`` then names the task
+that held the CPU longest while the call waited (or, for a block, its waker), and ``mixed`` is
+not needed. Without them ``source`` is ``counters``.
 
 Classes: the largest of preempted / blocked / on_cpu, ``mixed`` when both switch kinds
 happened (a call over an absolute threshold but within its baseline is classed by its whole
@@ -78,6 +85,7 @@ CALL_COLUMNS = (
     "cpu",
     "cpu_peers",
     "peers_known",
+    "source",
 )
 PARTS = ("preempted_ns", "blocked_ns", "on_cpu_ns")
 
@@ -285,12 +293,15 @@ def attribute_calls(
     threads: pd.DataFrame | None = None,
     sched_samples: pd.DataFrame | None = None,
     rule: SlowCallRule | None = None,
+    sched_events: tuple[pd.DataFrame, pd.DataFrame] | None = None,
 ) -> pd.DataFrame:
     """One row per slow runtime/sync call of one run, with its excess split (``CALL_COLUMNS``).
 
     ``calls`` and ``twin`` are ``events/cuda`` frames, ``evidence`` the run's
     ``events/cuda_sched`` (None or empty: every call is ``unknown``), ``threads`` and
-    ``sched_samples`` its ``threads`` and ``samples/sched`` tables for roles and CPU peers.
+    ``sched_samples`` its ``threads`` and ``samples/sched`` tables for roles and CPU peers;
+    ``sched_events`` its (``events/sched_switch``, ``events/sched_waking``) frames, which make
+    the split exact (``exact_split``).
     """
     rule = rule or SlowCallRule()
     if twin is None and rule.threshold_ns is None:
@@ -305,7 +316,53 @@ def attribute_calls(
         _call_row(dict(zip(_SLOW_COLUMNS, values, strict=True)), run, roles, peers)
         for values in zip(*(slow[c].tolist() for c in _SLOW_COLUMNS), strict=True)
     ]
-    return pd.DataFrame(rows, columns=list(CALL_COLUMNS))
+    out = pd.DataFrame(rows, columns=list(CALL_COLUMNS))
+    if sched_events is not None and not sched_events[0].empty and not out.empty:
+        out = exact_split(out, sched_events[0], sched_events[1], roles)
+    return out
+
+
+def exact_split(
+    slow: pd.DataFrame,
+    switch: pd.DataFrame,
+    waking: pd.DataFrame,
+    roles: dict[tuple[int, int], str] | None = None,
+) -> pd.DataFrame:
+    """Replace the counter-based split of ``slow`` (``attribute_calls`` rows) with the exact one
+    from scheduler events: off-CPU time counted first up to the excess, run-queue wait before
+    sleep, the rest on CPU; the class is the largest part."""
+    from codl.analysis.offcpu import offcpu_intervals, overlap_by_window
+
+    roles = roles or {}
+    iv = offcpu_intervals(switch, waking, tids=slow["tid"].unique())
+    win = pd.DataFrame(
+        {
+            "tid": slow["tid"],
+            "start_ns": slow["start_ns"],
+            "end_ns": slow["start_ns"] + slow["duration_ns"],
+            "window": np.arange(len(slow)),
+        }
+    )
+    ov = overlap_by_window(iv, win)
+    excess = slow["excess_ns"].to_numpy(np.int64)
+    pre = np.minimum(ov["runnable_ns"].to_numpy(np.int64), excess)
+    blk = np.minimum(ov["blocked_ns"].to_numpy(np.int64), excess - pre)
+    on = excess - pre - blk
+    out = slow.copy()
+    out["off_cpu_ns"] = (ov["runnable_ns"] + ov["blocked_ns"]).to_numpy(np.int64)
+    out["preempted_ns"], out["blocked_ns"], out["on_cpu_ns"] = pre, blk, on
+    parts = np.stack([pre, blk, on])
+    names = np.array([CallClass.PREEMPTED, CallClass.BLOCKED, CallClass.ON_CPU], dtype=object)
+    out["class"] = np.where(excess > 0, names[parts.argmax(axis=0)], out["class"])
+    who = np.where(pre >= blk, ov["preempted_by"], ov["waker_tid"])
+    ranks = out["rank"].to_numpy(np.int64)
+    out["cpu_peers"] = [
+        f"{w}/{roles.get((int(r), int(w)), 'other')}" if w > 0 else ""
+        for w, r in zip(who, ranks, strict=True)
+    ]
+    out["peers_known"] = True
+    out["source"] = "sched_events"
+    return out
 
 
 def _slow_calls(
@@ -369,6 +426,7 @@ def _call_row(
         "cpu": cpu,
         "cpu_peers": cpu_peers,
         "peers_known": known,
+        "source": "counters",
     }
 
 
@@ -382,12 +440,22 @@ def attribute_trace(
         cuda = _measured(t.table(Table.CUDA), int(t.attrs.get("warmup_steps", 0)))
         evidence = t.table(Table.CUDA_SCHED)
         threads, samples = t.table(Table.THREADS), t.table(Table.SCHED)
+        events = None
+        if Table.SCHED_SWITCH in t.tables():
+            events = (t.table(Table.SCHED_SWITCH), t.table(Table.SCHED_WAKING))
     twin = None
     if twin_path is not None:
         with open_trace(twin_path) as w:
             twin = _measured(w.table(Table.CUDA), int(w.attrs.get("warmup_steps", 0)))
     return attribute_calls(
-        cuda, evidence, run=run, twin=twin, threads=threads, sched_samples=samples, rule=rule
+        cuda,
+        evidence,
+        run=run,
+        twin=twin,
+        threads=threads,
+        sched_samples=samples,
+        rule=rule,
+        sched_events=events,
     )
 
 
