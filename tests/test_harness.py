@@ -253,3 +253,44 @@ def test_rows_streamed_during_the_run_make_the_same_trace(
     assert sorted(set(sched["step"])) == list(range(-1, spec.steps.total))
     assert not sched.duplicated(["tid", "step"]).any()
     assert set(loader["pid"]) <= set(t["threads"]["pid"])
+
+
+def test_a_run_with_sched_events_holds_every_switch_of_its_launch_thread(
+    tmp_path: Path, dataset: Path
+) -> None:
+    """trace.sched_events on a real run (root and tracefs; skipped with the reason elsewhere):
+    both tables are written on the run's clock, the launch thread's off-CPU time per measured
+    step is at least the run-queue wait its schedstat counters saw (the events miss nothing the
+    counters count), and the loader workers - forked before the recorder started - are named."""
+    from codl.analysis.offcpu import offcpu_intervals
+    from codl.trace import ftrace
+
+    probe = ftrace.SchedEventRecorder(pids=(os.getpid(),), buffer_kb=256)
+    try:
+        probe.start()
+    except ftrace.SchedEventsUnavailableError as exc:
+        pytest.skip(str(exc))
+    finally:
+        probe.close()
+    spec = tiny("data+compute", trace__sched_events=True)
+    r = run(spec, tmp_path, dataset)
+    with open_trace(r["path"]) as t:
+        switch, waking = t.table("events/sched_switch"), t.table("events/sched_waking")
+        attrs = t.attrs["sched_events"]
+    assert attrs["events_lost"] == 0 and 0 <= attrs["clock_offset_bound_ns"] < 1_000_000
+    threads = r["tables"]["threads"]
+    launch_tid = int(threads[threads["role"] == "launch"]["tid"].iloc[0])
+    app = r["tables"]["events/app"]
+    steps = app[(app["phase"] == "step") & (app["step"] >= spec.steps.warmup)]
+    t0, t1 = int(steps["start_ns"].min()), int(steps["end_ns"].max())
+    assert switch["t_ns"].between(t0 - 5_000_000_000, t1 + 5_000_000_000).all()
+    iv = offcpu_intervals(switch, waking, tids=[launch_tid])
+    inside = iv[(iv["start_ns"] >= t0) & (iv["end_ns"] <= t1)]
+    samples = r["tables"]["samples/sched"]
+    mine = samples[samples["tid"] == launch_tid].sort_values("t_ns")
+    bracket = mine[(mine["t_ns"] >= t0) & (mine["t_ns"] <= t1)]
+    counted_wait = int(bracket["wait_ns"].iloc[-1] - bracket["wait_ns"].iloc[0])
+    # Interval ends are microsecond stamps: allow 2 us per interval of rounding.
+    assert int(inside["runnable_ns"].sum()) + 2_000 * len(inside) >= counted_wait
+    workers = set(r["tables"]["events/loader"]["tid"])
+    assert workers & (set(switch["prev_tid"]) | set(switch["next_tid"]))

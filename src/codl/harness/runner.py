@@ -45,7 +45,7 @@ from codl.harness.comm import (
 )
 from codl.harness.progress import StepProgress
 from codl.spec import DeviceKind, Mode, Policy, Precision, RunSpec
-from codl.trace import clock, cuda_api, kineto
+from codl.trace import clock, cuda_api, ftrace, kineto
 from codl.trace.clock import Anchor, now_ns, take_anchor
 from codl.trace.device import DeviceSampler
 from codl.trace.sched import SchedSampler
@@ -321,6 +321,7 @@ class _TraceRecorder:
     attrs: dict[str, Any] = field(default_factory=dict)
     cupti: dict[str, Any] | None = None
     cuda_sched: dict[str, Any] | None = None
+    sched_events: dict[str, dict[str, Any]] | None = None
     writer: TraceWriter | None = None
 
     @classmethod
@@ -403,6 +404,9 @@ class _TraceRecorder:
             writer.append("events/cuda", self.cupti)
         if self.cuda_sched and self.cuda_sched["tid"]:
             writer.append("events/cuda_sched", self.cuda_sched)
+        for name, columns in (self.sched_events or {}).items():
+            if columns["t_ns"]:
+                writer.append(name, columns)
         if self.placed.rows:
             writer.append("threads", self._thread_columns())
 
@@ -436,6 +440,7 @@ class _Open:
     batches: Any = None
     profiler: Any = None
     api_tracer: cuda_api.ApiTracer | None = None
+    sched_events: ftrace.SchedEventRecorder | None = None
 
 
 @dataclass(frozen=True)
@@ -690,6 +695,15 @@ def _build_loader(
 
 
 def _start_tracers(spec: RunSpec, held: _Open, kineto_dir: Path | None) -> None:
+    if spec.trace.sched_events:
+        # Before the first step, after the model, loader workers and communication threads
+        # exist: every one of them is followed from the warm-up on.
+        recorder = ftrace.SchedEventRecorder(pids=ftrace.tasks_of((os.getpid(),)))
+        try:
+            recorder.start()
+        except ftrace.SchedEventsUnavailableError as exc:
+            raise CodlError(f"trace.sched_events: true, but {exc}") from exc
+        held.sched_events = recorder
     if spec.trace.cupti:
         held.profiler = kineto.start_window(spec, kineto_dir)
     if spec.trace.cuda_api:
@@ -831,6 +845,8 @@ def _stop_tracers(
     if held.profiler is not None and complete:
         rec.cupti, cupti_attrs = kineto.collect(held.profiler, kineto_dir, rec.spans, anchor_start)
         rec.attrs.update(cupti_attrs)
+    if held.sched_events is not None:
+        _collect_sched_events(held.sched_events, rec)
     if held.api_tracer is not None:
         # Cheap and already on our clock: kept for incomplete runs too.
         try:
@@ -843,6 +859,17 @@ def _stop_tracers(
         finally:
             with contextlib.suppress(Exception):
                 held.api_tracer.close()
+
+
+def _collect_sched_events(recorder: ftrace.SchedEventRecorder, rec: _TraceRecorder) -> None:
+    """The kernel's record of the run's scheduling, kept for incomplete runs too."""
+    try:
+        recorder.stop()
+        rec.sched_events, rec.attrs["sched_events"] = recorder.collect(rank=rec.rank)
+    except Exception as exc:
+        rec.attrs["sched_events"] = {"lost": f"{type(exc).__name__}: {exc}"}
+    finally:
+        recorder.close()
 
 
 def _run_attrs(

@@ -61,6 +61,28 @@ class SchedEventsUnavailableError(RuntimeError):
     """The node does not let this process record scheduler events (the reason is the message)."""
 
 
+def tasks_of(pids: tuple[int, ...]) -> tuple[int, ...]:
+    """Every task (thread) of ``pids`` and of their descendant processes, as they are now:
+    ``set_event_pid`` follows tasks by id, and only tasks created *after* it is written are
+    added by ``event-fork``, so the threads and workers that exist already are listed here."""
+    seen: set[int] = set()
+    todo = list(pids)
+    while todo:
+        pid = todo.pop()
+        try:
+            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        except (OSError, ValueError):
+            continue
+        for tid in tids:
+            if tid in seen:
+                continue
+            seen.add(tid)
+            with contextlib.suppress(OSError, ValueError):
+                text = Path(f"/proc/{pid}/task/{tid}/children").read_text()
+                todo.extend(int(c) for c in text.split())
+    return tuple(sorted(seen))
+
+
 def _tracefs_mount() -> Path | None:
     with contextlib.suppress(OSError):
         for line in Path("/proc/mounts").read_text().splitlines():
