@@ -47,7 +47,7 @@ from codl.spec import DeviceKind, Mode, Policy, Precision, RunSpec
 from codl.trace import cuda_api, kineto
 from codl.trace.clock import Anchor, now_ns, take_anchor
 from codl.trace.device import DeviceSampler
-from codl.trace.sched import SchedSampler
+from codl.trace.sched import SAMPLED_PHASES, PhaseSched, SchedSampler
 from codl.trace.schema import empty_columns
 from codl.trace.store import TraceWriter
 
@@ -76,6 +76,8 @@ class _AppSpans:
     tid: int = field(default_factory=threading.get_native_id)
     rows: dict[str, list[Any]] = field(default_factory=lambda: empty_columns("events/app"))
     pending: list[tuple[int, Any, Any]] = field(default_factory=list)
+    # Launch-role counters at the boundaries of the SAMPLED_PHASES spans (None: level off).
+    phase_sched: PhaseSched | None = None
 
     def span(self, step: int, phase: str, start: int, end: int, events: Any = None) -> None:
         if not self.app and phase != "step":
@@ -108,6 +110,9 @@ class _AppSpans:
         Yields a list that holds ``[start_ns, end_ns]`` once the block has ended.
         """
         ev = self.events() if gpu else None
+        # Counters are read outside the timed span: their cost never lands in it.
+        ps = self.phase_sched if name in SAMPLED_PHASES else None
+        before = ps.read() if ps is not None else None
         times = [now_ns()]
         if ev:
             ev[0].record()
@@ -116,6 +121,8 @@ class _AppSpans:
             ev[1].record()
         times.append(now_ns())
         self.span(step, name, times[0], times[1], ev)
+        if ps is not None and before is not None:
+            ps.record(step, name, (times[0], times[1]), before, ps.read())
 
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -316,6 +323,8 @@ class _TraceRecorder:
         )
         sched = SchedSampler(rank=env.rank, per_thread=spec.trace.sched, per_core=spec.trace.cpu)
         sched.track(os.getpid())
+        if spec.trace.sched:
+            spans.phase_sched = PhaseSched(rank=env.rank)
         dev = DeviceSampler(rank=env.rank, gpu_index=env.local_rank)
         if cuda and spec.trace.device:
             dev.start()
@@ -341,6 +350,11 @@ class _TraceRecorder:
                 writer.append("samples/device", self.dev.rows)
             if self.comm.rows["bucket"]:
                 writer.append("events/comm", self.comm.rows)
+            if self.comm.gpu_rows["bucket"]:
+                writer.append("events/comm_gpu", self.comm.gpu_rows)
+            ps = self.spans.phase_sched
+            if ps is not None and ps.rows["tid"]:
+                writer.append("events/phase_sched", ps.rows)
             if self.loader.items:
                 writer.append("events/loader", self.loader.columns(self.rank))
             if self.cupti:
@@ -371,6 +385,20 @@ class _TraceRecorder:
     def close(self) -> None:
         self.sched.close()
         self.dev.close()
+        if self.spans.phase_sched is not None:
+            self.spans.phase_sched.close()
+
+    def track_launch_roles(self) -> None:
+        """Read the autograd threads known so far at phase boundaries, beside the main thread."""
+        ps = self.spans.phase_sched
+        if ps is None:
+            return
+        pid = os.getpid()
+        ps.set_threads(
+            sorted(
+                {r.tid for _, r in self.placed.rows if r.pid == pid and str(r.role) == "autograd"}
+            )
+        )
 
 
 @dataclass
@@ -665,7 +693,7 @@ def _step_loop(
             step_ev[1].record()
         _sync(device)
         t_end = now_ns()
-        rec.comm.flush(step)
+        rec.comm.flush(step, ref=(t_step, step_ev[0]) if step_ev else None)
         spans.span(step, "step", t_step, t_end, step_ev)
         if held.profiler is not None:
             held.profiler.step()
@@ -675,6 +703,7 @@ def _step_loop(
             # made later in the warm-up inherit their creator's CPUs, and are placed before
             # the measured steps.
             rec.placed.reapply()
+            rec.track_launch_roles()
 
 
 def _next_batch(
