@@ -4,7 +4,9 @@ Timing discipline: every span is CLOCK_MONOTONIC ns taken on the launch thread; 
 phase is bracketed by CUDA events too, so the trace holds both the host view (when the launch
 thread issued the work) and the GPU view (how long the GPU was busy with or waiting for it). A step
 ends after a device synchronisation, and the OS samples are taken after the step span closes so
-their cost never lands inside a measured step.
+their cost never lands inside a measured step. The one exception is deliberate: the launch roles'
+counters at the boundaries of the compute, data-wait and comm phases (trace.sched.PhaseSched, 3
+syscalls per boundary) are read inside those spans, so that they measure exactly the span.
 """
 
 from __future__ import annotations
@@ -110,19 +112,21 @@ class _AppSpans:
         Yields a list that holds ``[start_ns, end_ns]`` once the block has ended.
         """
         ev = self.events() if gpu else None
-        # Counters are read outside the timed span: their cost never lands in it.
         ps = self.phase_sched if name in SAMPLED_PHASES else None
-        before = ps.read() if ps is not None else None
         times = [now_ns()]
+        # Counters are read inside the span, so they never cover time outside it (a preemption
+        # between a read and the stamp would); their few microseconds land in every run alike.
+        before = ps.read() if ps is not None else None
         if ev:
             ev[0].record()
         yield times
         if ev:
             ev[1].record()
+        after = ps.read() if ps is not None else None
         times.append(now_ns())
         self.span(step, name, times[0], times[1], ev)
-        if ps is not None and before is not None:
-            ps.record(step, name, (times[0], times[1]), before, ps.read())
+        if ps is not None and before is not None and after is not None:
+            ps.record(step, name, (times[0], times[1]), before, after)
 
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)

@@ -178,7 +178,8 @@ class PhaseSched:
     the counters just before a phase opens and just after it closes. Cost per boundary: one
     ``clock_gettime(CLOCK_THREAD_CPUTIME_ID)`` for the calling (main) thread, whose schedstat
     run time lags by up to a tick while it runs, and one ``pread`` of schedstat per launch-role
-    thread (main + autograd: 3 syscalls; benchmarks/harness_overhead.py measures them).
+    thread (main + autograd: 3 syscalls; benchmarks/harness_overhead.py measures them). The
+    harness reads inside the span, so the counters never cover time outside it.
     """
 
     rank: int = 0
