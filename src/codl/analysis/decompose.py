@@ -489,15 +489,22 @@ def decompose(steps: pd.DataFrame, parts: pd.DataFrame, summaries: pd.DataFrame)
     return pd.concat(out, ignore_index=True)
 
 
+def _sources(d: pd.DataFrame) -> str:
+    """Where the rows' host part was measured; "whole step" for tables that predate the label."""
+    got = sorted(set(d["host_source"].dropna().astype(str))) if "host_source" in d else []
+    return " / ".join(got) or WHOLE_STEP
+
+
 def decomposition_means(decomp: pd.DataFrame, *, tail: float = 0.95) -> pd.DataFrame:
     """Per (mode, policy, workers, world size, cupti, cuda_api) and view: the mean of the
     inflation and of each part over the steady-state steps (``view`` = "all steps") and over
     the steps whose compute inflation is at or above the group's ``tail`` quantile (``view`` =
-    "slowest 5 %"): what the average step and what the slow steps are made of."""
+    "slowest 5 %"): what the average step and what the slow steps are made of. ``host_source``
+    says where the group's host part was measured: only "compute span" makes a budget."""
     cols = ["compute_inflation_ms", *PARTS, "unattributed_ms"]
     keys = ["mode", "policy", "workers", "world_size", "cupti", "cuda_api"]
     if decomp.empty:
-        return pd.DataFrame(columns=[*keys, "view", "steps", *cols])
+        return pd.DataFrame(columns=[*keys, "view", "steps", *cols, "host_source"])
     d = steady(decomp)
     rows = []
     for k, g in d.groupby(keys, dropna=False):
@@ -508,5 +515,6 @@ def decomposition_means(decomp: pd.DataFrame, *, tail: float = 0.95) -> pd.DataF
             rows.append(
                 {**dict(zip(keys, k, strict=True)), "view": view, "steps": len(sel)}
                 | {c: float(means[c]) for c in cols}
+                | {"host_source": _sources(sel)}
             )
     return pd.DataFrame(rows)
