@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.metadata
 import json
 import os
 import platform
@@ -168,14 +169,26 @@ def _git_revision() -> str:
     return out.stdout.strip() if out.returncode == 0 else ""
 
 
-def _versions() -> dict[str, str]:
-    import torchvision
+def _torchvision_version() -> str:
+    """Without importing torchvision: this runs in the `finally` that writes the trace, and a
+    signal that interrupted a lazy import inside torch (DDP's first backward imports dynamo and
+    triton) leaves modules half-initialised; importing torchvision there then failed and lost
+    the trace. A run that never imported it gets the installed distribution's version."""
+    version = getattr(sys.modules.get("torchvision"), "__version__", None)
+    if isinstance(version, str):
+        return version
+    try:
+        return importlib.metadata.version("torchvision")
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
 
+
+def _versions() -> dict[str, str]:
     v = {
         "codl": __version__,
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "torchvision": torchvision.__version__,
+        "torchvision": _torchvision_version(),
         "numpy": np.__version__,
         "kernel": platform.release(),
     }
