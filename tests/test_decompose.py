@@ -582,3 +582,37 @@ def test_without_phase_counters_the_whole_step_host_part_is_named() -> None:
     assert d["host_launch_delay_ms"].to_numpy() == pytest.approx(
         np.full(len(d), HANDOFF_MS), rel=REL
     )
+
+
+class FakeEvent:
+    """A CUDA event stand-in: its GPU time in ms, and elapsed_time as CUDA defines it."""
+
+    def __init__(self, ms: float) -> None:
+        self.ms = ms
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        return end.ms - self.ms
+
+
+def test_bucket_gpu_starts_are_placed_on_the_host_clock_by_the_step_event() -> None:
+    from codl.harness.comm import CommRecorder
+
+    rec = CommRecorder(rank=1, step=7)
+    step_event, t_step = FakeEvent(100.0), BASE
+    # Two buckets: the GPU reaches them 12 and 20 ms after the step began; each takes 1.5 ms.
+    for start_ms in (112.0, 120.0):
+        rec.record(
+            "allreduce", 1 << 20, BASE, BASE, (FakeEvent(start_ms), FakeEvent(start_ms + 1.5))
+        )
+    rec.flush(7, ref=(t_step, step_event))
+    g = rec.gpu_rows
+    assert g["bucket"] == [0, 1] and g["step"] == [7, 7] and g["rank"] == [1, 1]
+    assert g["gpu_start_ns"] == [BASE + 12 * MS, BASE + 20 * MS]
+    assert [e - s for s, e in zip(g["gpu_start_ns"], g["gpu_end_ns"], strict=True)] == [
+        1.5 * MS
+    ] * 2
+    assert rec.rows["gpu_ns"] == [1.5 * MS] * 2
+    # Without a step event (no CUDA events on the step) nothing is placed.
+    rec.record("allreduce", 1, BASE, BASE, (FakeEvent(0.0), FakeEvent(1.0)))
+    rec.flush(8)
+    assert len(g["bucket"]) == 2
