@@ -27,6 +27,7 @@ validate(config, "workflow/schemas/config.schema.yaml", set_default=False)
 include: "workflow/rules/data.smk"
 include: "workflow/rules/runs.smk"
 include: "workflow/rules/analysis.smk"
+include: "workflow/rules/advise.smk"
 
 
 rule all:

@@ -22,6 +22,9 @@ interval, plus the cudaLaunchKernel latency each tracing variant reports.
 
     python benchmarks/launch_api_cost.py --rounds 5 --csv benchmarks/results/launch_api_cost.csv
 
+``--ranks 2`` runs each variant as a 2-rank DDP step (NCCL, one GPU and half of the CPUs per
+rank): the callback level's cost where every launch thread also drives an AllReduce.
+
 ``--shim-cost`` needs no GPU: it calls the compiled shim's callback from a C loop, entry and
 exit as CUPTI would, and prints the CPU-side cost per call of each shim setting (recording off,
 on, on with scheduling evidence). That is the shim's own cost only, not CUPTI's dispatch nor
@@ -129,6 +132,48 @@ def api_stats(rows: dict[str, Any] | None, first: int, last: int) -> tuple[list[
 
 
 def child(variant: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One variant's run: in this process, or with --ranks N > 1 as N DDP ranks (NCCL, one GPU
+    and an equal share of this process's CPUs each, as the harness places them); rank 0's
+    numbers are returned, the slowest rank's median step beside them."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("launch_api_cost.py needs a CUDA GPU (CUPTI)")
+    if args.ranks <= 1:
+        return _train(variant, args, 0)
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_rank_main, args=(variant, args, port, tmp), nprocs=args.ranks, join=True)
+        results = [json.loads((Path(tmp) / f"{r}.json").read_text()) for r in range(args.ranks)]
+    out = dict(results[0])
+    out["step_ms_median_slowest_rank"] = max(r["step_ms_median"] for r in results)
+    return out
+
+
+def _rank_main(rank: int, variant: str, args: argparse.Namespace, port: int, tmp: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    cpus = sorted(os.sched_getaffinity(0))
+    share = len(cpus) // args.ranks
+    os.sched_setaffinity(0, cpus[rank * share : (rank + 1) * share])
+    torch.cuda.set_device(rank)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("nccl", rank=rank, world_size=args.ranks)
+    try:
+        res = _train(variant, args, rank)
+    finally:
+        dist.destroy_process_group()
+    (Path(tmp) / f"{rank}.json").write_text(json.dumps(res))
+
+
+def _train(variant: str, args: argparse.Namespace, rank: int) -> dict[str, Any]:
     import torch
 
     from codl.harness import workloads
@@ -136,9 +181,7 @@ def child(variant: str, args: argparse.Namespace) -> dict[str, Any]:
     from codl.trace import cuda_api, kineto
     from codl.trace.clock import take_anchor
 
-    if not torch.cuda.is_available():
-        raise SystemExit("launch_api_cost.py needs a CUDA GPU (CUPTI)")
-    dev = torch.device("cuda")
+    dev = torch.device("cuda", rank)
     wl = WorkloadSpec(
         model=args.model,
         batch_size=args.batch_size,
@@ -148,6 +191,8 @@ def child(variant: str, args: argparse.Namespace) -> dict[str, Any]:
         channels_last=True,
     )
     model = workloads.get(wl.model).build_model(wl).to(dev, memory_format=torch.channels_last)
+    if args.ranks > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank])
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
     x = torch.randn(wl.batch_size, 3, wl.image_size, wl.image_size, device=dev)
@@ -314,6 +359,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--measured", type=int, default=40)
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument(
+        "--ranks",
+        type=int,
+        default=1,
+        help="DDP ranks per run (NCCL, one GPU each; the question of the DDP step's cost)",
+    )
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
     p.add_argument("--csv", type=Path, default=Path("benchmarks/results/launch_api_cost.csv"))
@@ -361,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         f"--image-size={args.image_size}",
         f"--warmup={args.warmup}",
         f"--measured={args.measured}",
+        f"--ranks={args.ranks}",
     ]
     import pandas as pd
 
@@ -388,7 +440,10 @@ def main(argv: list[str] | None = None) -> int:
         pd.DataFrame(rows).to_csv(args.csv, index=False)
     df = pd.DataFrame(rows)
     table(df, variants).to_csv(args.csv.with_suffix(".summary.csv"), index=False)
-    print(f"{args.model} b{args.batch_size}, {args.measured} measured steps, {args.rounds} rounds")
+    print(
+        f"{args.model} b{args.batch_size}, {args.measured} measured steps, {args.rounds} rounds, "
+        f"{args.ranks} rank(s)"
+    )
     print(f"wrote {args.csv}")
     return 0
 

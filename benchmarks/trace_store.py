@@ -20,8 +20,10 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from codl.trace.schema import LOADER_STAGES
+from codl.analysis.summarize import LOADER_ITEM_STAGES
 from codl.trace.store import COMPRESSIONS, Compression, TraceWriter, open_trace
+
+LOADER_STAGES = (*LOADER_ITEM_STAGES, "collate")
 
 DEFAULT_CSV = Path(__file__).parent / "results" / "trace_store.csv"
 

@@ -5,8 +5,11 @@
 #   scripts/h200.sh part CONFIG FROM TO [SECONDS]  runs FROM..TO-1 of the config's runs (plan
 #       order) and stops starting new ones after SECONDS, so that a command with a time limit
 #       ends cleanly (no Snakemake lock, no half-written trace); the next part picks up the rest.
-#   scripts/h200.sh pack CONFIG [FROM TO]   tars every finished run's spec + trace (+ the data-set manifest)
-#       into $OUT/runs.tar.part-* (15 MiB pieces, for a machine that returns files of <= 16 MiB).
+#   scripts/h200.sh ids CONFIG SECONDS RUN_ID...  the same for the runs named, in the order given
+#       (e.g. the configurations most needed first, repeat-major).
+#   scripts/h200.sh pack CONFIG [FROM TO | RUN_ID...]   tars every finished run's spec + trace (+ the
+#       data-set manifest) into $OUT/runs.tar.part-* (15 MiB pieces, for a machine that returns
+#       files of <= 16 MiB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -24,7 +27,25 @@ setup() {
   chmod +x /tmp/codl-bin/codl /tmp/codl-bin/snakemake
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv
   python3 -c 'import torch, torchvision, snakemake, submitit; print("torch", torch.__version__, "cuda", torch.version.cuda, "tv", torchvision.__version__, "snakemake", snakemake.__version__, "gpus", torch.cuda.device_count())'
-  nproc; lscpu | grep -E "Model name|NUMA|Socket" || true
+  nproc; lscpu | grep -E "Model name|NUMA|Socket|Thread|Core" || true
+}
+
+plan_ids() {  # the config's run ids in plan order, FROM < n <= TO
+  codl plan "$1" | awk -F'run_id=' 'NF>1 {split($2, a, " "); print a[1]}' \
+    | awk -v f="$2" -v t="$3" 'NR>f && NR<=t'
+}
+
+run_ids() {  # CONFIG SECONDS ID...: one run per Snakemake call, the deadline checked between runs
+  local cfg="$1" deadline id
+  deadline=$(( $(date +%s) + $2 )); shift 2
+  snakemake --profile profiles/local --configfile "$cfg" --unlock >/dev/null 2>&1 || true
+  for id in "$@"; do
+    if [ "$(date +%s)" -ge "$deadline" ]; then echo "part: deadline reached before $id"; break; fi
+    snakemake --profile profiles/local --configfile "$cfg" --cores all --rerun-incomplete \
+      "results/runs/$id/trace.h5" >"/tmp/snakemake-$id.log" 2>&1 \
+      && echo "part: $id done ($(date +%T))" \
+      || { echo "part: $id FAILED"; tail -20 "/tmp/snakemake-$id.log"; tail -30 "logs/run/$id.log"; }
+  done
 }
 
 case "${1:-}" in
@@ -46,25 +67,20 @@ case "${1:-}" in
     snakemake --profile profiles/local --configfile "$cfg" --cores all
     snakemake --profile profiles/local --configfile "$cfg" --report results/report.html ;;
   part)
-    cfg="$2"; from="$3"; to="$4"; budget="${5:-540}"
-    snakemake --profile profiles/local --configfile "$cfg" --unlock >/dev/null 2>&1 || true
-    deadline=$(( $(date +%s) + budget ))
-    # One run per Snakemake call: the deadline is checked between runs, never inside one.
-    for id in $(codl plan "$cfg" | awk -F'run_id=' 'NF>1 {split($2, a, " "); print a[1]}' \
-                | awk -v f="$from" -v t="$to" 'NR>f && NR<=t'); do
-      if [ "$(date +%s)" -ge "$deadline" ]; then echo "part: deadline reached before $id"; break; fi
-      snakemake --profile profiles/local --configfile "$cfg" --cores all --rerun-incomplete \
-        "results/runs/$id/trace.h5" >"/tmp/snakemake-$id.log" 2>&1 \
-        && echo "part: $id done ($(date +%T))" \
-        || { echo "part: $id FAILED"; tail -20 "/tmp/snakemake-$id.log"; tail -30 "logs/run/$id.log"; }
-    done ;;
+    # shellcheck disable=SC2046
+    run_ids "$2" "${5:-540}" $(plan_ids "$2" "$3" "$4") ;;
+  ids)
+    cfg="$2"; budget="$3"; shift 3
+    run_ids "$cfg" "$budget" "$@" ;;
   pack)
-    cfg="$2"; from="${3:-0}"; to="${4:-1000000}"
-    ids=$(codl plan "$cfg" | awk -F'run_id=' 'NF>1 {split($2, a, " "); print a[1]}' \
-          | awk -v f="$from" -v t="$to" 'NR>f && NR<=t')
+    cfg="$2"; shift 2
+    if [ $# -eq 2 ] && [[ "$1$2" =~ ^[0-9]+$ ]]; then ids=$(plan_ids "$cfg" "$1" "$2")
+    elif [ $# -gt 0 ]; then ids="$*"
+    else ids=$(plan_ids "$cfg" 0 1000000); fi
     files=$(for id in $ids; do if [ -f "results/runs/$id/trace.h5" ]; then
       echo "results/runs/$id/spec.json results/runs/$id/trace.h5 logs/run/$id.log"; fi; done)
+    # shellcheck disable=SC2086
     tar -cf - $files resources/datasets/*/MANIFEST.json | split -b 15M - "$OUT/runs.tar.part-"
     ls -la "$OUT" ;;
-  *) echo "usage: $0 setup|tests|overhead ARGS|apicost ARGS|harness ARGS|reproduce [CONFIG]|part CONFIG FROM TO [S]|pack CONFIG [FROM TO]" >&2; exit 2 ;;
+  *) echo "usage: $0 setup|tests|overhead ARGS|apicost ARGS|harness ARGS|reproduce [CONFIG]|part CONFIG FROM TO [S]|ids CONFIG S ID...|pack CONFIG [FROM TO|ID...]" >&2; exit 2 ;;
 esac

@@ -49,9 +49,10 @@ SCHED = [  # t_ns, tid, wait_ns (cumulative)
 ]
 
 
-def write_trace(path: Path) -> Path:
+def write_trace(path: Path, **attrs: Any) -> Path:
     with TraceWriter(path) as w:
         w.set_attrs(
+            **attrs,
             run_id="exp0rt",
             anchors_start={
                 "realtime_ns": 1_700_000_000 * 10**9,
@@ -306,3 +307,18 @@ def test_empty_trace_exports(tmp_path: Path) -> None:
     out = export_chrome(tmp_path / "t.h5", tmp_path / "t.json")
     doc = json.loads(out.read_text(encoding="utf-8"))
     assert doc["traceEvents"] == []
+
+
+def test_cli_export_window_in_seconds_since_the_run_began(tmp_path: Path) -> None:
+    from codl.cli import main
+
+    begin = BASE - 3_000
+    trace = write_trace(tmp_path / "t.h5", t_begin_ns=begin)
+    with open_trace(trace) as t:
+        whole = to_chrome_trace(t, t0=BASE + 25_000, t1=BASE + 40_000)
+    out = tmp_path / "w.json"
+    frm, to = (BASE + 25_000 - begin) / 1e9, (BASE + 40_000 - begin) / 1e9
+    assert main(["export", str(trace), "-o", str(out), "--from", repr(frm), "--to", repr(to)]) == 0
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    assert sorted(e["name"] for e in events(doc, "X")) == ["allreduce", "forward"]
+    assert doc["traceEvents"] == whole["traceEvents"]

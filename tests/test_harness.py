@@ -231,3 +231,25 @@ def test_too_small_data_set_fails_with_a_clear_message(tmp_path: Path) -> None:
         launch(spec, trace_path=tmp_path / "t.h5", dataset_dir=small)
     assert not (tmp_path / "t.h5").exists()
     assert (tmp_path / "t.incomplete.h5").exists()
+
+
+def test_rows_streamed_during_the_run_make_the_same_trace(
+    tmp_path: Path, dataset: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the recorder handing its rows to the writer after every step, the trace holds every
+    step's loader events and schedstat samples exactly once, in step order."""
+    from codl.harness import runner
+
+    monkeypatch.setattr(runner, "DRAIN_EVERY_STEPS", 1)
+    spec = tiny("data")
+    t = run(spec, tmp_path, dataset)["tables"]
+    loader, sched = t["events/loader"], t["samples/sched"]
+    batch = spec.workload.batch_size
+    per_step = loader.groupby("step", observed=True)["stage"].value_counts().unstack()
+    assert per_step.index.tolist() == list(range(spec.steps.total))
+    assert (per_step[["fetch", "decode", "transform"]] == batch).all().all()
+    assert (per_step["collate"] == 1).all()
+    assert loader["step"].is_monotonic_increasing
+    assert sorted(set(sched["step"])) == list(range(-1, spec.steps.total))
+    assert not sched.duplicated(["tid", "step"]).any()
+    assert set(loader["pid"]) <= set(t["threads"]["pid"])

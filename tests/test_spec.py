@@ -224,6 +224,7 @@ def test_canonical_json_is_sorted_and_compact() -> None:
     for role in ("autograd", "pin_memory", "comm"):  # likewise
         del expected["pinning"][role]
     del expected["trace"]["cuda_api_sched"]  # likewise
+    del expected["dataset"]["cost"]  # likewise
     assert parsed == expected
     assert len(key_orders) == 1 + sum(
         1 for f in dataclasses.fields(RunSpec) if dataclasses.is_dataclass(f.default_factory)
@@ -387,8 +388,9 @@ def test_published_run_ids_survive_where_the_run_is_unchanged() -> None:
 
     from codl.config import load_plan
 
-    root = Path(__file__).resolve().parents[1] / "results" / "h200"
-    runs = pd.read_csv(root / "tables" / "runs.csv")
+    # The first one-H200 set (30 steps), kept as a fixture since results/h200 holds its rerun.
+    root = Path(__file__).resolve().parent / "data" / "h200-30step"
+    runs = pd.read_csv(root / "runs.csv")
     ids = set(load_plan(root / "config.yaml").run_ids)
     unpinned = runs["policy"] == "none"
     assert unpinned.sum() > 0 and (~unpinned).sum() > 0
@@ -409,6 +411,12 @@ def test_published_run_ids_survive_where_the_run_is_unchanged() -> None:
     # a pinned run asked for as it was published keeps its id: only the default changed
     old_isolated = RunSpec.from_dict({"pinning": {"policy": "isolated", "launch_cores": 1}})
     assert '"pinning":{"launch_cores":1,"policy":"isolated"}' in old_isolated.canonical_json()
+    # Every committed result set is a part of its own config's plan (nothing measured under a
+    # spec the config no longer asks for).
+    results = Path(__file__).resolve().parents[1] / "results"
+    for name in ("h200", "h200x2"):
+        measured = set(pd.read_csv(results / name / "tables" / "runs.csv")["run_id"])
+        assert measured <= set(load_plan(results / name / "config.yaml").run_ids), name
 
 
 def test_policy_none_ignores_the_other_pinning_keys() -> None:

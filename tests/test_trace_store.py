@@ -21,12 +21,16 @@ from codl.trace.schema import SCHEMA_VERSION, TABLES
 from codl.trace.store import (
     COMPRESSIONS,
     TraceWriter,
+    block_rows,
+    buffer_bound_bytes,
     chunk_rows,
     incomplete_path,
     lock_path,
     open_trace,
     partial_path,
+    row_bytes,
     schema_markdown,
+    signals_deferred,
 )
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "trace-format.md"
@@ -349,14 +353,14 @@ def test_final_path_appears_only_at_finish(trace_dir: Path) -> None:
     with TraceWriter(final) as w:
         w.append("threads", known_columns()["threads"])
         assert not final.exists()
-        # Built in memory: nothing on disk until finish(), so a killed writer leaves nothing.
-        assert not partial_path(final).exists()
-        assert partial_path(final).name == "t.h5.partial"
+        # Streamed to the writer's own partial file, which never passes as a trace.
+        assert w.partial_path.exists()
+        assert w.partial_path.name.startswith("t.h5.") and w.partial_path.name.endswith(".partial")
         with pytest.raises(TraceFormatError, match=re.escape(str(final))):
             open_trace(final)
         w.finish()
     assert final.exists()
-    assert not partial_path(final).exists()
+    assert not w.partial_path.exists()
     assert not incomplete_path(final).exists()
 
 
@@ -398,19 +402,26 @@ from codl.trace.store import TraceWriter
 w = TraceWriter({str(final)!r}).__enter__()
 w.append("samples/device", {{c: [1, 2] for c in {[c.name for c in TABLES["samples/device"]]!r}}})
 w.append("threads", {known_columns()["threads"]!r})
-w._file.flush()
+w.flush()
 os.kill(os.getpid(), signal.SIGKILL)
 """
     proc = subprocess.run([sys.executable, "-c", script], check=False)
     assert proc.returncode == -signal.SIGKILL
-    # The trace is built in memory and written only by finish()/abort(); only the writer's
-    # lock file is left, and the kernel released its lock with the process.
-    assert list(tmp_path.iterdir()) == [lock_path(final, "write")]
+    # The writer's partial file is left (the kernel released the lock with the process); it is
+    # marked incomplete, so nothing takes it for a trace, but what was flushed can be salvaged.
+    partials = [p for p in tmp_path.iterdir() if p.name.endswith(".partial")]
+    assert sorted(tmp_path.iterdir()) == sorted([lock_path(final, "write"), *partials])
+    assert len(partials) == 1
     with pytest.raises(TraceFormatError, match=re.escape(str(final))):
         open_trace(final)
+    with pytest.raises(TraceFormatError, match="incomplete"):
+        open_trace(partials[0])
+    with open_trace(partials[0], allow_incomplete=True) as t:
+        assert not t.complete
+        assert t.table("threads")["name"].tolist() == known_columns()["threads"]["name"]
     with TraceWriter(final) as w:
         w.finish()
-    assert sorted(tmp_path.iterdir()) == [final]
+    assert sorted(tmp_path.iterdir()) == sorted([final, *partials])
 
 
 def test_a_partial_file_from_an_interrupted_write_is_refused(tmp_path: Path) -> None:
@@ -586,3 +597,181 @@ def test_docs_contain_generated_schema_tables() -> None:
     assert generated in DOCS.read_text(encoding="utf-8"), (
         "docs/trace-format.md is out of date: paste codl.trace.store.schema_markdown() into it"
     )
+
+
+# --------------------------------------------------------------------------------------------
+# Streaming: bounded buffers, a clean error on a full disk, and window reads by chunk index
+
+
+def _comm_block(lo: int, n: int) -> dict[str, Any]:
+    """``n`` events/comm rows from row ``lo``: event i starts at 1000 * i and lasts 500 ns."""
+    i = np.arange(lo, lo + n, dtype=np.int64)
+    return {
+        "rank": np.zeros(n, np.int16),
+        "step": (i // 100).astype(np.int32),
+        "bucket": (i % 7).astype(np.int32),
+        "op": np.full(n, "allreduce", dtype=object),
+        "bytes": i * 3,
+        "start_ns": i * 1000,
+        "end_ns": i * 1000 + 500,
+        "gpu_ns": np.full(n, -1, np.int64),
+    }
+
+
+def test_rows_are_written_in_blocks_while_the_run_goes(tmp_path: Path) -> None:
+    block = block_rows("events/comm")
+    assert buffer_bound_bytes() == sum(block_rows(t) * row_bytes(t) for t in TABLES)
+    with TraceWriter(tmp_path / "t.h5") as w:
+        w.append("events/comm", _comm_block(0, block + 10))
+        # One block went to the partial file; 10 rows wait in the buffer, counted too.
+        assert w.rows("events/comm") == block + 10
+        w.append("events/comm", _comm_block(block + 10, 2 * block))
+        w.finish()
+    with open_trace(tmp_path / "t.h5") as t:
+        t.verify()
+        index = t.chunk_index("events/comm")
+        assert index is not None
+        assert index[:, :2].tolist() == [
+            [0, block],
+            [block, 2 * block],
+            [2 * block, 3 * block],
+            [3 * block, 3 * block + 10],
+        ]
+        # Each block's time range is its first start and its last end.
+        assert index[1, 2:].tolist() == [block * 1000, (2 * block - 1) * 1000 + 500]
+        df = t.table("events/comm")
+    pd.testing.assert_frame_equal(
+        df.drop(columns="op"), pd.DataFrame(_comm_block(0, 3 * block + 10)).drop(columns="op")
+    )
+
+
+def test_a_window_reads_only_the_chunks_it_overlaps(tmp_path: Path) -> None:
+    """Chunks outside the window are damaged on disk: the window still reads, a full read does
+    not (fletcher32), so the window never touched them."""
+    path = tmp_path / "t.h5"
+    block = block_rows("events/comm")
+    with TraceWriter(path) as w:
+        w.append("events/comm", _comm_block(0, 4 * block))
+        w.finish()
+    data = bytearray(path.read_bytes())
+    with h5py.File(path, "r") as f:
+        for name in f["events/comm"]:
+            info = f["events/comm"][name].id.get_chunk_info_by_coord((0,))
+            data[info.byte_offset + info.size // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    t0, t1 = (2 * block + 5) * 1000, (2 * block + 5) * 1000 + 1_000_000_000  # 1 s
+    with open_trace(path) as t:
+        window = t.table("events/comm", t0=t0, t1=t1)
+        assert window["start_ns"].iloc[0] == t0
+        assert len(window) == 2 * block - 5
+        assert window["op"].tolist() == ["allreduce"] * len(window)
+        with pytest.raises(TraceFormatError, match="unreadable"):
+            t.table("events/comm", t0=0, t1=1000)
+        with pytest.raises(TraceFormatError):
+            t.verify()
+
+
+def test_a_damaged_chunk_index_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "t.h5"
+    with TraceWriter(path) as w:
+        w.append("events/comm", _comm_block(0, 2 * block_rows("events/comm")))
+        w.finish()
+    with h5py.File(path, "r+") as f:
+        ds = f["chunks/events/comm"]
+        data = ds[()]
+        data[1, 2] += 1  # a later t_lo: a window query would miss the block's first event
+        ds[...] = data
+    with open_trace(path) as t, pytest.raises(TraceFormatError, match="chunk index"):
+        t.table("events/comm", t0=0, t1=10**15)
+
+
+FULL_DISK = """
+import resource, sys
+import numpy as np
+from codl.trace.store import TraceDiskFullError, TraceWriter, block_rows
+resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))
+rng = np.random.default_rng(0)
+n = block_rows("samples/sched")
+cols = ("t_ns", "rank", "step", "pid", "tid", "run_ns", "wait_ns", "timeslices", "voluntary",
+        "involuntary", "cpu")
+try:
+    with TraceWriter(sys.argv[1]) as w:
+        for i in range(100):
+            batch = {{c: rng.integers(0, 30000, n) for c in cols}}
+            batch["t_ns"] = np.arange(i * n, (i + 1) * n)
+            w.append("samples/sched", batch)
+        w.finish()
+except TraceDiskFullError as e:
+    print("clean:", e)
+"""
+
+
+def test_a_full_disk_is_a_clean_error_and_keeps_what_was_written(tmp_path: Path) -> None:
+    """RLIMIT_FSIZE fails writes the way a full disk does (EFBIG instead of ENOSPC); Python
+    ignores SIGXFSZ. The writer finds out in posix_fallocate, before HDF5 writes."""
+    final = tmp_path / "t.h5"
+    limit = 48 * 1024 * 1024
+    proc = subprocess.run(
+        [sys.executable, "-c", FULL_DISK.format(limit=limit), str(final)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("clean:") and "no room for the trace" in proc.stdout
+    assert "Traceback" not in proc.stderr
+    assert not final.exists()
+    assert not any(p.name.endswith(".partial") for p in tmp_path.iterdir())
+    kept = incomplete_path(final)
+    assert kept.stat().st_size <= limit
+    with pytest.raises(TraceFormatError, match="incomplete"):
+        open_trace(kept)
+    with open_trace(kept, allow_incomplete=True) as t:
+        t.verify()
+        assert "buffered rows not written" in t.attrs["incomplete_reason"]
+        rows = len(t.table("samples/sched"))
+    assert rows > 0 and rows % block_rows("samples/sched") == 0
+
+
+def test_a_signal_during_a_block_write_is_delivered_after_it() -> None:
+    import os
+
+    class StopError(Exception):
+        pass
+
+    def stop(signum: int, frame: Any) -> None:
+        raise StopError(signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        done = []
+        with pytest.raises(StopError), signals_deferred():
+            os.kill(os.getpid(), signal.SIGTERM)
+            done.append("rest of the block")
+        assert done == ["rest of the block"]
+        assert signal.getsignal(signal.SIGTERM) is stop
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_the_writers_memory_does_not_grow_with_the_rows_written(tmp_path: Path) -> None:
+    """Python-side memory the writer keeps (numpy buffers, digests, chunk index) is the same
+    after 2 and after 6 blocks: rows are on disk, not in the writer."""
+    import tracemalloc
+
+    block = block_rows("events/comm")
+    held = []
+    tracemalloc.start()
+    try:
+        with TraceWriter(tmp_path / "t.h5") as w:
+            for i in range(6):
+                batch = _comm_block(i * block, block)
+                w.append("events/comm", batch)
+                del batch
+                held.append(tracemalloc.get_traced_memory()[0])
+            w.finish()
+    finally:
+        tracemalloc.stop()
+    assert held[-1] - held[1] < 64 * 1024, held
+    # Whereas the rows of those 4 blocks are ~20 MB.
+    assert 4 * block * row_bytes("events/comm") > 100 * (held[-1] - held[1])

@@ -125,7 +125,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from codl.trace.export import export_chrome
 
     check_output(Path(args.output), inputs=(Path(args.trace),), option="-o/--output")
-    export_chrome(Path(args.trace), Path(args.output))
+    export_chrome(Path(args.trace), Path(args.output), from_s=args.from_s, to_s=args.to_s)
     print(args.output)
     return 0
 
@@ -239,6 +239,10 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("export", help="Chrome/Perfetto trace JSON")
     e.add_argument("trace", type=Path)
     e.add_argument("-o", "--output", required=True)
+    e.add_argument(
+        "--from", dest="from_s", type=float, help="window start, seconds since the run began"
+    )
+    e.add_argument("--to", dest="to_s", type=float, help="window end, seconds since the run began")
     e.set_defaults(func=cmd_export)
 
     pl = sub.add_parser("plan", help="validate a config and list its runs")

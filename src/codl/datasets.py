@@ -3,6 +3,8 @@
 JPEG: an ImageFolder (``class_NNN/img_NNNNNN.jpg``) of smooth random images with per-image size
 jitter, so that decode cost and file sizes resemble natural photos rather than incompressible
 noise (noise JPEGs are ~3x larger and slower to decode than ImageNet's at the same resolution).
+A JPEG set of ``cost: light`` stores the same images pre-decoded, as uint8 CHW ``.npy`` arrays
+(``class_NNN/img_NNNNNN.npy``): the cheap end of the loader-cost axis, no decode per sample.
 Volume: HDF5 sample files of float32 4-channel cubes, CosmoFlow-like.
 A MANIFEST.json written last records the spec, file count and bytes; its presence marks a
 complete data set.
@@ -27,11 +29,13 @@ from typing import Any
 import numpy as np
 
 from codl.errors import CodlError
-from codl.spec import DatasetKind, DatasetSpec, _to_jsonable
+from codl.spec import DatasetCost, DatasetKind, DatasetSpec, _to_jsonable
 
 MANIFEST = "MANIFEST.json"
 OWNER_MARKER = ".codl-dataset"
 VOLUME_CHANNELS = 4
+# Data set keys newer than the first manifests, with the value those manifests' sets have.
+_ADDED_KEY_DEFAULTS: dict[str, Any] = {"cost": DatasetCost.STANDARD.value}
 # A MANIFEST larger than this is not one of ours (ours are a few hundred bytes).
 _MAX_MANIFEST_BYTES = 1 << 20
 
@@ -134,23 +138,37 @@ def generate(spec: DatasetSpec, out_dir: Path) -> dict[str, Any]:
     return manifest
 
 
+def _photo_like(spec: DatasetSpec, rng: np.random.Generator) -> np.ndarray:
+    """One HWC uint8 image: a low-frequency colour field plus mild noise, compresses like a
+    photo."""
+    from PIL import Image
+
+    h = max(8, int(spec.height * rng.uniform(0.8, 1.2)))
+    w = max(8, int(spec.width * rng.uniform(0.8, 1.2)))
+    coarse = rng.integers(0, 256, size=(max(2, h // 16), max(2, w // 16), 3), dtype=np.uint8)
+    img = Image.fromarray(coarse).resize((w, h), Image.Resampling.BICUBIC)
+    arr = np.asarray(img, dtype=np.int16) + rng.integers(-12, 13, size=(h, w, 3))
+    pixels: np.ndarray = np.clip(arr, 0, 255).astype(np.uint8)
+    return pixels
+
+
 def _generate_jpeg(spec: DatasetSpec, root: Path, rng: np.random.Generator) -> tuple[int, int]:
     from PIL import Image
 
+    pre_decoded = spec.cost is DatasetCost.LIGHT
     nbytes = 0
     for i in range(spec.samples):
         label = i % spec.classes
-        h = max(8, int(spec.height * rng.uniform(0.8, 1.2)))
-        w = max(8, int(spec.width * rng.uniform(0.8, 1.2)))
-        # Low-frequency colour field plus mild noise: compresses like a photo.
-        coarse = rng.integers(0, 256, size=(max(2, h // 16), max(2, w // 16), 3), dtype=np.uint8)
-        img = Image.fromarray(coarse).resize((w, h), Image.Resampling.BICUBIC)
-        arr = np.asarray(img, dtype=np.int16) + rng.integers(-12, 13, size=(h, w, 3))
-        img = Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8))
+        pixels = _photo_like(spec, rng)
         d = root / f"class_{label:03d}"
         d.mkdir(exist_ok=True)
-        path = d / f"img_{i:06d}.jpg"
-        img.save(path, format="JPEG", quality=spec.quality)
+        if pre_decoded:
+            # CHW and contiguous: the loader turns the file into a tensor without a copy.
+            path = d / f"img_{i:06d}.npy"
+            np.save(path, np.ascontiguousarray(pixels.transpose(2, 0, 1)))
+        else:
+            path = d / f"img_{i:06d}.jpg"
+            Image.fromarray(pixels).save(path, format="JPEG", quality=spec.quality)
         nbytes += path.stat().st_size
     return spec.samples, nbytes
 
@@ -200,6 +218,9 @@ def check_dataset(spec: DatasetSpec, directory: Path) -> dict[str, Any]:
     manifest = read_manifest(directory)
     stored = manifest["spec"]
     expected = {k: v for k, v in _to_jsonable(spec).items() if k != "tier"}
+    # Keys added after the first data sets were built are absent from their manifests, which
+    # then hold the key's default.
+    stored = {**_ADDED_KEY_DEFAULTS, **stored}
     diff = [
         f"{k}: data set has {stored.get(k, '<missing>')!r}, spec wants {v!r}"
         for k, v in expected.items()

@@ -22,6 +22,10 @@ FIGURES = (
 DECOMPOSITION_FIGURE = "decomposition"
 ALL_FIGURES = (*FIGURES, DECOMPOSITION_FIGURE)
 FIGURE_FORMATS = ("png", "pdf")
+# The advisor's figures, drawn only when the config's `advisor` section asks for them.
+MAP_FIGURE = "interference_map"
+PREDICTION_FIGURE = "predicted_vs_measured"
+SHARE_FIGURE = "share"
 
 
 @dataclass(frozen=True)
@@ -118,3 +122,40 @@ class ResultPaths:
     @property
     def report(self) -> Path:
         return self.results / "report.html"
+
+    # the loader advisor (docs/advisor.md)
+    @property
+    def map_table(self) -> Path:
+        return self.tables / "interference_map.csv"
+
+    @property
+    def advice(self) -> Path:
+        return self.results / "advice"
+
+    @property
+    def advice_text(self) -> Path:
+        return self.advice / "advice.txt"
+
+    @property
+    def verify_config(self) -> Path:
+        return self.advice / "verify.yaml"
+
+    @property
+    def predictions_table(self) -> Path:
+        return self.advice / "predictions.csv"
+
+    @property
+    def predicted_vs_measured_table(self) -> Path:
+        return self.tables / "predicted_vs_measured.csv"
+
+    @property
+    def share(self) -> Path:
+        return self.results / "share"
+
+    @property
+    def share_rows(self) -> Path:
+        return self.share / "rows.csv"
+
+    @property
+    def share_table(self) -> Path:
+        return self.tables / "share.csv"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
+import functools
 import hashlib
 import json
 import math
@@ -32,6 +33,7 @@ _ID_OPTIONAL_DEFAULTS: dict[tuple[str, str], Any] = {
     ("pinning", "autograd"): "own",
     ("pinning", "pin_memory"): "own",
     ("pinning", "comm"): "own",
+    ("dataset", "cost"): "standard",
 }
 #: ``pinning.launch_cores: auto`` sizes the launch set from the roles it must hold.
 AUTO: Literal["auto"] = "auto"
@@ -136,6 +138,17 @@ class DatasetKind(enum.StrEnum):
     VOLUME = "volume"
 
 
+class DatasetCost(enum.StrEnum):
+    """Per-sample loader cost of a JPEG data set: how samples are stored and augmented."""
+
+    #: pre-decoded uint8 arrays, random crop + flip: no decode, the loader keeps up
+    LIGHT = "light"
+    #: JPEG decode + the ImageNet training augmentation (RandomResizedCrop, flip, normalize)
+    STANDARD = "standard"
+    #: JPEG decode + ImageNet augmentation + colour jitter + Gaussian blur: a starved loader
+    HEAVY = "heavy"
+
+
 class CommPattern(enum.StrEnum):
     """How `comm` mode drives AllReduce over the model's gradient buckets."""
 
@@ -158,6 +171,7 @@ class DatasetSpec:
     quality: int = 90
     seed: int = 0
     tier: str = "default"
+    cost: DatasetCost = DatasetCost.STANDARD
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -281,8 +295,10 @@ class RunSpec:
                 del d[group][key]
         return json.dumps(d, sort_keys=True, separators=(",", ":"))
 
-    @property
+    @functools.cached_property
     def run_id(self) -> str:
+        # Cached (in the instance __dict__, which a frozen dataclass still has): the workflow
+        # asks for the ids of a 1,000-run matrix several times per DAG build.
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()[:RUN_ID_LENGTH]
 
     def with_mode(self, mode: Mode) -> RunSpec:
@@ -339,6 +355,12 @@ class RunSpec:
                     f"{p}{key}: got {name!r}, expected letters, digits, '_', '.', '-' "
                     "(it becomes a path)"
                 )
+        jpeg = self.dataset.kind is DatasetKind.JPEG
+        if self.dataset.cost is not DatasetCost.STANDARD and not jpeg:
+            out.append(
+                f"{p}dataset.cost: got {self.dataset.cost.value!r} with dataset.kind "
+                f"{self.dataset.kind.value!r}, expected 'standard' (cost variants are of JPEG sets)"
+            )
         if self.dataset.classes > self.workload.classes and self.mode.loads:
             out.append(
                 f"{p}dataset.classes: got {self.dataset.classes}, expected <= "
@@ -451,12 +473,24 @@ def _to_jsonable(value: Any) -> Any:
     return value
 
 
+# get_type_hints evaluates every annotation string anew; the spec classes never change, and a
+# 1,000-run matrix parses 6,000 of them (benchmarks/dag_cost.py: 70 % of the plan's time).
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _type_hints(cls: type) -> dict[str, Any]:
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = typing.get_type_hints(cls)
+    return hints
+
+
 def _from_mapping(cls: type[_T], data: Any, where: str, problems: list[str]) -> _T | None:
     """Build dataclass ``cls`` from plain data, collecting every problem with its key path."""
     if not isinstance(data, Mapping):
         problems.append(f"{where or '<root>'}: got {type(data).__name__}, expected a mapping")
         return None
-    hints = typing.get_type_hints(cls)
+    hints = _type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     for key in data:
         if key not in fields:

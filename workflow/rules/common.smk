@@ -3,12 +3,16 @@
 import json
 from pathlib import Path
 
+from codl.analysis.advisor_config import advisor_settings, advisor_targets, share_inputs
 from codl.config import build_plan, check_config_files
 from codl.paths import (
     ALL_FIGURES,
     DECOMPOSITION_FIGURE,
     FIGURES,
     FIGURE_FORMATS,
+    MAP_FIGURE,
+    PREDICTION_FIGURE,
+    SHARE_FIGURE,
     ResultPaths,
 )
 from codl.workflow import (
@@ -30,6 +34,9 @@ PLAN = build_plan(
     project_dirs=(Path.cwd(), Path(workflow.basedir)),
 )
 SPECS = PLAN.specs
+ADVISOR = advisor_settings(config)
+# Data sets of the shared-node jobs (config section `share`); empty without one.
+SHARE_INPUTS = share_inputs(config, PLAN, PATHS)
 
 
 wildcard_constraints:
@@ -86,4 +93,4 @@ def get_final_outputs():
         str(PATHS.comparison_table),
         str(PATHS.decomposition_table),
     ]
-    return tables + figures
+    return tables + figures + advisor_targets(config, PATHS)

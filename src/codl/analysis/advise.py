@@ -170,6 +170,61 @@ def best_setting(grid: pd.DataFrame, tie: float) -> pd.Series:
     ).iloc[0]
 
 
+def _compositions(total: int, parts: int) -> list[tuple[int, ...]]:
+    """Every way to write ``total`` as ``parts`` positive integers, in order."""
+    if parts == 1:
+        return [(total,)] if total >= 1 else []
+    return [
+        (first, *rest)
+        for first in range(1, total - parts + 2)
+        for rest in _compositions(total - first, parts - 1)
+    ]
+
+
+def advise_split(
+    fits: Sequence[mdl.Fit], *, cores: int, tie: float = 0.01
+) -> tuple[list[int], pd.DataFrame]:
+    """Cores per job for jobs sharing a node of ``cores`` (A-Dloader's question), each job at
+    its own advised setting for its share.
+
+    The score of a split is the sum over jobs of the predicted throughput relative to the job's
+    best on the whole node (jobs of different models count samples of different cost, so raw
+    samples/s would favour the cheapest model); splits within ``tie`` of the best count as
+    equal and the one closest to even wins. A share that leaves a job's loader no core scores
+    0 for that job. Returns the counts and every split scored (``score``, ``rel_<i>``)."""
+    if len(fits) < 2:
+        raise mdl.ModelError(f"{len(fits)} fitted job(s): a split needs >= 2")
+    if cores < len(fits):
+        raise mdl.ModelError(f"--cores {cores}: fewer than the {len(fits)} jobs")
+    best = [advise(f, cores=cores, tie=tie).throughput for f in fits]
+    memo: dict[tuple[int, int], float] = {}
+
+    def relative(i: int, c: int) -> float:
+        if (i, c) not in memo:
+            try:
+                memo[(i, c)] = advise(fits[i], cores=c, tie=tie).throughput / best[i]
+            except mdl.ModelError:
+                memo[(i, c)] = 0.0
+        return memo[(i, c)]
+
+    even = cores / len(fits)
+    rows = []
+    for split in _compositions(cores, len(fits)):
+        rel = [relative(i, c) for i, c in enumerate(split)]
+        rows.append(
+            {
+                "split": split,
+                "score": sum(rel),
+                "distance_from_even": sum(abs(c - even) for c in split),
+                **{f"rel_{i}": r for i, r in enumerate(rel)},
+            }
+        )
+    table = pd.DataFrame(rows)
+    near = table[table["score"] >= table["score"].max() * (1 - tie)]
+    pick = near.sort_values(["distance_from_even", "score"], ascending=[True, False]).iloc[0]
+    return list(pick["split"]), table
+
+
 def _pinning(policy: str, launch_cores: int | None) -> dict[str, Any]:
     out: dict[str, Any] = {"policy": policy}
     if launch_cores is not None and policy != "none":
@@ -341,7 +396,7 @@ def _read_table(path: Path, results: Path) -> pd.DataFrame:
     return pd.read_csv(path)
 
 
-def _print_advice(advice: Advice, fit: mdl.Fit, out: Path | None, tie: float) -> None:
+def print_advice(advice: Advice, fit: mdl.Fit, out: Path | None, tie: float) -> None:
     print(
         f"model fitted on {fit.cores} cores per rank ({fit.node.combined_mode}, "
         f"{fit.node.world} rank(s)); parameters with 95 % bootstrap intervals:"
@@ -433,7 +488,7 @@ def run(args: argparse.Namespace) -> int:
         advice = advise(fit, cores=cores, max_workers=args.max_workers, tie=args.tie)
         if args.out is not None:
             _write_verification(args, advice, fit, runs, source_cfg)
-        _print_advice(advice, fit, args.out, args.tie)
+        print_advice(advice, fit, args.out, args.tie)
     except CodlError as exc:
         print(f"codl advise: error: {exc}", file=sys.stderr)
         return 2

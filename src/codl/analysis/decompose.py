@@ -37,7 +37,9 @@ Arrivals: a bucket's arrival is, on CUDA ranks with ``events/comm_gpu``, the GPU
 collective (the CUDA event before it, placed on the host clock by the step's start event);
 otherwise the host's enqueue of the bucket (the DDP comm hook), which on CUDA runs ahead of the
 GPU. ``arrival_clock`` ("gpu" or "host") says which a step used. Ranks of one node share
-CLOCK_MONOTONIC; across nodes the trace holds no measured offset yet, so peer wait is NaN there.
+CLOCK_MONOTONIC; across nodes the merge put every rank on rank 0's clock through a measured
+offset (``codl.trace.clock``), and ``peer_wait_bound_ms`` bounds what that offset's error can do
+to the peer wait (0 on one node; NaN parts for traces without a measured offset).
 Traces without ``events/phase_sched`` (recorded before it existed) fall back to the per-step
 schedstat samples, which cover the whole step (the batch hand-off included);
 ``host_source`` ("compute span" or "whole step") says which, and only the first is a budget.
@@ -87,6 +89,8 @@ PART_COLUMNS: dict[str, str] = {
     "arrival_clock": "object",
     "straggler_rank": "float64",
     "gpu_kernel_ms": "float64",
+    # Bound on peer_wait_ms's error from the clock alignment of the ranks compared.
+    "peer_wait_bound_ms": "float64",
 }
 # Where the host part was measured (host_source) and which clock placed arrivals.
 COMPUTE_SPAN, WHOLE_STEP = "compute span", "whole step"
@@ -174,6 +178,7 @@ BUCKET_COLUMNS: dict[str, str] = {
     "transfer_ms": "float64",
     "last_rank": "int64",
     "arrival_clock": "object",
+    "peer_wait_bound_ms": "float64",
 }
 
 
@@ -208,6 +213,7 @@ def bucket_waits(
     warmup: int,
     ranks_per_node: int,
     comm_gpu: pd.DataFrame | None = None,
+    clock_bound_ns: Mapping[int, int] | None = None,
 ) -> pd.DataFrame:
     """Per (rank, step, bucket): the collective's duration split at the last rank's arrival.
 
@@ -216,13 +222,16 @@ def bucket_waits(
     rest. Arrivals are GPU starts where measured, host enqueues otherwise (``arrival_clock``).
     ``duration`` is the GPU time when CUDA events measured it, host wall otherwise (as
     ``allreduce_ms``), so the parts of a step add up to its ``allreduce_ms``. Only ranks of one
-    node (one clock) are compared; the buckets of a multi-node run get NaN parts.
+    node (one clock) are compared, unless ``clock_bound_ns`` (``clock.rank_bounds``) says the
+    trace put all ranks on one clock, each rank's times true to within its bound; then the
+    bucket's ``peer_wait_bound_ms`` is this rank's bound plus the last rank's. Without it the
+    buckets of a multi-node run get NaN parts.
     """
     c = comm[comm["step"] >= warmup]
     if c.empty:
         return _empty(BUCKET_COLUMNS)
     c = _arrivals(c, comm_gpu)
-    c["node"] = c["rank"] // max(1, ranks_per_node)
+    c["node"] = 0 if clock_bound_ns is not None else c["rank"] // max(1, ranks_per_node)
     key = ["step", "bucket"]
     g = c.groupby(key)
     last = g["arrive_ns"].transform("max")
@@ -234,7 +243,21 @@ def bucket_waits(
     c["peer_wait_ms"] = np.where(one_clock, _ms(wait), np.nan)
     c["duration_ms"] = _ms(c["duration_ns"])
     c["transfer_ms"] = c["duration_ms"] - c["peer_wait_ms"]
+    c["peer_wait_bound_ms"] = np.where(one_clock, _ms(_wait_bound(c, clock_bound_ns)), np.nan)
     return c.astype(BUCKET_COLUMNS)[list(BUCKET_COLUMNS)].reset_index(drop=True)
+
+
+def _wait_bound(c: pd.DataFrame, clock_bound_ns: Mapping[int, int] | None) -> pd.Series:
+    """Per row, the bound (ns) on its peer wait's clock error: the wait is the largest
+    (arrival_k - arrival_r) over the other ranks k, each term off by at most b_k + b_r."""
+    b = c["rank"].map(pd.Series(clock_bound_ns or {}, dtype="float64")).fillna(0.0)
+    g = b.groupby([c["step"], c["bucket"]])
+    top = g.transform("max")
+    at_top = b == top
+    n_top = at_top.groupby([c["step"], c["bucket"]]).transform("sum")
+    second = b.where(~at_top).groupby([c["step"], c["bucket"]]).transform("max").fillna(0.0)
+    others = np.where(at_top & (n_top == 1), second, top)
+    return b + others
 
 
 def _clipped_union_ms(starts: npt.NDArray[Any], ends: npt.NDArray[Any], lo: int) -> float:
@@ -277,12 +300,20 @@ def comm_parts(
     warmup: int,
     ranks_per_node: int,
     comm_gpu: pd.DataFrame | None = None,
+    clock_bound_ns: Mapping[int, int] | None = None,
 ) -> pd.DataFrame:
     """Per (rank, step): the exposed peer wait and transfer (``exposed``: the parts of the
     compute span), their per-bucket sums (``bucket_*``: the parts of ``allreduce_ms``), the
     arrival clock, and ``straggler_rank``, the rank that arrived last at the bucket this rank
-    waited longest in (NaN without waits)."""
-    b = bucket_waits(comm, warmup=warmup, ranks_per_node=ranks_per_node, comm_gpu=comm_gpu)
+    waited longest in (NaN without waits). ``peer_wait_bound_ms`` is the sum of the buckets'
+    bounds (see ``bucket_waits``): an upper bound for the exposed wait's clock error too."""
+    b = bucket_waits(
+        comm,
+        warmup=warmup,
+        ranks_per_node=ranks_per_node,
+        comm_gpu=comm_gpu,
+        clock_bound_ns=clock_bound_ns,
+    )
     cols = {
         "rank": "int64",
         "step": "int64",
@@ -292,11 +323,13 @@ def comm_parts(
         "bucket_transfer_ms": "float64",
         "arrival_clock": "object",
         "straggler_rank": "float64",
+        "peer_wait_bound_ms": "float64",
     }
     if b.empty:
         return _empty(cols)
     sums = b.groupby(KEYS)[["peer_wait_ms", "transfer_ms"]].sum(min_count=1)
     out = sums.rename(columns=lambda c: f"bucket_{c}")
+    out["peer_wait_bound_ms"] = b.groupby(KEYS)["peer_wait_bound_ms"].sum(min_count=1)
     out["arrival_clock"] = b.groupby(KEYS)["arrival_clock"].agg(
         lambda x: GPU_CLOCK if (x == GPU_CLOCK).all() else HOST_CLOCK
     )
@@ -330,10 +363,15 @@ def gpu_parts(cuda: pd.DataFrame, *, warmup: int) -> pd.DataFrame:
 
 
 def step_parts(
-    tables: Mapping[str, pd.DataFrame], *, warmup: int, ranks_per_node: int = 1
+    tables: Mapping[str, pd.DataFrame],
+    *,
+    warmup: int,
+    ranks_per_node: int = 1,
+    clock_bound_ns: Mapping[int, int] | None = None,
 ) -> pd.DataFrame:
     """The per-run decomposition inputs: one row per measured (rank, step) with a step span.
-    ``events/phase_sched`` and ``events/comm_gpu`` are optional (older traces lack them)."""
+    ``events/phase_sched`` and ``events/comm_gpu`` are optional (older traces lack them);
+    ``clock_bound_ns``: the trace's per-rank alignment bounds (``clock.rank_bounds``)."""
     app = tables["events/app"]
     st = app[(app["phase"].astype(str) == "step") & (app["step"] >= warmup)]
     base = (
@@ -353,6 +391,7 @@ def step_parts(
             warmup=warmup,
             ranks_per_node=ranks_per_node,
             comm_gpu=tables.get("events/comm_gpu"),
+            clock_bound_ns=clock_bound_ns,
         ),
         gpu_parts(tables["events/cuda"], warmup=warmup),
     ):
@@ -400,6 +439,7 @@ DECOMPOSITION_COLUMNS = (
     "straggler_rank",
     "host_source",
     "arrival_clock",
+    "peer_wait_bound_ms",
 )
 # Absolute inputs whose twin means are the baselines of the parts.
 _BASE = {
@@ -441,6 +481,12 @@ def decompose(steps: pd.DataFrame, parts: pd.DataFrame, summaries: pd.DataFrame)
         return pd.DataFrame(columns=list(DECOMPOSITION_COLUMNS))
     groups = cmp.run_groups(summaries)
     extra = [c for c in PART_COLUMNS if c not in KEYS]
+    if len(parts) and "peer_wait_bound_ms" not in parts:
+        # Parts written before clock alignment: their peer waits were one-clock or NaN.
+        known = parts["peer_wait_ms"].notna()
+        parts = parts.assign(peer_wait_bound_ms=np.where(known, 0.0, np.nan))
+    # Parts written before a column existed (host_source, arrival_clock, ...): not measured.
+    parts = parts.assign(**{c: np.nan for c in extra if c not in parts}) if len(parts) else parts
     st = steps.drop(columns=[c for c in extra if c in steps])
     merged = (
         st.merge(parts[["run_id", *KEYS, *extra]], on=["run_id", *KEYS], how="left")
@@ -471,6 +517,8 @@ def decompose(steps: pd.DataFrame, parts: pd.DataFrame, summaries: pd.DataFrame)
         )
         for part, col in _BASE.items():
             g[part] = g[col] - _baseline(tw, col)
+        # Both the run's and the twin's peer waits carry their clocks' error.
+        g["peer_wait_bound_ms"] += np.nan_to_num(_baseline(tw, "peer_wait_bound_ms"))
         # A host part measured over another span than the twin's is no difference of like
         # with like: the table says so instead of hiding it.
         sources = set(tw["host_source"].dropna()) | set(g["host_source"].dropna())

@@ -42,7 +42,24 @@ def describe(path: Path, *, allow_incomplete: bool = False) -> dict[str, Any]:
             "placement": attrs.get("placement"),
             "placement_mismatches": attrs.get("placement_mismatches", []),
             "versions": attrs.get("versions", {}),
+            "clock_alignment": clock_summary(attrs),
         }
+
+
+def clock_summary(attrs: dict[str, Any]) -> dict[str, Any] | None:
+    """How a multi-rank trace's ranks were put on rank 0's clock; None for one rank."""
+    info = attrs.get("clock_alignment")
+    if not isinstance(info, dict):
+        return None
+    ranks = info.get("ranks", [])
+    moved = [a for a in ranks if not a.get("same_clock")]
+    return {
+        "applied": bool(info.get("applied")),
+        "ranks_on_other_clocks": len(moved),
+        "max_abs_offset_ns": max((abs(int(a["offset_ns"])) for a in moved), default=0),
+        "max_drift_ppb": max((abs(float(a["drift_ppb"])) for a in moved), default=0.0),
+        "bound_ns": max((int(a["bound_ns"]) for a in ranks), default=0),
+    }
 
 
 def render(info: dict[str, Any]) -> str:
@@ -63,6 +80,17 @@ def render(info: dict[str, Any]) -> str:
     lines.append(
         "threads    " + ", ".join(f"{k}={v}" for k, v in sorted(info["thread_roles"].items()))
     )
+    ca = info.get("clock_alignment")
+    if ca is not None:
+        lines.append(
+            f"clocks     {ca['ranks_on_other_clocks']} rank(s) on another clock than rank 0, "
+            f"max offset {ca['max_abs_offset_ns']} ns, drift {ca['max_drift_ppb']:.0f} ppb; "
+            + (
+                f"aligned to rank 0 within +-{ca['bound_ns']} ns"
+                if ca["applied"]
+                else "NOT aligned (no measured offset)"
+            )
+        )
     for m in info["placement_mismatches"]:
         lines.append(f"MISMATCH   {m}")
     return "\n".join(lines)

@@ -18,6 +18,7 @@ from codl.analysis import summarize as sm
 from codl.analysis.steady import flag_outliers
 from codl.errors import CodlError
 from codl.paths import DECOMPOSITION_FIGURE, FIGURE_FORMATS
+from codl.trace.clock import rank_bounds
 from codl.trace.store import Trace, open_trace
 
 
@@ -26,7 +27,10 @@ def summarize_to(
 ) -> None:
     tables, attrs = sm.read_tables(trace)
     pt = dec.step_parts(
-        tables, warmup=sm.warmup_steps(attrs), ranks_per_node=sm.ranks_per_node(attrs)
+        tables,
+        warmup=sm.warmup_steps(attrs),
+        ranks_per_node=sm.ranks_per_node(attrs),
+        clock_bound_ns=rank_bounds(attrs),
     )
     pt.insert(0, "run_id", str(attrs.get("run_id", "")))
     st, sm_, at = sm.summarize_tables(tables, attrs, parts=pt)

@@ -688,3 +688,148 @@ def _decomposition_labels(d: pd.DataFrame) -> list[str]:
             label += "\nhost part: whole step\n(not a budget)"
         labels.append(label)
     return labels
+
+
+def interference_map(table: pd.DataFrame, outputs: Sequence[Path]) -> None:
+    """The interference map (issue 17): one row of panels per policy, one column per metric of
+    ``interference_map.MAP_METRICS``; in a panel, loader workers across and (loader cost, batch
+    size) down. Inflation is diverging around 1, lost throughput sequential. Cells carry the
+    value and the regime's mark: D data-bound (dashed outline), L launch-bound (amber outline)."""
+    from codl.analysis import interference_map as imap
+
+    policies = sorted(table["policy"].astype(str).unique()) if len(table) else []
+    n_rows = max(1, len(policies))
+    fig, axes = plt.subplots(
+        n_rows,
+        len(imap.MAP_METRICS),
+        figsize=(15, 2.6 * n_rows + 1),
+        layout="constrained",
+        squeeze=False,
+    )
+    if not policies:
+        for ax in axes.flat:
+            _note(ax, "no combined runs to map")
+    for i, policy in enumerate(policies):
+        for j, (metric, title) in enumerate(imap.MAP_METRICS.items()):
+            _map_panel(fig, axes[i, j], imap.map_grid(table, policy, metric), metric)
+            axes[i, j].set_title(f"{title}\npolicy {policy}", fontsize=9)
+    fig.suptitle("Interference map: D = data-bound, L = launch-bound, unmarked = balanced")
+    _save(fig, outputs)
+
+
+def _map_panel(fig: Any, ax: Any, grid: Any, metric: str) -> None:
+    from codl.analysis.interference_map import REGIME_MARKS
+
+    finite = grid.values[np.isfinite(grid.values)]
+    norm: Any
+    if metric.startswith("inflation"):
+        cmap = plt.get_cmap("RdBu_r").with_extremes(bad="#eeeeee")
+        reach = float(np.nanmax(np.abs(np.log(finite[finite > 0])))) if finite.size else 0.0
+        r = float(np.exp(max(reach, 0.05)))
+        norm = matplotlib.colors.LogNorm(vmin=1 / r, vmax=r)
+    else:
+        cmap = plt.get_cmap("Oranges").with_extremes(bad="#eeeeee")
+        norm = matplotlib.colors.Normalize(0, max(float(finite.max()) if finite.size else 0, 0.05))
+    im = ax.imshow(np.ma.masked_invalid(grid.values), aspect="auto", cmap=cmap, norm=norm)
+    ax.set_xticks(range(len(grid.workers)), [str(w) for w in grid.workers])
+    ax.set_yticks(range(len(grid.rows)), grid.rows)
+    ax.set_xlabel("loader workers per rank")
+    # Outlines visible on white and on the darkest red: dashed black, solid amber.
+    edge = {"data-bound": ("#222222", "--"), "launch-bound": ("#ffb000", "-")}
+    for (i, k), v in np.ndenumerate(grid.values):
+        if not np.isfinite(v):
+            ax.text(k, i, "n/a", ha="center", va="center", color="#777777", fontsize=7)
+            continue
+        regime = str(grid.regimes[i, k])
+        mark = REGIME_MARKS.get(regime, "")
+        text = f"{v:.2f}" if metric.startswith("inflation") else f"{v * 100:.0f}%"
+        color = _text_color(cmap, norm, v)
+        ax.text(k, i, f"{text} {mark}".strip(), ha="center", va="center", color=color, fontsize=8)
+        if regime in edge:
+            ax.add_patch(
+                matplotlib.patches.Rectangle(
+                    (k - 0.45, i - 0.45),
+                    0.9,
+                    0.9,
+                    fill=False,
+                    lw=2,
+                    ec=edge[regime][0],
+                    ls=edge[regime][1],
+                )
+            )
+    bar = fig.colorbar(im, ax=ax, shrink=0.85)
+    if metric.startswith("inflation"):
+        ticks = np.unique(np.round(np.geomspace(norm.vmin, norm.vmax, 5), 2))
+        bar.set_ticks(ticks.tolist(), labels=[f"{t:.2f}" for t in ticks])
+        bar.ax.minorticks_off()
+
+
+def predicted_vs_measured(
+    table: pd.DataFrame, summary: dict[str, float], outputs: Sequence[Path]
+) -> None:
+    """The advisor's check (issue 17): predicted vs measured per-rank throughput of every
+    verification setting, with the model's one-run interval; the diagonal and a +-10 % band;
+    the advised setting as a star. ``summary`` is ``loop.prediction_summary`` of the table."""
+    fig, ax = plt.subplots(figsize=(6.5, 5.5), layout="constrained")
+    d = table.dropna(subset=["measured"])
+    if d.empty:
+        _note(ax, "no verification run measured yet")
+        _save(fig, outputs)
+        return
+    top = float(np.nanmax([d["measured"].max(), d["pred_hi"].max(), d["throughput"].max()]))
+    line = np.array([0.0, top * 1.1])
+    ax.fill_between(line, line * 0.9, line * 1.1, color="#dddddd", label="+-10 %")
+    ax.plot(line, line, color="#777777", lw=1, label="predicted = measured")
+    for policy, g in d.groupby("policy"):
+        yerr = _yerr(_column(g, "throughput"), _column(g, "pred_lo"), _column(g, "pred_hi"))
+        ax.errorbar(g["measured"], g["throughput"], yerr=yerr, fmt="o", capsize=3, label=policy)
+        for _, r in g.iterrows():
+            ax.annotate(
+                f"{int(r['workers'])}w",
+                (r["measured"], r["throughput"]),
+                fontsize=7,
+                xytext=(4, 3),
+                textcoords="offset points",
+            )
+    best = d[d["advised"].astype(bool)]
+    if not best.empty:
+        ax.plot(
+            best["measured"], best["throughput"], "*", ms=16, mfc="none", mec="k", label="advised"
+        )
+    ax.set_xlim(0, top * 1.1)
+    ax.set_ylim(0, top * 1.1)
+    ax.set_xlabel("measured throughput per rank (samples/s, mean of runs)")
+    ax.set_ylabel("predicted (samples/s) [one-run interval]")
+    ax.set_title(
+        f"{int(summary['settings'])} settings: |error| median "
+        f"{summary['median_abs_error'] * 100:.0f} %, "
+        f"worst {summary['worst_abs_error'] * 100:.0f} %;"
+        f"\nadvised vs best measured {summary['advised_vs_best'] * 100:+.1f} %",
+        fontsize=10,
+    )
+    ax.legend(fontsize=8, loc="lower right")
+    _save(fig, outputs)
+
+
+def share_throughput(report: pd.DataFrame, jobs: Sequence[str], outputs: Sequence[Path]) -> None:
+    """Sharing a node: per split, each job's throughput (bars) and the total (outlined bar),
+    samples/s per rank; the CPUs each job had under the bar labels."""
+    fig, ax = plt.subplots(figsize=(2.2 + 1.6 * max(1, len(report)), 4.2), layout="constrained")
+    if report.empty:
+        _note(ax, "no shared-node runs")
+        _save(fig, outputs)
+        return
+    x = np.arange(len(report))
+    width = 0.8 / (len(jobs) + 1)
+    for i, job in enumerate(jobs):
+        ax.bar(x + i * width, report[job], width, label=job)
+    ax.bar(x + len(jobs) * width, report["total"], width, fill=False, ec="k", label="total")
+    labels = [
+        f"{s}\n" + " / ".join(str(r[f"cpus_{j}"]) for j in jobs)
+        for s, (_, r) in zip(report["split"], report.iterrows(), strict=True)
+    ]
+    ax.set_xticks(x + 0.4 - width / 2, labels, fontsize=8)
+    ax.set_ylabel("throughput (samples/s per rank)")
+    ax.set_title("Jobs sharing a node: per job and total, per CPU split\n(CPUs per job below)")
+    ax.legend(fontsize=8)
+    _save(fig, outputs)

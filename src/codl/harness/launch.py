@@ -22,9 +22,12 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import numpy as np
+
 from codl.errors import CodlError, RunInterruptedError, TraceFormatError
 from codl.harness.runner import RankEnv, execute
 from codl.spec import DeviceKind, RunSpec
+from codl.trace.clock import TIME_COLUMNS, Alignment, alignment_of
 from codl.trace.store import check_trace_target, exclusive_lock, incomplete_path
 
 MERGE_TIMEOUT_S = 300.0
@@ -386,12 +389,24 @@ def check_rank_parts(parts: list[Path], *, run_id: str | None) -> None:
             )
 
 
-def merge_rank_traces(trace_path: Path, world: int, *, run_id: str | None = None) -> Path:
-    """Merge the per-rank traces into one trace; per-rank provenance kept under ``ranks``."""
-    from codl.trace.schema import TABLES
-    from codl.trace.store import RESERVED_ATTRS, TraceWriter, incomplete_path, open_trace
+# Per-rank root attributes kept in the merged trace's ``ranks`` list.
+RANK_ATTRS = (
+    "rank",
+    "host",
+    "anchors_start",
+    "anchors_end",
+    "t_begin_ns",
+    "t_end_ns",
+    "placement",
+    "placement_mismatches",
+    "allowed_cpus",
+    "sleep_ns",
+    "cupti_alignment_ns",
+    "clock_sync",
+)
 
-    parts = [rank_trace_path(trace_path, r) for r in range(world)]
+
+def _wait_for_parts(parts: list[Path]) -> None:
     deadline = time.monotonic() + MERGE_TIMEOUT_S
     while not all(p.exists() for p in parts):
         for r, p in enumerate(parts):
@@ -405,55 +420,67 @@ def merge_rank_traces(trace_path: Path, world: int, *, run_id: str | None = None
             missing = [str(p) for p in parts if not p.exists()]
             raise TraceFormatError(f"rank traces missing after {MERGE_TIMEOUT_S:.0f} s: {missing}")
         time.sleep(0.2)
+
+
+def rank_alignments(per_rank: list[dict[str, Any]]) -> list[Alignment]:
+    """Each rank's way onto rank 0's clock, from the ``clock_sync`` its run measured."""
+    rank0 = per_rank[0].get("clock_sync") or {}
+    clock0 = str(rank0.get("clock_id", ""))
+    return [alignment_of(r, a.get("clock_sync"), clock0) for r, a in enumerate(per_rank)]
+
+
+def aligned_columns(df: Any, alignment: Alignment) -> dict[str, Any]:
+    """A rank table's columns for the merged trace, its times moved onto rank 0's clock."""
+    out: dict[str, Any] = {}
+    for c in df.columns:
+        if df[c].dtype.kind not in "iu":
+            out[c] = df[c].astype(str).tolist()
+        elif c in TIME_COLUMNS:
+            t = df[c].to_numpy().astype("int64")
+            out[c] = t - alignment.offset_at(t)
+        else:
+            out[c] = df[c].to_numpy()
+    return out
+
+
+def merge_rank_traces(trace_path: Path, world: int, *, run_id: str | None = None) -> Path:
+    """Merge the per-rank traces into one trace on rank 0's clock; per-rank provenance kept
+    under ``ranks``, each rank's clock offset and its error bound under ``clock_alignment``."""
+    from codl.trace.schema import TABLES
+    from codl.trace.store import RESERVED_ATTRS, TraceWriter, open_trace
+
+    parts = [rank_trace_path(trace_path, r) for r in range(world)]
+    _wait_for_parts(parts)
     check_rank_parts(parts, run_id=run_id)
     per_rank: list[dict[str, Any]] = []
+    for p in parts:
+        with open_trace(p, allow_incomplete=True) as t:  # checked above; rank parts
+            per_rank.append({k: v for k, v in t.attrs.items() if k in RANK_ATTRS})
+    alignments = rank_alignments(per_rank)
     with TraceWriter(trace_path) as w:
         for r, p in enumerate(parts):
-            with open_trace(p, allow_incomplete=True) as t:  # checked above; rank parts
-                attrs = dict(t.attrs)
-                per_rank.append(
-                    {
-                        k: attrs.get(k)
-                        for k in (
-                            "rank",
-                            "host",
-                            "anchors_start",
-                            "anchors_end",
-                            "t_begin_ns",
-                            "t_end_ns",
-                            "placement",
-                            "placement_mismatches",
-                            "allowed_cpus",
-                            "sleep_ns",
-                            "cupti_alignment_ns",
-                        )
-                        if k in attrs
-                    }
-                )
+            with open_trace(p, allow_incomplete=True) as t:
                 if r == 0:
-                    base = {
-                        k: v
-                        for k, v in attrs.items()
-                        # The writer's own (digest, completion) are written anew.
-                        if k not in RESERVED_ATTRS
-                    }
+                    # The writer's own (digest, completion) are written anew.
+                    base = {k: v for k, v in t.attrs.items() if k not in RESERVED_ATTRS}
                 for name in TABLES:
                     if name in t.tables():
                         df = t.table(name)
                         if len(df):
-                            w.append(
-                                name,
-                                {
-                                    c: df[c].to_numpy()
-                                    if df[c].dtype.kind in "iu"
-                                    else df[c].astype(str).tolist()
-                                    for c in df.columns
-                                },
-                            )
+                            w.append(name, aligned_columns(df, alignments[r]))
+        for a, x in zip(alignments, per_rank, strict=True):
+            for k in ("t_begin_ns", "t_end_ns"):
+                x[k] = int(x[k] - a.offset_at(np.array([x[k]], dtype=np.int64))[0])
         base["t_begin_ns"] = min(int(x["t_begin_ns"]) for x in per_rank)
         base["t_end_ns"] = max(int(x["t_end_ns"]) for x in per_rank)
         base["ranks"] = per_rank
         base["world_size"] = world
+        base["clock_alignment"] = {
+            # Applied when every rank measured its offset (or shares rank 0's clock).
+            "applied": all(a.measured for a in alignments),
+            "reference": "CLOCK_MONOTONIC of rank 0",
+            "ranks": [a.as_dict() for a in alignments],
+        }
         w.set_attrs(**base)
         w.finish()
     for p in parts:

@@ -47,12 +47,12 @@ from codl.harness.comm import (
     run_comm_step,
 )
 from codl.spec import DeviceKind, Mode, Policy, Precision, RunSpec
-from codl.trace import cuda_api, kineto
+from codl.trace import clock, cuda_api, kineto
 from codl.trace.clock import Anchor, now_ns, take_anchor
 from codl.trace.device import DeviceSampler
 from codl.trace.sched import SAMPLED_PHASES, PhaseSched, SchedSampler
 from codl.trace.schema import empty_columns
-from codl.trace.store import TraceWriter
+from codl.trace.store import TraceWriter, signals_deferred
 
 
 @dataclass(frozen=True)
@@ -130,6 +130,10 @@ class _AppSpans:
             ps.record(step, name, (times[0], times[1]), before, after)
 
 
+# Steps between two hand-overs of the recorded rows to the trace writer: the recorder holds at
+# most this many steps of loader and schedstat rows (ResNet-50, batch 128, 8 workers: ~40 k
+# rows, a few MB as Python lists); the hand-over (~1 ms) falls between steps, outside every span.
+DRAIN_EVERY_STEPS = 50
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _REPEAT_IGNORE_S = 5.0
 
@@ -238,6 +242,8 @@ class _LoaderLog:
     items: list[np.ndarray] = field(default_factory=list)
     collates: list[np.ndarray] = field(default_factory=list)
     steps: list[int] = field(default_factory=list)
+    # pid -> worker id of the workers of rows already handed to the trace writer.
+    seen: dict[int, int] = field(default_factory=dict)
 
     def add(self, step: int, batch: hdata.Batch) -> None:
         self.items.append(batch.items)
@@ -246,12 +252,19 @@ class _LoaderLog:
 
     def workers(self) -> dict[int, int]:
         """pid -> worker id of every loader worker seen."""
-        workers: dict[int, int] = {}
+        workers: dict[int, int] = dict(self.seen)
         for arr in self.items:
             pids = arr[:, _ITEM["pid"]].tolist()
             for worker, pid in zip(arr[:, _ITEM["worker"]].tolist(), pids, strict=True):
                 workers.setdefault(int(pid), int(worker))
         return workers
+
+    def clear(self) -> None:
+        """Forget the rows (once written), remembering their workers."""
+        self.seen = self.workers()
+        self.items.clear()
+        self.collates.clear()
+        self.steps.clear()
 
     def columns(self, rank: int) -> dict[str, Any]:
         """Per-item rows expanded into fetch/decode/transform events, plus one collate event
@@ -331,6 +344,7 @@ class _TraceRecorder:
     attrs: dict[str, Any] = field(default_factory=dict)
     cupti: dict[str, Any] | None = None
     cuda_sched: dict[str, Any] | None = None
+    writer: TraceWriter | None = None
 
     @classmethod
     def start(cls, spec: RunSpec, env: RankEnv, placed: _Placed) -> _TraceRecorder:
@@ -352,38 +366,75 @@ class _TraceRecorder:
         self.sched.sample(step)
         self.dev.sample(step)
 
-    def write(self, path: Path, *, complete: bool, reason: str) -> None:
-        """Write the trace; one that did not complete is marked incomplete with ``reason``."""
+    def open(self, path: Path) -> TraceWriter:
+        """Open the trace writer: from now on ``drain`` streams rows to its partial file."""
         path.parent.mkdir(parents=True, exist_ok=True)
         writer = TraceWriter(path)
-        with writer:
+        writer.__enter__()
+        self.writer = writer
+        return writer
+
+    def drain(self) -> None:
+        """Hand the bulk rows recorded so far (loader events, thread and core samples) to the
+        writer, which writes them a chunk at a time, and forget them: the recorder's memory
+        stays bounded by DRAIN_EVERY_STEPS steps of rows whatever the run's length. App spans,
+        comm rows and device samples (a few rows per step, some completed later by index) stay
+        until ``write``."""
+        w = self.writer
+        if w is None:
+            return
+        with signals_deferred():
+            self._drain_to(w)
+
+    def _drain_to(self, w: TraceWriter) -> None:
+        for table, rows in (
+            ("samples/sched", self.sched.rows),
+            ("samples/cpu", self.sched.cpu_rows),
+        ):
+            if rows["t_ns"]:
+                w.append(table, rows)
+                for values in rows.values():
+                    values.clear()
+        if self.loader.items:
+            w.append("events/loader", self.loader.columns(self.rank))
+            self.loader.clear()
+
+    def write(self, path: Path, *, complete: bool, reason: str) -> None:
+        """Write the rest of the trace and finish it; one that did not complete is marked
+        incomplete with ``reason``."""
+        writer = self.writer or self.open(path)
+        self.writer = None
+        try:
             writer.set_attrs(**self.attrs)
-            writer.append("events/app", self.spans.rows)
-            if self.sched.rows["tid"]:
-                writer.append("samples/sched", self.sched.rows)
-            if self.sched.cpu_rows["cpu"]:
-                writer.append("samples/cpu", self.sched.cpu_rows)
-            if self.dev.rows["t_ns"]:
-                writer.append("samples/device", self.dev.rows)
-            if self.comm.rows["bucket"]:
-                writer.append("events/comm", self.comm.rows)
-            if self.comm.gpu_rows["bucket"]:
-                writer.append("events/comm_gpu", self.comm.gpu_rows)
-            ps = self.spans.phase_sched
-            if ps is not None and ps.rows["tid"]:
-                writer.append("events/phase_sched", ps.rows)
-            if self.loader.items:
-                writer.append("events/loader", self.loader.columns(self.rank))
-            if self.cupti:
-                writer.append("events/cuda", self.cupti)
-            if self.cuda_sched and self.cuda_sched["tid"]:
-                writer.append("events/cuda_sched", self.cuda_sched)
-            if self.placed.rows:
-                writer.append("threads", self._thread_columns())
+            self.drain_into(writer)
             if complete:
                 writer.finish()
             else:
                 writer.abort(reason or "run did not finish")
+        except BaseException as exc:
+            writer.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+
+    def drain_into(self, writer: TraceWriter) -> None:
+        """Append everything still held to ``writer``."""
+        # The step spans first: every later statistic needs them.
+        writer.append("events/app", self.spans.rows)
+        self._drain_to(writer)
+        if self.dev.rows["t_ns"]:
+            writer.append("samples/device", self.dev.rows)
+        if self.comm.rows["bucket"]:
+            writer.append("events/comm", self.comm.rows)
+        if self.comm.gpu_rows["bucket"]:
+            writer.append("events/comm_gpu", self.comm.gpu_rows)
+        ps = self.spans.phase_sched
+        if ps is not None and ps.rows["tid"]:
+            writer.append("events/phase_sched", ps.rows)
+        if self.cupti:
+            writer.append("events/cuda", self.cupti)
+        if self.cuda_sched and self.cuda_sched["tid"]:
+            writer.append("events/cuda_sched", self.cuda_sched)
+        if self.placed.rows:
+            writer.append("threads", self._thread_columns())
 
     def _thread_columns(self) -> dict[str, list[Any]]:
         stamped = self.placed.rows
@@ -423,6 +474,8 @@ class _Open:
     """What a run holds open and must release however it ends; filled as it is built."""
 
     pg_started: bool = False
+    # The CPU (gloo) group the clock exchanges run over; None: the default group is gloo.
+    clock_group: Any = None
     loader: Any = None
     batches: Any = None
     profiler: Any = None
@@ -468,6 +521,7 @@ def execute(
     placed = _place(spec, env)
     device = _seed_and_device(spec, env)
     rec = _TraceRecorder.start(spec, env, placed)
+    _open_trace_writer(rec, trace_path)
     held = _Open()
     complete = False
     reason = ""
@@ -480,6 +534,7 @@ def execute(
         _start_tracers(spec, held, kineto_dir)
         rec.sample(-1)
         _step_loop(spec, parts, held, rec, device)
+        _sync_clock_end(env, rec, held)
         rec.spans.resolve_gpu()
         complete = True
     except KeyboardInterrupt:
@@ -517,6 +572,27 @@ def execute(
         rec.close()
         placed.release()
     return trace_path
+
+
+def _sync_clock_end(env: RankEnv, rec: _TraceRecorder, held: _Open) -> None:
+    if held.pg_started:
+        try:
+            _sync_clock(env, rec, held, "end")
+        except Exception as exc:
+            # A peer that failed after its last step costs this rank its drift estimate,
+            # not its measurements: the start offset alone still aligns it.
+            rec.attrs["clock_sync"]["end_error"] = f"{type(exc).__name__}: {exc}"
+
+
+def _open_trace_writer(rec: _TraceRecorder, trace_path: Path) -> None:
+    """Open the trace before measuring: the rows stream to its partial file during the run,
+    and a trace that cannot be written fails the run now, not after an hour."""
+    try:
+        rec.open(trace_path)
+    except BaseException:
+        rec.close()
+        rec.placed.release()
+        raise
 
 
 def _place(spec: RunSpec, env: RankEnv) -> _Placed:
@@ -574,6 +650,8 @@ def _build(
     mode = spec.mode
     if env.world_size > 1:
         held.pg_started = _init_process_group(spec, env)
+        held.clock_group = _clock_group(spec)
+        _sync_clock(env, rec, held, "start")
     workload = workloads.get(spec.workload.model)
     model = workload.build_model(spec.workload).to(device)
     memory_format = (
@@ -715,6 +793,8 @@ def _step_loop(
         if held.profiler is not None:
             held.profiler.step()
         rec.sample(step)
+        if (step + 1) % DRAIN_EVERY_STEPS == 0:
+            rec.drain()
         if step in {0, spec.steps.warmup - 1}:
             # Autograd, pin-memory and communication threads exist only after step 0; threads
             # made later in the warm-up inherit their creator's CPUs, and are placed before
@@ -880,6 +960,26 @@ def _init_process_group(spec: RunSpec, env: RankEnv) -> bool:
         device_id=torch.device("cuda", env.local_rank) if spec.device is DeviceKind.CUDA else None,
     )
     return True
+
+
+def _clock_group(spec: RunSpec) -> Any:
+    """A gloo group for the clock exchange: host timestamps must not ride through a GPU."""
+    import torch.distributed as dist
+
+    if spec.layout.backend.value == "gloo":
+        return None
+    # new_group is collective; every rank makes it here, before any other subgroup.
+    return dist.new_group(backend="gloo")
+
+
+def _sync_clock(env: RankEnv, rec: _TraceRecorder, held: _Open, when: str) -> None:
+    """Measure this rank's clock against rank 0's (``when``: start or end of the run); the
+    merge puts every rank on rank 0's clock with it (``codl.trace.clock``)."""
+    sync = rec.attrs.setdefault(
+        "clock_sync",
+        {"clock_id": clock.clock_identity(), "granularity_ns": clock.clock_granularity_ns()},
+    )
+    sync[when] = clock.exchange(held.clock_group, env.rank, env.world_size).as_dict()
 
 
 def _wrap_ddp(model: Any, spec: RunSpec, env: RankEnv, comm: CommRecorder) -> Any:

@@ -29,6 +29,7 @@ from typing import Any, Final
 import numpy as np
 import pandas as pd
 
+from codl.errors import TraceFormatError
 from codl.trace.schema import SCHEMA_VERSION
 from codl.trace.store import Trace, open_trace
 
@@ -391,10 +392,19 @@ def export_chrome(
     allow_incomplete: bool = False,
     t0: int | None = None,
     t1: int | None = None,
+    from_s: float | None = None,
+    to_s: float | None = None,
 ) -> Path:
-    """Write the Chrome trace JSON of the trace at ``trace_path`` to ``out_path``; returns it."""
+    """Write the Chrome trace JSON of the trace at ``trace_path`` to ``out_path``; returns it.
+
+    The window is ``[t0, t1)`` in trace nanoseconds, or ``[from_s, to_s)`` in seconds since
+    the run began (root attribute ``t_begin_ns``); with a chunk index only the chunks that
+    overlap it are read.
+    """
     out = Path(out_path)
     with open_trace(trace_path, allow_incomplete=allow_incomplete) as trace:
+        if from_s is not None or to_s is not None:
+            t0, t1 = seconds_window(trace, from_s, to_s)
         doc = to_chrome_trace(trace, t0=t0, t1=t1)
     # Via a temporary name, so a viewer never opens a half-written file.
     tmp = out.with_name(out.name + ".partial")
@@ -406,3 +416,20 @@ def export_chrome(
         tmp.unlink(missing_ok=True)
         raise
     return out
+
+
+def seconds_window(
+    trace: Trace, from_s: float | None, to_s: float | None
+) -> tuple[int | None, int | None]:
+    """``[from_s, to_s)`` seconds since the run began as trace nanoseconds (``t_begin_ns``)."""
+    begin = trace.attrs.get("t_begin_ns")
+    if not isinstance(begin, int):
+        raise TraceFormatError(
+            f"{trace.path}: no integer root attribute 't_begin_ns' to count --from/--to from"
+        )
+    if from_s is not None and to_s is not None and to_s <= from_s:
+        raise ValueError(f"--to {to_s} must be after --from {from_s}")
+    return (
+        None if from_s is None else begin + round(from_s * 1e9),
+        None if to_s is None else begin + round(to_s * 1e9),
+    )

@@ -110,6 +110,29 @@ TABLES: dict[str, tuple[Column, ...]] = {
         _c("cpu_entry", "i2", doc="CPU the thread ran on at entry (sched_getcpu); -1 unknown"),
         _c("cpu_exit", "i2", doc="CPU the thread ran on at exit (sched_getcpu); -1 unknown"),
     ),
+    # Exact scheduler events (trace.sched_events, root only: codl.trace.ftrace): every context
+    # switch that involves a followed thread, and every wake-up of one, from the kernel's
+    # sched_switch / sched_waking tracepoints on the run's clock (microsecond resolution).
+    "events/sched_switch": (
+        _c("rank", "i2", doc="rank whose recorder saw the event"),
+        _c("t_ns", "i8", "ns"),
+        _c("cpu", "i2", doc="CPU of the switch"),
+        _c("prev_tid", "i8", doc="thread that left the CPU (0: idle)"),
+        _c(
+            "prev_state",
+            "sym",
+            doc="its state: R or R+ = still runnable (preempted); S, D, ... = went to sleep",
+        ),
+        _c("next_tid", "i8", doc="thread that took the CPU (0: idle)"),
+    ),
+    "events/sched_waking": (
+        _c("rank", "i2", doc="rank whose recorder saw the event"),
+        _c("t_ns", "i8", "ns"),
+        _c("cpu", "i2", doc="CPU the wake-up was issued on"),
+        _c("tid", "i8", doc="thread woken"),
+        _c("waker_tid", "i8", doc="thread that woke it (0: an interrupt on an idle CPU)"),
+        _c("target_cpu", "i2", doc="CPU it was queued on"),
+    ),
     # Collectives: one row per AllReduce bucket.
     "events/comm": (
         _c("rank", "i2"),

@@ -20,10 +20,13 @@ import hashlib
 import json
 import os
 import secrets
+import signal
 import socket
 import tempfile
+import threading
 import warnings
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Literal, Self
@@ -51,11 +54,28 @@ GZIP_LEVEL: Final = 1
 CHUNK_BYTES: Final = 512 * 1024
 MIN_CHUNK_ROWS: Final = 1024
 MAX_CHUNK_ROWS: Final = 131072
-# The cache must hold a whole chunk, or HDF5 re-reads and re-compresses the partial last chunk on
-# every append.
+# The writer writes whole chunks (block_rows), so it needs no chunk cache; readers get one that
+# holds a whole chunk.
 _CHUNK_CACHE_BYTES: Final = 4 * CHUNK_BYTES
+# Space kept reserved (fallocated) beyond HDF5's end of allocation at all times: what abort()
+# and finish() write (attributes, digests, chunk index, group headers) must fit in it after the
+# disk has filled. The string table is reserved on top, as it grows.
+_META_RESERVE_BYTES: Final = 2 * 1024 * 1024
+# Reserved per column per written block on top of the data: chunk B-tree entries and splits.
+_CHUNK_OVERHEAD_BYTES: Final = 4096
+# Heap and index bytes per interned string in /strings, on top of its UTF-8 text.
+_STRING_OVERHEAD_BYTES: Final = 32
+# HDF5's metadata cache (chunk B-trees, object headers) of the writer; part of its memory bound.
+_MDC_MAX_BYTES: Final = 8 * 1024 * 1024
 
 STRINGS: Final = "strings"
+# Group of the chunk index: /chunks/<table> is an int64 (blocks, 4) dataset.
+CHUNK_INDEX: Final = "chunks"
+INDEX_DOC: Final = (
+    "chunk index: one row per block of rows written together (whole HDF5 chunks of every "
+    "column): row_lo, row_hi (half-open), t_lo, t_hi (ns; events: earliest start_ns, latest "
+    "end_ns or start_ns; samples: t_ns)"
+)
 PARTIAL_SUFFIX: Final = ".partial"
 INCOMPLETE_SUFFIX: Final = ".incomplete.h5"
 
@@ -191,6 +211,38 @@ def check_trace_target(final: str | os.PathLike[str]) -> Path:
     return p
 
 
+# The signals a run turns into exceptions (harness.runner); deferred while rows change hands.
+DEFERRED_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Hold SIGTERM/SIGINT back for the block, and re-raise them after it.
+
+    A Python signal handler that raises can fire between any two bytecodes; inside a block
+    write or a recorder's hand-over that would leave columns of different lengths or a digest
+    that hashed some rows twice. The handlers are swapped for one that only notes the signal
+    (a thread mask would not do: the process's other threads would still take it), and a
+    noted signal is raised again once the old handlers are back. Outside the main thread,
+    where handlers cannot be set (and never run), the block runs as it is.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    old = {
+        s: signal.signal(s, lambda signum, _frame: caught.append(signum)) for s in DEFERRED_SIGNALS
+    }
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            # None: a handler set outside Python, which cannot be put back; the default then.
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
+        for signum in dict.fromkeys(caught):
+            signal.raise_signal(signum)
+
+
 def glob_escape(name: str) -> str:
     """``name`` with glob metacharacters bracketed, to match itself in ``Path.glob``."""
     return "".join(f"[{c}]" if c in "*?[" else c for c in name)
@@ -270,7 +322,104 @@ def _metadata_digest(f: Any) -> str:
             shape = ds.shape if isinstance(ds, h5py.Dataset) else None
             dtype = ds.dtype.str if isinstance(ds, h5py.Dataset) else None
             h.update(f"{c.name} {shape} {dtype}\n".encode())
+    for table in TABLES:
+        # Only traces with a chunk index add these lines: older traces keep their digest.
+        ds = f.get(f"{CHUNK_INDEX}/{table}")
+        if ds is not None:
+            shape = ds.shape if isinstance(ds, h5py.Dataset) else None
+            sha = _canonical_attr(ds.attrs.get("sha256"))
+            h.update(f"[{CHUNK_INDEX}/{table}] {shape} {sha}\n".encode())
     return h.hexdigest()
+
+
+class TraceDiskFullError(TraceFormatError):
+    """The trace's disk (or the process's file-size limit) has no room for the next chunk.
+
+    Raised by the writer *before* HDF5 writes anything that would not fit: the space every
+    HDF5 write lands in was reserved ahead (``posix_fallocate``), because HDF5 can crash the
+    process when a write fails inside its own cache flush.
+    """
+
+
+class _Disk:
+    """The partial file, as the file object h5py's ``fileobj`` driver writes through.
+
+    Space is reserved ahead of HDF5 with ``posix_fallocate`` (``reserve``), so every write HDF5
+    makes lands in blocks the file system has already given the file: a full disk or an
+    ``RLIMIT_FSIZE`` fails ``reserve`` with a clean OSError, never a write inside HDF5. The
+    driver sees the *logical* size (the end of what HDF5 wrote or truncated to), so its EOA,
+    ``FileID.get_filesize()``, is exact; ``close`` cuts the reserved tail off.
+    """
+
+    def __init__(self, path: Path) -> None:
+        # "x": never write through a file that is not this writer's own.
+        self._fh = path.open("xb+", buffering=0)
+        self._logical = 0
+        self._reserved = 0
+
+    @property
+    def logical(self) -> int:
+        return self._logical
+
+    def reserve(self, end: int) -> None:
+        """Make sure the file has blocks up to byte ``end``; OSError when it cannot."""
+        if end <= self._reserved:
+            return
+        # Grow by at least a quarter, so that a long run makes O(log size) fallocate calls.
+        target = max(end, self._reserved + self._reserved // 4)
+        os.posix_fallocate(self._fh.fileno(), self._reserved, target - self._reserved)
+        self._reserved = target
+
+    # The file-object protocol h5py's fileobj driver calls.
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        if whence == os.SEEK_END:
+            return self._fh.seek(self._logical + offset)
+        return self._fh.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._fh.tell()
+
+    def readinto(self, buffer: Any) -> int | None:
+        return self._fh.readinto(buffer)
+
+    def read(self, size: int = -1) -> bytes:
+        return self._fh.read(size)
+
+    def write(self, data: Any) -> int:
+        at = self._fh.tell()
+        n = self._fh.write(data)
+        if n is None:
+            raise OSError(f"short write at {at}")
+        self._logical = max(self._logical, at + n)
+        return n
+
+    def truncate(self, size: int | None = None) -> int:
+        # HDF5 truncates to its EOA on every flush; the reserved blocks beyond it stay until
+        # close(), which cuts the file to the logical size.
+        self._logical = self._fh.tell() if size is None else size
+        if self._logical > self._reserved:
+            self._fh.truncate(self._logical)
+        return self._logical
+
+    def flush(self) -> None:
+        pass
+
+    def close(self, *, sync: bool) -> None:
+        """Cut the reserved tail off, optionally fsync, and close."""
+        try:
+            os.ftruncate(self._fh.fileno(), self._logical)
+            if sync:
+                os.fsync(self._fh.fileno())
+        finally:
+            self._fh.close()
+
+
+@dataclass
+class _Buffer:
+    """One table's rows not yet written: ``block`` rows per column, filled up to ``fill``."""
+
+    columns: dict[str, npt.NDArray[Any]]
+    fill: int = 0
 
 
 class _State(enum.Enum):
@@ -280,13 +429,35 @@ class _State(enum.Enum):
     ABORTED = "aborted"
 
 
+def block_rows(table: str) -> int:
+    """Rows the writer buffers per table before writing them: one whole HDF5 chunk of every
+    column (chunk sizes are powers of two, so the largest is a multiple of the others); one
+    chunk-index entry each."""
+    return max(chunk_rows(c) for c in _schema(table))
+
+
+def row_bytes(table: str) -> int:
+    return sum(np.dtype(c.numpy_dtype).itemsize for c in _schema(table))
+
+
+def buffer_bound_bytes() -> int:
+    """The most the writer's row buffers hold, whatever the run's length: one block per table.
+
+    Add HDF5's metadata cache (``_MDC_MAX_BYTES``), the string table, and 32 bytes per
+    written block for the chunk index.
+    """
+    return sum(block_rows(t) * row_bytes(t) for t in TABLES)
+
+
 class TraceWriter:
     """Writes one run's trace; use as ``with TraceWriter(path) as w: ...; w.finish()``.
 
-    The constructor does no I/O. ``__enter__`` creates ``<path>.partial``; ``finish()`` makes it
-    ``path``; an exception in the ``with`` block, or leaving it without ``finish()``, keeps the data
-    as ``<stem>.incomplete.h5`` (see ``abort``). Not thread-safe: one writer per process, fed by
-    the recorders' flush.
+    The constructor does no I/O. ``__enter__`` creates ``<path>.<token>.partial``; rows are
+    buffered per table and written as whole HDF5 chunks while the run goes, so memory stays
+    bounded (``buffer_bound_bytes``); ``finish()`` marks the file complete and renames it to
+    ``path``; an exception in the ``with`` block, or leaving it without ``finish()``, keeps the
+    data as ``<stem>.incomplete.h5`` (see ``abort``). Not thread-safe: one writer per process,
+    fed by the recorders' flush.
     """
 
     def __init__(
@@ -302,11 +473,16 @@ class TraceWriter:
             raise ValueError(f"compression {compression!r}: expected one of {COMPRESSIONS}")
         self._compression: Compression = compression
         self._file: Any = None  # h5py.File while open
+        self._disk: _Disk | None = None
         self._strings: list[str] = [""]
+        self._strings_bytes = 0
         self._index: dict[str, int] = {"": 0}
         self._json_attrs: set[str] = set()
         self._rows: dict[str, int] = {}
-        # sha256 of every column's committed values, updated as rows are appended.
+        self._buffers: dict[str, _Buffer] = {}
+        # Per table, one (row_lo, row_hi, t_lo, t_hi) per written block: the chunk index.
+        self._chunks: dict[str, list[tuple[int, int, int, int]]] = {}
+        # sha256 of every column's committed values, updated as rows are written.
         self._hashes: dict[str, dict[str, Any]] = {}
         self._state = _State.NEW
         # Unique per writer (pid + random): two writers of one path never share a partial file.
@@ -327,9 +503,10 @@ class TraceWriter:
         return incomplete_path(self._path)
 
     def rows(self, table: str) -> int:
-        """Rows appended to ``table`` so far."""
+        """Rows appended to ``table`` so far (written or still buffered)."""
         _schema(table)
-        return self._rows.get(table, 0)
+        buf = self._buffers.get(table)
+        return self._rows.get(table, 0) + (buf.fill if buf else 0)
 
     def __enter__(self) -> Self:
         if self._state is not _State.NEW:
@@ -339,22 +516,47 @@ class TraceWriter:
         # Held until finish()/abort() has put the file in place: a second writer of this path
         # fails here instead of one of them silently replacing the other's trace.
         self._lock.enter_context(exclusive_lock(self._path, "write"))
-        # The file is built in memory and written out in one piece at finish()/abort(): HDF5
-        # crashes the process (SIGSEGV in its cache flush) when the disk fills mid-write,
-        # whereas a plain write of the finished image fails with a clean ENOSPC. A killed run
-        # therefore leaves nothing on disk at all.
-        self._file = h5py.File(
-            self.partial_path,
-            "w",
-            driver="core",
-            backing_store=False,
-            rdcc_nbytes=_CHUNK_CACHE_BYTES,
-        )
+        try:
+            self._disk = _Disk(self.partial_path)
+            self._disk.reserve(_META_RESERVE_BYTES)
+            self._file = h5py.File(self._disk, "w", rdcc_nbytes=0)
+            self._limit_metadata_cache()
+        except OSError as e:
+            self._discard()
+            self._lock.close()
+            raise self._full_error(e) from e
         self._state = _State.OPEN
         self._file.attrs["schema_version"] = SCHEMA_VERSION
         self._file.attrs["complete"] = False
         self._file.attrs["json_attrs"] = "[]"
         return self
+
+    def _limit_metadata_cache(self) -> None:
+        # HDF5's metadata cache grows with the chunk B-trees of a long run; capped, it keeps
+        # the writer's memory bounded (the evicted entries are written into reserved space).
+        config = self._file.id.get_mdc_config()
+        config.max_size = _MDC_MAX_BYTES
+        config.initial_size = min(config.initial_size, _MDC_MAX_BYTES)
+        config.min_size = min(config.min_size, _MDC_MAX_BYTES)
+        self._file.id.set_mdc_config(config)
+
+    def _discard(self) -> None:
+        """Close and delete the partial file without keeping anything."""
+        if self._file is not None:
+            with contextlib.suppress(*H5_ERRORS):
+                self._file.close()
+            self._file = None
+        if self._disk is not None:
+            with contextlib.suppress(OSError):
+                self._disk.close(sync=False)
+            self._disk = None
+        self.partial_path.unlink(missing_ok=True)
+
+    def _full_error(self, e: OSError) -> TraceDiskFullError:
+        return TraceDiskFullError(
+            f"{self._path}: no room for the trace in {self._path.parent} "
+            f"({e.strerror or e}); the disk is full or the file-size limit was reached"
+        )
 
     def __exit__(
         self,
@@ -397,13 +599,14 @@ class TraceWriter:
         if "\0" in s:
             raise ValueError(f"cannot intern {s!r}: HDF5 strings cannot hold NUL")
         try:
-            s.encode("utf-8")
+            encoded = s.encode("utf-8")
         except UnicodeEncodeError as e:
             # Surrogate-escaped bytes (e.g. a /proc comm decoded with os.fsdecode) would only fail
             # at finish(), after the run; fail at the call that brought them in.
             raise ValueError(f"cannot intern {s!r}: not encodable as UTF-8 ({e})") from e
         idx = len(self._strings)
         self._strings.append(s)
+        self._strings_bytes += len(encoded) + _STRING_OVERHEAD_BYTES
         self._index[s] = idx
         return idx
 
@@ -439,6 +642,7 @@ class TraceWriter:
                     f"attribute {name!r}: {type(value).__name__} is not storable; "
                     "use str, bool, int, float, or dict/list (stored as JSON)"
                 )
+            self._reserve(_META_RESERVE_BYTES + len(str(stored).encode()))
             f.attrs[name] = stored
             if is_json:
                 self._json_attrs.add(name)
@@ -450,9 +654,11 @@ class TraceWriter:
         """Append rows to ``table``; ``columns`` maps every column name of the table to values.
 
         ``sym`` columns take str sequences (interned here) or int indices from ``intern()``.
-        Integers must fit the column's dtype; nothing is silently truncated.
+        Integers must fit the column's dtype; nothing is silently truncated. Rows are buffered
+        and written a block (``block_rows``) at a time; TraceDiskFullError when the disk has
+        no room for a block (the rows written before it are kept by ``abort``).
         """
-        f = self._require_open()
+        self._require_open()
         schema = _schema(table)
         expected = [c.name for c in schema]
         missing = [n for n in expected if n not in columns]
@@ -467,21 +673,68 @@ class TraceWriter:
         if len(set(lengths.values())) > 1:
             raise ValueError(f"table {table!r}: columns differ in length: {lengths}")
         n = lengths[expected[0]]
-        group = f.get(table)
-        if group is None:
-            group = self._create_table(f, table, schema)
-        start = self._rows.get(table, 0)
+        buf = self._buffer(table)
+        block = block_rows(table)
+        done = 0
+        if table not in self._rows:
+            self._create_table(self._file, table, schema)
+        while done < n:
+            take = min(n - done, block - buf.fill)
+            for name, arr in arrays.items():
+                buf.columns[name][buf.fill : buf.fill + take] = arr[done : done + take]
+            buf.fill += take
+            done += take
+            if buf.fill == block:
+                self._write_block(table)
+
+    def _buffer(self, table: str) -> _Buffer:
+        buf = self._buffers.get(table)
+        if buf is None:
+            block = block_rows(table)
+            buf = _Buffer({c.name: np.empty(block, c.numpy_dtype) for c in _schema(table)})
+            self._buffers[table] = buf
+        return buf
+
+    def _reserve(self, nbytes: int) -> None:
+        """Reserve room for ``nbytes`` more beyond HDF5's end of allocation, plus the standing
+        reserve that abort() and finish() write their metadata into."""
+        if self._disk is None:
+            raise RuntimeError(f"TraceWriter for {self._path} has no open file")
+        try:
+            eoa = int(self._file.id.get_filesize()) if self._file is not None else 0
+            self._disk.reserve(eoa + nbytes + _META_RESERVE_BYTES + self._strings_bytes)
+        except OSError as e:
+            raise self._full_error(e) from e
+
+    def _write_block(self, table: str) -> None:
+        """Write the table's buffered rows as whole chunks, then commit them."""
+        with signals_deferred():
+            self._write_block_now(table)
+
+    def _write_block_now(self, table: str) -> None:
+        buf = self._buffers[table]
+        n = buf.fill
+        if n == 0:
+            return
+        schema = _schema(table)
+        # Compressed chunks are at most a little larger than raw ones, plus fletcher32 and the
+        # chunk B-tree entries.
+        self._reserve(2 * n * row_bytes(table) + _CHUNK_OVERHEAD_BYTES * len(schema))
+        group = self._file[table]
+        start = self._rows[table]
+        hashes = self._hashes[table]
         for c in schema:
+            values = buf.columns[c.name][:n]
             ds = group[c.name]
             ds.resize((start + n,))
-            ds[start : start + n] = arrays[c.name]
+            ds[start : start + n] = values
+            hashes[c.name].update(values.tobytes())
         # `rows` is the commit point: a reader ignores anything past it, e.g. the columns that an
         # append interrupted half-way had already extended.
         group.attrs["rows"] = start + n
         self._rows[table] = start + n
-        hashes = self._hashes.setdefault(table, {c.name: hashlib.sha256() for c in schema})
-        for c in schema:
-            hashes[c.name].update(np.ascontiguousarray(arrays[c.name]).tobytes())
+        self._chunks[table].append((start, start + n, *_time_range(table, buf.columns, n)))
+        buf.fill = 0
 
     def _coerce(self, table: str, col: Column, values: npt.ArrayLike) -> npt.NDArray[Any]:
         where = f"table {table!r} column {col.name!r}"
@@ -496,14 +749,17 @@ class TraceWriter:
         if arr.dtype.kind not in "iu":
             kinds = "integers or strings" if col.is_symbol else "integers"
             raise ValueError(f"{where}: expected {kinds}, got dtype {arr.dtype}")
-        lo, hi = int(arr.min()), int(arr.max())
-        info = np.iinfo(target)
-        if lo < info.min or hi > info.max:
-            raise ValueError(f"{where}: values {lo}..{hi} do not fit {target}")
-        if col.is_symbol and (lo < 0 or hi >= len(self._strings)):
-            raise ValueError(
-                f"{where}: {lo}..{hi} are not all string indices (0..{len(self._strings) - 1})"
-            )
+        if arr.dtype != target:
+            lo, hi = int(arr.min()), int(arr.max())
+            info = np.iinfo(target)
+            if lo < info.min or hi > info.max:
+                raise ValueError(f"{where}: values {lo}..{hi} do not fit {target}")
+        if col.is_symbol:
+            lo, hi = int(arr.min()), int(arr.max())
+            if lo < 0 or hi >= len(self._strings):
+                raise ValueError(
+                    f"{where}: {lo}..{hi} are not all string indices (0..{len(self._strings) - 1})"
+                )
         return arr.astype(target, copy=False)
 
     def _intern_array(self, where: str, arr: npt.NDArray[Any]) -> npt.NDArray[np.int32]:
@@ -520,6 +776,7 @@ class TraceWriter:
         return ids[codes]
 
     def _create_table(self, f: Any, table: str, schema: tuple[Column, ...]) -> Any:
+        self._reserve(_CHUNK_OVERHEAD_BYTES * len(schema))
         group = f.require_group(table)
         for c in schema:
             ds = group.create_dataset(
@@ -538,6 +795,9 @@ class TraceWriter:
             # Lets a plain-h5py reader tell symbol columns from numbers without codl.
             ds.attrs["schema_dtype"] = c.dtype
         group.attrs["rows"] = 0
+        self._rows[table] = 0
+        self._chunks[table] = []
+        self._hashes[table] = {c.name: hashlib.sha256() for c in schema}
         return group
 
     def _write_strings(self, f: Any) -> None:
@@ -549,6 +809,17 @@ class TraceWriter:
         ds.attrs["sha256"] = _strings_digest(self._strings)
         ds.attrs["doc"] = "interned strings; sym columns index this, index 0 is ''"
 
+    def _write_index(self, f: Any) -> None:
+        """The chunk index of every table: ``/chunks/<table>``, see ``docs/trace-format.md``."""
+        for table, entries in self._chunks.items():
+            name = f"{CHUNK_INDEX}/{table}"
+            if name in f:
+                del f[name]
+            data = np.asarray(entries, dtype=np.int64).reshape(-1, 4)
+            ds = f.create_dataset(name, data=data, fletcher32=True, chunks=None)
+            ds.attrs["sha256"] = hashlib.sha256(data.tobytes()).hexdigest()
+            ds.attrs["doc"] = INDEX_DOC
+
     def _seal(self, f: Any) -> None:
         """Write the column digests and, last, the metadata digest over everything."""
         for table, hashes in self._hashes.items():
@@ -559,27 +830,57 @@ class TraceWriter:
             del f.attrs[DIGEST_ATTR]
         f.attrs[DIGEST_ATTR] = _metadata_digest(f)
 
-    def finish(self) -> Path:
-        """Write the string table, mark the trace complete, and move it to its final path."""
+    def flush(self) -> None:
+        """Write every buffered row and HDF5's metadata, so that a process killed after this
+        leaves a partial file whose rows so far ``open_trace(..., allow_incomplete=True)`` can
+        read. Costs a partly filled chunk per table: call it rarely (every few minutes)."""
         f = self._require_open()
+        self._flush_buffers()
+        self._reserve(2 * self._strings_bytes)
         self._write_strings(f)
+        f.flush()
+
+    def _flush_buffers(self) -> None:
+        for table in list(self._buffers):
+            self._write_block(table)
+
+    def _close_file(self, *, sync: bool) -> None:
+        f, disk = self._file, self._disk
+        self._file = None
+        self._disk = None
+        try:
+            if f is not None:
+                f.close()
+        finally:
+            if disk is not None:
+                disk.close(sync=sync)
+
+    def finish(self) -> Path:
+        """Write the buffered rows, the string table and the chunk index, mark the trace
+        complete, and move it to its final path."""
+        f = self._require_open()
+        self._flush_buffers()
+        index_bytes = 32 * sum(len(e) for e in self._chunks.values())
+        self._reserve(2 * self._strings_bytes + 2 * index_bytes)
+        self._write_strings(f)
+        self._write_index(f)
         f.attrs["complete"] = True  # last attribute written: everything before it is in
         self._seal(f)
-        f.flush()
         partial = self.partial_path
         try:
-            _write_image(f.id.get_file_image(), partial)
+            self._close_file(sync=True)
             partial.replace(self._path)  # atomic rename (os.replace)
             _fsync_dir(self._path.parent)
-        except OSError as e:
+        except (*H5_ERRORS, OSError) as e:
+            # Marked complete but not in place: remove it, so that no complete-looking trace
+            # is left anywhere but at the final path.
             partial.unlink(missing_ok=True)
-            f.attrs["complete"] = False
+            self._state = _State.ABORTED
+            self._lock.close()
             raise TraceFormatError(
-                f"{self._path}: could not write the trace ({e.strerror or e}); nothing was left "
-                "at the final path"
+                f"{self._path}: could not write the trace ({getattr(e, 'strerror', None) or e}); "
+                "nothing was left at the final path"
             ) from e
-        f.close()
-        self._file = None
         self._state = _State.FINISHED
         self._lock.close()
         return self._path
@@ -602,36 +903,46 @@ class TraceWriter:
         if self._state is not _State.OPEN:
             self._state = _State.ABORTED
             return None
+        self._state = _State.ABORTED
+        if not keep:
+            self._discard()
+            return None
         partial = self.partial_path
         f = self._file
-        self._file = None
-        self._state = _State.ABORTED
         try:
+            try:
+                self._flush_buffers()
+            except TraceDiskFullError as e:
+                lost = sum(b.fill for b in self._buffers.values())
+                reason += f"; {lost} buffered rows not written: {e}"
+            # Written into the standing reserve (_META_RESERVE_BYTES), which every reserve()
+            # kept free beyond HDF5's end of allocation.
             f.attrs["complete"] = False
             f.attrs["incomplete_reason"] = reason
-            if STRINGS in f:
-                del f[STRINGS]  # finish() may have written it before its disk write failed
             self._write_strings(f)
+            self._write_index(f)
             self._seal(f)
-            f.flush()
-            image = f.id.get_file_image()
-        finally:
-            f.close()
-        if not keep:
-            partial.unlink(missing_ok=True)
-            return None
-        kept = self.incomplete_path
-        try:
-            _write_image(image, partial)
+            self._close_file(sync=True)
+            kept = self.incomplete_path
             partial.replace(kept)
             _fsync_dir(kept.parent)
-        except OSError as e:
-            partial.unlink(missing_ok=True)
+        except (*H5_ERRORS, OSError) as e:
+            self._discard()
             raise TraceFormatError(
-                f"{kept}: could not keep the incomplete trace ({e.strerror or e}); the measured "
-                "data of this run is lost"
+                f"{self.incomplete_path}: could not keep the incomplete trace "
+                f"({getattr(e, 'strerror', None) or e}); the measured data of this run is lost"
             ) from e
         return kept
+
+
+def _time_range(table: str, columns: Mapping[str, npt.NDArray[Any]], n: int) -> tuple[int, int]:
+    """(earliest, latest) time of the first ``n`` rows: start_ns..max(start_ns, end_ns) for
+    events, t_ns for samples; what the chunk index stores per block."""
+    if "start_ns" in columns:
+        s, e = columns["start_ns"][:n], columns["end_ns"][:n]
+        return int(s.min()), int(max(s.max(), e.max()))
+    t = columns["t_ns"][:n]
+    return int(t.min()), int(t.max())
 
 
 def _plain(value: Any) -> Any:
@@ -653,6 +964,7 @@ class Trace:
         self._attrs = attrs
         self._strings = strings
         self._categories = pd.Index(strings, dtype="str")
+        self._chunk_index: dict[str, npt.NDArray[np.int64] | None] = {}
 
     def __enter__(self) -> Self:
         return self
@@ -760,46 +1072,151 @@ class Trace:
             codes, categories=self._categories
         ).remove_unused_categories()
 
+    def chunk_index(self, table: str) -> npt.NDArray[np.int64] | None:
+        """The table's chunk index, ``(blocks, 4)`` int64 rows of (row_lo, row_hi, t_lo, t_hi),
+        checked against its sha256 and the row count; None for traces written without one."""
+        if table in self._chunk_index:
+            return self._chunk_index[table]
+        n = self._row_count(table, _schema(table))
+        try:
+            ds = self._file.get(f"{CHUNK_INDEX}/{table}")
+            if ds is None:
+                self._chunk_index[table] = None
+                return None
+            data = np.asarray(ds[()], dtype=np.int64)
+            digest = _plain(ds.attrs.get("sha256"))
+        except H5_ERRORS as e:
+            raise self._corrupt(f"the chunk index /{CHUNK_INDEX}/{table}", e) from e
+        ok = data.ndim == 2 and data.shape[1] == 4
+        ok = ok and hashlib.sha256(data.tobytes()).hexdigest() == digest
+        if ok and len(data):
+            lo, hi = data[:, 0], data[:, 1]
+            ok = lo[0] == 0 and hi[-1] == n and bool(np.all(hi > lo))
+            ok = ok and bool(np.all(lo[1:] == hi[:-1])) and bool(np.all(data[:, 3] >= data[:, 2]))
+        elif ok:
+            ok = n == 0
+        if not ok:
+            raise TraceFormatError(
+                f"{self._path}: the chunk index /{CHUNK_INDEX}/{table} does not describe the "
+                f"table's {n} rows; corrupt"
+            )
+        self._chunk_index[table] = data
+        return data
+
+    def _ranges(self, table: str, n: int, t0: int | None, t1: int | None) -> list[tuple[int, int]]:
+        """Row ranges to read for the window [t0, t1): the index's blocks that can hold rows of
+        it (adjacent ones merged), or everything when there is no index or no window."""
+        index = self.chunk_index(table) if n else None
+        if index is None:
+            return [(lo, min(n, lo + _VERIFY_BLOCK_ROWS)) for lo in range(0, n, _VERIFY_BLOCK_ROWS)]
+        keep = np.ones(len(index), dtype=bool)
+        if t1 is not None:
+            keep &= index[:, 2] < t1
+        if t0 is not None:
+            keep &= index[:, 3] >= t0
+        ranges: list[tuple[int, int]] = []
+        for lo, hi in index[keep, :2].tolist():
+            if ranges and ranges[-1][1] == lo and hi - ranges[-1][0] <= _VERIFY_BLOCK_ROWS:
+                ranges[-1] = (ranges[-1][0], hi)
+            else:
+                ranges.append((lo, hi))
+        return ranges
+
+    def _window_mask(
+        self, name: str, cols: Mapping[str, npt.NDArray[Any]], t0: int | None, t1: int | None
+    ) -> npt.NDArray[np.bool_] | None:
+        lo_t = np.iinfo(np.int64).min if t0 is None else t0
+        hi_t = np.iinfo(np.int64).max if t1 is None else t1
+        if "start_ns" in cols:
+            s, e = cols["start_ns"], cols["end_ns"]
+            return (s < hi_t) & ((e > lo_t) | (s >= lo_t))
+        if "t_ns" in cols:
+            t = cols["t_ns"]
+            return (t >= lo_t) & (t < hi_t)
+        return None
+
+    def block_ranges(self, name: str) -> list[tuple[int, int]]:
+        """Half-open row ranges covering table ``name``: its chunk-index blocks (adjacent ones
+        merged up to 1 Mi rows), or 1 Mi-row ranges for traces without an index. What a
+        reader splits a table by to process it in bounded memory or in parallel."""
+        if name not in self.tables():
+            return []
+        return self._ranges(name, self._row_count(name, _schema(name)), None, None)
+
+    def read_rows(
+        self, name: str, lo: int, hi: int, columns: list[str] | None = None
+    ) -> dict[str, npt.NDArray[Any]]:
+        """Raw column arrays of rows ``[lo, hi)`` of ``name`` (``sym`` columns as int32 codes
+        into ``strings``), bounds-checked against the committed row count."""
+        schema = _schema(name)
+        n = self._row_count(name, schema)
+        if not 0 <= lo <= hi <= n:
+            raise ValueError(f"rows {lo}..{hi} of /{name}: the table has {n}")
+        wanted = [c.name for c in schema if columns is None or c.name in columns]
+        return {c: self._read(name, c, slice(lo, hi)) for c in wanted}
+
+    def iter_blocks(
+        self,
+        name: str,
+        columns: list[str] | None = None,
+        *,
+        t0: int | None = None,
+        t1: int | None = None,
+        decode: bool = True,
+    ) -> Iterator[dict[str, Any]]:
+        """Table ``name`` in row blocks (a chunk-index block, or up to 1 Mi rows), as dicts of
+        column arrays, restricted to the window ``[t0, t1)`` like ``table``; only the blocks the
+        window needs are read. ``decode=False`` leaves ``sym`` columns as int32 codes."""
+        schema = _schema(name)
+        if name not in self.tables():
+            return
+        n = self._row_count(name, schema)
+        wanted = [c for c in schema if columns is None or c.name in columns]
+        windowed = (t0 is not None or t1 is not None) and name != "threads"
+        time_cols = [c for c in ("start_ns", "end_ns", "t_ns") if c in {x.name for x in schema}]
+        for lo, hi in (
+            self._ranges(name, n, t0, t1) if windowed else self._ranges(name, n, None, None)
+        ):
+            sel = slice(lo, hi)
+            cache: dict[str, npt.NDArray[Any]] = {}
+            mask = None
+            if windowed:
+                cache = {c: self._read(name, c, sel) for c in time_cols}
+                mask = self._window_mask(name, cache, t0, t1)
+                if mask is not None and not mask.any():
+                    continue
+                if mask is not None and mask.all():
+                    mask = None
+            block: dict[str, Any] = {}
+            for c in wanted:
+                arr = cache[c.name] if c.name in cache else self._read(name, c.name, sel)
+                arr = arr if mask is None else arr[mask]
+                block[c.name] = self._decode(name, c.name, arr) if c.is_symbol and decode else arr
+            yield block
+
     def table(self, name: str, *, t0: int | None = None, t1: int | None = None) -> pd.DataFrame:
         """Rows of table ``name`` within the half-open window ``[t0, t1)`` (ns, monotonic).
 
         Event tables (start_ns/end_ns) keep rows that overlap the window; a zero-length event
-        counts as the instant ``start_ns``. ``samples/*`` keep ``t0 <= t_ns < t1``. ``threads``
-        is never filtered. ``sym`` columns come back as categoricals of str. A table absent from
-        the file gives an empty frame with the schema's columns and dtypes.
+        counts as the instant ``start_ns``. Tables of instants (``t_ns``: ``samples/*``) keep
+        ``t0 <= t_ns < t1``. ``threads`` is never filtered. ``sym`` columns come back as
+        categoricals of str. A table absent from the file gives an empty frame with the
+        schema's columns and dtypes. With a chunk index (traces written by the streaming
+        writer) a window reads only the chunks it overlaps.
         """
         schema = _schema(name)
-        if name not in self.tables():
+        if name in self.tables() and ((t0 is None and t1 is None) or name == "threads"):
+            # No window: each column in one read, no per-block pieces to concatenate.
+            n = self._row_count(name, schema)
+            blocks = [self.read_rows(name, 0, n)] if n else []
+        else:
+            blocks = list(self.iter_blocks(name, t0=t0, t1=t1, decode=False))
+        if not blocks:
             return empty_frame(name)
-        n = self._row_count(name, schema)
-        names = {c.name for c in schema}
-        cache: dict[str, npt.NDArray[Any]] = {}
-        mask: npt.NDArray[np.bool_] | None = None
-        if t0 is not None or t1 is not None:
-            lo_t = np.iinfo(np.int64).min if t0 is None else t0
-            hi_t = np.iinfo(np.int64).max if t1 is None else t1
-            if {"start_ns", "end_ns"} <= names:
-                s = cache["start_ns"] = self._read(name, "start_ns", slice(0, n))
-                e = cache["end_ns"] = self._read(name, "end_ns", slice(0, n))
-                mask = (s < hi_t) & ((e > lo_t) | (s >= lo_t))
-            elif name.startswith("samples/"):
-                t = cache["t_ns"] = self._read(name, "t_ns", slice(0, n))
-                mask = (t >= lo_t) & (t < hi_t)
-        lo, hi = 0, n
-        if mask is not None:
-            idx = np.flatnonzero(mask)
-            if idx.size == 0:
-                return empty_frame(name)
-            # Rows are mostly in time order, so read only the span that holds the window.
-            lo, hi = int(idx[0]), int(idx[-1]) + 1
-            mask = None if idx.size == hi - lo else mask[lo:hi]
         data: dict[str, Any] = {}
         for c in schema:
-            arr = (
-                cache[c.name][lo:hi] if c.name in cache else self._read(name, c.name, slice(lo, hi))
-            )
-            if mask is not None:
-                arr = arr[mask]
+            parts = [b[c.name] for b in blocks]
+            arr = parts[0] if len(parts) == 1 else np.concatenate(parts)
             data[c.name] = self._decode(name, c.name, arr) if c.is_symbol else arr
         return pd.DataFrame(data)
 
@@ -809,8 +1226,8 @@ class Trace:
         Every dataset belongs to the schema; row counts match the columns (bounded by the file
         size); dtypes are the schema's; every byte of every column is read, so its fletcher32
         checksum is checked, and hashed against the column digest written with it; no event
-        ends before it starts; string indices are in the table; and the stored run_id is the
-        hash of the stored spec.
+        ends before it starts; string indices are in the table; the chunk index describes the
+        data; and the stored run_id is the hash of the stored spec.
         """
         datasets: list[str] = []
         try:
@@ -820,6 +1237,7 @@ class Trace:
         except H5_ERRORS as e:
             raise self._corrupt("the group structure", e) from e
         known = {f"{t}/{c.name}" for t, schema in TABLES.items() for c in schema} | {STRINGS}
+        known |= {f"{CHUNK_INDEX}/{t}" for t in TABLES}
         unknown = sorted(set(datasets) - known)
         if unknown:
             raise TraceFormatError(
@@ -829,9 +1247,7 @@ class Trace:
             self._verify_table(table)
         self._verify_identity()
 
-    def _verify_table(self, table: str) -> None:
-        schema = _schema(table)
-        n = self._row_count(table, schema)
+    def _column_digests(self, table: str) -> dict[str, Any]:
         try:
             group = self._file[table]
             digests_text = group.attrs.get(COLUMN_DIGESTS)
@@ -840,7 +1256,12 @@ class Trace:
                 raise TypeError(f"{COLUMN_DIGESTS} is {type(digests).__name__}")
         except (*H5_ERRORS, json.JSONDecodeError) as e:
             raise self._corrupt(f"the column digests of /{table}", e) from e
-        columns: dict[str, npt.NDArray[Any]] = {}
+        return digests
+
+    def _verify_table(self, table: str) -> None:
+        schema = _schema(table)
+        n = self._row_count(table, schema)
+        digests = self._column_digests(table)
         for c in schema:
             dtype = self._file[table][c.name].dtype
             if dtype != np.dtype(c.numpy_dtype):
@@ -848,27 +1269,39 @@ class Trace:
                     f"{self._path}: dataset /{table}/{c.name} has dtype {dtype}, "
                     f"schema v{SCHEMA_VERSION} says {c.numpy_dtype}"
                 )
-            h = hashlib.sha256()
-            for start in range(0, n, _VERIFY_BLOCK_ROWS):
-                block = self._read(table, c.name, slice(start, min(n, start + _VERIFY_BLOCK_ROWS)))
-                h.update(np.ascontiguousarray(block).tobytes())
+        index = self.chunk_index(table)
+        hashes = {c.name: hashlib.sha256() for c in schema}
+        first_bad: int | None = None
+        count = 0
+        # With an index, block by block, so that each entry is checked against its rows.
+        ranges = self._ranges(table, n, None, None) if index is None else index[:, :2].tolist()
+        for i, (lo, hi) in enumerate(ranges):
+            block = {c.name: self._read(table, c.name, slice(lo, hi)) for c in schema}
+            for c in schema:
+                hashes[c.name].update(np.ascontiguousarray(block[c.name]).tobytes())
                 if c.is_symbol:
-                    self._decode(table, c.name, block)
-                if c.name in {"start_ns", "end_ns"}:
-                    columns.setdefault(c.name, np.empty(0, dtype=block.dtype))
-                    columns[c.name] = np.concatenate([columns[c.name], block])
+                    self._decode(table, c.name, block[c.name])
+            if "start_ns" in block and first_bad is None:
+                bad = np.flatnonzero(block["end_ns"] < block["start_ns"])
+                first_bad = lo + int(bad[0]) if bad.size else None
+                if first_bad is not None:
+                    count = int(bad.size)
+            if index is not None and tuple(index[i, 2:]) != _time_range(table, block, hi - lo):
+                raise TraceFormatError(
+                    f"{self._path}: the chunk index /{CHUNK_INDEX}/{table} gives rows "
+                    f"{lo}..{hi} a time range they do not have; corrupt"
+                )
+        for c in schema:
             expected = digests.get(c.name)
-            if expected is not None and h.hexdigest() != expected:
+            if expected is not None and hashes[c.name].hexdigest() != expected:
                 raise TraceFormatError(
                     f"{self._path}: dataset /{table}/{c.name} does not match its sha256; corrupt"
                 )
-        if {"start_ns", "end_ns"} <= columns.keys():
-            bad = np.flatnonzero(columns["end_ns"] < columns["start_ns"])
-            if bad.size:
-                raise TraceFormatError(
-                    f"{self._path}: /{table} has {bad.size} event(s) ending before they start "
-                    f"(first at row {int(bad[0])}); corrupt"
-                )
+        if first_bad is not None:
+            raise TraceFormatError(
+                f"{self._path}: /{table} has {count}+ event(s) ending before they start "
+                f"(first at row {first_bad}); corrupt"
+            )
 
     def _verify_identity(self) -> None:
         run_id, spec = self._attrs.get("run_id"), self._attrs.get("spec")

@@ -1,0 +1,256 @@
+"""A synthetic long run through the streaming trace store: memory, write rate, size, summarize
+rate and time-window query latency.
+
+Generates ``--events`` events on the fly (CUDA runtime calls 70 %, loader stages 25 %, schedstat
+samples 5 %, at ``--rate`` events per second of run time, i.e. 10^8 events is a ~1 h run),
+appends them to a ``TraceWriter`` in batches, and reports:
+
+- recorder memory: the writer's buffer bound and the process's RSS growth while writing;
+- write rate (events/s over the time spent in ``append``/``finish`` only, not generation);
+- file size per event;
+- summarize rate: the chunked per-step loader and CUDA API metrics (``codl.analysis.chunked``)
+  with 1 and ``--processes`` processes, in events/s and events/s per process;
+- the latency of a 1-second window query (``Trace.table(name, t0, t0 + 1 s)`` of all three
+  tables), median of ``--windows`` random windows.
+
+    .venv/bin/python benchmarks/long_trace.py [--events 100000000] [--csv PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from codl.analysis import chunked
+from codl.trace.store import TraceWriter, buffer_bound_bytes, open_trace
+
+DEFAULT_CSV = Path(__file__).parent / "results" / "long_trace.csv"
+SHARES = {"events/cuda": 0.70, "events/loader": 0.25, "samples/sched": 0.05}
+STEP_NS = 100_000_000  # a 100 ms training step
+T0 = 10**12
+CUDA_NAMES = np.array(
+    ["cudaLaunchKernel", "cudaMemcpyAsync", "cudaEventRecord", "cudaStreamSynchronize"], object
+)
+STAGES = np.array(["fetch", "decode", "transform", "collate"], object)
+
+
+@dataclass(frozen=True)
+class Result:
+    events: int
+    compression: str
+    run_s: float
+    buffer_bound_mib: float
+    rss_growth_mib: float
+    write_s: float
+    write_events_per_s: float
+    file_bytes: int
+    bytes_per_event: float
+    summarize_events: int
+    summarize_1p_events_per_s: float
+    summarize_np: int
+    summarize_np_events_per_s: float
+    summarize_np_events_per_s_per_process: float
+    window_query_s_median: float
+    window_query_rows_median: int
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm", encoding="ascii") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _times(rng: np.random.Generator, lo: int, n: int, rate: float) -> np.ndarray:
+    """Start times of events lo..lo+n of one table (nearly ordered, jittered)."""
+    idx = np.arange(lo, lo + n, dtype=np.int64)
+    return T0 + (idx * (1e9 / rate)).astype(np.int64) + rng.integers(0, 2_000, n)
+
+
+def _batch(table: str, rng: np.random.Generator, lo: int, n: int, rate: float) -> dict[str, Any]:
+    t = _times(rng, lo, n, rate)
+    step = ((t - T0) // STEP_NS).astype(np.int32)
+    small = rng.integers(0, 8, n)
+    if table == "samples/sched":
+        return {
+            "t_ns": t,
+            "rank": np.zeros(n, np.int16),
+            "step": step,
+            "pid": 4000 + small,
+            "tid": 4000 + small,
+            "run_ns": np.cumsum(rng.integers(0, 10**6, n)),
+            "wait_ns": np.cumsum(rng.integers(0, 10**5, n)),
+            "timeslices": np.arange(lo, lo + n),
+            "voluntary": np.arange(lo, lo + n) // 3,
+            "involuntary": np.arange(lo, lo + n) // 7,
+            "cpu": small.astype(np.int16),
+        }
+    end = t + rng.integers(1_000, 50_000, n)
+    if table == "events/cuda":
+        return {
+            "rank": np.zeros(n, np.int16),
+            "step": step,
+            "kind": np.full(n, 1, np.int32),  # interned "runtime" (see run)
+            "name": 2 + (small % 4).astype(np.int32),
+            "tid": np.full(n, 4000),
+            "stream": np.full(n, -1),
+            "correlation": np.arange(lo, lo + n),
+            "start_ns": t,
+            "end_ns": end,
+        }
+    return {
+        "rank": np.zeros(n, np.int16),
+        "step": step,
+        "worker": small.astype(np.int16),
+        "pid": 5000 + small,
+        "tid": 5000 + small,
+        "cpu": small.astype(np.int16),
+        "item": np.arange(lo, lo + n) // 3,
+        "stage": 6 + (np.arange(lo, lo + n) % 4).astype(np.int32),
+        "start_ns": t,
+        "end_ns": end,
+    }
+
+
+def batches(events: int, batch: int, rate: float) -> Iterator[tuple[str, dict[str, Any]]]:
+    rng = np.random.default_rng(0)
+    done = dict.fromkeys(SHARES, 0)
+    goal = {t: round(events * s) for t, s in SHARES.items()}
+    while any(done[t] < goal[t] for t in SHARES):
+        for table, share in SHARES.items():
+            n = min(round(batch * share), goal[table] - done[table])
+            if n > 0:
+                yield table, _batch(table, rng, done[table], n, rate * share)
+                done[table] += n
+
+
+def write(path: Path, args: argparse.Namespace) -> tuple[float, float]:
+    """Write the run; returns (seconds in the writer, RSS growth in bytes)."""
+    base = rss_bytes()
+    peak = base
+    spent = 0.0
+    with TraceWriter(path, compression=args.compression) as w:
+        # The synthetic batches carry string codes; intern the strings at those codes.
+        for s in ("runtime", *CUDA_NAMES, *STAGES):
+            w.intern(str(s))
+        for table, cols in batches(args.events, args.batch, args.rate):
+            t = time.perf_counter()
+            w.append(table, cols)
+            spent += time.perf_counter() - t
+            peak = max(peak, rss_bytes())
+        t = time.perf_counter()
+        w.finish()
+        spent += time.perf_counter() - t
+    return spent, peak - base
+
+
+def summarize_rate(path: Path, processes: int) -> tuple[int, float]:
+    t = time.perf_counter()
+    rows = 0
+    for which in ("loader", "api"):
+        _, n = chunked.step_partials(path, which, warmup=0, processes=processes)
+        rows += n
+    return rows, rows / (time.perf_counter() - t)
+
+
+def window_queries(path: Path, args: argparse.Namespace) -> tuple[float, int]:
+    rng = np.random.default_rng(1)
+    run_ns = int(args.events / args.rate * 1e9)
+    latencies, sizes = [], []
+    with open_trace(path) as t:
+        for _ in range(args.windows):
+            t0 = T0 + int(rng.integers(0, max(1, run_ns - 10**9)))
+            start = time.perf_counter()
+            rows = sum(len(t.table(name, t0=t0, t1=t0 + 10**9)) for name in SHARES)
+            latencies.append(time.perf_counter() - start)
+            sizes.append(rows)
+    return statistics.median(latencies), int(statistics.median(sizes))
+
+
+def run(directory: Path, args: argparse.Namespace) -> Result:
+    path = directory / "long.h5"
+    write_s, growth = write(path, args)
+    size = path.stat().st_size
+    rows, rate_1 = summarize_rate(path, 1)
+    _, rate_n = summarize_rate(path, args.processes)
+    query_s, query_rows = window_queries(path, args)
+    return Result(
+        events=args.events,
+        compression=args.compression,
+        run_s=round(args.events / args.rate, 1),
+        buffer_bound_mib=round(buffer_bound_bytes() / 2**20, 1),
+        rss_growth_mib=round(growth / 2**20, 1),
+        write_s=round(write_s, 2),
+        write_events_per_s=round(args.events / write_s),
+        file_bytes=size,
+        bytes_per_event=round(size / args.events, 2),
+        summarize_events=rows,
+        summarize_1p_events_per_s=round(rate_1),
+        summarize_np=args.processes,
+        summarize_np_events_per_s=round(rate_n),
+        summarize_np_events_per_s_per_process=round(rate_n / args.processes),
+        window_query_s_median=round(query_s, 4),
+        window_query_rows_median=query_rows,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=100_000_000)
+    parser.add_argument("--batch", type=int, default=1_000_000, help="events per round")
+    parser.add_argument("--rate", type=float, default=30_000.0, help="events per run second")
+    parser.add_argument("--compression", choices=("gzip", "lzf"), default="gzip")
+    parser.add_argument("--processes", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--windows", type=int, default=5)
+    parser.add_argument("--csv", type=Path, default=DEFAULT_CSV)
+    parser.add_argument("--tmpdir", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if min(args.events, args.batch, args.processes, args.windows) <= 0 or args.rate <= 0:
+        parser.error("--events, --batch, --rate, --processes and --windows must be positive")
+    with tempfile.TemporaryDirectory(dir=args.tmpdir, prefix="codl-long-") as tmp:
+        r = run(Path(tmp), args)
+    print(
+        f"# {r.events:,} events ({r.run_s:,.0f} s of run at {args.rate:,.0f} events/s), "
+        f"{r.compression}; h5py {h5py.__version__}, HDF5 {h5py.version.hdf5_version}, "
+        f"{platform.machine()}, {os.cpu_count()} cores"
+    )
+    rows = [
+        ("writer buffer bound", f"{r.buffer_bound_mib} MiB", "bounded"),
+        ("RSS growth while writing", f"{r.rss_growth_mib} MiB", "bounded"),
+        ("write rate", f"{r.write_events_per_s:,} events/s", ">= 10,000,000"),
+        ("file size", f"{r.bytes_per_event} B/event", "<= 8"),
+        ("summarize, 1 process", f"{r.summarize_1p_events_per_s:,} events/s", ""),
+        (
+            f"summarize, {r.summarize_np} processes",
+            f"{r.summarize_np_events_per_s_per_process:,} events/s per process",
+            ">= 50,000,000 per core",
+        ),
+        (
+            "1 s window query",
+            f"{r.window_query_s_median:.3f} s ({r.window_query_rows_median:,} rows)",
+            "< 1 s",
+        ),
+    ]
+    print(f"{'metric':<28} {'measured':<40} {'target':<24}")
+    for name, value, target in rows:
+        print(f"{name:<28} {value:<40} {target:<24}")
+    args.csv.parent.mkdir(parents=True, exist_ok=True)
+    with args.csv.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(asdict(r)))
+        writer.writeheader()
+        writer.writerow(asdict(r))
+    print(f"# wrote {args.csv}")
+
+
+if __name__ == "__main__":
+    main()

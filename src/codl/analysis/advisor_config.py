@@ -1,0 +1,118 @@
+"""The config's ``advisor`` section and the files it asks the workflow for.
+
+Kept apart from ``loop`` (which imports pandas and the model): the Snakefile reads this at
+every parse, and a Slurm job parses the Snakefile again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from codl.config import Plan
+from codl.errors import CodlError
+from codl.paths import FIGURE_FORMATS, MAP_FIGURE, PREDICTION_FIGURE, SHARE_FIGURE, ResultPaths
+from codl.spec import RunSpec
+from codl.workflow import dataset_input
+
+# slurm.cpus_per_rank's default in the config schema: the cores per rank runs were given.
+DEFAULT_CORES = 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdvisorSettings:
+    """The config's ``advisor`` section (schema: description and default of every key)."""
+
+    map: bool = False
+    advise: bool = False
+    cores: int = 0  # 0: slurm.cpus_per_rank
+    repeats: int = 3  # of every verification run
+    predictions: str = ""  # a predictions.csv of `advise`: compare it with these runs
+
+
+def advisor_settings(cfg: Mapping[str, Any]) -> AdvisorSettings:
+    section = cfg.get("advisor") or {}
+    return AdvisorSettings(
+        map=bool(section.get("map", False)),
+        advise=bool(section.get("advise", False)),
+        cores=int(section.get("cores", 0)),
+        repeats=int(section.get("repeats", 3)),
+        predictions=str(section.get("predictions", "")),
+    )
+
+
+def cores_per_rank(cfg: Mapping[str, Any]) -> int:
+    return int((cfg.get("slurm") or {}).get("cpus_per_rank", DEFAULT_CORES))
+
+
+def advisor_targets(cfg: Mapping[str, Any], paths: ResultPaths) -> list[str]:
+    """The files the workflow makes for the ``advisor`` section (none without one)."""
+    s = advisor_settings(cfg)
+    out: list[Path] = []
+    if s.map:
+        out += [paths.map_table, *(paths.figure(MAP_FIGURE, f) for f in FIGURE_FORMATS)]
+    if s.advise:
+        out += [paths.advice_text, paths.verify_config, paths.predictions_table]
+    if s.predictions:
+        out += [paths.predicted_vs_measured_table]
+        out += [paths.figure(PREDICTION_FIGURE, f) for f in FIGURE_FORMATS]
+    if share_settings(cfg).jobs:
+        out += [paths.share_rows, paths.share_table]
+        out += [paths.figure(SHARE_FIGURE, f) for f in FIGURE_FORMATS]
+    return [str(p) for p in out]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShareSettings:
+    """The config's ``share`` section: jobs that share a node (``codl.share``)."""
+
+    jobs: tuple[str, ...] = ()
+    splits: tuple[str, ...] = ("none", "even")
+    advised: tuple[int, ...] = ()
+    repeats: int = 1
+
+
+def share_settings(cfg: Mapping[str, Any]) -> ShareSettings:
+    """The section, checked beyond the schema: the advised split names a share per job."""
+    section = cfg.get("share") or {}
+    s = ShareSettings(
+        jobs=tuple(str(j) for j in section.get("jobs", ())),
+        splits=tuple(str(x) for x in section.get("splits", ("none", "even"))),
+        advised=tuple(int(c) for c in section.get("advised", ())),
+        repeats=int(section.get("repeats", 1)),
+    )
+    if s.advised and len(s.advised) != len(s.jobs):
+        raise CodlError(
+            f"share.advised: got {list(s.advised)}, expected one CPU count per job "
+            f"({len(s.jobs)}: {list(s.jobs)})"
+        )
+    if s.jobs and len(s.jobs) < 2:
+        raise CodlError(f"share.jobs: got {list(s.jobs)}, expected >= 2 jobs to share a node")
+    return s
+
+
+def share_specs(cfg: Mapping[str, Any], plan: Plan) -> dict[str, RunSpec]:
+    """Job name -> its one run's spec, for the ``share`` section's jobs (in order)."""
+    experiments = plan.experiments()
+    specs = plan.specs
+    out: dict[str, RunSpec] = {}
+    for name in share_settings(cfg).jobs:
+        if name not in experiments:
+            raise CodlError(
+                f"share.jobs: {name!r} is not an experiment, expected one of {sorted(experiments)}"
+            )
+        ids = experiments[name]
+        if len(ids) != 1:
+            raise CodlError(
+                f"share.jobs: experiment {name!r} plans {len(ids)} runs, expected exactly one "
+                "(the job); give it no factors and repeats: 1"
+            )
+        out[name] = specs[ids[0]]
+    return out
+
+
+def share_inputs(cfg: Mapping[str, Any], plan: Plan, paths: ResultPaths) -> list[str]:
+    """The data sets the shared-node jobs read: the `share` rule waits for them."""
+    return sorted({f for s in share_specs(cfg, plan).values() for f in dataset_input(paths, s)})

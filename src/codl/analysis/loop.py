@@ -1,0 +1,221 @@
+"""The advisor in the workflow: interference map, advice with its verification config and
+predictions, and predicted vs measured once the verification runs are in (docs/advisor.md).
+
+These functions read the merged tables and the config, and write tables, configs and figures;
+the statistics live in ``interference_map``, ``model`` and ``advise`` (pure), the drawing in
+``plots``. The config's optional ``advisor`` section switches them on (``advisor_targets``).
+
+The loop: a config with ``advisor: {advise: true}`` -> runs -> ``advise_to`` fits the model and
+writes ``advice/verify.yaml`` (the advice and its neighbours, with ``advisor.predictions``
+pointing at ``advice/predictions.csv``, the model's prediction for every verification
+setting) -> the verification runs (``--configfile results/advice/verify.yaml``) ->
+``predicted_vs_measured_to`` compares the predictions with what those runs measured.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from codl.analysis import advise as adv
+from codl.analysis import interference_map as imap
+from codl.analysis import model as mdl
+from codl.analysis.advisor_config import advisor_settings, cores_per_rank
+from codl.config import Plan, build_plan
+from codl.errors import CodlError
+from codl.spec import AUTO, Policy, RunSpec
+
+# Added to the fitting runs' seed in the verification config (see advise_to).
+VERIFY_SEED_OFFSET = 1
+PREDICTION_COLUMNS = (
+    "policy",
+    "workers",
+    "launch_cores",
+    "throughput",
+    "throughput_lo",
+    "throughput_hi",
+    "pred_lo",
+    "pred_hi",
+    "bound",
+    "inflation",
+    "advised",
+)
+
+
+def _read(path: Path) -> pd.DataFrame:
+    if not Path(path).is_file():
+        raise CodlError(f"{path}: no such table")
+    return pd.read_csv(path)
+
+
+def map_to(
+    *,
+    runs: Path,
+    steps: Path,
+    cfg: Mapping[str, Any],
+    table: Path,
+    figures: Sequence[Path],
+    boot: int = 2000,
+) -> pd.DataFrame:
+    """The interference map of the config's runs: ``table`` (csv) and its figure."""
+    from codl.analysis import plots
+
+    plan = build_plan(cfg, source="the config")
+    t = imap.build_map(imap.with_costs(_read(runs), plan.specs), _read(steps), boot=boot)
+    Path(table).parent.mkdir(parents=True, exist_ok=True)
+    t.to_csv(table, index=False)
+    plots.interference_map(t, figures)
+    return t
+
+
+def _one_workload(runs: pd.DataFrame, specs: Mapping[str, RunSpec]) -> None:
+    """The model describes one workload on one node: refuse a sweep over batch or cost."""
+    r = imap.with_costs(runs, specs)
+    r = r[r["mode"].isin(mdl.COMBINED_MODES)]
+    varied = [c for c in ("model", "batch_size", "image_size", "cost") if r[c].nunique() > 1]
+    if varied:
+        raise CodlError(
+            f"advise: the combined runs vary {varied}; the model fits one workload (one "
+            "model, batch size and loader cost): advise on one slice of the sweep"
+        )
+
+
+def advise_to(
+    *,
+    runs: Path,
+    steps: Path,
+    cfg: Mapping[str, Any],
+    text: Path,
+    verify: Path,
+    predictions: Path,
+    boot: int = 200,
+    seed: int = 0,
+) -> adv.Advice:
+    """Fit, advise for ``advisor.cores`` (default: the measured cores per rank), and write the
+    printed advice, the verification config and the predictions of its settings."""
+    run_table, step_table = _read(runs), _read(steps)
+    _one_workload(run_table, build_plan(cfg, source="the config").specs)
+    fit_cores = cores_per_rank(cfg)
+    fit = mdl.fit(mdl.run_data(run_table, step_table), cores=fit_cores, boot=boot, seed=seed)
+    settings = advisor_settings(cfg)
+    advice = adv.advise(fit, cores=settings.cores or fit_cores)
+    vcfg = adv.verification_config(
+        advice,
+        fit,
+        defaults=cfg.get("defaults") or {},
+        slurm=cfg.get("slurm"),
+        repeats=settings.repeats,
+    )
+    # A verification run with the spec of a fitting run has its run id, and the workflow would
+    # reuse it: a new seed makes every verification run a new measurement, not the fit's data.
+    defaults = vcfg["defaults"]
+    defaults["seed"] = int(defaults.get("seed", 0)) + VERIFY_SEED_OFFSET
+    vcfg["advisor"] = {"predictions": str(predictions)}
+    plan = build_plan(vcfg, source="the verification config")
+    table = verification_predictions(fit, advice, plan)
+    for path in (text, verify, predictions):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    table.to_csv(predictions, index=False)
+    # The results directory the tables are in, as `codl advise RESULTS` names it.
+    Path(verify).write_text(adv.render_config(vcfg, advice, str(Path(runs).parent.parent)))
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        adv.print_advice(advice, fit, Path(verify), 0.01)
+    Path(text).write_text(printed.getvalue())
+    return advice
+
+
+def _launch_key(policy: str, launch_cores: Any) -> str:
+    """One spelling of a setting's launch cores in specs, tables and predictions: ``-`` where
+    the policy reads none (``none`` stores 1 in its normalized spec), ``auto`` or a number."""
+    if policy == Policy.NONE.value:
+        return "-"
+    if launch_cores is None or launch_cores == AUTO or pd.isna(launch_cores):
+        return AUTO
+    return str(int(float(launch_cores)))
+
+
+def verification_predictions(fit: mdl.Fit, advice: adv.Advice, plan: Plan) -> pd.DataFrame:
+    """The model's prediction for every combined setting of the verification ``plan``."""
+    settings = {
+        (
+            s.pinning.policy.value,
+            s.loader.workers,
+            _launch_key(s.pinning.policy, s.pinning.launch_cores),
+        )
+        for s in plan.specs.values()
+        if s.mode.value == fit.node.combined_mode
+    }
+    rows = pd.DataFrame(sorted(settings), columns=["policy", "workers", "launch_cores"])
+    grid = rows.copy()
+    grid["launch_cores"] = pd.Series(
+        [None if k in ("-", AUTO) else int(k) for k in rows["launch_cores"]], dtype=object
+    )
+    out = mdl.predict(fit, grid)
+    out["launch_cores"] = rows["launch_cores"]
+    advised = (advice.policy, advice.workers, _launch_key(advice.policy, advice.launch_cores))
+    out["advised"] = [
+        (p, int(w), k) == advised
+        for p, w, k in zip(out["policy"], out["workers"], out["launch_cores"], strict=True)
+    ]
+    return out[list(PREDICTION_COLUMNS)]
+
+
+def predicted_vs_measured(predictions: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """Each predicted setting with its measured per-rank throughput (mean over its runs):
+    ``error`` = predicted / measured - 1, ``inside`` = the one-run interval holds the mean,
+    ``vs_best`` = measured / best measured - 1 (the advised row says how far the advice is from
+    the best verification setting). Settings without a run keep NaN."""
+    r = runs[runs["mode"].isin(mdl.COMBINED_MODES)].copy()
+    world = r["world_size"].fillna(1) if "world_size" in r else 1
+    r["measured"] = r["throughput_samples_s"] / world
+    r["key"] = [
+        (str(p), int(w), _launch_key(str(p), lc))
+        for p, w, lc in zip(r["policy"], r["workers"], r["launch_cores"], strict=True)
+    ]
+    by_key = r.groupby("key")["measured"].agg(["mean", "count"])
+    p = predictions.copy()
+    keys = [
+        (str(a), int(w), _launch_key(str(a), lc))
+        for a, w, lc in zip(p["policy"], p["workers"], p["launch_cores"], strict=True)
+    ]
+    p["measured"] = [by_key["mean"].get(k, np.nan) for k in keys]
+    p["n_runs"] = [int(by_key["count"].get(k, 0)) for k in keys]
+    p["error"] = p["throughput"] / p["measured"] - 1
+    p["inside"] = (p["measured"] >= p["pred_lo"]) & (p["measured"] <= p["pred_hi"])
+    p["vs_best"] = p["measured"] / p["measured"].max() - 1
+    return p
+
+
+def prediction_summary(table: pd.DataFrame) -> dict[str, float]:
+    """Median and worst |error| over the measured settings, and the advice against the best."""
+    err = table["error"].abs().dropna()
+    advised = table.loc[table["advised"].astype(bool), "vs_best"].dropna()
+    return {
+        "settings": float(len(err)),
+        "median_abs_error": float(err.median()) if len(err) else np.nan,
+        "worst_abs_error": float(err.max()) if len(err) else np.nan,
+        "advised_vs_best": float(advised.iloc[0]) if len(advised) else np.nan,
+    }
+
+
+def predicted_vs_measured_to(
+    *, predictions: Path, runs: Path, table: Path, figures: Sequence[Path]
+) -> pd.DataFrame:
+    from codl.analysis import plots
+
+    t = predicted_vs_measured(_read(predictions), _read(runs))
+    if not t["n_runs"].any():
+        raise CodlError(
+            f"{runs}: no run matches a setting of {predictions}; run the verification config"
+        )
+    Path(table).parent.mkdir(parents=True, exist_ok=True)
+    t.to_csv(table, index=False)
+    plots.predicted_vs_measured(t, prediction_summary(t), figures)
+    return t

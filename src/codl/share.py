@@ -1,0 +1,227 @@
+"""Sharing a node (A-Dloader's setting): training jobs started together, each confined to its
+share of the node's CPUs, each traced; per-job and total throughput per way of splitting.
+
+Splits of the CPUs ``os.sched_getaffinity(0)`` allows:
+
+- ``none``: every job may run on every CPU (the OS scheduler decides, as on an unmanaged node);
+- ``even``: equal contiguous shares (the remainder to the first jobs);
+- ``advised``: shares chosen by ``advise.advise_split`` from each job's fitted model (the split
+  that maximises the summed throughput, each job's relative to its best on the whole node).
+
+Each job is a ``codl run`` process whose affinity is set before it starts, so its CPU-set policy
+splits only its share (``pinning`` never widens a mask beyond the job's). Jobs start together
+and are waited for together; a job that fails fails the experiment with its last stderr lines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from codl.analysis.advisor_config import share_settings, share_specs
+from codl.config import build_plan
+from codl.errors import CodlError
+from codl.paths import ResultPaths
+from codl.pinning import cpulist
+from codl.spec import RunSpec
+from codl.workflow import dataset_dir
+
+SPLITS = ("none", "even", "advised")
+_CONFINE = (
+    "import os, sys; os.sched_setaffinity(0, [int(c) for c in sys.argv[1].split(',')]); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])"
+)
+# A job's stderr tail in the error of a failed experiment: enough for the one-line error codl
+# prints, short enough to read.
+_STDERR_TAIL = 2000
+
+
+def cpu_shares(
+    cpus: Sequence[int], counts: Sequence[int] | None, *, jobs: int
+) -> list[tuple[int, ...]]:
+    """Contiguous shares of ``cpus`` of the given sizes; ``None``: every job gets all of them."""
+    ordered = tuple(sorted(cpus))
+    if counts is None:
+        return [ordered] * jobs
+    if len(counts) != jobs:
+        raise CodlError(f"CPU split {list(counts)}: expected one share per job ({jobs})")
+    if any(c < 1 for c in counts) or sum(counts) > len(ordered):
+        raise CodlError(
+            f"CPU split {list(counts)}: expected shares >= 1 that add up to at most the "
+            f"{len(ordered)} CPUs available ({list(ordered)})"
+        )
+    out, start = [], 0
+    for c in counts:
+        out.append(ordered[start : start + c])
+        start += c
+    return out
+
+
+def even_counts(n_cpus: int, n_jobs: int) -> list[int]:
+    if n_cpus < n_jobs:
+        raise CodlError(f"{n_cpus} CPUs cannot be split between {n_jobs} jobs (>= 1 each)")
+    base, extra = divmod(n_cpus, n_jobs)
+    return [base + (1 if i < extra else 0) for i in range(n_jobs)]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Job:
+    """One job of a shared node: its spec, the data set it reads, where its trace goes."""
+
+    name: str
+    spec: RunSpec
+    dataset_dir: Path | None
+    trace: Path
+
+
+def run_together(
+    jobs: Sequence[Job], shares: Sequence[tuple[int, ...]], *, timeout: float = 600
+) -> None:
+    """Start every job at once, job i confined to ``shares[i]``; wait for all of them."""
+    if len(jobs) != len(shares):
+        raise CodlError(f"{len(jobs)} jobs but {len(shares)} CPU shares")
+    procs = []
+    for job, cpus in zip(jobs, shares, strict=True):
+        job.trace.parent.mkdir(parents=True, exist_ok=True)
+        spec_path = job.trace.with_suffix(".spec.json")
+        spec_path.write_text(json.dumps(job.spec.to_dict(), sort_keys=True))
+        # The share is the job's whole world: set before `codl run` starts (an exec keeps the
+        # mask), inherited by its threads and loader workers. No preexec_fn: it is unsafe in a
+        # process with threads.
+        cpulist = ",".join(str(c) for c in cpus)
+        cmd = [sys.executable, "-c", _CONFINE, cpulist, "-m", "codl.cli", "run", str(spec_path)]
+        cmd += ["--trace", str(job.trace)]
+        cmd += ["--cpus-per-task", str(len(cpus))]
+        if job.dataset_dir is not None:
+            cmd += ["--dataset-dir", str(job.dataset_dir)]
+        procs.append(
+            subprocess.Popen(
+                cmd,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    failures = []
+    for job, proc in zip(jobs, procs, strict=True):
+        try:
+            _, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+            failures.append(f"{job.name}: timed out after {timeout:.0f} s")
+            continue
+        if proc.returncode != 0:
+            failures.append(f"{job.name}: exit {proc.returncode}: {err[-_STDERR_TAIL:].strip()}")
+    if failures:
+        raise CodlError("shared-node jobs failed: " + " | ".join(failures))
+
+
+def throughput_of(trace: Path, work: Path) -> float:
+    """Per-rank throughput (samples/s) of one traced job, as ``summarize`` reports it."""
+    from codl.analysis.pipeline import summarize_to
+
+    parts = {
+        k: work / f"{trace.stem}.{k}.parquet" for k in ("steps", "summary", "attribution", "parts")
+    }
+    summarize_to(trace, **parts)
+    summary = pd.read_parquet(parts["summary"])
+    world = float(summary["world_size"].iloc[0]) if "world_size" in summary else 1.0
+    return float(summary["throughput_samples_s"].iloc[0]) / world
+
+
+def share_report(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per split: each job's throughput, the total, and each against the even split
+    (``rows``: split, repeat, job, cpus, throughput). Means over repeats."""
+    per_job = rows.groupby(["split", "job"], sort=False)["throughput"].mean().unstack("job")
+    out = per_job.copy()
+    # Jobs of different models count samples of different cost: the sum of samples/s is what
+    # the node delivers, the mean speedup against the even split what each job gets.
+    out["total"] = per_job.sum(axis=1)
+    if "even" in per_job.index:
+        rel = per_job / per_job.loc["even"]
+        out["mean_speedup_vs_even"] = rel.mean(axis=1)
+    cpus = rows.groupby(["split", "job"], sort=False)["cpus"].first().unstack("job")
+    out = out.join(cpus.add_prefix("cpus_"))
+    return out.reset_index()
+
+
+def run_shared(
+    jobs: Sequence[Job],
+    splits: Mapping[str, Sequence[int] | None],
+    *,
+    work: Path,
+    cpus: Sequence[int] | None = None,
+    repeats: int = 1,
+) -> pd.DataFrame:
+    """Every split of ``splits`` (name -> CPUs per job, ``None`` = no split), ``repeats`` times:
+    the jobs started together on their shares of ``cpus`` (default: this process's), each
+    traced under ``work/<split>/<repeat>/``; one row per (split, repeat, job)."""
+    allowed = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
+    rows = []
+    for split, counts in splits.items():
+        shares = cpu_shares(allowed, counts, jobs=len(jobs))
+        for rep in range(repeats):
+            where = Path(work) / split / str(rep)
+            placed = [dataclasses.replace(j, trace=where / f"{j.name}.h5") for j in jobs]
+            run_together(placed, shares)
+            for job, share in zip(placed, shares, strict=True):
+                rows.append(
+                    {
+                        "split": split,
+                        "repeat": rep,
+                        "job": job.name,
+                        "cpus": cpulist(share),
+                        "throughput": throughput_of(job.trace, where),
+                    }
+                )
+    return pd.DataFrame(rows)
+
+
+def share_to(
+    cfg: Mapping[str, Any],
+    *,
+    paths: ResultPaths,
+    rows_out: Path,
+    table_out: Path,
+    figures: Sequence[Path],
+) -> pd.DataFrame:
+    """The config's ``share`` section, run: every split, the rows, the report and its figure."""
+    from codl.analysis import plots
+
+    settings = share_settings(cfg)
+    plan = build_plan(cfg, source="the config")
+    specs = share_specs(cfg, plan)
+    jobs = [
+        Job(
+            name=name,
+            spec=spec,
+            dataset_dir=dataset_dir(paths, plan.tiers, spec.dataset.name, spec.dataset.tier)
+            if spec.mode.loads
+            else None,
+            trace=paths.share / f"{name}.h5",
+        )
+        for name, spec in specs.items()
+    ]
+    n_cpus = len(os.sched_getaffinity(0))
+    splits: dict[str, Sequence[int] | None] = {}
+    for split in settings.splits:
+        splits[split] = None if split == "none" else even_counts(n_cpus, len(jobs))
+    if settings.advised:
+        splits["advised"] = list(settings.advised)
+    rows = run_shared(jobs, splits, work=paths.share, repeats=settings.repeats)
+    report = share_report(rows)
+    for out, df in ((rows_out, rows), (table_out, report)):
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        df.to_csv(out, index=False)
+    plots.share_throughput(report, [str(j.name) for j in jobs], figures)
+    return report

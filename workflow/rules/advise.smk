@@ -1,0 +1,107 @@
+# The loader advisor (docs/advisor.md), switched on by the config's `advisor` section:
+# the interference map, the advice with its verification config and predictions, and
+# predicted vs measured once the verification runs are in.
+
+# `advise` and `predicted_vs_measured` exist only when asked for: the verification config runs
+# in the same results directory, and there advice/predictions.csv must stay the file its
+# advice wrote, not be refitted by `advise` on the verification runs.
+
+
+rule interference_map:
+    input:
+        runs=PATHS.runs_table,
+        steps=PATHS.steps_table,
+    output:
+        table=report(
+            PATHS.map_table,
+            caption="../report/interference_map.rst",
+            category="Advisor",
+        ),
+        png=report(
+            PATHS.figure(MAP_FIGURE),
+            caption="../report/interference_map.rst",
+            category="Advisor",
+        ),
+        pdf=PATHS.figure(MAP_FIGURE, "pdf"),
+    log:
+        str(PATHS.logs / "interference_map.log"),
+    conda:
+        "../../envs/codl.yaml"
+    threads: 1
+    script:
+        "../scripts/interference_map.py"
+
+
+if ADVISOR.advise:
+
+    rule advise:
+        input:
+            runs=PATHS.runs_table,
+            steps=PATHS.steps_table,
+        output:
+            text=report(
+                PATHS.advice_text,
+                caption="../report/advice.rst",
+                category="Advisor",
+            ),
+            verify=PATHS.verify_config,
+            predictions=PATHS.predictions_table,
+        log:
+            str(PATHS.logs / "advise.log"),
+        conda:
+            "../../envs/codl.yaml"
+        threads: 1
+        script:
+            "../scripts/advise.py"
+
+
+if ADVISOR.predictions:
+
+    rule predicted_vs_measured:
+        input:
+            predictions=ADVISOR.predictions,
+            runs=PATHS.runs_table,
+        output:
+            table=PATHS.predicted_vs_measured_table,
+            png=report(
+                PATHS.figure(PREDICTION_FIGURE),
+                caption="../report/predicted_vs_measured.rst",
+                category="Advisor",
+            ),
+            pdf=PATHS.figure(PREDICTION_FIGURE, "pdf"),
+        log:
+            str(PATHS.logs / "predicted_vs_measured.log"),
+        conda:
+            "../../envs/codl.yaml"
+        threads: 1
+        script:
+            "../scripts/predicted_vs_measured.py"
+
+
+# Jobs sharing a node (section `share`): every split runs the jobs together on this machine,
+# so the rule takes all of its cores, as a run does.
+if config.get("share", {}).get("jobs"):
+
+    rule share:
+        input:
+            datasets=SHARE_INPUTS,
+        output:
+            rows=PATHS.share_rows,
+            table=report(
+                PATHS.share_table,
+                caption="../report/share.rst",
+                category="Advisor",
+            ),
+            png=report(
+                PATHS.figure(SHARE_FIGURE),
+                caption="../report/share.rst",
+                category="Advisor",
+            ),
+            pdf=PATHS.figure(SHARE_FIGURE, "pdf"),
+        log:
+            str(PATHS.logs / "share.log"),
+        conda:
+            "../../envs/codl.yaml"
+        threads: workflow.cores
+        script:
+            "../scripts/share.py"

@@ -1,0 +1,15 @@
+import sys
+from pathlib import Path
+
+sys.stderr = open(snakemake.log[0], "w", buffering=1)
+
+from codl.analysis.loop import advise_to
+
+advise_to(
+    runs=Path(snakemake.input.runs),
+    steps=Path(snakemake.input.steps),
+    cfg=snakemake.config,
+    text=Path(snakemake.output.text),
+    verify=Path(snakemake.output.verify),
+    predictions=Path(snakemake.output.predictions),
+)

@@ -1,0 +1,14 @@
+import sys
+from pathlib import Path
+
+sys.stderr = open(snakemake.log[0], "w", buffering=1)
+
+from codl.analysis.loop import map_to
+
+map_to(
+    runs=Path(snakemake.input.runs),
+    steps=Path(snakemake.input.steps),
+    cfg=snakemake.config,
+    table=Path(snakemake.output.table),
+    figures=[Path(snakemake.output.png), Path(snakemake.output.pdf)],
+)

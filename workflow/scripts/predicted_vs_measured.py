@@ -1,0 +1,13 @@
+import sys
+from pathlib import Path
+
+sys.stderr = open(snakemake.log[0], "w", buffering=1)
+
+from codl.analysis.loop import predicted_vs_measured_to
+
+predicted_vs_measured_to(
+    predictions=Path(snakemake.input.predictions),
+    runs=Path(snakemake.input.runs),
+    table=Path(snakemake.output.table),
+    figures=[Path(snakemake.output.png), Path(snakemake.output.pdf)],
+)

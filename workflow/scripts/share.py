@@ -1,0 +1,15 @@
+import sys
+from pathlib import Path
+
+sys.stderr = open(snakemake.log[0], "w", buffering=1)
+
+from codl.paths import ResultPaths
+from codl.share import share_to
+
+share_to(
+    snakemake.config,
+    paths=ResultPaths(),
+    rows_out=Path(snakemake.output.rows),
+    table_out=Path(snakemake.output.table),
+    figures=[Path(snakemake.output.png), Path(snakemake.output.pdf)],
+)
