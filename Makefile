@@ -39,8 +39,10 @@ typecheck: $(STAMP)
 workflow-lint: $(STAMP)
 	$(BIN)/snakefmt --check Snakefile workflow/rules
 	$(BIN)/snakemake --lint --configfile config/smoke.yaml > .snakemake-lint.txt 2>&1; \
-	  rc=$$?; cat .snakemake-lint.txt; rm -f .snakemake-lint.txt; exit $$rc
-	$(BIN)/snakemake --lint --configfile config/config.yaml > /dev/null
+	  rc=$$?; cat .snakemake-lint.txt; scripts/lint_ok.sh $$rc .snakemake-lint.txt; \
+	  rc=$$?; rm -f .snakemake-lint.txt; exit $$rc
+	$(BIN)/snakemake --lint --configfile config/config.yaml > .snakemake-lint.txt 2>&1; \
+	  scripts/lint_ok.sh $$? .snakemake-lint.txt; rc=$$?; rm -f .snakemake-lint.txt; exit $$rc
 
 ## test: environment + lint + type check + the full test suite.
 test: lint typecheck workflow-lint

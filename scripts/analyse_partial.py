@@ -22,32 +22,27 @@ import pandas as pd
 
 from codl.analysis import calls
 from codl.analysis.pipeline import compare_to, figures_to, summarize_to
+from codl.paths import RunFiles
 from codl.spec import Mode, RunSpec
 
 
 def main(root: Path, out: Path) -> None:
     runs = root / "results" / "runs"
-    ids = sorted(p.name for p in runs.iterdir() if (p / "trace.h5").is_file())
+    ids = sorted(p.name for p in runs.iterdir() if RunFiles(p).trace.is_file())
     for rid in ids:
-        d = runs / rid
-        summarize_to(
-            d / "trace.h5",
-            steps=d / "steps.parquet",
-            summary=d / "summary.parquet",
-            attribution=d / "attribution.parquet",
-            parts=d / "parts.parquet",
-        )
+        files = RunFiles(runs / rid)
+        summarize_to(files.trace, **files.tables())
     tables = out / "tables"
     tables.mkdir(parents=True, exist_ok=True)
 
     def each(name: str) -> list[Path]:
-        return [runs / rid / name for rid in ids]
+        return [getattr(RunFiles(runs / rid), name) for rid in ids]
 
     compare_to(
-        summaries=each("summary.parquet"),
-        steps=each("steps.parquet"),
-        attributions=each("attribution.parquet"),
-        parts=each("parts.parquet"),
+        summaries=each("summary"),
+        steps=each("steps"),
+        attributions=each("attribution"),
+        parts=each("parts"),
         runs_table=tables / "runs.csv",
         steps_table=tables / "steps.csv.gz",
         comparison_table=tables / "comparison.csv",
@@ -59,11 +54,12 @@ def main(root: Path, out: Path) -> None:
         steps_table=tables / "steps.csv.gz",
         comparison_table=tables / "comparison.csv",
         decomposition_table=tables / "decomposition.csv.gz",
-        traces=each("trace.h5"),
+        api_calls=each("api_calls"),
+        timelines=each("timeline"),
         figdir=out / "figures",
     )
     specs = {
-        rid: RunSpec.from_dict(json.loads((runs / rid / "spec.json").read_text())) for rid in ids
+        rid: RunSpec.from_dict(json.loads(RunFiles(runs / rid).spec.read_text())) for rid in ids
     }
     by_id = {s.run_id: rid for rid, s in specs.items()}
     slow = []
@@ -74,8 +70,8 @@ def main(root: Path, out: Path) -> None:
         if spec.mode is twin_mode:
             continue  # the twin itself: its calls are the baseline
         twin = by_id.get(spec.with_mode(twin_mode).run_id)
-        twin_path = runs / twin / "trace.h5" if twin else None
-        slow.append(calls.attribute_trace(runs / rid / "trace.h5", twin_path))
+        twin_path = RunFiles(runs / twin).trace if twin else None
+        slow.append(calls.attribute_trace(RunFiles(runs / rid).trace, twin_path))
     if slow:
         pd.concat(slow, ignore_index=True).to_csv(tables / "slow_calls.csv.gz", index=False)
 

@@ -102,7 +102,7 @@ def project(tmp_path: Path) -> Path:
     """A copy of the workflow (Snakefile, rules, configs, profiles) to run Snakemake in."""
     proj = tmp_path / "project"
     proj.mkdir()
-    for name in ("Snakefile", "workflow", "config", "envs", "profiles"):
+    for name in ("Snakefile", "workflow", "config", "profiles"):
         src = REPO / name
         if src.is_dir():
             shutil.copytree(src, proj / name)  # the schema link becomes a file

@@ -10,7 +10,7 @@ import pytest
 
 from codl.config import build_plan, load_yaml
 from codl.spec import Mode
-from test_workflow import snakemake
+from test_workflow import job_counts, snakemake
 
 pytestmark = pytest.mark.slow
 
@@ -74,3 +74,41 @@ def test_two_gpu_config_meets_the_reproduction_minimums() -> None:
             assert twin.run_id in {t.run_id for t in specs}, s
     assert {s.mode.value for s in specs} >= {"comm", "compute", "data"}
     assert any(s.trace.cuda_api for s in specs)
+
+
+def local_rules(config: Path, workdir: Path) -> set[str]:
+    """Rules Snakemake runs where it runs instead of submitting (its own `is_local`: localrules,
+    and rules without a body, such as `all`)."""
+    from snakemake.api import SnakemakeApi
+    from snakemake.settings.types import ConfigSettings, OutputSettings, ResourceSettings
+
+    with SnakemakeApi(OutputSettings(quiet=True)) as api:
+        wf = api.workflow(
+            resource_settings=ResourceSettings(cores=2),
+            config_settings=ConfigSettings(configfiles=[config]),
+            snakefile=REPO / "Snakefile",
+            workdir=workdir,
+        )
+        # The API exposes no rule list. Workflow.is_local answers True for every rule when the
+        # executor is local (as here); under a remote executor it is this expression.
+        workflow = wf._workflow
+        return {
+            r.name
+            for r in workflow.rules
+            if r.group is None and (r.name in workflow._localrules or r.norun)
+        }
+
+
+def test_only_runs_and_data_sets_become_sbatch_jobs(tmp_path: Path) -> None:
+    config = REPO / "config" / "config.yaml"
+    plan = build_plan(load_yaml(config), source=str(config))
+    counts = job_counts(dry_run(config, tmp_path))
+    local = local_rules(config, tmp_path)
+    assert {"spec", "summarize", "compare", "figures", "all"} <= local
+    assert not {"run", "dataset", "stage_dataset"} & local
+    sbatch = {rule: n for rule, n in counts.items() if rule not in local and rule != "total"}
+    datasets = {s.dataset.name for s in plan.specs.values() if s.mode.loads}
+    # One sbatch job per run and per data set to generate; before, every summarize, compare,
+    # figures (and spec) job was one more (38 summarize jobs for this config).
+    assert sbatch == {"run": len(plan.specs), "dataset": len(datasets)}
+    assert counts["summarize"] == len(plan.specs)

@@ -69,6 +69,7 @@ def known_columns() -> dict[str, dict[str, list[Any]]]:
         "role": ["launch", "pin_memory", "loader"],
         "cpus_planned": ["0-3", "", "8,9"],
         "cpus_actual": ["0-3", "0-63", "8,9"],
+        "prev_state": ["R", "S", "R+"],
     }
     out: dict[str, dict[str, list[Any]]] = {}
     for t_i, (table, columns) in enumerate(TABLES.items()):
@@ -775,3 +776,11 @@ def test_the_writers_memory_does_not_grow_with_the_rows_written(tmp_path: Path) 
     assert held[-1] - held[1] < 64 * 1024, held
     # Whereas the rows of those 4 blocks are ~20 MB.
     assert 4 * block * row_bytes("events/comm") > 100 * (held[-1] - held[1])
+
+
+def test_the_table_enum_names_every_table_of_the_schema() -> None:
+    from codl.trace.schema import TABLES, Table
+
+    assert [t.value for t in Table] == list(TABLES)
+    # A member is its name: it indexes the schema, the readers and HDF5 paths unchanged.
+    assert TABLES[Table.APP] is TABLES["events/app"] and f"/{Table.APP}" == "/events/app"

@@ -107,6 +107,17 @@ def test_workflow_runs_once_and_reruns_only_changed_specs(tmp_path: Path) -> Non
     assert decomposition["host_launch_delay_ms"].notna().all()
     for rid in ids.values():
         assert paths.parts(rid).exists()
+    # The rules' logs say what happened: each run's progress, what each analysis step wrote.
+    measured = CONFIG["defaults"]["steps"]
+    total = measured["warmup"] + measured["measured"]
+    run_log = paths.run_log(ids["combined"]).read_text()
+    assert f"rank 0/1: step {total}/{total} (measured)" in run_log and "samples/s" in run_log
+    rel = ResultPaths()  # the rules name files relative to the working directory
+    assert f"wrote {rel.trace(ids['combined'])}" in run_log
+    summarize_log = paths.summarize_log(ids["combined"]).read_text()
+    assert f"wrote {rel.parts(ids['combined'])} (" in summarize_log
+    assert f"wrote {rel.comparison_table} (" in paths.log("compare").read_text()
+    assert "drawing " in paths.log("figures").read_text()
 
     out, second = snakemake(workdir, cfg_path)
     assert second == {}, out[-2000:]

@@ -5,12 +5,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+from codl import __version__
 from codl.errors import CodlError
+from codl.log import LEVELS, configure
+from codl.paths import RunFiles
+
+log = logging.getLogger(__name__)
 
 
 def _load_spec(path: Path) -> Any:
@@ -67,7 +74,7 @@ def _check_run_args(args: argparse.Namespace, spec: Any) -> Path:
     from codl.datasets import check_dataset
     from codl.trace.store import check_trace_target
 
-    trace = Path(args.trace) if args.trace else Path(args.spec).parent / "trace.h5"
+    trace = Path(args.trace) if args.trace else RunFiles(Path(args.spec).parent).trace
     if _same_file(trace, Path(args.spec)):
         raise CodlError(f"--trace {trace} is the spec file; it would be overwritten")
     if args.cpus_per_task < 0:
@@ -95,6 +102,17 @@ def _check_run_args(args: argparse.Namespace, spec: Any) -> Path:
 def cmd_run(args: argparse.Namespace) -> int:
     spec = _load_spec(args.spec)
     trace = _check_run_args(args, spec)
+    log.info(
+        "run %s: mode %s, policy %s, %d rank(s), %d warm-up + %d measured steps -> %s",
+        spec.run_id,
+        spec.mode.value,
+        spec.pinning.policy.value,
+        spec.layout.world_size,
+        spec.steps.warmup,
+        spec.steps.measured,
+        trace,
+    )
+    t0 = time.monotonic()
     # Imported only now: torch takes seconds to import, a spec error should not.
     from codl.harness.launch import launch
 
@@ -102,10 +120,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         spec,
         trace_path=trace,
         dataset_dir=Path(args.dataset_dir) if args.dataset_dir else None,
-        kineto_dir=Path(args.kineto_dir) if args.kineto_dir else trace.parent / "kineto",
+        kineto_dir=Path(args.kineto_dir) if args.kineto_dir else RunFiles(trace.parent).kineto,
         argv=[sys.executable, "-m", "codl.cli", *sys.argv[1:]],
         cpus_per_task=args.cpus_per_task,
     )
+    log.info("run %s: wrote %s in %.1f s", spec.run_id, trace, time.monotonic() - t0)
     print(trace)
     return 0
 
@@ -134,48 +153,55 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from codl.config import load_plan
 
     plan = load_plan(Path(args.config))
-    rows = [
-        {
-            "experiment": r.experiment,
-            "run_id": r.run_id,
-            "mode": r.spec.mode.value,
-            "policy": r.spec.pinning.policy.value,
-            "workers": r.spec.loader.workers if r.spec.mode.loads else 0,
-            "repeat": r.spec.repeat,
-        }
-        for r in plan.runs
-    ]
+    # One row per distinct run: a run shared by several experiments or factor combinations (a
+    # `compute` run does not depend on loader workers) is measured once and listed once.
+    rows: dict[str, dict[str, Any]] = {}
+    for r in plan.runs:
+        row = rows.setdefault(
+            r.run_id,
+            {
+                "experiments": [],
+                "run_id": r.run_id,
+                "mode": r.spec.mode.value,
+                "policy": r.spec.pinning.policy.value,
+                "workers": r.spec.loader.workers if r.spec.mode.loads else 0,
+                "repeat": r.spec.repeat,
+            },
+        )
+        if r.experiment not in row["experiments"]:
+            row["experiments"].append(r.experiment)
     if args.json:
-        print(json.dumps(rows, indent=2))
-    else:
-        print(f"{len(plan.specs)} distinct runs in {len(plan.experiments())} experiment(s)")
-        for row in rows:
-            print("  ".join(f"{k}={v}" for k, v in row.items()))
+        print(json.dumps(list(rows.values()), indent=2))
+        return 0
+    print(f"{len(rows)} distinct runs in {len(plan.experiments())} experiment(s)")
+    for row in rows.values():
+        cells = {**row, "experiments": ",".join(row["experiments"])}
+        print("  ".join(f"{k}={v}" for k, v in cells.items()))
     return 0
 
 
 def cmd_dataset(args: argparse.Namespace) -> int:
     from codl.datasets import generate
-    from codl.spec import DatasetSpec, _from_mapping
+    from codl.spec import DatasetSpec, from_dict
 
-    problems: list[str] = []
-    try:
-        data = json.loads(args.spec_json)
-    except json.JSONDecodeError as exc:
-        raise CodlError(f"--spec-json: not valid JSON ({exc})") from None
-    spec = _from_mapping(DatasetSpec, data, "dataset", problems)
-    if problems or spec is None:
-        raise CodlError("; ".join(problems))
+    spec = from_dict(DatasetSpec, _json_arg(args.spec_json, "--spec-json"), where="dataset")
     manifest = generate(spec, Path(args.out))
     print(f"{args.out}: {manifest['files']} files, {manifest['bytes']} bytes")
     return 0
+
+
+def _json_arg(text: str, option: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CodlError(f"{option}: not valid JSON ({exc})") from None
 
 
 def cmd_write_spec(args: argparse.Namespace) -> int:
     from codl.harness.runner import write_spec_json
     from codl.spec import RunSpec
 
-    spec = RunSpec.from_dict(json.loads(args.spec_json))
+    spec = RunSpec.from_dict(_json_arg(args.spec_json, "SPEC_JSON"))
     write_spec_json(spec, Path(args.out))
     print(f"{args.out}: run {spec.run_id}")
     return 0
@@ -197,24 +223,29 @@ def cmd_stage(args: argparse.Namespace) -> int:
 
 
 def cmd_summarize(args: argparse.Namespace) -> int:
-    from codl.analysis.summarize import summarize_trace
+    from codl.analysis.pipeline import summarize_to
 
     out = Path(args.out_dir)
-    names = ("steps.parquet", "summary.parquet", "attribution.parquet")
-    for name in names:
-        if (out / name).exists() or out.is_dir():
-            check_output(out / name, inputs=(Path(args.trace),), option="--out-dir")
-    steps, summary, attribution = summarize_trace(Path(args.trace))
-    out.mkdir(parents=True, exist_ok=True)
-    steps.to_parquet(out / "steps.parquet")
-    summary.to_parquet(out / "summary.parquet")
-    attribution.to_parquet(out / "attribution.parquet")
+    files = RunFiles(out)
+    # The same tables, under the same names, as the workflow's summarize rule writes.
+    tables = files.tables()
+    for path in tables.values():
+        if path.exists() or out.is_dir():
+            check_output(path, inputs=(Path(args.trace),), option="--out-dir")
+    summary = summarize_to(Path(args.trace), **tables)
     print(summary.T.to_string())
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="codl", description=__doc__)
+    p.add_argument("--version", action="version", version=f"codl {__version__}")
+    p.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=LEVELS,
+        help="log messages at this level and above on stderr (default: $CODL_LOG_LEVEL or INFO)",
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="run one spec (all its ranks) and write its trace")
@@ -291,8 +322,20 @@ def main(argv: list[str] | None = None) -> int:
         return advise.main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
+        configure(args.log_level)
         return int(args.func(args))
     except CodlError as exc:
+        print(f"codl {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        # `codl plan CONFIG | head`: the reader left. Python would complain again when it flushes
+        # stdout at exit, so stdout goes to /dev/null first.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell tool killed by the signal reports
+    except OSError as exc:
+        # A file the user named cannot be read or written (permissions, a full disk): their
+        # environment, not a codl bug, so one line; the traceback at --log-level DEBUG.
+        log.debug("codl %s failed", args.command, exc_info=True)
         print(f"codl {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

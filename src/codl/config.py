@@ -21,9 +21,9 @@ import jsonschema
 import yaml
 
 from codl.errors import ConfigError
-from codl.spec import _SAFE_NAME, DatasetSpec, Mode, RunSpec, did_you_mean, field_paths
+from codl.spec import SAFE_NAME, DatasetSpec, Mode, RunSpec, did_you_mean, field_paths
 
-_SAFE_NAME_PATTERN = _SAFE_NAME.pattern
+SAFE_NAME_PATTERN = SAFE_NAME.pattern
 
 
 def schema() -> dict[str, Any]:
@@ -190,7 +190,7 @@ def _schema_errors(cfg: Mapping[str, Any]) -> list[tuple[tuple[Any, ...], str]]:
                     + did_you_mean(err.instance, choices),
                 )
             )
-        elif err.validator == "pattern" and err.validator_value == _SAFE_NAME_PATTERN:
+        elif err.validator == "pattern" and err.validator_value == SAFE_NAME_PATTERN:
             out.append(
                 (
                     path,

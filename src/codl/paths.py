@@ -17,8 +17,8 @@ FIGURES = (
     "policy_heatmap",
     "step_time_distributions",
 )
-# The decomposition figure is drawn from the decomposition table (the others from runs, steps,
-# comparison and traces); every figure has its own report entry and caption (analysis.smk).
+# Every figure is drawn from tables (codl.analysis.figtables.FIGURES) and has its own report
+# entry and caption (analysis.smk).
 DECOMPOSITION_FIGURE = "decomposition"
 ALL_FIGURES = (*FIGURES, DECOMPOSITION_FIGURE)
 FIGURE_FORMATS = ("png", "pdf")
@@ -26,6 +26,64 @@ FIGURE_FORMATS = ("png", "pdf")
 MAP_FIGURE = "interference_map"
 PREDICTION_FIGURE = "predicted_vs_measured"
 SHARE_FIGURE = "share"
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    """The file names inside one run's directory, wherever that directory is: the workflow's
+    ``results/runs/<run_id>/`` (through :class:`ResultPaths`) or a directory given to the CLI."""
+
+    dir: Path
+
+    @property
+    def spec(self) -> Path:
+        return self.dir / "spec.json"
+
+    @property
+    def trace(self) -> Path:
+        return self.dir / "trace.h5"
+
+    @property
+    def kineto(self) -> Path:
+        return self.dir / "kineto"
+
+    @property
+    def steps(self) -> Path:
+        return self.dir / "steps.parquet"
+
+    @property
+    def summary(self) -> Path:
+        return self.dir / "summary.parquet"
+
+    @property
+    def attribution(self) -> Path:
+        return self.dir / "attribution.parquet"
+
+    @property
+    def parts(self) -> Path:
+        """Per (rank, step) decomposition inputs: launch roles' CPU time, peer wait, kernels."""
+        return self.dir / "parts.parquet"
+
+    @property
+    def api_calls(self) -> Path:
+        """Every measured CUDA runtime API call, for the latency CDF (codl.analysis.figtables)."""
+        return self.dir / "api_calls.parquet"
+
+    @property
+    def timeline(self) -> Path:
+        """The run's representative step as step-timeline bars (codl.analysis.figtables)."""
+        return self.dir / "timeline.parquet"
+
+    def tables(self) -> dict[str, Path]:
+        """Every table summarize writes for one run, by the keyword summarize_to takes."""
+        return {
+            "steps": self.steps,
+            "summary": self.summary,
+            "attribution": self.attribution,
+            "parts": self.parts,
+            "api_calls": self.api_calls,
+            "timeline": self.timeline,
+        }
 
 
 @dataclass(frozen=True)
@@ -59,33 +117,46 @@ class ResultPaths:
     def run_dir(self, run_id: str) -> Path:
         return self.results / "runs" / run_id
 
+    def run_files(self, run_id: str) -> RunFiles:
+        return RunFiles(self.run_dir(run_id))
+
     def spec(self, run_id: str) -> Path:
-        return self.run_dir(run_id) / "spec.json"
+        return self.run_files(run_id).spec
 
     def trace(self, run_id: str) -> Path:
-        return self.run_dir(run_id) / "trace.h5"
+        return self.run_files(run_id).trace
 
     def kineto_dir(self, run_id: str) -> Path:
-        return self.run_dir(run_id) / "kineto"
+        return self.run_files(run_id).kineto
 
     def summary(self, run_id: str) -> Path:
-        return self.run_dir(run_id) / "summary.parquet"
+        return self.run_files(run_id).summary
 
     def steps(self, run_id: str) -> Path:
-        return self.run_dir(run_id) / "steps.parquet"
+        return self.run_files(run_id).steps
 
     def attribution(self, run_id: str) -> Path:
-        return self.run_dir(run_id) / "attribution.parquet"
+        return self.run_files(run_id).attribution
 
     def parts(self, run_id: str) -> Path:
-        """Per (rank, step) decomposition inputs: launch roles' CPU time, peer wait, kernels."""
-        return self.run_dir(run_id) / "parts.parquet"
+        return self.run_files(run_id).parts
+
+    def api_calls(self, run_id: str) -> Path:
+        return self.run_files(run_id).api_calls
+
+    def timeline(self, run_id: str) -> Path:
+        return self.run_files(run_id).timeline
+
+    def log(self, rule: str, name: str | None = None) -> Path:
+        """The log of one job of ``rule``: ``logs/<rule>/<name>.log`` for a job per wildcard
+        value (pass ``"{run_id}"`` for a rule's pattern), ``logs/<rule>.log`` for a single job."""
+        return self.logs / rule / f"{name}.log" if name is not None else self.logs / f"{rule}.log"
 
     def run_log(self, run_id: str) -> Path:
-        return self.logs / "run" / f"{run_id}.log"
+        return self.log("run", run_id)
 
     def summarize_log(self, run_id: str) -> Path:
-        return self.logs / "summarize" / f"{run_id}.log"
+        return self.log("summarize", run_id)
 
     # merges
     @property

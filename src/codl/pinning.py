@@ -1,9 +1,10 @@
 """CPU-set policies: where loader workers and the threads that launch GPU kernels may run.
 
-DESIGN.md sect. 7. The experiment varies *where* loader worker processes may run relative to the
-threads that feed the GPU, so each policy is a placement of two roles inside the CPUs the job was
-given: the *launch roles* (the main thread, which launches kernels, plus the autograd, pin-memory
-and communication threads that sit on the same critical path) and the *loader workers*.
+See docs/design.md sect. 7. The experiment varies *where* loader worker processes may run
+relative to the threads that feed the GPU, so each policy is a placement of two roles inside the
+CPUs the job was given: the *launch roles* (the main thread, which launches kernels, plus the
+autograd, pin-memory and communication threads that sit on the same critical path) and the
+*loader workers*.
 
 Everything happens inside the CPU set the job was given, captured once with
 ``os.sched_getaffinity(0)`` at start (``allowed``); a mask is never widened beyond it, because on
@@ -14,7 +15,7 @@ chunks of the sorted ids keep a rank on one socket on machines that number CPUs 
 If the launcher already bound each rank to its own CPUs (``srun --cpu-bind``), pass
 ``local_ranks=1``: the split would otherwise subdivide a set that is already the rank's.
 
-Roles are placed one by one (DESIGN.md sect. 7): the *main* thread (role ``launch``) launches
+Roles are placed one by one (docs/design.md sect. 7): the *main* thread (role ``launch``) launches
 nearly every kernel, the *autograd* thread runs the whole backward, the *pin-memory* thread copies
 every batch, the *comm* threads drive NCCL/gloo; piled onto one CPU they make the main thread wait
 behind its own helpers. Each helper role present in the run (:func:`roles_for`) is placed by its

@@ -42,7 +42,7 @@ AUTO: Literal["auto"] = "auto"
 _UNREAD_LAUNCH_CORES = 1
 # \Z, not $: Python's $ also matches before a trailing newline, which would let "name\n"
 # through into paths and shell words. The config schema uses the same pattern text.
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
+SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 # Loader workers per rank, whatever the machine: an absolute fork-bomb guard. `codl run` also
 # refuses more than WORKERS_PER_CPU workers per CPU of the job.
 MAX_LOADER_WORKERS = 1024
@@ -50,7 +50,7 @@ WORKERS_PER_CPU = 16
 
 
 class Mode(enum.StrEnum):
-    """Which pipeline components run (DESIGN.md sect. 4)."""
+    """Which pipeline components run (docs/design.md sect. 4)."""
 
     DATA = "data"
     COMPUTE = "compute"
@@ -94,7 +94,7 @@ class Mode(enum.StrEnum):
 
 
 class Policy(enum.StrEnum):
-    """CPU-set policy for loader workers and launch threads (DESIGN.md sect. 7; table in
+    """CPU-set policy for loader workers and launch threads (docs/design.md sect. 7; table in
     ``codl.pinning``). ``isolated-main`` isolates the main thread alone and puts the other launch
     roles with the loader workers, so that a matrix separates "launch thread alone" from "all
     launch roles together" (``isolated``)."""
@@ -286,7 +286,7 @@ class RunSpec:
         return spec
 
     def to_dict(self) -> dict[str, Any]:
-        return _to_jsonable(self)  # type: ignore[no-any-return]
+        return to_dict(self)  # type: ignore[no-any-return]
 
     def canonical_json(self) -> str:
         d = self.normalized().to_dict()
@@ -350,7 +350,7 @@ class RunSpec:
         if not 1 <= self.dataset.quality <= 100:
             out.append(f"{p}dataset.quality: got {self.dataset.quality}, expected 1..100")
         for key, name in (("dataset.name", self.dataset.name), ("dataset.tier", self.dataset.tier)):
-            if not _SAFE_NAME.match(name):
+            if not SAFE_NAME.match(name):
                 out.append(
                     f"{p}{key}: got {name!r}, expected letters, digits, '_', '.', '-' "
                     "(it becomes a path)"
@@ -465,9 +465,10 @@ def _upper_limits(spec: RunSpec) -> tuple[tuple[str, int, int], ...]:
 _T = TypeVar("_T")
 
 
-def _to_jsonable(value: Any) -> Any:
+def to_dict(value: Any) -> Any:
+    """A spec dataclass (or an enum, or plain data) as JSON-ready plain data."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {f.name: to_dict(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, enum.Enum):
         return value.value
     return value
@@ -483,6 +484,21 @@ def _type_hints(cls: type) -> dict[str, Any]:
     if hints is None:
         hints = _HINTS[cls] = typing.get_type_hints(cls)
     return hints
+
+
+# The old private name, still imported by codl.datasets (another change owns that module).
+_to_jsonable = to_dict
+
+
+def from_dict(cls: type[_T], data: Any, *, where: str = "") -> _T:
+    """Build spec dataclass ``cls`` from plain data; raises ConfigError listing every problem
+    with its key path (``where`` prefixes them). ``RunSpec.from_dict`` adds the semantic checks.
+    """
+    problems: list[str] = []
+    built = _from_mapping(cls, data, where, problems)
+    if problems or built is None:
+        raise ConfigError(problems or [f"{where or '<root>'}: could not be built"])
+    return built
 
 
 def _from_mapping(cls: type[_T], data: Any, where: str, problems: list[str]) -> _T | None:
@@ -605,4 +621,4 @@ def field_paths(cls: type[Any] = RunSpec, prefix: str = "") -> list[str]:
 
 def is_safe_name(name: str) -> bool:
     """Names that become paths or shell words: letters, digits, '_', '.', '-'; no leading dot."""
-    return bool(_SAFE_NAME.match(name))
+    return bool(SAFE_NAME.match(name))

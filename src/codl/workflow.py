@@ -10,7 +10,7 @@ from typing import Any
 
 from codl.config import Plan
 from codl.paths import ResultPaths
-from codl.spec import DeviceKind, RunSpec, _to_jsonable
+from codl.spec import DeviceKind, RunSpec, to_dict
 
 
 def dataset_dir(paths: ResultPaths, tiers: Mapping[str, str], name: str, tier: str) -> Path:
@@ -45,7 +45,7 @@ def dataset_input(paths: ResultPaths, spec: RunSpec) -> list[str]:
 def dataset_spec_json(plan: Plan, name: str) -> str:
     for (dname, _tier), spec in plan.datasets().items():
         if dname == name:
-            return json.dumps(_to_jsonable(spec), sort_keys=True)
+            return json.dumps(to_dict(spec), sort_keys=True)
     raise KeyError(f"no run of the config reads data set {name!r}")
 
 

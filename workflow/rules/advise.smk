@@ -6,6 +6,13 @@
 # in the same results directory, and there advice/predictions.csv must stay the file its
 # advice wrote, not be refitted by `advise` on the verification runs.
 
+# The map, the advice and predicted vs measured read the merged tables for seconds: under Slurm
+# they run where Snakemake runs, as summarize and compare do (analysis.smk). `share` measures.
+
+
+localrules:
+    interference_map,
+
 
 rule interference_map:
     input:
@@ -24,15 +31,16 @@ rule interference_map:
         ),
         pdf=PATHS.figure(MAP_FIGURE, "pdf"),
     log:
-        str(PATHS.logs / "interference_map.log"),
-    conda:
-        "../../envs/codl.yaml"
+        PATHS.log("interference_map"),
     threads: 1
     script:
         "../scripts/interference_map.py"
 
 
 if ADVISOR.advise:
+
+    localrules:
+        advise,
 
     rule advise:
         input:
@@ -47,15 +55,16 @@ if ADVISOR.advise:
             verify=PATHS.verify_config,
             predictions=PATHS.predictions_table,
         log:
-            str(PATHS.logs / "advise.log"),
-        conda:
-            "../../envs/codl.yaml"
+            PATHS.log("advise"),
         threads: 1
         script:
             "../scripts/advise.py"
 
 
 if ADVISOR.predictions:
+
+    localrules:
+        predicted_vs_measured,
 
     rule predicted_vs_measured:
         input:
@@ -70,9 +79,7 @@ if ADVISOR.predictions:
             ),
             pdf=PATHS.figure(PREDICTION_FIGURE, "pdf"),
         log:
-            str(PATHS.logs / "predicted_vs_measured.log"),
-        conda:
-            "../../envs/codl.yaml"
+            PATHS.log("predicted_vs_measured"),
         threads: 1
         script:
             "../scripts/predicted_vs_measured.py"
@@ -99,9 +106,7 @@ if config.get("share", {}).get("jobs"):
             ),
             pdf=PATHS.figure(SHARE_FIGURE, "pdf"),
         log:
-            str(PATHS.logs / "share.log"),
-        conda:
-            "../../envs/codl.yaml"
+            PATHS.log("share"),
         threads: workflow.cores
         script:
             "../scripts/share.py"

@@ -1,3 +1,14 @@
+# Summarize, compare and figures read a few files and write tables and figures in seconds: under
+# Slurm they run where Snakemake runs (localrules) instead of waiting in the queue as one sbatch
+# job each (one per run for summarize). `--local-cores` caps how many run there at once.
+
+
+localrules:
+    summarize,
+    compare,
+    figures,
+
+
 rule summarize:
     input:
         trace=PATHS.trace("{run_id}"),
@@ -6,10 +17,10 @@ rule summarize:
         summary=PATHS.summary("{run_id}"),
         attribution=PATHS.attribution("{run_id}"),
         parts=PATHS.parts("{run_id}"),
+        api_calls=PATHS.api_calls("{run_id}"),
+        timeline=PATHS.timeline("{run_id}"),
     log:
         PATHS.summarize_log("{run_id}"),
-    conda:
-        "../../envs/codl.yaml"
     threads: 1
     script:
         "../scripts/summarize.py"
@@ -44,9 +55,7 @@ rule compare:
             category="Tables",
         ),
     log:
-        str(PATHS.logs / "compare.log"),
-    conda:
-        "../../envs/codl.yaml"
+        PATHS.log("compare"),
     threads: 1
     script:
         "../scripts/compare.py"
@@ -60,7 +69,8 @@ rule figures:
         steps=PATHS.steps_table,
         comparison=PATHS.comparison_table,
         decomposition=PATHS.decomposition_table,
-        traces=all_of("trace"),
+        api_calls=all_of("api_calls"),
+        timelines=all_of("timeline"),
     output:
         component_durations=report(
             PATHS.figure("component_durations"),
@@ -141,9 +151,7 @@ rule figures:
         ),
         pdfs=[str(PATHS.figure(name, "pdf")) for name in ALL_FIGURES],
     log:
-        str(PATHS.logs / "figures.log"),
-    conda:
-        "../../envs/codl.yaml"
+        PATHS.log("figures"),
     threads: 1
     script:
         "../scripts/figures.py"

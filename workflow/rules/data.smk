@@ -7,9 +7,7 @@ rule dataset:
     output:
         manifest=PATHS.dataset_manifest("{dataset}"),
     log:
-        str(PATHS.logs / "dataset" / "{dataset}.log"),
-    conda:
-        "../../envs/codl.yaml"
+        PATHS.log("dataset", "{dataset}"),
     threads: 1
     params:
         spec=get_dataset_spec_json,
@@ -24,9 +22,7 @@ rule stage_dataset:
     output:
         marker=PATHS.staged_marker("{tier}", "{dataset}"),
     log:
-        str(PATHS.logs / "stage" / "{tier}-{dataset}.log"),
-    conda:
-        "../../envs/codl.yaml"
+        PATHS.log("stage", "{tier}-{dataset}"),
     threads: 1
     params:
         target=get_tier_target,

@@ -11,9 +11,7 @@ rule spec:
     output:
         spec=PATHS.spec("{run_id}"),
     log:
-        str(PATHS.logs / "spec" / "{run_id}.log"),
-    conda:
-        "../../envs/codl.yaml"
+        PATHS.log("spec", "{run_id}"),
     params:
         spec=get_spec_json,
     shell:
@@ -28,8 +26,6 @@ rule run:
         trace=PATHS.trace("{run_id}"),
     log:
         PATHS.run_log("{run_id}"),
-    conda:
-        "../../envs/codl.yaml"
     threads: workflow.cores
     resources:
         nodes=get_run_resource("nodes"),

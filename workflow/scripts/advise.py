@@ -3,6 +3,10 @@ from pathlib import Path
 
 sys.stderr = open(snakemake.log[0], "w", buffering=1)
 
+from codl.log import configure
+
+configure()
+
 from codl.analysis.loop import advise_to
 
 advise_to(

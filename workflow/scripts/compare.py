@@ -3,6 +3,10 @@ from pathlib import Path
 
 sys.stderr = open(snakemake.log[0], "w", buffering=1)
 
+from codl.log import configure
+
+configure()
+
 from codl.analysis.pipeline import compare_to
 
 compare_to(

@@ -3,6 +3,10 @@ from pathlib import Path
 
 sys.stderr = open(snakemake.log[0], "w", buffering=1)
 
+from codl.log import configure
+
+configure()
+
 from codl.analysis.pipeline import figures_to
 
 figures_to(
@@ -10,6 +14,7 @@ figures_to(
     steps_table=Path(snakemake.input.steps),
     comparison_table=Path(snakemake.input.comparison),
     decomposition_table=Path(snakemake.input.decomposition),
-    traces=[Path(p) for p in snakemake.input.traces],
+    api_calls=[Path(p) for p in snakemake.input.api_calls],
+    timelines=[Path(p) for p in snakemake.input.timelines],
     figdir=Path(snakemake.output.component_durations).parent,
 )

@@ -3,6 +3,10 @@ from pathlib import Path
 
 sys.stderr = open(snakemake.log[0], "w", buffering=1)
 
+from codl.log import configure
+
+configure()
+
 from codl.paths import ResultPaths
 from codl.share import share_to
 

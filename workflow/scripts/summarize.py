@@ -3,6 +3,10 @@ from pathlib import Path
 
 sys.stderr = open(snakemake.log[0], "w", buffering=1)
 
+from codl.log import configure
+
+configure()
+
 from codl.analysis.pipeline import summarize_to
 
 summarize_to(
@@ -11,4 +15,6 @@ summarize_to(
     summary=Path(snakemake.output.summary),
     attribution=Path(snakemake.output.attribution),
     parts=Path(snakemake.output.parts),
+    api_calls=Path(snakemake.output.api_calls),
+    timeline=Path(snakemake.output.timeline),
 )

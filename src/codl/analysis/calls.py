@@ -1,4 +1,4 @@
-"""Per-call attribution of slow CUDA API calls (DESIGN.md sect. 9, issue 14 item 4).
+"""Per-call attribution of slow CUDA API calls (docs/design.md sect. 9, issue 14 item 4).
 
 Input: a run's ``events/cuda`` rows from the ``cuda_api`` level, its ``events/cuda_sched``
 evidence (``trace.cuda_api_sched``: the calling thread's CPU time and context-switch counts
@@ -52,6 +52,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from codl.trace.schema import Table
 from codl.trace.store import open_trace
 
 API_KINDS = ("runtime", "sync")
@@ -378,13 +379,13 @@ def attribute_trace(
     holds the subscription, autotuning and first-touch allocations, which no twin repeats."""
     with open_trace(trace_path) as t:
         run = str(t.attrs["run_id"])
-        cuda = _measured(t.table("events/cuda"), int(t.attrs.get("warmup_steps", 0)))
-        evidence = t.table("events/cuda_sched")
-        threads, samples = t.table("threads"), t.table("samples/sched")
+        cuda = _measured(t.table(Table.CUDA), int(t.attrs.get("warmup_steps", 0)))
+        evidence = t.table(Table.CUDA_SCHED)
+        threads, samples = t.table(Table.THREADS), t.table(Table.SCHED)
     twin = None
     if twin_path is not None:
         with open_trace(twin_path) as w:
-            twin = _measured(w.table("events/cuda"), int(w.attrs.get("warmup_steps", 0)))
+            twin = _measured(w.table(Table.CUDA), int(w.attrs.get("warmup_steps", 0)))
     return attribute_calls(
         cuda, evidence, run=run, twin=twin, threads=threads, sched_samples=samples, rule=rule
     )

@@ -15,6 +15,7 @@ from codl.analysis.compare import (
 )
 from codl.analysis.summarize import sched_deltas
 from codl.spec import Mode, Policy
+from codl.trace.schema import Table
 
 # The isolation modes: one component each, so no interference inside the run.
 COMPONENT_MODES = (Mode.DATA.value, Mode.COMPUTE.value, Mode.COMM.value)
@@ -51,7 +52,7 @@ def step_timeline(tables: dict[str, pd.DataFrame], *, step: int, rank: int = 0) 
 
     ``phase`` names the app phase (or loader stage) of a span so the plot can colour phases
     apart; it is empty for collectives and waits."""
-    app = tables["events/app"]
+    app = tables[Table.APP]
     app = app[(app["rank"] == rank)]
     st = app[(app["step"] == step) & (app["phase"].astype(str) == "step")]
     if st.empty:
@@ -60,9 +61,9 @@ def step_timeline(tables: dict[str, pd.DataFrame], *, step: int, rank: int = 0) 
     # Row order matters: the plot stacks tracks in order of first appearance.
     rows = [
         *_phase_spans(app, step, window),
-        *_loader_spans(tables["events/loader"], rank, window),
-        *_comm_spans(tables["events/comm"], rank, step, window),
-        *_wait_rows(tables["samples/sched"], tables["threads"], rank, step),
+        *_loader_spans(tables[Table.LOADER], rank, window),
+        *_comm_spans(tables[Table.COMM], rank, step, window),
+        *_wait_rows(tables[Table.SCHED], tables[Table.THREADS], rank, step),
     ]
     return pd.DataFrame(rows, columns=TIMELINE_COLUMNS)
 

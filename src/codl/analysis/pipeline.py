@@ -5,27 +5,49 @@ The Snakemake scripts are adapters that call exactly one function of this module
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from codl.analysis import compare as cmp
 from codl.analysis import decompose as dec
-from codl.analysis import figdata, plots
 from codl.analysis import summarize as sm
+from codl.analysis.figtables import FIGURES, FigureInputs, write_run_tables
 from codl.analysis.steady import flag_outliers
 from codl.errors import CodlError
-from codl.paths import DECOMPOSITION_FIGURE, FIGURE_FORMATS
+from codl.paths import FIGURE_FORMATS
 from codl.trace.clock import rank_bounds
-from codl.trace.store import Trace, open_trace
+
+log = logging.getLogger(__name__)
+
+
+def _wrote(df: pd.DataFrame, out: Path) -> None:
+    log.info("wrote %s (%d rows x %d columns)", out, len(df), df.shape[1])
 
 
 def summarize_to(
-    trace: Path, *, steps: Path, summary: Path, attribution: Path, parts: Path
-) -> None:
+    trace: Path,
+    *,
+    steps: Path,
+    summary: Path,
+    attribution: Path,
+    parts: Path,
+    api_calls: Path | None = None,
+    timeline: Path | None = None,
+) -> pd.DataFrame:
+    """Every per-run table of one trace, and its figure tables when their paths are given;
+    returns the one-row summary."""
+    log.info("reading %s", trace)
     tables, attrs = sm.read_tables(trace)
+    log.info(
+        "run %s: %s",
+        attrs.get("run_id", "?"),
+        ", ".join(f"{name} {len(df)} rows" for name, df in tables.items() if len(df)),
+    )
     pt = dec.step_parts(
         tables,
         warmup=sm.warmup_steps(attrs),
@@ -37,6 +59,16 @@ def summarize_to(
     for df, out in ((st, steps), (sm_, summary), (at, attribution), (pt, parts)):
         out.parent.mkdir(parents=True, exist_ok=True)
         df.to_parquet(out, index=False)
+        _wrote(df, out)
+    if api_calls is not None and timeline is not None:
+        spec = attrs.get("spec", {})
+        spec = json.loads(spec) if isinstance(spec, str) else spec
+        written = write_run_tables(
+            tables, attrs, spec, api_calls_out=api_calls, timeline_out=timeline
+        )
+        for out, df in written.items():
+            _wrote(df, out)
+    return sm_
 
 
 def _read_all(paths: Sequence[Path], kind: str) -> pd.DataFrame:
@@ -45,7 +77,11 @@ def _read_all(paths: Sequence[Path], kind: str) -> pd.DataFrame:
         raise CodlError(f"missing {kind} files (their runs did not finish): {missing}")
     frames = [pd.read_parquet(p) for p in paths]
     frames = [f for f in frames if len(f)]
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    merged = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    log.info(
+        "read %d %s file(s), %d with rows: %d rows", len(paths), kind, len(frames), len(merged)
+    )
+    return merged
 
 
 def compare_to(
@@ -75,11 +111,21 @@ def compare_to(
     ):
         out.parent.mkdir(parents=True, exist_ok=True)
         df.to_csv(out, index=False)
+        _wrote(df, out)
     return comparison
 
 
 def _outs(figdir: Path, name: str) -> list[Path]:
-    return [figdir / f"{name}.{fmt}" for fmt in FIGURE_FORMATS]
+    outs = [figdir / f"{name}.{fmt}" for fmt in FIGURE_FORMATS]
+    # Logged before drawing: a figure that fails names itself as the last line of the log.
+    log.info("drawing %s", ", ".join(str(p) for p in outs))
+    return outs
+
+
+def _read_csv(path: Path) -> pd.DataFrame:
+    df = pd.read_csv(path)
+    log.info("read %s (%d rows)", path, len(df))
+    return df
 
 
 def recompare_tables(
@@ -104,6 +150,25 @@ def recompare_tables(
     return comparison
 
 
+def _merged_inputs(
+    runs_table: Path, steps_table: Path, comparison_table: Path, decomposition_table: Path
+) -> FigureInputs:
+    return FigureInputs(
+        runs=_read_csv(runs_table),
+        steps=_read_csv(steps_table),
+        comparison=_read_csv(comparison_table),
+        decomposition=_read_csv(decomposition_table),
+    )
+
+
+def draw_figures(inputs: FigureInputs, figdir: Path, *, merged_only: bool = False) -> None:
+    """Every registered figure (only those the merged tables suffice for, if ``merged_only``)."""
+    for fig in FIGURES:
+        if merged_only and not fig.merged_only:
+            continue
+        fig.draw(fig.prepare(inputs), _outs(figdir, fig.name), **fig.options(inputs))
+
+
 def table_figures_to(
     *,
     runs_table: Path,
@@ -113,23 +178,8 @@ def table_figures_to(
     figdir: Path,
 ) -> None:
     """The figures drawn from the merged tables alone."""
-    summary = pd.read_csv(runs_table)
-    steps = pd.read_csv(steps_table)
-    comparison = pd.read_csv(comparison_table)
-    decomposition = pd.read_csv(decomposition_table)
-    plots.component_durations(
-        figdata.with_arm_intervals(cmp.headline(comparison), steps),
-        _outs(figdir, "component_durations"),
-    )
-    plots.launch_wait_vs_compute(steps, _outs(figdir, "launch_wait_vs_compute"))
-    plots.step_time_distributions(steps, _outs(figdir, "step_time_distributions"))
-    plots.policy_heatmap(
-        figdata.heatmap_table(summary, comparison), _outs(figdir, "policy_heatmap")
-    )
-    plots.decomposition(
-        figdata.decomposition_runs(dec.decomposition_means(decomposition), decomposition),
-        _outs(figdir, DECOMPOSITION_FIGURE),
-    )
+    inputs = _merged_inputs(runs_table, steps_table, comparison_table, decomposition_table)
+    draw_figures(inputs, figdir, merged_only=True)
 
 
 def figures_to(
@@ -138,63 +188,15 @@ def figures_to(
     steps_table: Path,
     comparison_table: Path,
     decomposition_table: Path,
-    traces: Sequence[Path],
+    api_calls: Sequence[Path],
+    timelines: Sequence[Path],
     figdir: Path,
 ) -> None:
-    table_figures_to(
-        runs_table=runs_table,
-        steps_table=steps_table,
-        comparison_table=comparison_table,
-        decomposition_table=decomposition_table,
-        figdir=figdir,
+    """Every figure, from the merged tables and the runs' figure tables (never the traces)."""
+    merged = _merged_inputs(runs_table, steps_table, comparison_table, decomposition_table)
+    inputs = dataclasses.replace(
+        merged,
+        api_calls=_read_all(api_calls, "api_calls"),
+        timelines=_read_all(timelines, "timeline"),
     )
-    # The timeline's run is picked by a stated rule from the runs table, not by file order.
-    chosen = figdata.timeline_run(pd.read_csv(runs_table))
-    api_frames = []
-    timeline = pd.DataFrame()
-    title = ""
-    names = (
-        "events/app",
-        "events/loader",
-        "events/comm",
-        "events/cuda",
-        "samples/sched",
-        "threads",
-    )
-    for path in traces:
-        with open_trace(path) as t:
-            spec = t.spec
-            run_id = str(t.attrs.get("run_id", ""))
-            warm = int(t.attrs.get("warmup_steps", 0))
-            mode = str(spec.get("mode"))
-            cuda = t.table("events/cuda")
-            if len(cuda):
-                label = "isolation" if mode == "compute" else mode
-                label += f" / {spec['pinning']['policy']}"
-                # The two sources perturb differently (Kineto far more): never pooled.
-                label += " / callbacks" if spec["trace"].get("cuda_api") else " / Kineto"
-                api_frames.append(figdata.api_latencies(cuda, label, warmup=warm, run_id=run_id))
-            if run_id == chosen:
-                timeline, title = _timeline_of(t, {n: t.table(n) for n in names}, warm)
-    api = pd.concat(api_frames, ignore_index=True) if api_frames else pd.DataFrame()
-    plots.api_latency_cdf(api, _outs(figdir, "api_latency_cdf"))
-    plots.step_timeline(timeline, _outs(figdir, "step_timeline"), title=title)
-
-
-def _timeline_of(t: Trace, tables: dict[str, pd.DataFrame], warm: int) -> tuple[pd.DataFrame, str]:
-    """Rank 0's measured step closest to the run's median step time, and a title naming it."""
-    app = tables["events/app"]
-    st = app[(app["phase"].astype(str) == "step") & (app["step"] >= warm) & (app["rank"] == 0)]
-    if st.empty:
-        return pd.DataFrame(), ""
-    dur = (st["end_ns"] - st["start_ns"]).to_numpy()
-    pick = int(np.argmin(np.abs(dur - np.median(dur))))
-    step = int(st["step"].to_numpy()[pick])
-    spec = t.spec
-    title = (
-        f"Run {t.attrs.get('run_id')} ({spec.get('mode')}, policy {spec['pinning']['policy']}, "
-        f"{spec['loader']['workers']} workers), rank 0, step {step} of {len(st)} measured: the "
-        "step closest to the run's median step time,\nin the run closest to the median step "
-        "time of its mode's runs (without CUDA tracing)"
-    )
-    return figdata.step_timeline(tables, step=step), title
+    draw_figures(inputs, figdir)

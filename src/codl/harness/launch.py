@@ -26,6 +26,7 @@ import numpy as np
 
 from codl.errors import CodlError, RunInterruptedError, TraceFormatError
 from codl.harness.runner import RankEnv, execute
+from codl.log import configure
 from codl.spec import DeviceKind, RunSpec
 from codl.trace.clock import TIME_COLUMNS, Alignment, alignment_of
 from codl.trace.store import check_trace_target, exclusive_lock, incomplete_path
@@ -99,6 +100,8 @@ def _rank_main(
     port: int,
     kineto_dir: Path | None,
 ) -> None:
+    # A spawned process starts with logging unconfigured; the level travels in the environment.
+    configure()
     n = spec.layout.ranks_per_node
     env = RankEnv(
         rank=local_rank,

@@ -46,6 +46,7 @@ from codl.harness.comm import (
     prepare_tensors,
     run_comm_step,
 )
+from codl.harness.progress import StepProgress
 from codl.spec import DeviceKind, Mode, Policy, Precision, RunSpec
 from codl.trace import clock, cuda_api, kineto
 from codl.trace.clock import Anchor, now_ns, take_anchor
@@ -754,6 +755,13 @@ def _step_loop(
     spans = rec.spans
     sleep_s: float | None = None
     warm_compute: list[float] = []
+    progress = StepProgress(
+        rank=rec.rank,
+        world=spec.layout.world_size,
+        total=spec.steps.total,
+        warmup=spec.steps.warmup,
+        batch=spec.workload.batch_size if mode.loads or mode.computes else 0,
+    )
     for step in range(spec.steps.total):
         rec.comm.step = step
         t_step = now_ns()
@@ -795,6 +803,7 @@ def _step_loop(
         rec.sample(step)
         if (step + 1) % DRAIN_EVERY_STEPS == 0:
             rec.drain()
+        progress.step_done(step)
         if step in {0, spec.steps.warmup - 1}:
             # Autograd, pin-memory and communication threads exist only after step 0; threads
             # made later in the warm-up inherit their creator's CPUs, and are placed before

@@ -43,7 +43,7 @@ import numpy as np
 
 from codl.errors import CodlError
 from codl.trace.kineto import Spans, StepIndex
-from codl.trace.schema import empty_columns
+from codl.trace.schema import Table, empty_columns
 
 DOMAIN_DRIVER = 1
 DOMAIN_RUNTIME = 2
@@ -70,7 +70,7 @@ RECORD = np.dtype(
         ("pad_", "<i4"),
     ]
 )
-SCHED_TABLE = "events/cuda_sched"
+SCHED_TABLE = Table.CUDA_SCHED
 _VERSION_SUFFIX = re.compile(r"_v\d+$")
 
 
@@ -282,7 +282,7 @@ def to_rows(
 ) -> dict[str, Any]:
     """Shim records -> events/cuda columns (already on the run's monotonic clock)."""
     index = StepIndex(spans)
-    cols = empty_columns("events/cuda")
+    cols = empty_columns(Table.CUDA)
     rec = _kept(rec, armed_at)
     if rec.size == 0:
         return cols
@@ -323,7 +323,7 @@ def collect_tables(
     tracer.stop()
     rec = tracer.records()
     rows = to_rows(rec, tracer.names, spans, armed_at=tracer.armed_at)
-    tables = {"events/cuda": rows}
+    tables: dict[str, dict[str, Any]] = {Table.CUDA: rows}
     if tracer.sched:
         tables[SCHED_TABLE] = sched_rows(rec, StepIndex(spans).rank, armed_at=tracer.armed_at)
     attrs: dict[str, Any] = {
@@ -340,4 +340,4 @@ def collect_tables(
 def collect(tracer: ApiTracer, spans: Spans) -> tuple[dict[str, Any], dict[str, Any]]:
     """``collect_tables`` for callers that want events/cuda only."""
     tables, attrs = collect_tables(tracer, spans)
-    return tables["events/cuda"], attrs
+    return tables[Table.CUDA], attrs

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from codl.trace.clock import now_ns
-from codl.trace.schema import empty_columns
+from codl.trace.schema import Table, empty_columns
 
 
 @dataclass
@@ -21,7 +21,7 @@ class DeviceSampler:
     unavailable_reason: str = ""
     _handle: Any = None
     _nvml: Any = None
-    rows: dict[str, list[Any]] = field(default_factory=lambda: empty_columns("samples/device"))
+    rows: dict[str, list[Any]] = field(default_factory=lambda: empty_columns(Table.DEVICE))
 
     def start(self) -> bool:
         try:

@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from codl.errors import TraceFormatError
-from codl.trace.schema import SCHEMA_VERSION
+from codl.trace.schema import SCHEMA_VERSION, Table
 from codl.trace.store import Trace, open_trace
 
 # Linux pids stay below 2**22 (pid_max limit), so synthetic pids above 2**30 never collide with a
@@ -39,8 +39,8 @@ GPU_PID_BASE: Final = 1 << 30
 COMM_PID_BASE: Final = (1 << 30) + (1 << 20)
 COMM_TID: Final = 1
 
-_EVENT_TABLES: Final = ("events/app", "events/loader", "events/cuda", "events/comm")
-_SAMPLE_TABLES: Final = ("samples/sched", "samples/device")
+_EVENT_TABLES: Final = (Table.APP, Table.LOADER, Table.CUDA, Table.COMM)
+_SAMPLE_TABLES: Final = (Table.SCHED, Table.DEVICE)
 _DEVICE_COUNTERS: Final = ("util_pct", "mem_util_pct", "mem_used", "sm_clock", "power")
 
 
@@ -168,17 +168,19 @@ def to_chrome_trace(
     trace: Trace, *, t0: int | None = None, t1: int | None = None
 ) -> dict[str, Any]:
     """The Chrome trace-event JSON object of ``trace`` (optionally only the window [t0, t1))."""
-    tables = {name: trace.table(name, t0=t0, t1=t1) for name in _EVENT_TABLES + _SAMPLE_TABLES}
-    threads = trace.table("threads").drop_duplicates(subset=["pid", "tid"], keep="last")
+    tables: dict[str, pd.DataFrame] = {
+        name: trace.table(name, t0=t0, t1=t1) for name in _EVENT_TABLES + _SAMPLE_TABLES
+    }
+    threads = trace.table(Table.THREADS).drop_duplicates(subset=["pid", "tid"], keep="last")
     b = _Builder(_time_base(trace, tables))
     # Events are added in this order, which is also the order of the metadata events.
-    hosts = _host_processes(b, tables["events/loader"], threads)
-    _app_events(b, tables["events/app"], hosts)
-    _loader_events(b, tables["events/loader"], hosts)
-    _cuda_events(b, tables["events/cuda"], hosts)
-    _comm_events(b, tables["events/comm"])
-    _sched_counters(b, tables["samples/sched"], hosts.label_of_tid)
-    _device_counters(b, tables["samples/device"])
+    hosts = _host_processes(b, tables[Table.LOADER], threads)
+    _app_events(b, tables[Table.APP], hosts)
+    _loader_events(b, tables[Table.LOADER], hosts)
+    _cuda_events(b, tables[Table.CUDA], hosts)
+    _comm_events(b, tables[Table.COMM])
+    _sched_counters(b, tables[Table.SCHED], hosts.label_of_tid)
+    _device_counters(b, tables[Table.DEVICE])
 
     # Metadata first, then time order: viewers do not need it, but diffs and tests read better.
     b.events.sort(key=lambda e: float(e["ts"]))

@@ -37,10 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from codl.trace.schema import empty_columns
+from codl.trace.schema import Table, empty_columns
 
-SWITCH_TABLE = "events/sched_switch"
-WAKING_TABLE = "events/sched_waking"
+SWITCH_TABLE = Table.SCHED_SWITCH
+WAKING_TABLE = Table.SCHED_WAKING
 _MARK = "codl-clock"
 _counter = itertools.count()
 

@@ -23,7 +23,7 @@ import numpy.typing as npt
 
 from codl.spec import RunSpec
 from codl.trace.clock import Anchor
-from codl.trace.schema import empty_columns
+from codl.trace.schema import Table, empty_columns
 
 RUNTIME_KINDS = {
     "cuda_runtime": "runtime",
@@ -120,7 +120,7 @@ def convert(
     index = StepIndex(spans)
     rank = index.rank
 
-    cols = empty_columns("events/cuda")
+    cols = empty_columns(Table.CUDA)
     offsets: list[int] = []
     for ev in doc.get("traceEvents", []):
         if ev.get("ph") != "X":

@@ -9,6 +9,7 @@ of this module; keep both in step and bump ``SCHEMA_VERSION`` on any incompatibl
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any
 
@@ -232,3 +233,21 @@ TABLES: dict[str, tuple[Column, ...]] = {
 def empty_columns(table: str) -> dict[str, list[Any]]:
     """One empty list per column of ``table``: the recorders' row buffers, in schema order."""
     return {c.name: [] for c in TABLES[table]}
+
+
+class Table(enum.StrEnum):
+    """Every table's name, spelled once: code names a table as ``Table.APP``, not
+    ``"events/app"``. A member is its string (``StrEnum``), so it indexes ``TABLES``, HDF5 paths
+    and the readers' arguments unchanged; a test keeps the members equal to ``TABLES``' keys."""
+
+    APP = "events/app"
+    LOADER = "events/loader"
+    CUDA = "events/cuda"
+    CUDA_SCHED = "events/cuda_sched"
+    SCHED_SWITCH = "events/sched_switch"
+    SCHED_WAKING = "events/sched_waking"
+    COMM = "events/comm"
+    SCHED = "samples/sched"
+    CPU = "samples/cpu"
+    DEVICE = "samples/device"
+    THREADS = "threads"
