@@ -465,9 +465,7 @@ def ddp_run(
                 row = {"rank": r, "step": step, "bucket": b, "op": "allreduce", "bytes": 1 << 20}
                 comm.append({**row, "start_ns": host, "end_ns": ends[b], "gpu_ns": gpu})
                 comm_gpu.append(
-                    {**row, "gpu_start_ns": arrive[r, b], "gpu_end_ns": ends[b]}
-                    if gpu_clock
-                    else {}
+                    {**row, "start_ns": arrive[r, b], "end_ns": ends[b]} if gpu_clock else {}
                 )
             for tid, run, share in ((LAUNCH, RUN_MS, MAIN_SHARE), (AUTOGRAD, 5.0, 1 - MAIN_SHARE)):
                 wait = d[r] * share
@@ -607,10 +605,8 @@ def test_bucket_gpu_starts_are_placed_on_the_host_clock_by_the_step_event() -> N
     rec.flush(7, ref=(t_step, step_event))
     g = rec.gpu_rows
     assert g["bucket"] == [0, 1] and g["step"] == [7, 7] and g["rank"] == [1, 1]
-    assert g["gpu_start_ns"] == [BASE + 12 * MS, BASE + 20 * MS]
-    assert [e - s for s, e in zip(g["gpu_start_ns"], g["gpu_end_ns"], strict=True)] == [
-        1.5 * MS
-    ] * 2
+    assert g["start_ns"] == [BASE + 12 * MS, BASE + 20 * MS]
+    assert [e - s for s, e in zip(g["start_ns"], g["end_ns"], strict=True)] == [1.5 * MS] * 2
     assert rec.rows["gpu_ns"] == [1.5 * MS] * 2
     # Without a step event (no CUDA events on the step) nothing is placed.
     rec.record("allreduce", 1, BASE, BASE, (FakeEvent(0.0), FakeEvent(1.0)))

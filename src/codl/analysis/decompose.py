@@ -195,6 +195,7 @@ def _arrivals(comm: pd.DataFrame, comm_gpu: pd.DataFrame | None) -> pd.DataFrame
     host_dur = np.where(c["gpu_ns"] >= 0, c["gpu_ns"], c["end_ns"] - c["start_ns"])
     if comm_gpu is not None and len(comm_gpu):
         g = comm_gpu.astype({k: "int64" for k in key}).drop_duplicates(key, keep="last")
+        g = g.rename(columns={"start_ns": "gpu_start_ns", "end_ns": "gpu_end_ns"})
         c = c.merge(g[[*key, "gpu_start_ns", "gpu_end_ns"]], on=key, how="left")
     else:
         c = c.assign(gpu_start_ns=np.nan, gpu_end_ns=np.nan)

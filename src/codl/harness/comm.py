@@ -75,8 +75,8 @@ class CommRecorder:
                 g["rank"].append(self.rank)
                 g["step"].append(self.rows["step"][idx])
                 g["bucket"].append(self.rows["bucket"][idx])
-                g["gpu_start_ns"].append(t0)
-                g["gpu_end_ns"].append(t0 + gpu_ns)
+                g["start_ns"].append(t0)
+                g["end_ns"].append(t0 + gpu_ns)
         self._pending.clear()
         self._bucket_in_step = 0
 

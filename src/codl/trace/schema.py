@@ -155,12 +155,12 @@ TABLES: dict[str, tuple[Column, ...]] = {
         _c("step", "i4"),
         _c("bucket", "i4", doc="bucket index within the step, as in events/comm"),
         _c(
-            "gpu_start_ns",
+            "start_ns",
             "i8",
             "ns",
             "when the GPU reached the bucket (its start event): step start + elapsed GPU time",
         ),
-        _c("gpu_end_ns", "i8", "ns", "gpu_start_ns + the collective's GPU duration"),
+        _c("end_ns", "i8", "ns", "start_ns + the collective's GPU duration"),
     ),
     # The launch roles' scheduler counters across one phase span (compute, data_wait, allreduce):
     # read just before the span opens and just after it closes, so a phase's CPU time and
@@ -247,6 +247,8 @@ class Table(enum.StrEnum):
     SCHED_SWITCH = "events/sched_switch"
     SCHED_WAKING = "events/sched_waking"
     COMM = "events/comm"
+    COMM_GPU = "events/comm_gpu"
+    PHASE_SCHED = "events/phase_sched"
     SCHED = "samples/sched"
     CPU = "samples/cpu"
     DEVICE = "samples/device"
