@@ -8,6 +8,10 @@ the instrumentation, not the synchronisation). Runs alternate in one process; th
 the ratio of throughputs within a pair, median over pairs with a bootstrap 95 % interval.
 
     python benchmarks/harness_overhead.py --device cpu --pairs 10
+
+``--phase-counters`` measures instead what the launch roles' counters at phase boundaries cost
+(trace.sched.PhaseSched.read: the main thread's CPU clock and a schedstat pread per launch-role
+thread), per read and per step of a loading, training rank (data_wait and compute: 4 reads).
 """
 
 from __future__ import annotations
@@ -107,12 +111,71 @@ def harness(spec: RunSpec, data: Path, out: Path) -> float:
     return spec.steps.measured * spec.workload.batch_size / elapsed
 
 
+# Reads per step of a rank that loads and trains: data_wait and compute, opened and closed.
+PHASE_READS_PER_STEP = 4
+
+
+def phase_counter_cost(reads: int, csv: Path) -> int:
+    """Time PhaseSched.read with the main thread and one helper thread (the autograd thread's
+    stand-in, blocked like it is between backward passes): median of 20 batches of ``reads``."""
+    import threading
+
+    import pandas as pd
+
+    from codl.trace.sched import PhaseSched
+
+    stop = threading.Event()
+    helper = threading.Thread(target=stop.wait, daemon=True)
+    helper.start()
+    ps = PhaseSched()
+    ps.set_threads([helper.native_id or 0])
+    # One CPU clock read for the main thread plus one pread per tracked thread.
+    syscalls = 1 + len(ps.tids)
+    per_read = []
+    for _ in range(20):
+        t0 = time.perf_counter_ns()
+        for _ in range(reads):
+            ps.read()
+        per_read.append((time.perf_counter_ns() - t0) / reads)
+    stop.set()
+    ps.close()
+    us = statistics.median(per_read) / 1e3
+    step_us = us * PHASE_READS_PER_STEP
+    print(
+        f"phase counters: {us:.2f} us per read ({syscalls} syscalls), "
+        f"{PHASE_READS_PER_STEP} reads = {PHASE_READS_PER_STEP * syscalls} syscalls "
+        f"= {step_us:.1f} us per step (median of 20 x {reads} reads, p5-p95 "
+        f"{np.percentile(per_read, 5) / 1e3:.2f}-{np.percentile(per_read, 95) / 1e3:.2f} us)"
+    )
+    csv.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(
+        {
+            "batch": range(len(per_read)),
+            "us_per_read": np.asarray(per_read) / 1e3,
+            "syscalls_per_read": syscalls,
+            "reads_per_step": PHASE_READS_PER_STEP,
+            "syscalls_per_step": PHASE_READS_PER_STEP * syscalls,
+        }
+    ).to_csv(csv, index=False)
+    print(f"wrote {csv}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     add_pair_arguments(p)
     p.add_argument("--traced", action="store_true", help="harness with every non-CUPTI level on")
     p.add_argument("--csv", type=Path, default=Path("benchmarks/results/harness_overhead.csv"))
+    p.add_argument(
+        "--phase-counters",
+        type=int,
+        metavar="READS",
+        default=0,
+        help="only time the phase-boundary counters (READS reads per batch) and exit",
+    )
     args = p.parse_args(argv)
+    if args.phase_counters:
+        return phase_counter_cost(args.phase_counters, args.csv.with_name("phase_counter_cost.csv"))
     gpu = args.device == "cuda"
     args.mode = "data+compute"
     args.model = "resnet50" if gpu else "resnet_tiny"

@@ -243,13 +243,17 @@ def test_peer_wait_per_bucket_on_two_ranks() -> None:
     assert (r1["peer_wait_ms"] == 0).all()
     assert (r0["last_rank"] == 1).all()
     parts = dec.comm_parts(comm, warmup=WARMUP, ranks_per_node=2).set_index(["rank", "step"])
-    assert parts.loc[(0, 3), "peer_wait_ms"] == pytest.approx(BUCKETS * LATE_MS, rel=REL)
+    assert parts.loc[(0, 3), "bucket_peer_wait_ms"] == pytest.approx(BUCKETS * LATE_MS, rel=REL)
+    # Exposed (after rank 0's own last bucket): the peer's lateness once, not once per bucket.
+    assert parts.loc[(0, 3), "peer_wait_ms"] == pytest.approx(LATE_MS, rel=REL)
+    assert parts.loc[(0, 3), "transfer_ms"] == pytest.approx(TRANSFER_MS, rel=REL)
     assert parts.loc[(0, 3), "straggler_rank"] == 1
+    assert parts.loc[(0, 3), "arrival_clock"] == "host"
     assert np.isnan(parts.loc[(1, 3), "straggler_rank"])
-    # The parts add up to the step's AllReduce time as summarize computes it.
+    # The per-bucket parts add up to the step's AllReduce time as summarize computes it.
     steps = sm.step_metrics(app_table(range(6), ranks=(0, 1)), comm, warmup=WARMUP)
     ar = steps.set_index(["rank", "step"])["allreduce_ms"]
-    total = parts["peer_wait_ms"] + parts["transfer_ms"]
+    total = parts["bucket_peer_wait_ms"] + parts["bucket_transfer_ms"]
     assert total.to_numpy() == pytest.approx(ar.reindex(total.index).to_numpy())
 
 
@@ -356,6 +360,8 @@ def test_step_parts_recover_host_time_and_kernel_busy_time() -> None:
     assert p["host_ms"] == pytest.approx(RUN_MS + AUTOGRAD_MS + EXTRA_WAIT_MS + 2.0)
     assert p["gpu_kernel_ms"] == pytest.approx(KERNEL_MS + EXTRA_KERNEL_MS)
     assert np.isnan(p["peer_wait_ms"])
+    # No phase-boundary counters in this trace: the host part is the whole step's, and says so.
+    assert p["host_source"] == "whole step"
     assert sorted(parts.index.get_level_values("step")) == list(range(WARMUP, WARMUP + 30))
 
 
@@ -405,63 +411,6 @@ def test_decomposition_recovers_host_launch_delay_and_gpu_slowdown() -> None:
     assert allsteps["host_launch_delay_ms"] == pytest.approx(host, rel=REL)
 
 
-def test_decomposition_of_a_ddp_run_against_its_compute_comm_twin() -> None:
-    """Two ranks; rank 1 arrives late at every bucket only in the loaded run. Rank 0's compute
-    inflation is the planted peer wait (DDP's compute span contains the AllReduce)."""
-    steps_range = range(WARMUP + 20)
-    frames, parts, sums = [], [], []
-    for run_id, mode, late in (("ddp", "compute+comm", 0.0), ("full", "combined", LATE_MS)):
-        comm = frame("events/comm", comm_rows(steps_range, late=late))
-        extra = BUCKETS * late
-        app = pd.concat(
-            [
-                app_table(steps_range, ranks=(0,), compute_ms=25.0 + extra),
-                app_table(steps_range, ranks=(1,), compute_ms=25.0),
-            ],
-            ignore_index=True,
-        )
-        tables = {"events/app": app, "events/comm": comm}
-        attrs = {
-            "run_id": run_id,
-            "warmup_steps": WARMUP,
-            "world_size": 2,
-            "spec": {
-                "mode": mode,
-                "device": "cpu",
-                "workload": {"model": "resnet_tiny", "batch_size": 16},
-                "pinning": {"policy": "none"},
-                "loader": {"workers": 2},
-                "layout": {"nodes": 1, "ranks_per_node": 2, "backend": "gloo"},
-            },
-        }
-        full = {n: tables.get(n, empty_frame(n)) for n in sm.TABLES}
-        p = dec.step_parts(full, warmup=WARMUP, ranks_per_node=2)
-        p.insert(0, "run_id", run_id)
-        st, su, _ = sm.summarize_tables(full, attrs, parts=p)
-        frames.append(st)
-        parts.append(p)
-        sums.append(su)
-    d = dec.decompose(
-        pd.concat(frames, ignore_index=True),
-        pd.concat(parts, ignore_index=True),
-        pd.concat(sums, ignore_index=True),
-    )
-    assert (d["twin_mode"] == "compute+comm").all()
-    r0 = d[d["rank"] == 0]
-    planted = BUCKETS * LATE_MS
-    assert r0["peer_wait_ms"].to_numpy() == pytest.approx(np.full(len(r0), planted), rel=REL)
-    assert r0["compute_inflation_ms"].to_numpy() == pytest.approx(
-        np.full(len(r0), planted), rel=REL
-    )
-    assert r0["allreduce_inflation_ms"].to_numpy() == pytest.approx(
-        np.full(len(r0), planted), rel=REL
-    )
-    assert (r0["straggler_rank"] == 1).all()
-    r1 = d[d["rank"] == 1]
-    assert r1["peer_wait_ms"].abs().max() < REL
-    assert r1["transfer_ms"].abs().max() < REL * TRANSFER_MS
-
-
 def test_parts_from_a_steps_table_keep_what_it_has() -> None:
     steps = pd.DataFrame(
         {
@@ -476,3 +425,190 @@ def test_parts_from_a_steps_table_keep_what_it_has() -> None:
     assert list(p["host_ms"]) == [10.0, 13.0]
     assert p["peer_wait_ms"].isna().all()
     assert p["gpu_kernel_ms"].isna().all()
+
+
+# --- decomposition as a budget: two DDP ranks, counters at the compute phase's boundaries ----
+
+DDP_BUCKETS = 4
+BUCKET_GAP_MS = 5.0  # a rank reaches bucket b at compute start + (b + 1) * 5 ms + its delay
+OPTIMIZER_MS = 3.0
+HANDOFF_MS = 8.0  # extra main-thread CPU time outside the compute span (the batch hand-off)
+MAIN_SHARE = 0.7  # of a rank's launch delay: the main thread's run-queue wait; rest autograd's
+
+
+def ddp_run(
+    run_id: str, mode: str, delay: np.ndarray | None, *, gpu_clock: bool = False
+) -> dict[str, pd.DataFrame]:
+    """Two ranks of one node. ``delay[step]`` ms of run-queue wait of rank 1's launch roles
+    inside its compute span delays its bucket arrivals; rank 0 then waits for rank 1 at the end
+    of its backward pass. With ``gpu_clock`` the arrivals are GPU starts (events/comm_gpu) and
+    the host enqueued every bucket early, at the same time on both ranks (host runs ahead)."""
+    app, comm, comm_gpu, phase, sched, threads = [], [], [], [], [], []
+    cum = {0: 0, 1: 0}
+    for step in range(len(delay) if delay is not None else STEPS):
+        t0 = BASE + step * 100 * MS
+        c0 = t0 + 2 * MS
+        d = {0: 0.0, 1: float(delay[step]) if delay is not None else 0.0}
+        arrive = {
+            (r, b): c0 + int((d[r] + BUCKET_GAP_MS * (b + 1)) * MS)
+            for r in (0, 1)
+            for b in range(DDP_BUCKETS)
+        }
+        ends = {b: max(arrive[0, b], arrive[1, b]) + int(TRANSFER_MS * MS) for b in range(4)}
+        c1 = max(ends.values()) + int(OPTIMIZER_MS * MS)
+        for r in (0, 1):
+            for ph, a, e in (("step", t0, t0 + 60 * MS), ("compute", c0, c1)):
+                app.append({"rank": r, "step": step, "phase": ph, "start_ns": a, "end_ns": e})
+            for b in range(DDP_BUCKETS):
+                host = c0 + (b + 1) * MS // 5 if gpu_clock else arrive[r, b]
+                gpu = ends[b] - arrive[r, b] if gpu_clock else -1
+                row = {"rank": r, "step": step, "bucket": b, "op": "allreduce", "bytes": 1 << 20}
+                comm.append({**row, "start_ns": host, "end_ns": ends[b], "gpu_ns": gpu})
+                comm_gpu.append(
+                    {**row, "start_ns": arrive[r, b], "end_ns": ends[b]} if gpu_clock else {}
+                )
+            for tid, run, share in ((LAUNCH, RUN_MS, MAIN_SHARE), (AUTOGRAD, 5.0, 1 - MAIN_SHARE)):
+                wait = d[r] * share
+                phase.append(
+                    {"rank": r, "step": step, "phase": "compute", "tid": tid + r * 10}
+                    | {"start_ns": c0, "end_ns": c1, "run_ns": int(run * MS)}
+                    | {"wait_ns": int(wait * MS)}
+                )
+            # Whole-step samples: the hand-off's CPU time lies outside the compute span.
+            cum[r] += int((RUN_MS + (HANDOFF_MS if mode == "combined" else 0.0)) * MS)
+            sched.append(
+                {"t_ns": t0 + 61 * MS, "rank": r, "pid": r + 1, "tid": LAUNCH + r * 10}
+                | {"step": step, "run_ns": cum[r]}
+            )
+    for r in (0, 1):
+        for tid, role in ((LAUNCH, "launch"), (AUTOGRAD, "autograd")):
+            threads.append({"rank": r, "pid": r + 1, "tid": tid + r * 10, "role": role})
+    tables = {
+        "events/app": frame("events/app", app),
+        "events/comm": frame("events/comm", comm),
+        "events/comm_gpu": frame("events/comm_gpu", [g for g in comm_gpu if g]),
+        "events/phase_sched": frame("events/phase_sched", phase),
+        "samples/sched": frame("samples/sched", sched),
+        "threads": frame("threads", threads),
+    }
+    return {n: tables.get(n, empty_frame(n)) for n in sm.TABLES}
+
+
+def ddp_decomposition(
+    delay: np.ndarray, *, gpu_clock: bool = False, drop: tuple[str, ...] = ()
+) -> pd.DataFrame:
+    frames, parts, sums = [], [], []
+    for run_id, mode, d in (("ddp", "compute+comm", None), ("full", "combined", delay)):
+        tables = ddp_run(run_id, mode, d, gpu_clock=gpu_clock)
+        for name in drop:
+            tables[name] = empty_frame(name)
+        attrs = {
+            "run_id": run_id,
+            "warmup_steps": WARMUP,
+            "world_size": 2,
+            "spec": {
+                "mode": mode,
+                "device": "cpu",
+                "workload": {"model": "resnet_tiny", "batch_size": 16},
+                "pinning": {"policy": "none"},
+                "loader": {"workers": 2},
+                "layout": {"nodes": 1, "ranks_per_node": 2, "backend": "gloo"},
+            },
+        }
+        p = dec.step_parts(tables, warmup=WARMUP, ranks_per_node=2)
+        p.insert(0, "run_id", run_id)
+        st, su, _ = sm.summarize_tables(tables, attrs, parts=p)
+        frames.append(st)
+        parts.append(p)
+        sums.append(su)
+    return dec.decompose(
+        pd.concat(frames, ignore_index=True),
+        pd.concat(parts, ignore_index=True),
+        pd.concat(sums, ignore_index=True),
+    )
+
+
+def planted_delays(n: int = 30) -> np.ndarray:
+    return np.random.default_rng(7).uniform(2.0, 9.0, WARMUP + n)
+
+
+@pytest.mark.parametrize("gpu_clock", [False, True])
+def test_the_budget_recovers_a_launch_delay_and_the_peer_wait_it_causes(gpu_clock: bool) -> None:
+    """Rank 1 is preempted inside its compute span (a known delay per step); rank 0 waits for
+    it in its exposed AllReduce. Each rank's inflation is recovered as the right part, the
+    batch hand-off outside the compute span is not counted, and the budget closes within 5 %."""
+    delay = planted_delays()
+    d = ddp_decomposition(delay, gpu_clock=gpu_clock).set_index(["rank", "step"])
+    assert (d["twin_mode"] == "compute+comm").all()
+    assert (d["host_source"] == "compute span").all()
+    assert (d["arrival_clock"] == ("gpu" if gpu_clock else "host")).all()
+    steps = d.index.get_level_values("step").unique()
+    planted = pd.Series(delay[steps], index=steps)
+    for rank, cause, other in (
+        (1, "host_launch_delay_ms", "peer_wait_ms"),
+        (0, "peer_wait_ms", "host_launch_delay_ms"),
+    ):
+        r = d.loc[rank]
+        assert r["compute_inflation_ms"].to_numpy() == pytest.approx(planted.to_numpy(), rel=REL)
+        assert r[cause].to_numpy() == pytest.approx(planted.to_numpy(), rel=REL)
+        assert r[other].abs().max() < REL * planted.min()
+        assert r["transfer_ms"].abs().max() < REL * planted.min()
+        budget = r[list(dec.PARTS)].sum(axis=1, min_count=0) + r["unattributed_ms"]
+        assert budget.to_numpy() == pytest.approx(r["compute_inflation_ms"].to_numpy())
+        assert (r["unattributed_ms"].abs() <= REL * r["compute_inflation_ms"].abs()).all()
+    assert (d.loc[0, "straggler_rank"] == 1).all()
+    # Per bucket, rank 0 waited the delay at every one of the 4 buckets: the AllReduce view.
+    r0 = d.loc[0]
+    assert r0["allreduce_peer_wait_ms"].to_numpy() == pytest.approx(
+        DDP_BUCKETS * planted.to_numpy(), rel=REL
+    )
+
+
+def test_without_gpu_arrivals_the_host_clock_is_used_and_named() -> None:
+    # The host enqueued every bucket at once on both ranks: its clock sees no peer wait at all,
+    # and the table says the arrivals were host times.
+    d = ddp_decomposition(planted_delays(), gpu_clock=True, drop=("events/comm_gpu",))
+    assert (d["arrival_clock"] == "host").all()
+    assert d.loc[d["rank"] == 0, "peer_wait_ms"].abs().max() < REL
+
+
+def test_without_phase_counters_the_whole_step_host_part_is_named() -> None:
+    # An older trace: per-step samples only. The hand-off lands in the host part, and the
+    # table says the part covers the whole step (not a budget).
+    d = ddp_decomposition(planted_delays(), drop=("events/phase_sched",))
+    assert (d["host_source"] == "whole step").all()
+    assert d["host_launch_delay_ms"].to_numpy() == pytest.approx(
+        np.full(len(d), HANDOFF_MS), rel=REL
+    )
+
+
+class FakeEvent:
+    """A CUDA event stand-in: its GPU time in ms, and elapsed_time as CUDA defines it."""
+
+    def __init__(self, ms: float) -> None:
+        self.ms = ms
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        return end.ms - self.ms
+
+
+def test_bucket_gpu_starts_are_placed_on_the_host_clock_by_the_step_event() -> None:
+    from codl.harness.comm import CommRecorder
+
+    rec = CommRecorder(rank=1, step=7)
+    step_event, t_step = FakeEvent(100.0), BASE
+    # Two buckets: the GPU reaches them 12 and 20 ms after the step began; each takes 1.5 ms.
+    for start_ms in (112.0, 120.0):
+        rec.record(
+            "allreduce", 1 << 20, BASE, BASE, (FakeEvent(start_ms), FakeEvent(start_ms + 1.5))
+        )
+    rec.flush(7, ref=(t_step, step_event))
+    g = rec.gpu_rows
+    assert g["bucket"] == [0, 1] and g["step"] == [7, 7] and g["rank"] == [1, 1]
+    assert g["start_ns"] == [BASE + 12 * MS, BASE + 20 * MS]
+    assert [e - s for s, e in zip(g["start_ns"], g["end_ns"], strict=True)] == [1.5 * MS] * 2
+    assert rec.rows["gpu_ns"] == [1.5 * MS] * 2
+    # Without a step event (no CUDA events on the step) nothing is placed.
+    rec.record("allreduce", 1, BASE, BASE, (FakeEvent(0.0), FakeEvent(1.0)))
+    rec.flush(8)
+    assert len(g["bucket"]) == 2

@@ -49,9 +49,8 @@ def two_ranks(mode: str, **layout: Any) -> RunSpec:
 
 def read(path: Path) -> dict[str, Any]:
     with open_trace(path) as t:
-        return {n: t.table(n) for n in ("events/app", "events/loader", "events/comm")} | {
-            "attrs": dict(t.attrs)
-        }
+        names = ("events/app", "events/loader", "events/comm", "events/phase_sched", "threads")
+        return {n: t.table(n) for n in names} | {"attrs": dict(t.attrs)}
 
 
 @pytest.mark.parametrize(
@@ -89,6 +88,25 @@ def test_two_rank_modes_do_exactly_their_components(
         assert step0["bytes"].sum() == 4 * n_params
     assert len(t["attrs"]["ranks"]) == 2
     assert not list(tmp_path.glob("trace.rank*"))
+    check_phase_counters(app, t["events/phase_sched"], t["threads"])
+
+
+def check_phase_counters(app: Any, phase: Any, threads: Any) -> None:
+    """Every compute, data_wait and allreduce span has its launch thread's counters across
+    exactly that span, and they fit in it: on-CPU time + run-queue wait <= its wall time (plus
+    the few microseconds of the reads just outside it)."""
+    spans = app[app["phase"].astype(str).isin(["compute", "data_wait", "allreduce"])]
+    launch = threads[threads["role"].astype(str) == "launch"][["rank", "tid"]].drop_duplicates()
+    mine = phase.merge(launch, on=["rank", "tid"])
+    key = ["rank", "step", "start_ns", "end_ns"]
+    got = mine.assign(phase=mine["phase"].astype(str))[[*key, "phase"]]
+    want = spans.assign(phase=spans["phase"].astype(str))[[*key, "phase"]]
+    assert sorted(map(tuple, got.to_numpy().tolist())) == sorted(
+        map(tuple, want.to_numpy().tolist())
+    )
+    assert (mine["run_ns"] >= 0).all() and (mine["wait_ns"] >= 0).all()
+    slack = 1_000_000
+    assert (mine["run_ns"] + mine["wait_ns"] <= mine["end_ns"] - mine["start_ns"] + slack).all()
 
 
 def _reduce_worker(rank: int, port: int, pattern: str, out: Any) -> None:

@@ -319,33 +319,34 @@ def test_flagged_steps_are_drawn_apart(tmp_path: Path, monkeypatch: pytest.Monke
     assert "flagged anomalous step (n=4)" in legend
 
 
-def test_decomposition_splits_overlapping_parts(
+def test_decomposition_stacks_the_budget_up_to_the_inflation(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     figs = _drawn(monkeypatch)
     means = decomposition_means()
-    means.loc[means["policy"] == "isolated", "transfer_ms"] = -0.3
+    means["host_source"] = "compute span"
+    means.loc[means["policy"] == "isolated", "host_source"] = "whole step"
     plots.decomposition(means, outputs(tmp_path, "x"))
     ax = figs[0].axes[0]
-    # The host part and the compute-span parts overlap: two bars side by side, never stacked.
-    host = [p for p in ax.patches if p.get_facecolor()[:3] == _rgb(plots.HOST_PART[2])]
-    span = [p for p in ax.patches if p not in host and p.get_height() != 0]
-    assert len(host) == len(means) and span
-    for i, h in enumerate(host):
-        # Group i's host bar ends where its compute-span bar begins, and starts at zero.
-        beside = [p for p in span if abs(p.get_x() - (h.get_x() + h.get_width())) < 1e-9]
-        assert beside and h.get_y() == 0.0, i
-    # A negative part is drawn below zero.
-    assert min(p.get_height() for p in span) < 0
-    title = ax.get_title()
-    assert "by cause" not in title and "move with" in title and "overlap" in title
+    bars = [p for p in ax.patches if p.get_height() != 0]
+    line = ax.collections[0].get_segments()
+    for i, seg in enumerate(line):
+        centre = (seg[0][0] + seg[1][0]) / 2
+        mine = [p for p in bars if abs(p.get_x() + p.get_width() / 2 - centre) < 1e-9]
+        # One bar per group: its parts, positive up and negative down, sum to the line.
+        assert sum(p.get_height() for p in mine) == pytest.approx(seg[0][1]), i
+    # The isolated groups' unattributed part is negative: drawn below zero.
+    assert min(p.get_height() for p in bars) < 0
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert "compute inflation (mean)" in legend
-    assert not any("unattributed" in t for t in legend)
+    assert any("unattributed" in t for t in legend)
     # GPU slowdown was not measured (NaN everywhere): no legend entry claims a zero.
     assert not any("GPU slowdown" in t for t in legend)
+    assert "budget" in ax.get_title()
     labels = [t.get_text() for t in ax.get_xticklabels()]
     assert all("x2 ranks" in t and "20 steps" in t for t in labels)
+    # A group whose host part covers the whole step says it is no budget; the others do not.
+    assert ["not a budget" in t for t in labels] == list(means["host_source"] == "whole step")
 
 
 def _rgb(color: str) -> tuple[float, ...]:

@@ -1,34 +1,48 @@
-"""Why a step got slower: per step and rank, compute and AllReduce inflation split into causes.
+"""Why a step got slower: per step and rank, compute inflation as a budget of causes.
 
 Two halves, both pure (DataFrames in, DataFrames out):
 
-* ``step_parts`` (per run, in the summarize job): absolute per-(rank, step) costs from the trace -
-  the launch roles' on-CPU time and run-queue wait (main and autograd threads, from schedstat),
-  each AllReduce bucket's *peer wait* and *transfer* (from the ranks' enqueue times of the same
-  bucket), and GPU kernel busy time (CUPTI kernels, where traced).
+* ``step_parts`` (per run, in the summarize job): absolute per-(rank, step) costs from the trace,
+  each measured *inside the compute span* so that they add up: the launch roles' on-CPU time and
+  run-queue wait across the compute phase (``events/phase_sched``, read at the phase's
+  boundaries), the *exposed* peer wait and transfer of the step's AllReduce buckets (the part
+  after the rank's own last bucket was ready, when nothing of its own is left to overlap them),
+  and GPU kernel busy time (CUPTI kernels, where traced).
 * ``decompose`` (in compare): each part minus its isolation twin's steady-state mean, next to the
-  inflation of compute (and AllReduce) against the same twin:
+  compute inflation against the same twin, as a budget::
+
+      compute inflation = host_launch_delay + peer_wait + transfer + gpu_slowdown + unattributed
 
   ===================  =======================================================================
-  host_launch_delay    launch + autograd threads' on-CPU time and run-queue wait beyond twin
-  peer_wait            waiting in a bucket's AllReduce for the last rank to arrive
-  transfer             the collective's time from the last arrival (its own work)
+  host_launch_delay    main + autograd threads' on-CPU time and run-queue wait in the compute
+                       span, beyond the twin's
+  peer_wait            exposed wait in the compute span for the last rank to reach a bucket
+  transfer             exposed collective time from the last arrival on (its own work)
   gpu_slowdown         GPU kernel busy time beyond the twin's (CUPTI runs only, else NaN)
-  unattributed         inflation minus the parts above (negative: parts overlap in time)
+  unattributed         inflation minus the parts above, signed
   ===================  =======================================================================
+
+Why these add up (host clock, CPU and gloo): the main thread's wall time in the compute span
+is its on-CPU time + run-queue wait + time blocked; it blocks at the end of the backward pass
+for the buckets still in flight, which is the exposed peer wait + transfer. What is left
+unattributed is the rest of its blocked time (intra-op pool threads, allocator) and the
+counters' read cost. On a GPU the compute span is GPU time: a launch delay while the GPU still
+has queued work costs it nothing, and CUPTI kernel time overlaps the host parts, so there
+``unattributed`` goes negative by what the GPU hid; it is always shown, never spread.
 
 Baselines are the twin's *means* over its steady-state steps, not medians: means add up, so the
 baselines of the parts sum to the baseline of their sum and ``unattributed`` is exact arithmetic.
-The parts are costs measured on their own resources; they can overlap in time (DDP reduces
-buckets during the backward pass; a launch thread delayed while the GPU still has queued work
-costs the GPU nothing), which is why ``unattributed`` may be negative and is always shown.
 
-Peer wait needs the ranks' enqueue times on one clock: ranks of one node share
+Arrivals: a bucket's arrival is, on CUDA ranks with ``events/comm_gpu``, the GPU start of its
+collective (the CUDA event before it, placed on the host clock by the step's start event);
+otherwise the host's enqueue of the bucket (the DDP comm hook), which on CUDA runs ahead of the
+GPU. ``arrival_clock`` ("gpu" or "host") says which a step used. Ranks of one node share
 CLOCK_MONOTONIC; across nodes the merge put every rank on rank 0's clock through a measured
 offset (``codl.trace.clock``), and ``peer_wait_bound_ms`` bounds what that offset's error can do
-to ``peer_wait_ms`` (0 on one node; NaN parts for traces without a measured offset). The
-arrival is the host's enqueue of the bucket (the DDP comm hook); on CUDA the GPU reaches the
-bucket later than the host enqueues it, so there it is the host-side view of the wait.
+to the peer wait (0 on one node; NaN parts for traces without a measured offset).
+Traces without ``events/phase_sched`` (recorded before it existed) fall back to the per-step
+schedstat samples, which cover the whole step (the batch hand-off included);
+``host_source`` ("compute span" or "whole step") says which, and only the first is a budget.
 """
 
 from __future__ import annotations
@@ -67,13 +81,21 @@ PART_COLUMNS: dict[str, str] = {
     "autograd_run_ms": "float64",
     "autograd_wait_ms": "float64",
     "host_ms": "float64",
+    "host_source": "object",
     "peer_wait_ms": "float64",
     "transfer_ms": "float64",
+    "bucket_peer_wait_ms": "float64",
+    "bucket_transfer_ms": "float64",
+    "arrival_clock": "object",
     "straggler_rank": "float64",
     "gpu_kernel_ms": "float64",
     # Bound on peer_wait_ms's error from the clock alignment of the ranks compared.
     "peer_wait_bound_ms": "float64",
 }
+# Where the host part was measured (host_source) and which clock placed arrivals.
+COMPUTE_SPAN, WHOLE_STEP = "compute span", "whole step"
+GPU_CLOCK, HOST_CLOCK = "gpu", "host"
+HOST_COLUMNS = ["launch_run_ms", "launch_wait_ms", "autograd_run_ms", "autograd_wait_ms"]
 
 
 def _empty(columns: Mapping[str, str]) -> pd.DataFrame:
@@ -84,25 +106,21 @@ def _ms(x: Any) -> npt.NDArray[np.float64]:
     return np.asarray(x, dtype=np.float64) / 1e6
 
 
-def host_parts(sched: pd.DataFrame, threads: pd.DataFrame, *, warmup: int) -> pd.DataFrame:
-    """Per (rank, step): on-CPU time and run-queue wait of the launch and autograd threads.
-
-    ``host_ms`` is their sum: the host time the step's kernel launches took. Roles come from the
-    threads table (latest row per thread); a rank without an autograd thread (no backward, or
-    CPU autograd on the main thread) has 0 there, not NaN: the role did no work.
-    """
-    cols = ["launch_run_ms", "launch_wait_ms", "autograd_run_ms", "autograd_wait_ms", "host_ms"]
-    d = sched_deltas(sched)
-    d = d[d["step"] >= warmup]
-    if d.empty or threads.empty:
-        return _empty({"rank": "int64", "step": "int64", **dict.fromkeys(cols, "float64")})
-    roles = threads.drop_duplicates(["rank", "tid"], keep="last").assign(
+def _roles(threads: pd.DataFrame) -> pd.DataFrame:
+    """(rank, tid, role) of every thread, the latest row per thread."""
+    return threads.drop_duplicates(["rank", "tid"], keep="last").assign(
         rank=lambda t: t["rank"].astype("int64"),
         tid=lambda t: t["tid"].astype("int64"),
         role=lambda t: t["role"].astype(str),
     )[["rank", "tid", "role"]]
-    d = d.merge(roles, on=["rank", "tid"], how="inner")
+
+
+def _host_columns(d: pd.DataFrame) -> pd.DataFrame:
+    """Per (rank, step) from per-thread (run_ns, wait_ns) rows with a ``role``: the launch
+    roles' columns and their sum ``host_ms``. A role that did no work (no autograd thread: no
+    backward, or CPU autograd on the main thread) has 0 there, not NaN."""
     d = d[d["role"].isin(LAUNCH_ROLES)]
+    cols = [*HOST_COLUMNS, "host_ms"]
     if d.empty:
         return _empty({"rank": "int64", "step": "int64", **dict.fromkeys(cols, "float64")})
     per = d.groupby([*KEYS, "role"])[["run_ns", "wait_ns"]].sum().unstack("role", fill_value=0)
@@ -111,20 +129,83 @@ def host_parts(sched: pd.DataFrame, threads: pd.DataFrame, *, warmup: int) -> pd
         for kind in ("run", "wait"):
             col = (f"{kind}_ns", role)
             out[f"{role}_{kind}_ms"] = _ms(per[col]) if col in per else 0.0
-    out["host_ms"] = out[cols[:4]].sum(axis=1)
+    out["host_ms"] = out[HOST_COLUMNS].sum(axis=1)
     return out.reset_index().astype({"rank": "int64", "step": "int64"})
+
+
+def host_parts(
+    sched: pd.DataFrame,
+    threads: pd.DataFrame,
+    *,
+    warmup: int,
+    phase_sched: pd.DataFrame | None = None,
+) -> pd.DataFrame:
+    """Per (rank, step): on-CPU time and run-queue wait of the launch and autograd threads.
+
+    From ``phase_sched`` (the counters at the compute phase's boundaries) where the trace has
+    it: the host time inside the compute span (``host_source`` = "compute span"). Otherwise from
+    the per-step samples, which cover the whole step (``host_source`` = "whole step").
+    """
+    empty = _empty(
+        {"rank": "int64", "step": "int64", **dict.fromkeys([*HOST_COLUMNS, "host_ms"], "float64")}
+    ).assign(host_source=pd.Series(dtype="object"))
+    if threads.empty:
+        return empty
+    roles = _roles(threads)
+    ps = phase_sched if phase_sched is not None else pd.DataFrame()
+    if len(ps):
+        ps = ps[(ps["phase"].astype(str) == "compute") & (ps["step"] >= warmup)]
+    if len(ps):
+        d = ps.assign(rank=ps["rank"].astype("int64"), tid=ps["tid"].astype("int64"))
+        source = COMPUTE_SPAN
+    else:
+        d = sched_deltas(sched)
+        d = d[d["step"] >= warmup]
+        source = WHOLE_STEP
+    if d.empty:
+        return empty
+    out = _host_columns(d.merge(roles, on=["rank", "tid"], how="inner"))
+    return out.assign(host_source=source) if len(out) else empty
 
 
 BUCKET_COLUMNS: dict[str, str] = {
     "rank": "int64",
     "step": "int64",
     "bucket": "int64",
+    "arrive_ns": "int64",
     "duration_ms": "float64",
     "peer_wait_ms": "float64",
     "transfer_ms": "float64",
     "last_rank": "int64",
+    "arrival_clock": "object",
     "peer_wait_bound_ms": "float64",
 }
+
+
+def _arrivals(comm: pd.DataFrame, comm_gpu: pd.DataFrame | None) -> pd.DataFrame:
+    """``comm`` with each bucket's arrival (``arrive_ns``) and collective duration
+    (``duration_ns``) on one clock per (step, bucket): the GPU start of the collective when
+    every rank has it (``events/comm_gpu``), the host enqueue otherwise."""
+    c = comm.assign(
+        rank=comm["rank"].astype("int64"),
+        step=comm["step"].astype("int64"),
+        bucket=comm["bucket"].astype("int64"),
+    )
+    key = ["rank", "step", "bucket"]
+    host_dur = np.where(c["gpu_ns"] >= 0, c["gpu_ns"], c["end_ns"] - c["start_ns"])
+    if comm_gpu is not None and len(comm_gpu):
+        g = comm_gpu.astype({k: "int64" for k in key}).drop_duplicates(key, keep="last")
+        g = g.rename(columns={"start_ns": "gpu_start_ns", "end_ns": "gpu_end_ns"})
+        c = c.merge(g[[*key, "gpu_start_ns", "gpu_end_ns"]], on=key, how="left")
+    else:
+        c = c.assign(gpu_start_ns=np.nan, gpu_end_ns=np.nan)
+    every = c.groupby(["step", "bucket"])["gpu_start_ns"].transform(lambda x: x.notna().all())
+    on_gpu = every.astype(bool).to_numpy()
+    return c.assign(
+        arrive_ns=np.where(on_gpu, c["gpu_start_ns"], c["start_ns"]).astype("int64"),
+        duration_ns=np.where(on_gpu, c["gpu_end_ns"] - c["gpu_start_ns"], host_dur),
+        arrival_clock=np.where(on_gpu, GPU_CLOCK, HOST_CLOCK),
+    )
 
 
 def bucket_waits(
@@ -132,13 +213,15 @@ def bucket_waits(
     *,
     warmup: int,
     ranks_per_node: int,
+    comm_gpu: pd.DataFrame | None = None,
     clock_bound_ns: Mapping[int, int] | None = None,
 ) -> pd.DataFrame:
     """Per (rank, step, bucket): the collective's duration split at the last rank's arrival.
 
-    A bucket's collective cannot start before every rank has enqueued it, so rank r's
+    A bucket's collective cannot start before every rank has reached it, so rank r's
     ``peer_wait`` is (last arrival - r's arrival), at most its duration, and ``transfer`` the
-    rest. ``duration`` is the GPU time when CUDA events measured it, host wall otherwise (as
+    rest. Arrivals are GPU starts where measured, host enqueues otherwise (``arrival_clock``).
+    ``duration`` is the GPU time when CUDA events measured it, host wall otherwise (as
     ``allreduce_ms``), so the parts of a step add up to its ``allreduce_ms``. Only ranks of one
     node (one clock) are compared, unless ``clock_bound_ns`` (``clock.rank_bounds``) says the
     trace put all ranks on one clock, each rank's times true to within its bound; then the
@@ -148,23 +231,16 @@ def bucket_waits(
     c = comm[comm["step"] >= warmup]
     if c.empty:
         return _empty(BUCKET_COLUMNS)
-    c = c.assign(
-        rank=c["rank"].astype("int64"),
-        step=c["step"].astype("int64"),
-        bucket=c["bucket"].astype("int64"),
-        node=0
-        if clock_bound_ns is not None
-        else c["rank"].astype("int64") // max(1, ranks_per_node),
-        duration_ns=np.where(c["gpu_ns"] >= 0, c["gpu_ns"], c["end_ns"] - c["start_ns"]),
-    )
+    c = _arrivals(c, comm_gpu)
+    c["node"] = 0 if clock_bound_ns is not None else c["rank"] // max(1, ranks_per_node)
     key = ["step", "bucket"]
     g = c.groupby(key)
-    last = g["start_ns"].transform("max")
+    last = g["arrive_ns"].transform("max")
     one_clock = g["node"].transform("nunique") == 1
-    first_last = g["start_ns"].idxmax()
+    first_last = g["arrive_ns"].idxmax()
     last_rank = pd.Series(c.loc[first_last.to_numpy(), "rank"].to_numpy(), index=first_last.index)
     c["last_rank"] = last_rank.reindex(pd.MultiIndex.from_frame(c[key])).to_numpy()
-    wait = np.minimum(np.clip(last - c["start_ns"], 0, None), c["duration_ns"])
+    wait = np.minimum(np.clip(last - c["arrive_ns"], 0, None), c["duration_ns"])
     c["peer_wait_ms"] = np.where(one_clock, _ms(wait), np.nan)
     c["duration_ms"] = _ms(c["duration_ns"])
     c["transfer_ms"] = c["duration_ms"] - c["peer_wait_ms"]
@@ -185,30 +261,85 @@ def _wait_bound(c: pd.DataFrame, clock_bound_ns: Mapping[int, int] | None) -> pd
     return b + others
 
 
+def _clipped_union_ms(starts: npt.NDArray[Any], ends: npt.NDArray[Any], lo: int) -> float:
+    """Length of the union of [start, end) intervals from ``lo`` on, in ms."""
+    s = np.maximum(starts, lo)
+    keep = ends > s
+    if not keep.any():
+        return 0.0
+    u = interval_union(s[keep], ends[keep])
+    return float((u[:, 1] - u[:, 0]).sum()) / 1e6
+
+
+def exposed(b: pd.DataFrame) -> pd.DataFrame:
+    """Per (rank, step): the peer wait and transfer that lie *after* the rank's own last arrival.
+
+    Until its last bucket is ready a rank still has backward work of its own, which hides a
+    collective waiting meanwhile; from then on it can only wait, so the step's compute span
+    grows by exactly the time a collective is still in flight. Both are unions over the buckets
+    (a peer late for several buckets at once costs its lateness once, not once per bucket).
+    """
+    cols = {"rank": "int64", "step": "int64", "peer_wait_ms": "float64", "transfer_ms": "float64"}
+    rows = []
+    for (rank, step), g in b.groupby(KEYS):
+        if g["peer_wait_ms"].isna().any():
+            rows.append((rank, step, np.nan, np.nan))
+            continue
+        arrive = g["arrive_ns"].to_numpy(dtype=np.int64)
+        lo = int(arrive.max())
+        wait_end = arrive + np.round(g["peer_wait_ms"].to_numpy() * 1e6).astype(np.int64)
+        busy_end = arrive + np.round(g["duration_ms"].to_numpy() * 1e6).astype(np.int64)
+        wait = _clipped_union_ms(arrive, wait_end, lo)
+        busy = _clipped_union_ms(arrive, busy_end, lo)
+        rows.append((rank, step, wait, max(0.0, busy - wait)))
+    return pd.DataFrame(rows, columns=list(cols)).astype(cols)
+
+
 def comm_parts(
     comm: pd.DataFrame,
     *,
     warmup: int,
     ranks_per_node: int,
+    comm_gpu: pd.DataFrame | None = None,
     clock_bound_ns: Mapping[int, int] | None = None,
 ) -> pd.DataFrame:
-    """Per (rank, step): peer wait and transfer summed over buckets, and ``straggler_rank``,
-    the rank that arrived last at the bucket this rank waited longest in (NaN without waits).
-    ``peer_wait_bound_ms`` is the sum of the buckets' bounds (see ``bucket_waits``)."""
+    """Per (rank, step): the exposed peer wait and transfer (``exposed``: the parts of the
+    compute span), their per-bucket sums (``bucket_*``: the parts of ``allreduce_ms``), the
+    arrival clock, and ``straggler_rank``, the rank that arrived last at the bucket this rank
+    waited longest in (NaN without waits). ``peer_wait_bound_ms`` is the sum of the buckets'
+    bounds (see ``bucket_waits``): an upper bound for the exposed wait's clock error too."""
     b = bucket_waits(
-        comm, warmup=warmup, ranks_per_node=ranks_per_node, clock_bound_ns=clock_bound_ns
+        comm,
+        warmup=warmup,
+        ranks_per_node=ranks_per_node,
+        comm_gpu=comm_gpu,
+        clock_bound_ns=clock_bound_ns,
     )
-    cols = {"rank": "int64", "step": "int64", "peer_wait_ms": "float64", "transfer_ms": "float64"}
-    cols["peer_wait_bound_ms"] = "float64"
+    cols = {
+        "rank": "int64",
+        "step": "int64",
+        "peer_wait_ms": "float64",
+        "transfer_ms": "float64",
+        "bucket_peer_wait_ms": "float64",
+        "bucket_transfer_ms": "float64",
+        "arrival_clock": "object",
+        "straggler_rank": "float64",
+        "peer_wait_bound_ms": "float64",
+    }
     if b.empty:
-        return _empty({**cols, "straggler_rank": "float64"})
-    summed = ["peer_wait_ms", "transfer_ms", "peer_wait_bound_ms"]
-    out = b.groupby(KEYS)[summed].sum(min_count=1)
+        return _empty(cols)
+    sums = b.groupby(KEYS)[["peer_wait_ms", "transfer_ms"]].sum(min_count=1)
+    out = sums.rename(columns=lambda c: f"bucket_{c}")
+    out["peer_wait_bound_ms"] = b.groupby(KEYS)["peer_wait_bound_ms"].sum(min_count=1)
+    out["arrival_clock"] = b.groupby(KEYS)["arrival_clock"].agg(
+        lambda x: GPU_CLOCK if (x == GPU_CLOCK).all() else HOST_CLOCK
+    )
+    out = out.join(exposed(b).set_index(KEYS))
     waited = b[b["peer_wait_ms"] > 0]
     rows = waited.loc[waited.groupby(KEYS)["peer_wait_ms"].idxmax()]
     worst = rows.set_index(KEYS)["last_rank"]
     out["straggler_rank"] = worst.reindex(out.index).astype("float64")
-    return out.reset_index().astype(cols)
+    return out.reset_index().astype(cols)[list(cols)]
 
 
 def gpu_parts(cuda: pd.DataFrame, *, warmup: int) -> pd.DataFrame:
@@ -240,6 +371,7 @@ def step_parts(
     clock_bound_ns: Mapping[int, int] | None = None,
 ) -> pd.DataFrame:
     """The per-run decomposition inputs: one row per measured (rank, step) with a step span.
+    ``events/phase_sched`` and ``events/comm_gpu`` are optional (older traces lack them);
     ``clock_bound_ns``: the trace's per-rank alignment bounds (``clock.rank_bounds``)."""
     app = tables["events/app"]
     st = app[(app["phase"].astype(str) == "step") & (app["step"] >= warmup)]
@@ -249,11 +381,17 @@ def step_parts(
         .sort_values(KEYS)
     )
     for part in (
-        host_parts(tables["samples/sched"], tables["threads"], warmup=warmup),
+        host_parts(
+            tables["samples/sched"],
+            tables["threads"],
+            warmup=warmup,
+            phase_sched=tables.get("events/phase_sched"),
+        ),
         comm_parts(
             tables["events/comm"],
             warmup=warmup,
             ranks_per_node=ranks_per_node,
+            comm_gpu=tables.get("events/comm_gpu"),
             clock_bound_ns=clock_bound_ns,
         ),
         gpu_parts(tables["events/cuda"], warmup=warmup),
@@ -275,6 +413,7 @@ def parts_from_steps(steps: pd.DataFrame) -> pd.DataFrame:
             continue
         out[col] = steps.get(col, np.nan)
     out["host_ms"] = steps["launch_run_ms"] + steps["launch_wait_ms"]
+    out["host_source"] = WHOLE_STEP
     return out
 
 
@@ -297,7 +436,10 @@ DECOMPOSITION_COLUMNS = (
     "allreduce_inflation_ms",
     *PARTS,
     "unattributed_ms",
+    "allreduce_peer_wait_ms",
     "straggler_rank",
+    "host_source",
+    "arrival_clock",
     "peer_wait_bound_ms",
 )
 # Absolute inputs whose twin means are the baselines of the parts.
@@ -307,6 +449,9 @@ _BASE = {
     "transfer_ms": "transfer_ms",
     "gpu_slowdown_ms": "gpu_kernel_ms",
 }
+
+
+_BUCKET_SUMS = ("bucket_peer_wait_ms", "bucket_transfer_ms")
 
 
 def _twin(
@@ -325,7 +470,7 @@ def _baseline(twin: pd.DataFrame, col: str) -> float:
     vals = pd.to_numeric(twin[col], errors="coerce") if col in twin else pd.Series(dtype=float)
     if vals.notna().any():
         return float(vals.mean())
-    if col in ("peer_wait_ms", "transfer_ms", "allreduce_ms"):
+    if col in ("peer_wait_ms", "transfer_ms", "allreduce_ms", *_BUCKET_SUMS):
         return 0.0
     return float("nan")
 
@@ -341,6 +486,8 @@ def decompose(steps: pd.DataFrame, parts: pd.DataFrame, summaries: pd.DataFrame)
         # Parts written before clock alignment: their peer waits were one-clock or NaN.
         known = parts["peer_wait_ms"].notna()
         parts = parts.assign(peer_wait_bound_ms=np.where(known, 0.0, np.nan))
+    # Parts written before a column existed (host_source, arrival_clock, ...): not measured.
+    parts = parts.assign(**{c: np.nan for c in extra if c not in parts}) if len(parts) else parts
     st = steps.drop(columns=[c for c in extra if c in steps])
     merged = (
         st.merge(parts[["run_id", *KEYS, *extra]], on=["run_id", *KEYS], how="left")
@@ -366,10 +513,18 @@ def decompose(steps: pd.DataFrame, parts: pd.DataFrame, summaries: pd.DataFrame)
         g["compute_inflation_ms"] = g["compute_eff_ms"] - base_compute
         allreduce = g.get("allreduce_ms", np.nan)
         g["allreduce_inflation_ms"] = allreduce - _baseline(tw, "allreduce_ms")
+        g["allreduce_peer_wait_ms"] = g["bucket_peer_wait_ms"] - _baseline(
+            tw, "bucket_peer_wait_ms"
+        )
         for part, col in _BASE.items():
             g[part] = g[col] - _baseline(tw, col)
         # Both the run's and the twin's peer waits carry their clocks' error.
         g["peer_wait_bound_ms"] += np.nan_to_num(_baseline(tw, "peer_wait_bound_ms"))
+        # A host part measured over another span than the twin's is no difference of like
+        # with like: the table says so instead of hiding it.
+        sources = set(tw["host_source"].dropna()) | set(g["host_source"].dropna())
+        if len(sources) > 1:
+            g["host_source"] = "mixed: " + " / ".join(sorted(sources))
         # A part that was not measured (NaN) explains nothing; it does not void the others.
         g["unattributed_ms"] = g["compute_inflation_ms"] - g[list(PARTS)].sum(axis=1, min_count=0)
         if "outlier" not in g:
@@ -383,15 +538,22 @@ def decompose(steps: pd.DataFrame, parts: pd.DataFrame, summaries: pd.DataFrame)
     return pd.concat(out, ignore_index=True)
 
 
+def _sources(d: pd.DataFrame) -> str:
+    """Where the rows' host part was measured; "whole step" for tables that predate the label."""
+    got = sorted(set(d["host_source"].dropna().astype(str))) if "host_source" in d else []
+    return " / ".join(got) or WHOLE_STEP
+
+
 def decomposition_means(decomp: pd.DataFrame, *, tail: float = 0.95) -> pd.DataFrame:
     """Per (mode, policy, workers, world size, cupti, cuda_api) and view: the mean of the
     inflation and of each part over the steady-state steps (``view`` = "all steps") and over
     the steps whose compute inflation is at or above the group's ``tail`` quantile (``view`` =
-    "slowest 5 %"): what the average step and what the slow steps are made of."""
+    "slowest 5 %"): what the average step and what the slow steps are made of. ``host_source``
+    says where the group's host part was measured: only "compute span" makes a budget."""
     cols = ["compute_inflation_ms", *PARTS, "unattributed_ms"]
     keys = ["mode", "policy", "workers", "world_size", "cupti", "cuda_api"]
     if decomp.empty:
-        return pd.DataFrame(columns=[*keys, "view", "steps", *cols])
+        return pd.DataFrame(columns=[*keys, "view", "steps", *cols, "host_source"])
     d = steady(decomp)
     rows = []
     for k, g in d.groupby(keys, dropna=False):
@@ -402,5 +564,6 @@ def decomposition_means(decomp: pd.DataFrame, *, tail: float = 0.95) -> pd.DataF
             rows.append(
                 {**dict(zip(keys, k, strict=True)), "view": view, "steps": len(sel)}
                 | {c: float(means[c]) for c in cols}
+                | {"host_source": _sources(sel)}
             )
     return pd.DataFrame(rows)

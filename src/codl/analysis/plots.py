@@ -604,26 +604,27 @@ def step_time_distributions(steps: pd.DataFrame, outputs: Sequence[Path]) -> Non
     _save(fig, outputs)
 
 
-HOST_PART = (
-    "host_launch_delay_ms",
-    "host launch delay\n(launch threads' CPU time + wait, whole step)",
-    "#c44e52",
-)
-# Parts measured inside the compute span (the collective and the GPU): stacked on one bar.
-SPAN_PARTS = {
-    "peer_wait_ms": ("peer wait (inside the compute span)", "#8172b3"),
-    "transfer_ms": ("transfer", "#55a868"),
+# The compute inflation's budget (analysis.decompose), stacked in this order on one bar.
+BUDGET_PARTS = {
+    "host_launch_delay_ms": (
+        "host launch delay\n(main + autograd CPU time and run-queue wait in the compute span)",
+        "#c44e52",
+    ),
+    "peer_wait_ms": ("peer wait (exposed: after the rank's own last bucket)", "#8172b3"),
+    "transfer_ms": ("transfer (exposed)", "#55a868"),
     "gpu_slowdown_ms": ("GPU slowdown (CUPTI runs)", "#dd8452"),
+    "unattributed_ms": ("unattributed (signed)", "#bbbbbb"),
 }
 
 
 def decomposition(means: pd.DataFrame, outputs: Sequence[Path]) -> None:
     """Fig. 7: per mode and policy, the mean compute inflation against the twin (black line)
-    beside the parts that move with it, over all steady-state steps and over the slowest
-    steps. The parts can overlap (the host part counts the launch threads' whole-step CPU
-    time; peer wait lies inside the compute span), so they are split into two bars to be read
-    each against the line, not added up. Prepared by ``decompose.decomposition_means``
-    (``runs`` from ``figdata.decomposition_runs``)."""
+    and its budget: host launch delay + peer wait + transfer + GPU slowdown + unattributed,
+    stacked (negative parts below zero), over all steady-state steps and over the slowest
+    steps. The parts add up to the line by construction; how small ``unattributed`` stays is
+    the measure of how much the parts explain. A group whose host part covers the whole step
+    (traces without phase counters) is labelled: there the bar is not a budget. Prepared by
+    ``decompose.decomposition_means`` (``runs`` from ``figdata.decomposition_runs``)."""
     fig, ax = plt.subplots(figsize=(max(7.0, 1.15 * max(1, len(means)) + 3.5), 5.0))
     if means.empty:
         _note(
@@ -634,6 +635,46 @@ def decomposition(means: pd.DataFrame, outputs: Sequence[Path]) -> None:
         _save(fig, outputs)
         return
     d = means.reset_index(drop=True)
+    x = np.arange(len(d))
+    width = 0.6
+    up = np.zeros(len(d))
+    down = np.zeros(len(d))
+    for col, (name, color) in BUDGET_PARTS.items():
+        raw = _column(d, col)
+        # A part no run measured (peer wait on one GPU, GPU slowdown without CUPTI) stays out
+        # of the legend rather than claiming a zero.
+        if not np.isfinite(raw).any():
+            continue
+        v = np.nan_to_num(raw)
+        pos, neg = np.clip(v, 0, None), np.clip(v, None, 0)
+        hatch = "//" if col == "unattributed_ms" else None
+        ax.bar(x, pos, width, bottom=up, color=color, label=name, hatch=hatch)
+        ax.bar(x, neg, width, bottom=down, color=color, hatch=hatch)
+        up += pos
+        down += neg
+    infl = d["compute_inflation_ms"].to_numpy(dtype=float)
+    ax.hlines(
+        infl,
+        x - width / 2 - 0.06,
+        x + width / 2 + 0.06,
+        color="k",
+        lw=2,
+        zorder=3,
+        label="compute inflation (mean)",
+    )
+    ax.axhline(0, color="k", lw=0.6)
+    ax.set_xticks(x, _decomposition_labels(d), fontsize=6.5)
+    ax.set_ylabel("ms per step beyond the twin (mean)")
+    ax.set_title(
+        "Compute inflation against the twin, as a budget of its causes\n"
+        "(bar = host launch delay + peer wait + transfer + GPU slowdown + unattributed = line)",
+        fontsize=9,
+    )
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    _save(fig, outputs)
+
+
+def _decomposition_labels(d: pd.DataFrame) -> list[str]:
     labels = []
     for _, r in d.iterrows():
         ranks = r.get("world_size")
@@ -643,53 +684,10 @@ def decomposition(means: pd.DataFrame, outputs: Sequence[Path]) -> None:
             if str(r.get(col)).lower() == "true":
                 label += mark
         label += f"\n{r['view']}\n{_n(r.get('runs'), 'run')}, {_n(r.get('steps'), 'step')}"
+        if str(r.get("host_source", "compute span")) != "compute span":
+            label += "\nhost part: whole step\n(not a budget)"
         labels.append(label)
-    x = np.arange(len(d))
-    width = 0.36
-    col, name, color = HOST_PART
-    host = np.nan_to_num(_column(d, col))
-    ax.bar(x - width / 2, host, width, color=color, label=name)
-    up = np.zeros(len(d))
-    down = np.zeros(len(d))
-    spans = 0
-    for col, (name, color) in SPAN_PARTS.items():
-        raw = _column(d, col)
-        # A part no run measured (peer wait on one GPU, GPU slowdown without CUPTI) stays out
-        # of the legend rather than claiming a zero.
-        if not np.isfinite(raw).any():
-            continue
-        spans += 1
-        v = np.nan_to_num(raw)
-        pos, neg = np.clip(v, 0, None), np.clip(v, None, 0)
-        ax.bar(x + width / 2, pos, width, bottom=up, color=color, label=name)
-        ax.bar(x + width / 2, neg, width, bottom=down, color=color)
-        up += pos
-        down += neg
-    infl = d["compute_inflation_ms"].to_numpy(dtype=float)
-    ax.hlines(
-        infl,
-        x - width - 0.04,
-        x + width + 0.04,
-        color="k",
-        lw=2,
-        zorder=3,
-        label="compute inflation (mean)",
-    )
-    ax.axhline(0, color="k", lw=0.6)
-    ax.set_xticks(x, labels, fontsize=6.5)
-    ax.set_ylabel("ms per step beyond the twin (mean)")
-    how = (
-        "left bar: host; right bar: inside the compute span - the parts can overlap,"
-        " so read each bar against the line, do not add them"
-        if spans
-        else "only the host part is measured on these runs (no peer wait on one GPU, no CUPTI)"
-    )
-    ax.set_title(
-        f"Compute inflation against the twin and the parts that move with it\n({how})",
-        fontsize=9,
-    )
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    _save(fig, outputs)
+    return labels
 
 
 def interference_map(table: pd.DataFrame, outputs: Sequence[Path]) -> None:

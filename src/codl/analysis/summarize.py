@@ -546,7 +546,17 @@ SUMMARY_STEP_COLUMNS = (
     "loader_item_ms",
     "loader_items",
 )
-TABLES = ("events/app", "events/comm", "events/loader", "events/cuda", "samples/sched", "threads")
+TABLES: tuple[str, ...] = (
+    "events/app",
+    "events/comm",
+    "events/loader",
+    "events/cuda",
+    "samples/sched",
+    "threads",
+)
+# Read for analysis.decompose only (phase-boundary schedstat, GPU arrivals of the buckets);
+# optional: older traces lack them and read as empty.
+TABLES += ("events/phase_sched", "events/comm_gpu")
 
 
 def _spec(attrs: Mapping[str, Any]) -> dict[str, Any]:

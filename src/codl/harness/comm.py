@@ -34,6 +34,7 @@ class CommRecorder:
     rank: int = 0
     step: int = -1
     rows: dict[str, list[Any]] = field(default_factory=lambda: empty_columns("events/comm"))
+    gpu_rows: dict[str, list[Any]] = field(default_factory=lambda: empty_columns("events/comm_gpu"))
     _pending: list[tuple[int, Any, Any]] = field(default_factory=list)
     _bucket_in_step: int = 0
 
@@ -58,10 +59,24 @@ class CommRecorder:
     def set_end(self, idx: int, end: int) -> None:
         self.rows["end_ns"][idx] = end
 
-    def flush(self, step: int) -> None:
-        """Called after the step's synchronisation: every collective of the step has finished."""
+    def flush(self, step: int, ref: tuple[int, Any] | None = None) -> None:
+        """Called after the step's synchronisation: every collective of the step has finished.
+
+        ``ref`` (host ns, CUDA event recorded then on an idle GPU: the step's start) places
+        each bucket's GPU start on the host clock (``events/comm_gpu``): ranks of a node then
+        compare GPU arrivals on one clock (analysis.decompose).
+        """
+        g = self.gpu_rows
         for idx, start, end in self._pending:
-            self.rows["gpu_ns"][idx] = round(start.elapsed_time(end) * 1e6)
+            gpu_ns = round(start.elapsed_time(end) * 1e6)
+            self.rows["gpu_ns"][idx] = gpu_ns
+            if ref is not None:
+                t0 = ref[0] + round(ref[1].elapsed_time(start) * 1e6)
+                g["rank"].append(self.rank)
+                g["step"].append(self.rows["step"][idx])
+                g["bucket"].append(self.rows["bucket"][idx])
+                g["start_ns"].append(t0)
+                g["end_ns"].append(t0 + gpu_ns)
         self._pending.clear()
         self._bucket_in_step = 0
 

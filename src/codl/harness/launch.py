@@ -4,19 +4,27 @@ Under ``srun`` (SLURM_NTASKS > 1) this process *is* one rank and learns its plac
 ``JobEnvironment``; outside Slurm, ranks are spawned locally with torch.multiprocessing. The same
 spec runs unchanged in both places. Each rank writes ``trace.rank<R>.h5``; rank 0 waits for all
 of them and merges them into the run's single ``trace.h5``.
+A local run that does not finish (a rank failed, or SIGTERM/SIGINT reached the launcher or its
+whole process group, as Slurm's time limit does) leaves exactly one file: ``trace.incomplete.h5``,
+every rank's data merged, with the reason and each rank's own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
+import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import numpy as np
 
-from codl.errors import CodlError, TraceFormatError
+from codl.errors import CodlError, RunInterruptedError, TraceFormatError
 from codl.harness.runner import RankEnv, execute
 from codl.log import configure
 from codl.spec import DeviceKind, RunSpec
@@ -212,6 +220,15 @@ def _launch(
             f"layout.nodes={spec.layout.nodes} needs a multi-node launcher: run it under Slurm "
             "(snakemake --profile profiles/slurm), which starts one task per rank with srun"
         )
+    return _spawn_local(spec, trace_path, dataset_dir, kineto_dir)
+
+
+def _spawn_local(
+    spec: RunSpec, trace_path: Path, dataset_dir: Path | None, kineto_dir: Path | None
+) -> Path:
+    """Every rank as a local process; their traces merged into one, complete or (a rank failed,
+    or the run was signalled) incomplete."""
+    world = spec.layout.world_size
     from torch.multiprocessing.spawn import (
         ProcessExitedException,
         ProcessRaisedException,
@@ -219,30 +236,122 @@ def _launch(
     )
 
     port = _free_port()
+    pids: list[int] = []
+    with _forwarded_stop(pids) as stopped:
+        try:
+            context = start_processes(
+                _rank_main,
+                args=(spec, trace_path, dataset_dir, port, kineto_dir),
+                nprocs=world,
+                join=False,
+                start_method="spawn",
+            )
+            pids += [proc.pid for proc in context.processes if proc.pid is not None]
+            # When a rank dies, the others fail in their next collective and write what they
+            # measured; torch's default sends them SIGTERM at once and SIGKILL 30 s later,
+            # which can kill a survivor still blocked in a collective before it has written.
+            while not context.join(grace_period=RANK_GRACE_S):
+                pass
+        except (ProcessExitedException, ProcessRaisedException) as exc:
+            why = (
+                f"received {stopped[0]}"
+                if stopped
+                else f"rank {exc.error_index} of {world} failed: "
+                f"{str(exc).strip().splitlines()[-1]}"
+            )
+            kept = merge_incomplete_ranks(trace_path, world, reason=why)
+            error = RunInterruptedError if stopped else CodlError
+            raise error(f"{why}; what the ranks measured is kept in {kept or 'no file'}") from exc
+        return merge_rank_traces(trace_path, world, run_id=spec.run_id)
+
+
+@contextlib.contextmanager
+def _forwarded_stop(pids: list[int]) -> Iterator[list[str]]:
+    """While local ranks run: SIGTERM/SIGINT to the launcher is passed on to the ranks and
+    remembered (the yielded list gets the signal's name), never raised here.
+
+    Slurm's time limit and Ctrl-C signal the whole process group: the launcher must outlive its
+    ranks, which stop and write their data, so that it can merge what they measured into one
+    incomplete trace. A signal sent to the launcher alone reaches the ranks this way; a rank
+    that got it from the group too ignores the repeat (runner._stop_handler).
+    """
+    stopped: list[str] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield stopped  # signal handlers can only be set from the main thread
+        return
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        stopped.append(signal.Signals(signum).name)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
+    handler: Callable[[int, FrameType | None], None] = forward
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        context = start_processes(
-            _rank_main,
-            args=(spec, trace_path, dataset_dir, port, kineto_dir),
-            nprocs=world,
-            join=False,
-            start_method="spawn",
-        )
-        # When a rank dies, the others fail in their next collective and write what they
-        # measured; torch's default sends them SIGTERM at once and SIGKILL 30 s later, which
-        # can kill a survivor still blocked in a collective before it has written its trace.
-        while not context.join(grace_period=RANK_GRACE_S):
-            pass
-    except (ProcessExitedException, ProcessRaisedException) as exc:
-        kept = [
-            str(p)
-            for r in range(world)
-            if (p := incomplete_path(rank_trace_path(trace_path, r))).exists()
-        ]
-        raise CodlError(
-            f"rank {exc.error_index} of {world} failed: {str(exc).strip().splitlines()[-1]}; "
-            f"what the ranks measured is kept in {kept or 'no file'}"
-        ) from exc
-    return merge_rank_traces(trace_path, world, run_id=spec.run_id)
+        yield stopped
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+# Per-rank provenance a merged trace keeps under ``ranks`` (as merge_rank_traces keeps it).
+_RANK_ATTRS = ("host", "anchors_start", "anchors_end", "t_begin_ns", "t_end_ns", "placement")
+
+
+def merge_incomplete_ranks(trace_path: Path, world: int, *, reason: str) -> Path | None:
+    """After a local multi-rank run stopped: every rank's data, from its complete or incomplete
+    rank trace, in one trace marked incomplete (``<stem>.incomplete.h5``), whose reason names
+    ``reason`` and each rank's own; the rank files it merged are removed. None when no rank
+    left a readable file (killed before it could write)."""
+    from codl.trace.schema import TABLES
+    from codl.trace.store import RESERVED_ATTRS, TraceWriter, open_trace
+
+    parts = [
+        (r, p)
+        for r in range(world)
+        for p in (rank_trace_path(trace_path, r), incomplete_path(rank_trace_path(trace_path, r)))
+        if p.exists()
+    ]
+    base: dict[str, Any] = {}
+    per_rank: list[dict[str, Any]] = []
+    read: list[Path] = []
+    writer = TraceWriter(trace_path)
+    with writer:
+        for r, p in parts:
+            try:
+                with open_trace(p, allow_incomplete=True) as t:
+                    attrs = dict(t.attrs)
+                    tables = {n: t.table(n) for n in TABLES if n in t.tables()}
+            except (OSError, TraceFormatError, KeyError, ValueError):
+                continue  # unreadable: left in place for inspection, not merged
+            own = "complete" if attrs.get("complete") is True else attrs.get("incomplete_reason")
+            kept_attrs = {k: attrs[k] for k in _RANK_ATTRS if k in attrs}
+            per_rank.append(
+                {**kept_attrs, "rank": r, "file": p.name, "stopped": str(own or "no reason")}
+            )
+            base = base or {k: v for k, v in attrs.items() if k not in RESERVED_ATTRS}
+            for name, df in tables.items():
+                if len(df):
+                    writer.append(name, _columns(df))
+            read.append(p)
+        if not read:
+            writer.abort(reason, keep=False)
+            return None
+        ranks = "; ".join(f"rank {x['rank']}: {x['stopped']}" for x in per_rank)
+        writer.set_attrs(**{**base, "ranks": per_rank, "world_size": world})
+        kept = writer.abort(f"{reason} ({ranks})")
+    for p in read:
+        p.unlink()
+    return kept
+
+
+def _columns(df: Any) -> dict[str, Any]:
+    # Integer columns as arrays, symbol (categorical) columns as strings: what append takes.
+    return {
+        c: df[c].to_numpy() if df[c].dtype.kind in "iu" else df[c].astype(str).tolist()
+        for c in df.columns
+    }
 
 
 def check_rank_parts(parts: list[Path], *, run_id: str | None) -> None:

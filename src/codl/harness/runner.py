@@ -4,13 +4,16 @@ Timing discipline: every span is CLOCK_MONOTONIC ns taken on the launch thread; 
 phase is bracketed by CUDA events too, so the trace holds both the host view (when the launch
 thread issued the work) and the GPU view (how long the GPU was busy with or waiting for it). A step
 ends after a device synchronisation, and the OS samples are taken after the step span closes so
-their cost never lands inside a measured step.
+their cost never lands inside a measured step. The one exception is deliberate: the launch roles'
+counters at the boundaries of the compute, data-wait and comm phases (trace.sched.PhaseSched, 3
+syscalls per boundary) are read inside those spans, so that they measure exactly the span.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.metadata
 import json
 import os
 import platform
@@ -48,7 +51,7 @@ from codl.spec import DeviceKind, Mode, Policy, Precision, RunSpec
 from codl.trace import clock, cuda_api, ftrace, kineto
 from codl.trace.clock import Anchor, now_ns, take_anchor
 from codl.trace.device import DeviceSampler
-from codl.trace.sched import SchedSampler
+from codl.trace.sched import SAMPLED_PHASES, PhaseSched, SchedSampler
 from codl.trace.schema import empty_columns
 from codl.trace.store import TraceWriter, signals_deferred
 
@@ -77,6 +80,8 @@ class _AppSpans:
     tid: int = field(default_factory=threading.get_native_id)
     rows: dict[str, list[Any]] = field(default_factory=lambda: empty_columns("events/app"))
     pending: list[tuple[int, Any, Any]] = field(default_factory=list)
+    # Launch-role counters at the boundaries of the SAMPLED_PHASES spans (None: level off).
+    phase_sched: PhaseSched | None = None
 
     def span(self, step: int, phase: str, start: int, end: int, events: Any = None) -> None:
         if not self.app and phase != "step":
@@ -109,14 +114,21 @@ class _AppSpans:
         Yields a list that holds ``[start_ns, end_ns]`` once the block has ended.
         """
         ev = self.events() if gpu else None
+        ps = self.phase_sched if name in SAMPLED_PHASES else None
         times = [now_ns()]
+        # Counters are read inside the span, so they never cover time outside it (a preemption
+        # between a read and the stamp would); their few microseconds land in every run alike.
+        before = ps.read() if ps is not None else None
         if ev:
             ev[0].record()
         yield times
         if ev:
             ev[1].record()
+        after = ps.read() if ps is not None else None
         times.append(now_ns())
         self.span(step, name, times[0], times[1], ev)
+        if ps is not None and before is not None and after is not None:
+            ps.record(step, name, (times[0], times[1]), before, after)
 
 
 # Steps between two hand-overs of the recorded rows to the trace writer: the recorder holds at
@@ -162,14 +174,26 @@ def _git_revision() -> str:
     return out.stdout.strip() if out.returncode == 0 else ""
 
 
-def _versions() -> dict[str, str]:
-    import torchvision
+def _torchvision_version() -> str:
+    """Without importing torchvision: this runs in the `finally` that writes the trace, and a
+    signal that interrupted a lazy import inside torch (DDP's first backward imports dynamo and
+    triton) leaves modules half-initialised; importing torchvision there then failed and lost
+    the trace. A run that never imported it gets the installed distribution's version."""
+    version = getattr(sys.modules.get("torchvision"), "__version__", None)
+    if isinstance(version, str):
+        return version
+    try:
+        return importlib.metadata.version("torchvision")
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
 
+
+def _versions() -> dict[str, str]:
     v = {
         "codl": __version__,
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "torchvision": torchvision.__version__,
+        "torchvision": _torchvision_version(),
         "numpy": np.__version__,
         "kernel": platform.release(),
     }
@@ -332,6 +356,8 @@ class _TraceRecorder:
         )
         sched = SchedSampler(rank=env.rank, per_thread=spec.trace.sched, per_core=spec.trace.cpu)
         sched.track(os.getpid())
+        if spec.trace.sched:
+            spans.phase_sched = PhaseSched(rank=env.rank)
         dev = DeviceSampler(rank=env.rank, gpu_index=env.local_rank)
         if cuda and spec.trace.device:
             dev.start()
@@ -400,6 +426,11 @@ class _TraceRecorder:
             writer.append("samples/device", self.dev.rows)
         if self.comm.rows["bucket"]:
             writer.append("events/comm", self.comm.rows)
+        if self.comm.gpu_rows["bucket"]:
+            writer.append("events/comm_gpu", self.comm.gpu_rows)
+        ps = self.spans.phase_sched
+        if ps is not None and ps.rows["tid"]:
+            writer.append("events/phase_sched", ps.rows)
         if self.cupti:
             writer.append("events/cuda", self.cupti)
         if self.cuda_sched and self.cuda_sched["tid"]:
@@ -427,6 +458,20 @@ class _TraceRecorder:
     def close(self) -> None:
         self.sched.close()
         self.dev.close()
+        if self.spans.phase_sched is not None:
+            self.spans.phase_sched.close()
+
+    def track_launch_roles(self) -> None:
+        """Read the autograd threads known so far at phase boundaries, beside the main thread."""
+        ps = self.spans.phase_sched
+        if ps is None:
+            return
+        pid = os.getpid()
+        ps.set_threads(
+            sorted(
+                {r.tid for _, r in self.placed.rows if r.pid == pid and str(r.role) == "autograd"}
+            )
+        )
 
 
 @dataclass
@@ -495,13 +540,7 @@ def execute(
         _start_tracers(spec, held, kineto_dir)
         rec.sample(-1)
         _step_loop(spec, parts, held, rec, device)
-        if held.pg_started:
-            try:
-                _sync_clock(env, rec, held, "end")
-            except Exception as exc:
-                # A peer that failed after its last step costs this rank its drift estimate,
-                # not its measurements: the start offset alone still aligns it.
-                rec.attrs["clock_sync"]["end_error"] = f"{type(exc).__name__}: {exc}"
+        _sync_clock_end(env, rec, held)
         rec.spans.resolve_gpu()
         complete = True
     except KeyboardInterrupt:
@@ -539,6 +578,16 @@ def execute(
         rec.close()
         placed.release()
     return trace_path
+
+
+def _sync_clock_end(env: RankEnv, rec: _TraceRecorder, held: _Open) -> None:
+    if held.pg_started:
+        try:
+            _sync_clock(env, rec, held, "end")
+        except Exception as exc:
+            # A peer that failed after its last step costs this rank its drift estimate,
+            # not its measurements: the start offset alone still aligns it.
+            rec.attrs["clock_sync"]["end_error"] = f"{type(exc).__name__}: {exc}"
 
 
 def _open_trace_writer(rec: _TraceRecorder, trace_path: Path) -> None:
@@ -761,7 +810,7 @@ def _step_loop(
             step_ev[1].record()
         _sync(device)
         t_end = now_ns()
-        rec.comm.flush(step)
+        rec.comm.flush(step, ref=(t_step, step_ev[0]) if step_ev else None)
         spans.span(step, "step", t_step, t_end, step_ev)
         if held.profiler is not None:
             held.profiler.step()
@@ -774,6 +823,7 @@ def _step_loop(
             # made later in the warm-up inherit their creator's CPUs, and are placed before
             # the measured steps.
             rec.placed.reapply()
+            rec.track_launch_roles()
 
 
 def _next_batch(

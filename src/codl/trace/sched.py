@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -161,3 +163,89 @@ class SchedSampler:
             with contextlib.suppress(OSError):
                 os.close(self._proc_stat)
             self._proc_stat = None
+
+
+# Phases whose launch-role counters are read at their boundaries (PhaseSched).
+SAMPLED_PHASES = frozenset({"compute", "data_wait", "allreduce"})
+
+
+@dataclass
+class PhaseSched:
+    """The launch roles' scheduler counters at phase boundaries, as ``events/phase_sched`` rows.
+
+    Per-step samples (``SchedSampler``) cover the whole step, the batch hand-off included, so
+    they cannot say how much of a *compute span* the launch path spent preempted. This reads
+    the counters just before a phase opens and just after it closes. Cost per boundary: one
+    ``clock_gettime(CLOCK_THREAD_CPUTIME_ID)`` for the calling (main) thread, whose schedstat
+    run time lags by up to a tick while it runs, and one ``pread`` of schedstat per launch-role
+    thread (main + autograd: 3 syscalls; benchmarks/harness_overhead.py measures them). The
+    harness reads inside the span, so the counters never cover time outside it.
+    """
+
+    rank: int = 0
+    main_tid: int = field(default_factory=threading.get_native_id)
+    _fds: dict[int, int] = field(default_factory=dict)
+    rows: dict[str, list[Any]] = field(default_factory=lambda: empty_columns("events/phase_sched"))
+
+    def __post_init__(self) -> None:
+        self.set_threads([])
+
+    def set_threads(self, tids: list[int]) -> None:
+        """Read the main thread and ``tids`` (the other launch roles, e.g. autograd) from now on;
+        threads not among them any more are closed."""
+        want = {self.main_tid, *tids}
+        for tid in [t for t in self._fds if t not in want]:
+            with contextlib.suppress(OSError):
+                os.close(self._fds.pop(tid))
+        for tid in sorted(want - set(self._fds)):
+            try:
+                self._fds[tid] = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY)
+            except (FileNotFoundError, ProcessLookupError, PermissionError):
+                continue
+
+    @property
+    def tids(self) -> frozenset[int]:
+        return frozenset(self._fds)
+
+    def read(self) -> dict[int, tuple[int, int, int]]:
+        """tid -> (on-CPU ns, run-queue ns, timeslices) now; a thread that has exited is left
+        out (its span gets no row rather than a made-up one)."""
+        out: dict[int, tuple[int, int, int]] = {}
+        for tid, fd in self._fds.items():
+            try:
+                run_ns, wait_ns, slices = (int(x) for x in os.pread(fd, 256, 0).split())
+            except (OSError, ValueError):
+                continue
+            out[tid] = (run_ns, wait_ns, slices)
+        if self.main_tid in out:
+            _, wait_ns, slices = out[self.main_tid]
+            out[self.main_tid] = (time.thread_time_ns(), wait_ns, slices)
+        return out
+
+    def record(
+        self,
+        step: int,
+        phase: str,
+        span: tuple[int, int],
+        before: dict[int, tuple[int, int, int]],
+        after: dict[int, tuple[int, int, int]],
+    ) -> None:
+        r = self.rows
+        for tid in sorted(before.keys() & after.keys()):
+            (r0, w0, s0), (r1, w1, s1) = before[tid], after[tid]
+            r["rank"].append(self.rank)
+            r["step"].append(step)
+            r["phase"].append(phase)
+            r["tid"].append(tid)
+            r["start_ns"].append(span[0])
+            r["end_ns"].append(span[1])
+            r["run_ns"].append(r1 - r0)
+            r["wait_ns"].append(w1 - w0)
+            r["timeslices"].append(s1 - s0)
+
+    def close(self) -> None:
+        self.set_threads([])
+        for fd in self._fds.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds.clear()

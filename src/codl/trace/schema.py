@@ -145,6 +145,39 @@ TABLES: dict[str, tuple[Column, ...]] = {
         _c("end_ns", "i8", "ns"),
         _c("gpu_ns", "i8", "ns", "GPU duration from CUDA events; -1 when not measured"),
     ),
+    # GPU-side arrival of each AllReduce bucket on the node's host clock (CUDA event ranks only):
+    # the GPU start of the bucket's collective, placed by the step's start event (recorded right
+    # after the previous step's synchronisation, when the GPU is idle, so it runs at its host
+    # stamp). One row per events/comm row with CUDA events, joined on (rank, step, bucket). A
+    # table of its own, so that traces without it (and schema-1 readers) are unaffected.
+    "events/comm_gpu": (
+        _c("rank", "i2"),
+        _c("step", "i4"),
+        _c("bucket", "i4", doc="bucket index within the step, as in events/comm"),
+        _c(
+            "start_ns",
+            "i8",
+            "ns",
+            "when the GPU reached the bucket (its start event): step start + elapsed GPU time",
+        ),
+        _c("end_ns", "i8", "ns", "start_ns + the collective's GPU duration"),
+    ),
+    # The launch roles' scheduler counters across one phase span (compute, data_wait, allreduce):
+    # read just before the span opens and just after it closes, so a phase's CPU time and
+    # run-queue wait are measured inside it, not over the whole step. One row per (span,
+    # thread); the launch (main) thread's on-CPU time is its CLOCK_THREAD_CPUTIME_ID (schedstat
+    # lags a running thread by up to a tick), other threads' is schedstat field 1.
+    "events/phase_sched": (
+        _c("rank", "i2"),
+        _c("step", "i4"),
+        _c("phase", "sym", doc="compute, data_wait, allreduce"),
+        _c("tid", "i8", doc="thread whose counters these are (role in /threads)"),
+        _c("start_ns", "i8", "ns", "start of the phase span"),
+        _c("end_ns", "i8", "ns", "end of the phase span"),
+        _c("run_ns", "i8", "ns", "on-CPU time during the span"),
+        _c("wait_ns", "i8", "ns", "run-queue wait during the span (schedstat field 2)"),
+        _c("timeslices", "i8", "count", "times run on a CPU during the span (schedstat field 3)"),
+    ),
     # Per-thread OS scheduling counters, cumulative since thread start (take differences).
     "samples/sched": (
         _c("t_ns", "i8", "ns"),
@@ -214,6 +247,8 @@ class Table(enum.StrEnum):
     SCHED_SWITCH = "events/sched_switch"
     SCHED_WAKING = "events/sched_waking"
     COMM = "events/comm"
+    COMM_GPU = "events/comm_gpu"
+    PHASE_SCHED = "events/phase_sched"
     SCHED = "samples/sched"
     CPU = "samples/cpu"
     DEVICE = "samples/device"
