@@ -96,20 +96,29 @@ def _longest_occupants(iv: pd.DataFrame, switch: pd.DataFrame) -> np.ndarray:
 
 def _one_thread(tid: int, switch: pd.DataFrame, waking: pd.DataFrame) -> pd.DataFrame:
     out = switch[switch["prev_tid"] == tid].sort_values("t_ns")
-    back = switch[switch["next_tid"] == tid].sort_values("t_ns")
-    if out.empty or back.empty:
+    if out.empty:
         return _empty()
+    back = switch[switch["next_tid"] == tid].sort_values("t_ns")
     t_out = out["t_ns"].to_numpy(np.int64)
-    t_back = back["t_ns"].to_numpy(np.int64)
+    # A sentinel switch-in after everything keeps the indexing simple; it never matches.
+    never = np.iinfo(np.int64).max
+    t_back = np.append(back["t_ns"].to_numpy(np.int64), never)
+    cpu_back = np.append(back["cpu"].to_numpy(np.int64), -1)
     nxt = np.searchsorted(t_back, t_out, side="left")
-    ok = nxt < len(t_back)
-    t_out, nxt, out = t_out[ok], nxt[ok], out[ok]
-    end = t_back[nxt]
+    next_out = np.append(t_out[1:], never)
+    # A switch-in missing from the record (it happens: missing_switch_ins) must not join two
+    # off-CPU intervals into one that spans time the thread ran. Such an interval ends at the
+    # thread's wake-up when one was recorded before its next switch-out (the time asleep and
+    # the waker are still exact; the run-queue wait after it is unknown and counted 0), and
+    # is dropped otherwise.
+    found = (t_back[nxt] < never) & (t_back[nxt] <= next_out)
     preempted = out["prev_state"].astype(str).str.startswith("R").to_numpy()
-    wake_t, waker = _wakeups(tid, waking, t_out, end)
+    wake_t, waker = _wakeups(tid, waking, t_out, np.where(found, t_back[nxt], next_out))
     woke = ~preempted & (wake_t >= 0)
+    keep = found | woke
+    end = np.where(found, t_back[nxt], wake_t)
     blocked = np.where(preempted, 0, np.where(woke, wake_t - t_out, end - t_out))
-    return pd.DataFrame(
+    frame = pd.DataFrame(
         {
             "tid": tid,
             "start_ns": t_out,
@@ -118,11 +127,12 @@ def _one_thread(tid: int, switch: pd.DataFrame, waking: pd.DataFrame) -> pd.Data
             "runnable_ns": (end - t_out) - blocked,
             "blocked_ns": blocked,
             "cpu_out": out["cpu"].to_numpy(np.int64),
-            "cpu_in": back["cpu"].to_numpy(np.int64)[nxt],
+            "cpu_in": np.where(found, cpu_back[nxt], -1),
             "preempted_by": np.where(preempted, out["next_tid"].to_numpy(np.int64), -1),
             "waker_tid": np.where(woke, waker, -1),
         }
     )
+    return frame[keep].reset_index(drop=True)
 
 
 def _wakeups(
@@ -184,3 +194,19 @@ def _window(g: pd.DataFrame | None, lo: int, hi: int, label: object) -> tuple[ob
     blk = ~pre
     waker = int(g["waker_tid"].to_numpy()[blk][np.argmax(blocked[blk])]) if blk.any() else -1
     return (label, int(runnable.sum()), int(blocked.sum()), by, waker)
+
+
+def missing_switch_ins(switch: pd.DataFrame) -> int:
+    """Switch-ins the record lacks: a thread switched out twice with no switch-in between.
+    (On the Firecracker test VM the kernel's record lacked about one idle-to-task switch in
+    ten runs of the planted test; intervals that span such a gap are dropped, not stretched.)"""
+    if switch.empty:
+        return 0
+    outs = switch[["t_ns", "prev_tid"]].rename(columns={"prev_tid": "tid"}).assign(d=-1)
+    ins = switch[["t_ns", "next_tid"]].rename(columns={"next_tid": "tid"}).assign(d=1)
+    ev = pd.concat([outs, ins], ignore_index=True)
+    ev = ev[ev["tid"] != 0].sort_values(["tid", "t_ns", "d"], kind="stable")
+    same = ev["tid"].to_numpy() == np.roll(ev["tid"].to_numpy(), 1)
+    same[0] = False  # np.roll wraps the last event round to the first
+    twice_out = (ev["d"].to_numpy() == -1) & (np.roll(ev["d"].to_numpy(), 1) == -1) & same
+    return int(twice_out.sum())

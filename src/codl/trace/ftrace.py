@@ -13,9 +13,18 @@ Design choices:
 
 - A private ftrace *instance* (``instances/codl-<pid>-<n>``), so the recorder never touches the
   node's global tracing state or another user's instance, and is removed at the end.
-- ``set_event_pid`` with ``options/event-fork``: only the rank's process and the tasks it creates
-  afterwards (its threads, loader workers forked from it) are recorded; for ``sched_switch`` the
-  kernel keeps an event when either side is followed, so a preempter outside the set is named.
+- Every switch and wake-up on the node is recorded, with every fork, and the run's tasks are
+  picked out afterwards: the given tasks, and every task forked from one of them (threads,
+  loader workers) in fork order. The kernel's pid filter (``set_event_pid`` with
+  ``event-fork``) would keep the buffer smaller, but whether it missed a task forked a moment
+  earlier could not be told apart from the gaps below. The price is buffer space:
+  ``buffer_kb`` per CPU must hold the node's switches for the run (16 MiB holds ~200,000 per
+  CPU); what does not fit is counted in ``events_lost``.
+- The record can lack single switch-ins: on the Firecracker test VM a few idle-to-task
+  switches per second were absent with and without the pid filter, while ``events_lost``
+  stayed 0. They are counted (``switch_ins_missing``: a thread switched out twice with no
+  switch-in between), and ``codl.analysis.offcpu`` ends such an interval at the recorded
+  wake-up instead of stretching it over time the thread ran.
 - The buffer's clock is ``mono`` and the offset to this process's ``time.monotonic_ns()`` is
   measured, not assumed: a marker carrying the process's clock is written at start and stop and
   read back with the buffer's time stamp (this also holds inside a time namespace, where the two
@@ -55,6 +64,7 @@ _SWITCH = re.compile(
     r"prev_state=(?P<state>\S+) ==> next_comm=.* next_pid=(?P<next>-?\d+) "
 )
 _WAKING = re.compile(r"comm=.* pid=(?P<pid>\d+) prio=-?\d+ target_cpu=(?P<target>\d+)")
+_FORK = re.compile(r"comm=.* pid=(?P<parent>\d+) child_comm=.* child_pid=(?P<child>\d+)")
 
 
 class SchedEventsUnavailableError(RuntimeError):
@@ -62,9 +72,9 @@ class SchedEventsUnavailableError(RuntimeError):
 
 
 def tasks_of(pids: tuple[int, ...]) -> tuple[int, ...]:
-    """Every task (thread) of ``pids`` and of their descendant processes, as they are now:
-    ``set_event_pid`` follows tasks by id, and only tasks created *after* it is written are
-    added by ``event-fork``, so the threads and workers that exist already are listed here."""
+    """Every task (thread) of ``pids`` and of their descendant processes, as they are now: the
+    recorder follows these and what they fork while it records, so the threads and workers
+    that exist already are listed here."""
     seen: set[int] = set()
     todo = list(pids)
     while todo:
@@ -106,7 +116,7 @@ class SchedEventRecorder:
     """One private ftrace instance following ``pids`` and every task they create afterwards."""
 
     pids: tuple[int, ...]
-    buffer_kb: int = 8192
+    buffer_kb: int = 16384
     _root: Path | None = None
     _instance: Path | None = None
     _mounted: Path | None = None
@@ -130,9 +140,7 @@ class SchedEventRecorder:
             _write(inst / "tracing_on", "0")
             _write(inst / "trace_clock", "mono")
             _write(inst / "buffer_size_kb", str(self.buffer_kb))
-            _write(inst / "options" / "event-fork", "1")
-            _write(inst / "set_event_pid", " ".join(str(p) for p in self.pids))
-            for event in ("sched_switch", "sched_waking"):
+            for event in ("sched_switch", "sched_waking", "sched_process_fork"):
                 _write(inst / "events" / "sched" / event / "enable", "1")
             _write(inst / "tracing_on", "1")
         except OSError as exc:
@@ -182,7 +190,8 @@ class SchedEventRecorder:
         if self._instance is None:
             raise SchedEventsUnavailableError("the recorder was not started")
         text = (self._instance / "trace").read_text(errors="replace")
-        tables, stamps = parse(text)
+        tables, stamps, forks = parse(text)
+        tables = only_tasks(tables, followed(self.pids, forks))
         offset, bound = clock_offset(stamps, self._marks)
         for table in tables.values():
             table["t_ns"] = [t + offset for t in table["t_ns"]]
@@ -191,6 +200,7 @@ class SchedEventRecorder:
             "clock_offset_ns": offset,
             "clock_offset_bound_ns": bound,
             "events_lost": _overruns(self._instance),
+            "switch_ins_missing": _missing(tables),
             "buffer_kb_per_cpu": self.buffer_kb,
         }
         return tables, info
@@ -223,13 +233,16 @@ def _overruns(instance: Path) -> int:
     return lost
 
 
-def parse(text: str) -> tuple[dict[str, dict[str, list[Any]]], dict[int, int]]:
+def parse(
+    text: str,
+) -> tuple[dict[str, dict[str, list[Any]]], dict[int, int], list[tuple[int, int]]]:
     """Parse an instance's ``trace`` text: the switch and waking tables (time stamps still on
-    the buffer's clock) and the buffer's time stamp of every clock marker, by the process clock
-    value the marker carries."""
+    the buffer's clock), the buffer's time stamp of every clock marker (by the process clock
+    value the marker carries) and the (parent, child) task ids of every fork, in order."""
     switch = empty_columns(SWITCH_TABLE)
     waking = empty_columns(WAKING_TABLE)
     stamps: dict[int, int] = {}
+    forks: list[tuple[int, int]] = []
     for line in text.splitlines():
         m = _LINE.match(line)
         if m is None:
@@ -249,10 +262,42 @@ def parse(text: str) -> tuple[dict[str, dict[str, list[Any]]], dict[int, int]]:
                 waking["tid"].append(int(w["pid"]))
                 waking["waker_tid"].append(int(m["pid"]))
                 waking["target_cpu"].append(int(w["target"]))
+        elif event == "sched_process_fork":
+            f = _FORK.match(rest)
+            if f is not None:
+                forks.append((int(f["parent"]), int(f["child"])))
         elif event == "tracing_mark_write" and rest.startswith(_MARK):
             with contextlib.suppress(ValueError, IndexError):
                 stamps[int(rest.split()[1])] = t_ns
-    return {SWITCH_TABLE: switch, WAKING_TABLE: waking}, stamps
+    return {SWITCH_TABLE: switch, WAKING_TABLE: waking}, stamps, forks
+
+
+def followed(tasks: tuple[int, ...], forks: list[tuple[int, int]]) -> set[int]:
+    """``tasks`` and every task forked (in the order recorded) from one already followed."""
+    out = set(tasks)
+    for parent, child in forks:
+        if parent in out:
+            out.add(child)
+    return out
+
+
+def only_tasks(
+    tables: dict[str, dict[str, list[Any]]], tasks: set[int]
+) -> dict[str, dict[str, list[Any]]]:
+    """The switches that involve one of ``tasks`` (either side) and the wake-ups of one."""
+    sw, wk = tables[SWITCH_TABLE], tables[WAKING_TABLE]
+    keep_sw = [
+        p in tasks or n in tasks for p, n in zip(sw["prev_tid"], sw["next_tid"], strict=True)
+    ]
+    keep_wk = [t in tasks for t in wk["tid"]]
+    return {
+        SWITCH_TABLE: {
+            c: [v for v, k in zip(col, keep_sw, strict=True) if k] for c, col in sw.items()
+        },
+        WAKING_TABLE: {
+            c: [v for v, k in zip(col, keep_wk, strict=True) if k] for c, col in wk.items()
+        },
+    }
 
 
 def clock_offset(stamps: dict[int, int], marks: dict[int, int]) -> tuple[int, int]:
@@ -281,3 +326,11 @@ def _append(
     # R / R+ : still runnable when switched out (preempted); anything else went to sleep.
     table["prev_state"].append(state)
     table["next_tid"].append(nxt)
+
+
+def _missing(tables: dict[str, dict[str, list[Any]]]) -> int:
+    import pandas as pd
+
+    from codl.analysis.offcpu import missing_switch_ins
+
+    return missing_switch_ins(pd.DataFrame(tables[SWITCH_TABLE]))
