@@ -625,7 +625,7 @@ def decomposition(means: pd.DataFrame, outputs: Sequence[Path]) -> None:
     the measure of how much the parts explain. A group whose host part covers the whole step
     (traces without phase counters) is labelled: there the bar is not a budget. Prepared by
     ``decompose.decomposition_means`` (``runs`` from ``figdata.decomposition_runs``)."""
-    fig, ax = plt.subplots(figsize=(max(7.0, 1.15 * max(1, len(means)) + 3.5), 5.0))
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.45 * max(1, len(means)) + 3.5), 5.0))
     if means.empty:
         _note(
             ax,
