@@ -126,7 +126,10 @@ def test_cross_node_peer_wait_needs_the_measured_bounds() -> None:
     assert unaligned["peer_wait_ms"].isna().all()
     aligned = dec.comm_parts(comm, warmup=0, ranks_per_node=1, clock_bound_ns={0: 0, 1: 20 * US})
     r0 = aligned[aligned["rank"] == 0]
-    assert r0["peer_wait_ms"].tolist() == pytest.approx([6.0, 6.0])
+    # Rank 0 waits 3 ms at each of its 2 buckets; only the wait after its own last bucket is
+    # exposed (lengthens its step): the per-bucket sum is the AllReduce's view.
+    assert r0["bucket_peer_wait_ms"].tolist() == pytest.approx([6.0, 6.0])
+    assert r0["peer_wait_ms"].tolist() == pytest.approx([3.0, 3.0])
     # Two buckets per step, each wait (rank 0 against rank 1 or back) off by at most rank 1's
     # bound; with a third rank of bound 50 us, the wait of each rank is off by its own bound
     # plus the largest of the others'.
