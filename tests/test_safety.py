@@ -1042,11 +1042,12 @@ def spawned_ranks(pid: int) -> list[int]:
     return sorted(ranks)
 
 
-@pytest.mark.slow
-def test_killing_one_rank_keeps_the_survivors_data(tmp_path: Path) -> None:
+def _start_endless_two_rank_run(tmp_path: Path) -> tuple[Any, Path, subprocess.Popen[str]]:
+    """A 2-rank local compute+comm run with no end, returned once both ranks are about to
+    step: stopped earlier, rank 1 would leave its peer blocked in the rendezvous, where no
+    signal handler runs."""
     from codl.harness.runner import write_spec_json
     from codl.spec import RunSpec
-    from codl.trace.store import open_trace
 
     spec = RunSpec.from_dict(
         {
@@ -1067,12 +1068,22 @@ def test_killing_one_rank_keeps_the_survivors_data(tmp_path: Path) -> None:
     )
     try:
         deadline = time.monotonic() + 180
-        # Until both ranks are about to step: killed earlier, rank 1 would leave its peer
-        # blocked in the rendezvous, where no signal handler runs.
         while len(ranks := spawned_ranks(proc.pid)) < 2 or not all(map(sampling, ranks)):
             assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline
+            assert time.monotonic() < deadline, "the ranks never reached their first step"
             time.sleep(0.2)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    return spec, run_dir, proc
+
+
+@pytest.mark.slow
+def test_killing_one_rank_keeps_the_survivors_data(tmp_path: Path) -> None:
+    from codl.trace.store import open_trace
+
+    spec, run_dir, proc = _start_endless_two_rank_run(tmp_path)
+    try:
         time.sleep(3)
         os.kill(spawned_ranks(proc.pid)[1], signal.SIGKILL)
         _, err = proc.communicate(timeout=300)
@@ -1115,33 +1126,10 @@ def test_a_group_sigterm_to_local_ranks_leaves_one_merged_incomplete_trace(
 ) -> None:
     """What Slurm sends at a time limit (SIGTERM to every process of the group, twice) to a
     2-rank local run: one trace.incomplete.h5 with the reason and both ranks' data."""
-    from codl.harness.runner import write_spec_json
-    from codl.spec import RunSpec
     from codl.trace.store import open_trace
 
-    spec = RunSpec.from_dict(
-        {
-            "mode": "compute+comm",
-            "workload": {"batch_size": 2, "image_size": 16},
-            "layout": {"ranks_per_node": 2},
-            "steps": {"warmup": 1, "measured": 100_000},
-        }
-    )
-    run_dir = tmp_path / "run"
-    write_spec_json(spec, run_dir / "spec.json")
-    proc = subprocess.Popen(
-        run_cmd(run_dir / "spec.json", run_dir / "trace.h5"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    _spec, run_dir, proc = _start_endless_two_rank_run(tmp_path)
     try:
-        deadline = time.monotonic() + 180
-        while len(ranks := spawned_ranks(proc.pid)) < 2 or not all(map(sampling, ranks)):
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "the ranks never reached their first step"
-            time.sleep(0.2)
         time.sleep(5)  # a few steps of a tiny model, even on a loaded machine
         for _ in range(2):
             os.killpg(proc.pid, signal.SIGTERM)
