@@ -75,6 +75,9 @@ GROUP_COLUMNS = (
     "tier",
     "cupti",
     "cuda_api",
+    # The kernel's scheduler record costs ~0.6-1.3 us per context switch (benchmarks/results/
+    # sched_events_cost*.csv): its runs are compared with each other only.
+    "sched_events",
 )
 # Read only by modes that load; replaced by NO_LOADER for the others (the normalisation).
 LOADER_COLUMNS = ("workers", "prefetch_factor", "pin_memory")

@@ -202,9 +202,10 @@ def heatmap_table(summary: pd.DataFrame, comparison: pd.DataFrame) -> pd.DataFra
     return out.reindex(columns=cols)
 
 
-# Instrumented runs (CUPTI, API callbacks) are slower by themselves: a figure never pools them
-# with plain runs, and a per-cell summary prefers the plain ones.
-INSTRUMENT_COLUMNS = ("cupti", "cuda_api")
+# Instrumented runs (CUPTI, API callbacks, the kernel's scheduler record) are slower by
+# themselves: a figure never pools them with plain runs, and a per-cell summary prefers the
+# plain ones.
+INSTRUMENT_COLUMNS = ("cupti", "cuda_api", "sched_events")
 
 
 def _truthy(s: pd.Series) -> pd.Series:
@@ -212,7 +213,7 @@ def _truthy(s: pd.Series) -> pd.Series:
 
 
 def instrumented(df: pd.DataFrame) -> pd.Series:
-    """True where a row comes from a run with a CUDA tracing level on."""
+    """True where a row comes from a run with a costly tracing level on."""
     on = pd.Series(False, index=df.index)
     for col in INSTRUMENT_COLUMNS:
         if col in df:

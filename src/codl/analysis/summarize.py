@@ -47,6 +47,7 @@ SPEC_COLUMNS = {
     "tier": ("dataset", "tier"),
     "cupti": ("trace", "cupti"),
     "cuda_api": ("trace", "cuda_api"),
+    "sched_events": ("trace", "sched_events"),
     "repeat": ("repeat",),
 }
 # Modes that read a data set, as the strings the tables hold; spec.Mode owns the vocabulary.
@@ -63,6 +64,7 @@ def spec_columns(spec: Mapping[str, Any]) -> dict[str, Any]:
         out[col] = node
     # Traces written before the level existed ran without it.
     out["cuda_api"] = bool(out["cuda_api"])
+    out["sched_events"] = bool(out["sched_events"])
     if out["mode"] not in LOADING_MODES:
         # A mode without a loader never reads these settings; zeroing them is what lets
         # compare.py match a `compute` run with the `combined` runs of every worker count.
