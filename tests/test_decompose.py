@@ -411,6 +411,79 @@ def test_decomposition_recovers_host_launch_delay_and_gpu_slowdown() -> None:
     assert allsteps["host_launch_delay_ms"] == pytest.approx(host, rel=REL)
 
 
+PIN, BLOCK_MS = 300, 3.0
+
+
+def with_gil_sleeps(tables: dict[str, pd.DataFrame], *, block_ms: float) -> dict[str, pd.DataFrame]:
+    """``tables`` plus the kernel's scheduler record: in each step's compute span the launch
+    thread sleeps ``block_ms`` until the pin-memory thread wakes it, the autograd thread sleeps
+    through the second half of that (the same lost time: counted once), and the launch thread
+    then sleeps 5 ms until an interrupt wakes it (the device: not a lock holder)."""
+    threads = pd.concat(
+        [
+            tables["threads"],
+            frame(
+                "threads",
+                [{"rank": 0, "pid": 1, "tid": PIN, "role": "pin_memory", "name": "pt_data_pin"}],
+            ),
+        ],
+        ignore_index=True,
+    )
+    app = tables["events/app"]
+    switch: list[dict[str, Any]] = []
+    waking: list[dict[str, Any]] = []
+
+    def sleep(tid: int, a: int, b: int, waker: int) -> None:
+        switch.append({"rank": 0, "t_ns": a, "cpu": 0, "prev_tid": tid, "prev_state": "S"})
+        switch[-1]["next_tid"] = 0
+        waking.append(
+            {"rank": 0, "t_ns": b, "cpu": 1, "tid": tid, "waker_tid": waker, "target_cpu": 0}
+        )
+        switch.append(
+            {"rank": 0, "t_ns": b + 1000, "cpu": 0, "prev_tid": 0, "prev_state": "R"}
+            | {"next_tid": tid}
+        )
+
+    block = int(block_ms * MS)
+    for t0 in app.loc[app["phase"] == "compute", "start_ns"].astype("int64"):
+        t = int(t0) + MS
+        if block:
+            sleep(LAUNCH, t, t + block, PIN)
+            sleep(AUTOGRAD, t + block // 2, t + block, PIN)
+        sleep(LAUNCH, t + block + MS, t + block + 6 * MS, 0)
+    switch.sort(key=lambda r: r["t_ns"])
+    waking.sort(key=lambda r: r["t_ns"])
+    return tables | {
+        "threads": threads,
+        "events/sched_switch": frame("events/sched_switch", switch),
+        "events/sched_waking": frame("events/sched_waking", waking),
+    }
+
+
+def test_sleeps_ended_by_a_lock_holder_are_the_host_blocked_part() -> None:
+    loaded = traced_run(loaded=True)
+    extra = EXTRA_WAIT_MS + EXTRA_AUTOGRAD_WAIT_MS + EXTRA_KERNEL_MS
+    loaded["events/app"] = app_table(range(WARMUP + 30), compute_ms=25.0 + extra + BLOCK_MS)
+    loaded = with_gil_sleeps(loaded, block_ms=BLOCK_MS)
+    alone = with_gil_sleeps(traced_run(loaded=False), block_ms=0.0)
+    parts = dec.step_parts(loaded, warmup=WARMUP)
+    assert parts["blocked_ms"].to_numpy() == pytest.approx(np.full(len(parts), BLOCK_MS))
+    assert (dec.step_parts(alone, warmup=WARMUP)["blocked_ms"] == 0).all()
+    a_steps, a_sum, a_parts = summarized("alone", "compute", alone)
+    c_steps, c_sum, c_parts = summarized("loaded", "data+compute", loaded)
+    d = dec.decompose(
+        pd.concat([a_steps, c_steps], ignore_index=True),
+        pd.concat([a_parts, c_parts], ignore_index=True),
+        pd.concat([a_sum, c_sum], ignore_index=True),
+    )
+    assert d["host_blocked_ms"].to_numpy() == pytest.approx(np.full(len(d), BLOCK_MS), rel=REL)
+    # The planted inflation is host + GPU + the sleeps: with the new part the budget closes.
+    assert d["unattributed_ms"].abs().max() < REL * (extra + BLOCK_MS)
+    # Without the scheduler record the part is unmeasured (NaN), not zero.
+    plain = dec.step_parts(traced_run(loaded=True), warmup=WARMUP)
+    assert plain["blocked_ms"].isna().all()
+
+
 def test_parts_from_a_steps_table_keep_what_it_has() -> None:
     steps = pd.DataFrame(
         {

@@ -11,11 +11,16 @@ Two halves, both pure (DataFrames in, DataFrames out):
 * ``decompose`` (in compare): each part minus its isolation twin's steady-state mean, next to the
   compute inflation against the same twin, as a budget::
 
-      compute inflation = host_launch_delay + peer_wait + transfer + gpu_slowdown + unattributed
+      compute inflation = host_launch_delay + host_blocked + peer_wait + transfer
+                          + gpu_slowdown + unattributed
 
   ===================  =======================================================================
   host_launch_delay    main + autograd threads' on-CPU time and run-queue wait in the compute
                        span, beyond the twin's
+  host_blocked         time in the compute span in which a launch role slept until a thread off
+                       the launch path woke it (the pin-memory thread, a loader, another Python
+                       thread: the GIL or a lock it held), beyond the twin's; from the kernel's
+                       scheduler record (trace.sched_events), else NaN
   peer_wait            exposed wait in the compute span for the last rank to reach a bucket
   transfer             exposed collective time from the last arrival on (its own work)
   gpu_slowdown         GPU kernel busy time beyond the twin's (CUPTI runs only, else NaN)
@@ -25,10 +30,12 @@ Two halves, both pure (DataFrames in, DataFrames out):
 Why these add up (host clock, CPU and gloo): the main thread's wall time in the compute span
 is its on-CPU time + run-queue wait + time blocked; it blocks at the end of the backward pass
 for the buckets still in flight, which is the exposed peer wait + transfer. What is left
-unattributed is the rest of its blocked time (intra-op pool threads, allocator) and the
-counters' read cost. On a GPU the compute span is GPU time: a launch delay while the GPU still
-has queued work costs it nothing, and CUPTI kernel time overlaps the host parts, so there
-``unattributed`` goes negative by what the GPU hid; it is always shown, never spread.
+unattributed is the rest of its blocked time (intra-op pool threads, allocator; with
+the kernel's scheduler record, the sleeps that a thread off the launch path ended are
+host_blocked) and the counters' read cost. On a GPU the compute span is GPU time: a launch
+delay while the GPU still has queued work costs it nothing, and CUPTI kernel time overlaps the
+host parts, so there ``unattributed`` goes negative by what the GPU hid; it is always shown,
+never spread.
 
 Baselines are the twin's *means* over its steady-state steps, not medians: means add up, so the
 baselines of the parts sum to the baseline of their sum and ``unattributed`` is exact arithmetic.
@@ -55,13 +62,26 @@ import numpy.typing as npt
 import pandas as pd
 
 from codl.analysis import compare as cmp
+from codl.analysis import offcpu
 from codl.analysis.steady import steady
 from codl.analysis.summarize import KEYS, interval_union, sched_deltas
 
 # Threads whose delay delays the GPU work of a step: the main thread launches the forward and
 # optimizer kernels, the autograd engine's device thread launches the backward.
 LAUNCH_ROLES = ("launch", "autograd")
-PARTS = ("host_launch_delay_ms", "peer_wait_ms", "transfer_ms", "gpu_slowdown_ms")
+# Threads of a rank off the launch path whose wake-up of a sleeping launch role hands back what
+# it held: CPython's GIL (a thread that wants it sleeps until the holder drops it and signals)
+# or another lock. Comm threads are left out: their wake-ups end the exposed peer wait and
+# transfer, which have their own parts; wake-ups from outside the run (interrupts, the GPU
+# driver's completion) are the device, not the host.
+HOLDER_ROLES = ("pin_memory", "loader", "other")
+PARTS = (
+    "host_launch_delay_ms",
+    "host_blocked_ms",
+    "peer_wait_ms",
+    "transfer_ms",
+    "gpu_slowdown_ms",
+)
 # A twin without the data component: what the loader added is what the parts measure. A
 # `combined` run's best twin still reduces its gradients (compute+comm); without one, the
 # compute twin does, and the AllReduce then counts in full as inflation.
@@ -82,6 +102,7 @@ PART_COLUMNS: dict[str, str] = {
     "autograd_wait_ms": "float64",
     "host_ms": "float64",
     "host_source": "object",
+    "blocked_ms": "float64",
     "peer_wait_ms": "float64",
     "transfer_ms": "float64",
     "bucket_peer_wait_ms": "float64",
@@ -363,6 +384,38 @@ def gpu_parts(cuda: pd.DataFrame, *, warmup: int) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(cols)).astype(cols)
 
 
+def blocked_parts(
+    app: pd.DataFrame,
+    threads: pd.DataFrame,
+    switch: pd.DataFrame | None,
+    waking: pd.DataFrame | None,
+    *,
+    warmup: int,
+) -> pd.DataFrame:
+    """Per (rank, step): ``blocked_ms``, the time in the compute span in which the launch roles
+    slept until a thread of ``HOLDER_ROLES`` woke them (union over the roles), from the kernel's
+    scheduler record. Empty (the part NaN) for traces without it."""
+    empty = _empty({"rank": "int64", "step": "int64", "blocked_ms": "float64"})
+    if switch is None or waking is None or switch.empty or threads.empty:
+        return empty
+    roles = _roles(threads)
+    spans = app[(app["phase"].astype(str) == "compute") & (app["step"] >= warmup)]
+    frames = []
+    for rank, win in spans.groupby(spans["rank"].astype("int64")):
+        mine = roles[roles["rank"] == rank]
+        launch = mine.loc[mine["role"].isin(LAUNCH_ROLES), "tid"]
+        holders = mine.loc[mine["role"].isin(HOLDER_ROLES), "tid"]
+        on_rank = switch["rank"] == rank
+        iv = offcpu.offcpu_intervals(switch[on_rank], waking[waking["rank"] == rank], launch)
+        ns = offcpu.blocked_by_in_windows(iv, win, holders)
+        frames.append(
+            pd.DataFrame({"rank": rank, "step": win["step"].astype("int64"), "blocked_ms": _ms(ns)})
+        )
+    if not frames:
+        return empty
+    return pd.concat(frames, ignore_index=True)
+
+
 def step_parts(
     tables: Mapping[str, pd.DataFrame],
     *,
@@ -395,6 +448,13 @@ def step_parts(
             clock_bound_ns=clock_bound_ns,
         ),
         gpu_parts(tables["events/cuda"], warmup=warmup),
+        blocked_parts(
+            tables["events/app"],
+            tables["threads"],
+            tables.get("events/sched_switch"),
+            tables.get("events/sched_waking"),
+            warmup=warmup,
+        ),
     ):
         base = base.merge(part, on=KEYS, how="left")
     for col in PART_COLUMNS:
@@ -424,6 +484,8 @@ DECOMPOSITION_COLUMNS = (
     "workers",
     "cupti",
     "cuda_api",
+    "sched_events",
+    "pin_memory",
     "world_size",
     "twin_mode",
     "twin_runs",
@@ -445,6 +507,7 @@ DECOMPOSITION_COLUMNS = (
 # Absolute inputs whose twin means are the baselines of the parts.
 _BASE = {
     "host_launch_delay_ms": "host_ms",
+    "host_blocked_ms": "blocked_ms",
     "peer_wait_ms": "peer_wait_ms",
     "transfer_ms": "transfer_ms",
     "gpu_slowdown_ms": "gpu_kernel_ms",
@@ -529,7 +592,15 @@ def decompose(steps: pd.DataFrame, parts: pd.DataFrame, summaries: pd.DataFrame)
         g["unattributed_ms"] = g["compute_inflation_ms"] - g[list(PARTS)].sum(axis=1, min_count=0)
         if "outlier" not in g:
             g["outlier"] = False
-        for col in ("world_size", "cuda_api", "cupti", "workers", "policy"):
+        for col in (
+            "world_size",
+            "cuda_api",
+            "cupti",
+            "sched_events",
+            "pin_memory",
+            "workers",
+            "policy",
+        ):
             if col not in g:
                 g[col] = r.get(col)
         out.append(g[list(DECOMPOSITION_COLUMNS)])
@@ -544,14 +615,29 @@ def _sources(d: pd.DataFrame) -> str:
     return " / ".join(got) or WHOLE_STEP
 
 
+# A figure's bar groups: runs with the kernel's scheduler record or without pinned memory are
+# other experiments (tables written before these columns existed group without them).
+DECOMPOSITION_KEYS = (
+    "mode",
+    "policy",
+    "workers",
+    "world_size",
+    "cupti",
+    "cuda_api",
+    "sched_events",
+    "pin_memory",
+)
+OPTIONAL_KEYS = ("sched_events", "pin_memory")
+
+
 def decomposition_means(decomp: pd.DataFrame, *, tail: float = 0.95) -> pd.DataFrame:
-    """Per (mode, policy, workers, world size, cupti, cuda_api) and view: the mean of the
+    """Per ``DECOMPOSITION_KEYS`` group and view: the mean of the
     inflation and of each part over the steady-state steps (``view`` = "all steps") and over
     the steps whose compute inflation is at or above the group's ``tail`` quantile (``view`` =
     "slowest 5 %"): what the average step and what the slow steps are made of. ``host_source``
     says where the group's host part was measured: only "compute span" makes a budget."""
     cols = ["compute_inflation_ms", *PARTS, "unattributed_ms"]
-    keys = ["mode", "policy", "workers", "world_size", "cupti", "cuda_api"]
+    keys = [c for c in DECOMPOSITION_KEYS if c in decomp or c not in OPTIONAL_KEYS]
     if decomp.empty:
         return pd.DataFrame(columns=[*keys, "view", "steps", *cols, "host_source"])
     d = steady(decomp)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from codl.analysis import decompose as dec
 from codl.analysis.compare import (
     BOOTSTRAP,
     HEADLINE_STAT,
@@ -308,7 +309,7 @@ def timeline_run(summary: pd.DataFrame) -> str:
 
 def decomposition_runs(means: pd.DataFrame, decomposition: pd.DataFrame) -> pd.DataFrame:
     """``decompose.decomposition_means`` plus ``runs``: how many runs each bar group pools."""
-    keys = ["mode", "policy", "workers", "world_size", "cupti", "cuda_api"]
+    keys = [k for k in dec.DECOMPOSITION_KEYS if k in means and k in decomposition]
     if means.empty or "run_id" not in decomposition or not set(keys) <= set(decomposition):
         return means.assign(runs=np.nan) if not means.empty else means
     counts = decomposition.groupby(keys, dropna=False)["run_id"].nunique().reset_index()

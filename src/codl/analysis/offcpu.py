@@ -14,7 +14,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
+
+from codl.analysis.summarize import interval_union
 
 COLUMNS = (
     "tid",
@@ -210,3 +213,31 @@ def missing_switch_ins(switch: pd.DataFrame) -> int:
     same[0] = False  # np.roll wraps the last event round to the first
     twice_out = (ev["d"].to_numpy() == -1) & (np.roll(ev["d"].to_numpy(), 1) == -1) & same
     return int(twice_out.sum())
+
+
+def blocked_by_in_windows(
+    intervals: pd.DataFrame, windows: pd.DataFrame, wakers: Iterable[int]
+) -> npt.NDArray[np.int64]:
+    """Per window (rows of ``windows``: ``start_ns``, ``end_ns``), the time (ns) in which at
+    least one of the intervals' threads slept until one of ``wakers`` woke it, inside the window.
+
+    The union over threads, so two threads asleep on the same holder at once count once. This is
+    time lost to a lock or the GIL held by a thread off the launch path: its waker is the thread
+    that let go of it (a CPython thread that drops the GIL signals the one waiting for it).
+    """
+    lo = windows["start_ns"].to_numpy(np.int64)
+    hi = windows["end_ns"].to_numpy(np.int64)
+    out = np.zeros(len(windows), np.int64)
+    b = intervals[(intervals["state"] == "blocked") & intervals["waker_tid"].isin(set(wakers))]
+    if b.empty or not len(windows):
+        return out
+    s = b["start_ns"].to_numpy(np.int64)
+    sleeps = interval_union(s, s + b["blocked_ns"].to_numpy(np.int64))
+    # Disjoint sorted sleeps: each window's total is a difference of clipped cumulative sums.
+    for i in range(len(windows)):
+        a = np.searchsorted(sleeps[:, 1], lo[i], side="right")
+        z = np.searchsorted(sleeps[:, 0], hi[i], side="left")
+        if z > a:
+            seg = sleeps[a:z]
+            out[i] = int((np.minimum(seg[:, 1], hi[i]) - np.maximum(seg[:, 0], lo[i])).sum())
+    return out

@@ -610,6 +610,11 @@ BUDGET_PARTS = {
         "host launch delay\n(main + autograd CPU time and run-queue wait in the compute span)",
         "#c44e52",
     ),
+    "host_blocked_ms": (
+        "host blocked (launch roles asleep until a thread off the launch\n"
+        "path woke them: the GIL or a lock it held; +ftrace runs)",
+        "#937860",
+    ),
     "peer_wait_ms": ("peer wait (exposed: after the rank's own last bucket)", "#8172b3"),
     "transfer_ms": ("transfer (exposed)", "#55a868"),
     "gpu_slowdown_ms": ("GPU slowdown (CUPTI runs)", "#dd8452"),
@@ -619,7 +624,8 @@ BUDGET_PARTS = {
 
 def decomposition(means: pd.DataFrame, outputs: Sequence[Path]) -> None:
     """Fig. 7: per mode and policy, the mean compute inflation against the twin (black line)
-    and its budget: host launch delay + peer wait + transfer + GPU slowdown + unattributed,
+    and its budget: host launch delay + host blocked + peer wait + transfer + GPU slowdown +
+    unattributed,
     stacked (negative parts below zero), over all steady-state steps and over the slowest
     steps. The parts add up to the line by construction; how small ``unattributed`` stays is
     the measure of how much the parts explain. A group whose host part covers the whole step
@@ -667,7 +673,8 @@ def decomposition(means: pd.DataFrame, outputs: Sequence[Path]) -> None:
     ax.set_ylabel("ms per step beyond the twin (mean)")
     ax.set_title(
         "Compute inflation against the twin, as a budget of its causes\n"
-        "(bar = host launch delay + peer wait + transfer + GPU slowdown + unattributed = line)",
+        "(bar = host launch delay + host blocked + peer wait + transfer + GPU slowdown"
+        " + unattributed = line)",
         fontsize=9,
     )
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
@@ -680,9 +687,18 @@ def _decomposition_labels(d: pd.DataFrame) -> list[str]:
         ranks = r.get("world_size")
         on_ranks = f" x{int(ranks)} ranks" if pd.notna(ranks) and int(ranks) > 1 else ""
         label = f"{r['mode']}{on_ranks}\n{r['policy']} w={r['workers']}"
-        for col, mark in (("cupti", " +CUPTI"), ("cuda_api", " +API")):
+        for col, mark in (
+            ("cupti", " +CUPTI"),
+            ("cuda_api", " +API"),
+            ("sched_events", " +ftrace"),
+        ):
             if str(r.get(col)).lower() == "true":
                 label += mark
+        if str(r.get("pin_memory")).lower() == "false" and r["mode"] in (
+            "combined",
+            "data+compute",
+        ):
+            label += " no-pin"
         label += f"\n{r['view']}\n{_n(r.get('runs'), 'run')}, {_n(r.get('steps'), 'step')}"
         if str(r.get("host_source", "compute span")) != "compute span":
             label += "\nhost part: whole step\n(not a budget)"

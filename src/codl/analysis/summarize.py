@@ -558,7 +558,7 @@ TABLES: tuple[str, ...] = (
 )
 # Read for analysis.decompose only (phase-boundary schedstat, GPU arrivals of the buckets);
 # optional: older traces lack them and read as empty.
-TABLES += ("events/phase_sched", "events/comm_gpu")
+TABLES += ("events/phase_sched", "events/comm_gpu", "events/sched_switch", "events/sched_waking")
 
 
 def _spec(attrs: Mapping[str, Any]) -> dict[str, Any]:
