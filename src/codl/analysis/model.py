@@ -32,8 +32,12 @@ Equations (docs/advisor.md explains the choices):
   the node's cores. Under ``none`` and ``shared`` they spill onto the launch roles' cores (the
   published preemption mechanism); under fenced policies they crowd their own cores and the
   helpers placed there. Hence one coefficient per policy.
-- Compute inflation: ``I = 1 + k_p * O``; ``k_p`` is fitted through the origin from the combined
-  runs of policy ``p``: ``I_obs = compute_eff_ms(combined) / compute_eff_ms(alone)``.
+- Compute inflation: ``I = 1 + k0_p + k_p * O``, ``I_obs = compute_eff_ms(combined) /
+  compute_eff_ms(alone)``, fitted per policy by least squares over the combined runs. ``k0_p``
+  is the inflation a running loader causes without overloading any core: work it adds to the
+  launch path per batch (the pin-memory thread holding the GIL while the launch thread waits
+  for it, measured on H200s with trace.sched_events: docs/results-h200x2.md), the same at any
+  worker count. ``k_p`` is what overload adds. Both are clipped at 0.
 - Combined throughput: the fixed point ``X = min(X_L(w), C_p / I(D(X)))``. ``X * I(D(X))`` grows
   with ``X``, so the fixed point is unique; it is found by bisection.
 
@@ -88,6 +92,8 @@ class Params:
     compute: Mapping[str, float]  # policy -> C_p, samples/s per rank
     compute_ms: Mapping[str, float]  # policy -> compute_eff_ms alone
     k: Mapping[str, float]  # policy -> interference coefficient
+    # policy -> inflation of a loader that overloads nothing (none fitted: 0)
+    k0: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,7 +144,12 @@ class Fit:
             ("kappa", "", self.params.kappa, np.array([b.kappa for b in self.boot])),
         ]
         for p in self.policies:
-            for name, attr in (("compute", "compute"), ("compute_ms", "compute_ms"), ("k", "k")):
+            for name, attr in (
+                ("compute", "compute"),
+                ("compute_ms", "compute_ms"),
+                ("k0", "k0"),
+                ("k", "k"),
+            ):
                 point: Mapping[str, float] = getattr(self.params, attr)
                 draws = np.array([getattr(b, attr).get(p, np.nan) for b in self.boot])
                 rows.append((name, p, point[p], draws))
@@ -403,7 +414,7 @@ def _fit_params(groups: pd.DataFrame, node: Node, cores: int) -> tuple[Params, l
     if missing:
         notes.append(f"policies {missing} have combined runs but no compute twin: left out")
     comb = comb[comb["policy"].isin(list(compute_ms)) & comb["compute_ms"].notna()]
-    k = _fit_interference(
+    k0, k = _fit_interference(
         comb,
         node,
         cores,
@@ -413,7 +424,8 @@ def _fit_params(groups: pd.DataFrame, node: Node, cores: int) -> tuple[Params, l
         compute_ms=compute_ms,
         notes=notes,
     )
-    return Params(rate=rate, kappa=kappa, compute=compute, compute_ms=compute_ms, k=k), notes
+    params = Params(rate=rate, kappa=kappa, compute=compute, compute_ms=compute_ms, k=k, k0=k0)
+    return params, notes
 
 
 def _fit_interference(
@@ -426,14 +438,14 @@ def _fit_interference(
     compute: Mapping[str, float],
     compute_ms: Mapping[str, float],
     notes: list[str],
-) -> dict[str, float]:
-    """``k_p`` through the origin: ``I_obs - 1 = k_p * O``, one per policy.
+) -> tuple[dict[str, float], dict[str, float]]:
+    """``(k0_p, k_p)`` per policy: least squares of ``I_obs - 1 = k0_p + k_p * O``.
 
     The overload ``O`` is taken at the model's own operating point, not at the measured
     throughput: a run the model calls loader-bound has every worker runnable (``D = w``) even
     when its measured throughput falls short of the fitted capacity, and reading ``D`` off the
     measurement would make the fit and the prediction disagree about the same run. The
-    operating point depends on ``k``, so ``k`` and ``D`` are iterated to a fixed point.
+    operating point depends on the coefficients, so they and ``D`` are iterated to a fixed point.
     """
     a = node.roles(node.combined_mode)
     policies = sorted(set(comb["policy"].astype(str)))
@@ -450,31 +462,64 @@ def _fit_interference(
     pol = comb["policy"].astype(str).to_numpy()
     masks = {p: pol == p for p in policies}
     cap = _f64([compute[p] for p in pol])
-    infl = comb["compute_ms"].to_numpy(np.float64) / _f64([compute_ms[p] for p in pol])
+    excess = comb["compute_ms"].to_numpy(np.float64) / _f64([compute_ms[p] for p in pol]) - 1
     x_l = rate * np.minimum(w, kappa * np.maximum(c_l, 0.0))
+    k0 = dict.fromkeys(policies, 0.0)
     k = dict.fromkeys(policies, 0.0)
     fitted: set[str] = set()
     for _ in range(_K_ITERATIONS):
-        kk = _f64([k[p] for p in pol])
-        x, _ = _solve(x_l, cap, kk, w, c_l, np.full_like(w, float(cores)))
+        x, _ = _solve(
+            x_l,
+            cap,
+            _f64([k0[p] for p in pol]),
+            _f64([k[p] for p in pol]),
+            w,
+            c_l,
+            np.full_like(w, float(cores)),
+        )
         over = np.maximum(0.0, w * x / x_l - c_l) / cores
-        num = {p: float(np.sum((over * (infl - 1))[m])) for p, m in masks.items()}
-        den = {p: float(np.sum((over**2)[m])) for p, m in masks.items()}
-        fitted = {p for p in policies if den[p] > 0}
-        total = sum(den.values())
-        # Inflation below 1 under overload is noise, not a speed-up: k is clipped at 0.
-        pooled = max(0.0, sum(num.values()) / total) if total > 0 else 0.0
-        new = {p: max(0.0, num[p] / den[p]) if p in fitted else pooled for p in policies}
-        if all(abs(new[p] - k[p]) <= 1e-10 * (1 + abs(k[p])) for p in policies):
-            k = new
+        fitted = {p for p in policies if np.any(over[masks[p]] > 0)}
+        new = {p: _line(over[masks[p]], excess[masks[p]]) for p in policies}
+        # A policy none of whose runs overloads the cores identifies only k0; its k is the
+        # other policies' (the same overload crowds the same cores).
+        pooled = float(np.mean([new[p][1] for p in fitted])) if fitted else 0.0
+        new = {p: new[p] if p in fitted else (new[p][0], pooled) for p in policies}
+        done = all(
+            abs(new[p][0] - k0[p]) <= 1e-10 * (1 + abs(k0[p]))
+            and abs(new[p][1] - k[p]) <= 1e-10 * (1 + abs(k[p]))
+            for p in policies
+        )
+        k0 = {p: new[p][0] for p in policies}
+        k = {p: new[p][1] for p in policies}
+        if done:
             break
-        k = new
     for p in policies:
         if p not in fitted:
             # No combined run of this policy overloads the loader's cores: its own k is not
             # identified; borrowing the pooled one keeps its predictions defined.
             notes.append(f"k[{p}]: no combined run overloads the loader's cores; pooled k used")
-    return k
+    return k0, k
+
+
+def _line(over: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> tuple[float, float]:
+    """``(k0, k)`` of ``y = k0 + k * over`` by least squares, both >= 0 (inflation below 1 is
+    noise, not a speed-up). Without overload (all ``over`` 0) only ``k0`` is identified: k = 0."""
+    keep = np.isfinite(y)
+    over, y = over[keep], y[keep]
+    if not len(y):
+        return 0.0, 0.0
+    n, sx, sy = len(y), float(over.sum()), float(y.sum())
+    sxx, sxy = float((over * over).sum()), float((over * y).sum())
+    det = n * sxx - sx * sx
+    if det <= 1e-12 * max(1.0, n * sxx):
+        return max(0.0, sy / n), 0.0
+    k = (n * sxy - sx * sy) / det
+    k0 = (sy - k * sx) / n
+    if k < 0:
+        return max(0.0, sy / n), 0.0
+    if k0 < 0:
+        return 0.0, max(0.0, sxy / sxx)
+    return k0, k
 
 
 def _run_cv(groups: pd.DataFrame) -> float:
@@ -530,6 +575,7 @@ def fit(data: RunData, *, cores: int, boot: int = 200, seed: int = 0) -> Fit:
 def _solve(
     x_l: npt.NDArray[np.float64],
     cap: npt.NDArray[np.float64],
+    k0: npt.NDArray[np.float64],
     k: npt.NDArray[np.float64],
     w: npt.NDArray[np.float64],
     c_l: npt.NDArray[np.float64],
@@ -538,7 +584,7 @@ def _solve(
     """The fixed point ``X = min(X_L, C / I(D(X)))`` and its inflation, by bisection."""
 
     def inflation(x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-        return 1.0 + k * np.maximum(0.0, w * x / x_l - c_l) / cores
+        return 1.0 + k0 + k * np.maximum(0.0, w * x / x_l - c_l) / cores
 
     lo = np.zeros_like(x_l)
     hi = x_l.copy()
@@ -570,10 +616,11 @@ def _evaluate(
     pol = settings["policy"].astype(str)
     cap = _f64(pol.map(params.compute))
     k = _f64(pol.map(params.k))
+    k0 = _f64(pol.map(lambda p: params.k0.get(p, 0.0)))
     x_l = params.rate * np.minimum(w, params.kappa * np.maximum(c_l, 0.0))
     # A setting with no core for the loader delivers nothing (the harness refuses it anyway).
     x_l = np.where(c_l >= 1, x_l, np.nan)
-    x, infl = _solve(x_l, cap, k, w, c_l, cores)
+    x, infl = _solve(x_l, cap, k0, k, w, c_l, cores)
     return {
         "loader_cores": c_l,
         "loader_capacity": x_l,
