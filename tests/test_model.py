@@ -298,3 +298,15 @@ def test_fit_on_committed_h200_tables() -> None:
     assert len(below) == 3 and len(above) == 12
     assert below["inside"].all()
     assert (above["error"] > 0).all()
+
+
+def test_cross_validation_predicts_each_held_out_worker_count() -> None:
+    runs, steps = planted_tables(seed=5, k0={"none": 0.3, "isolated": 0.2}, repeats=2)
+    cv = mdl.cross_validate(runs, steps, cores=CORES)
+    combined = runs[runs["mode"] == "data+compute"]
+    assert sorted(cv["run_id"]) == sorted(combined["run_id"])
+    assert set(cv["held_workers"]) == set(COMBINED_WORKERS)
+    assert (cv["held_workers"] == cv["workers"]).all()
+    # Every planted run is predicted by a model that never saw its worker count.
+    assert cv["error"].abs().max() < 0.05
+    assert (cv["note"] == "").all()

@@ -385,6 +385,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--tie", type=float, default=0.01, help="relative tie tolerance (fewer cores win)"
     )
+    p.add_argument(
+        "--cross-validate",
+        type=Path,
+        metavar="CSV",
+        help="also refit without each combined worker count in turn, predict it, print the "
+        "out-of-sample error and write it here",
+    )
     p.add_argument("--boot", type=int, default=200, help="bootstrap replicates")
     p.add_argument("--seed", type=int, default=0)
     return p
@@ -468,6 +475,24 @@ def _write_verification(
     args.out.write_text(render_config(cfg, advice, str(args.results)))
 
 
+def _cross_validate(
+    args: argparse.Namespace, runs: pd.DataFrame, steps: pd.DataFrame, cores: int, mode: str
+) -> None:
+    cv = mdl.cross_validate(runs, steps, cores=cores, combined_mode=mode)
+    args.cross_validate.parent.mkdir(parents=True, exist_ok=True)
+    cv.to_csv(args.cross_validate, index=False)
+    err = cv["error"].abs().dropna()
+    counts = ", ".join(str(w) for w in sorted(cv["held_workers"].unique()))
+    print(
+        f"\nout of sample (each combined worker count held out in turn: {counts}): "
+        f"|error| median {100 * err.median():.1f} %, worst {100 * err.max():.1f} % over "
+        f"{len(err)} runs; mean error {100 * cv['error'].mean():+.1f} % "
+        f"({args.cross_validate})"
+    )
+    for note in sorted(set(cv["note"]) - {""}):
+        print(f"note: a fold was not fitted: {note}")
+
+
 def run(args: argparse.Namespace) -> int:
     """The command on parsed arguments, so that ``cli.py`` can mount ``build_parser()`` as a
     parent of its ``advise`` subcommand and dispatch here."""
@@ -489,6 +514,8 @@ def run(args: argparse.Namespace) -> int:
         if args.out is not None:
             _write_verification(args, advice, fit, runs, source_cfg)
         print_advice(advice, fit, args.out, args.tie)
+        if args.cross_validate is not None:
+            _cross_validate(args, runs, steps, int(fit_cores), fit.node.combined_mode)
     except CodlError as exc:
         print(f"codl advise: error: {exc}", file=sys.stderr)
         return 2

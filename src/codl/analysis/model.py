@@ -212,13 +212,14 @@ def run_data(
     """Check the tables and keep what the model reads; ``combined_mode`` picks the layout when
     the tables hold both ``data+compute`` and ``combined`` runs.
 
-    CUPTI and ``cuda_api`` runs are left out: their tracer costs the step 4-40 % (DESIGN.md
-    sect. 5), which the model would read as loss of capacity.
+    CUPTI, ``cuda_api`` and ``sched_events`` runs are left out: their tracers cost the step
+    (4-40 % for the CUDA levels, DESIGN.md sect. 5), which the model would read as loss of
+    capacity.
     """
     _require(runs, RUN_COLUMNS, "runs.csv")
     _require(steps, STEP_COLUMNS, "steps.csv.gz")
     r = runs.copy()
-    for col in ("cupti", "cuda_api"):
+    for col in ("cupti", "cuda_api", "sched_events"):
         if col in r:
             r = r[~r[col].fillna(False).astype(bool)]
     r = r[r["mode"].isin((LOADER_MODE, *COMBINED_MODES, *COMPUTE_TWIN.values()))]
@@ -693,3 +694,45 @@ def check(fit: Fit, data: RunData) -> pd.DataFrame:
     out["error"] = out["throughput"] / out["measured"] - 1
     out["inside"] = (out["measured"] >= out["pred_lo"]) & (out["measured"] <= out["pred_hi"])
     return out
+
+
+def cross_validate(
+    runs: pd.DataFrame,
+    steps: pd.DataFrame,
+    *,
+    cores: int,
+    combined_mode: str | None = None,
+) -> pd.DataFrame:
+    """Out-of-sample error: for each worker count of the combined runs, fit on every run but
+    that count's combined ones (isolation runs stay) and predict those. One row per held-out
+    run: ``held_workers``, ``run_id``, ``policy``, ``workers``, ``predicted``, ``measured``,
+    ``error`` (predicted / measured - 1); a fold that cannot be fitted (e.g. it held out the
+    only overloaded runs) has NaN predictions and its reason in ``note``."""
+    data = run_data(runs, steps, combined_mode=combined_mode)
+    mode = data.node.combined_mode
+    comb = data.runs[data.runs["mode"] == mode]
+    rows: list[dict[str, Any]] = []
+    for held in sorted(comb["workers"].astype(int).unique()):
+        out = comb[comb["workers"].astype(int) == held]
+        keep = runs[~runs["run_id"].isin(out["run_id"])]
+        note = ""
+        try:
+            fit_ = fit(run_data(keep, steps, combined_mode=mode), cores=cores, boot=0)
+            pred = predict(fit_, out[["policy", "workers", "launch_cores"]])["throughput"]
+        except ModelError as exc:
+            pred, note = pd.Series(np.nan, index=range(len(out))), str(exc)
+        for (_, r), p in zip(out.iterrows(), pred.to_numpy(), strict=True):
+            measured = data.node.batch * 1000.0 / float(data.step_ms[r["run_id"]].mean())
+            rows.append(
+                {
+                    "held_workers": held,
+                    "run_id": r["run_id"],
+                    "policy": r["policy"],
+                    "workers": int(r["workers"]),
+                    "predicted": p,
+                    "measured": measured,
+                    "error": p / measured - 1,
+                    "note": note,
+                }
+            )
+    return pd.DataFrame(rows)

@@ -687,18 +687,20 @@ def _decomposition_labels(d: pd.DataFrame) -> list[str]:
         ranks = r.get("world_size")
         on_ranks = f" x{int(ranks)} ranks" if pd.notna(ranks) and int(ranks) > 1 else ""
         label = f"{r['mode']}{on_ranks}\n{r['policy']} w={r['workers']}"
-        for col, mark in (
-            ("cupti", " +CUPTI"),
-            ("cuda_api", " +API"),
-            ("sched_events", " +ftrace"),
-        ):
-            if str(r.get(col)).lower() == "true":
-                label += mark
-        if str(r.get("pin_memory")).lower() == "false" and r["mode"] in (
-            "combined",
-            "data+compute",
-        ):
-            label += " no-pin"
+        marks = [
+            mark
+            for col, mark in (
+                ("cupti", "+CUPTI"),
+                ("cuda_api", "+API"),
+                ("sched_events", "+ftrace"),
+            )
+            if str(r.get(col)).lower() == "true"
+        ]
+        loads = r["mode"] in ("combined", "data+compute")
+        if loads and str(r.get("pin_memory")).lower() == "false":
+            marks.append("no pin")
+        if marks:
+            label += "\n" + " ".join(marks)
         label += f"\n{r['view']}\n{_n(r.get('runs'), 'run')}, {_n(r.get('steps'), 'step')}"
         if str(r.get("host_source", "compute span")) != "compute span":
             label += "\nhost part: whole step\n(not a budget)"
