@@ -411,20 +411,25 @@ def test_decomposition_recovers_host_launch_delay_and_gpu_slowdown() -> None:
     assert allsteps["host_launch_delay_ms"] == pytest.approx(host, rel=REL)
 
 
-PIN, BLOCK_MS = 300, 3.0
+PIN, COMM, BLOCK_MS, GIL_TIMEOUT_MS = 300, 400, 3.0, 5.0
 
 
 def with_gil_sleeps(tables: dict[str, pd.DataFrame], *, block_ms: float) -> dict[str, pd.DataFrame]:
     """``tables`` plus the kernel's scheduler record: in each step's compute span the launch
     thread sleeps ``block_ms`` until the pin-memory thread wakes it, the autograd thread sleeps
-    through the second half of that (the same lost time: counted once), and the launch thread
-    then sleeps 5 ms until an interrupt wakes it (the device: not a lock holder)."""
+    through the second half of that (the same lost time: counted once), then (loaded only) the
+    autograd thread's GIL wait times out after 5 ms (a timer wakes it: counted), and the launch
+    thread sleeps 5 ms until a comm thread wakes it (a collective: the peer-wait parts' time,
+    not counted)."""
     threads = pd.concat(
         [
             tables["threads"],
             frame(
                 "threads",
-                [{"rank": 0, "pid": 1, "tid": PIN, "role": "pin_memory", "name": "pt_data_pin"}],
+                [
+                    {"rank": 0, "pid": 1, "tid": PIN, "role": "pin_memory", "name": "pt_data_pin"},
+                    {"rank": 0, "pid": 1, "tid": COMM, "role": "comm", "name": "pt_nccl_watchdg"},
+                ],
             ),
         ],
         ignore_index=True,
@@ -450,7 +455,9 @@ def with_gil_sleeps(tables: dict[str, pd.DataFrame], *, block_ms: float) -> dict
         if block:
             sleep(LAUNCH, t, t + block, PIN)
             sleep(AUTOGRAD, t + block // 2, t + block, PIN)
-        sleep(LAUNCH, t + block + MS, t + block + 6 * MS, 0)
+            timeout = int(GIL_TIMEOUT_MS * MS)
+            sleep(AUTOGRAD, t + block + MS, t + block + MS + timeout, 0)
+        sleep(LAUNCH, t + block + 7 * MS, t + block + 12 * MS, COMM)
     switch.sort(key=lambda r: r["t_ns"])
     waking.sort(key=lambda r: r["t_ns"])
     return tables | {
@@ -463,11 +470,12 @@ def with_gil_sleeps(tables: dict[str, pd.DataFrame], *, block_ms: float) -> dict
 def test_sleeps_ended_by_a_lock_holder_are_the_host_blocked_part() -> None:
     loaded = traced_run(loaded=True)
     extra = EXTRA_WAIT_MS + EXTRA_AUTOGRAD_WAIT_MS + EXTRA_KERNEL_MS
-    loaded["events/app"] = app_table(range(WARMUP + 30), compute_ms=25.0 + extra + BLOCK_MS)
+    blocked = BLOCK_MS + GIL_TIMEOUT_MS
+    loaded["events/app"] = app_table(range(WARMUP + 30), compute_ms=25.0 + extra + blocked)
     loaded = with_gil_sleeps(loaded, block_ms=BLOCK_MS)
     alone = with_gil_sleeps(traced_run(loaded=False), block_ms=0.0)
     parts = dec.step_parts(loaded, warmup=WARMUP)
-    assert parts["blocked_ms"].to_numpy() == pytest.approx(np.full(len(parts), BLOCK_MS))
+    assert parts["blocked_ms"].to_numpy() == pytest.approx(np.full(len(parts), blocked))
     assert (dec.step_parts(alone, warmup=WARMUP)["blocked_ms"] == 0).all()
     a_steps, a_sum, a_parts = summarized("alone", "compute", alone)
     c_steps, c_sum, c_parts = summarized("loaded", "data+compute", loaded)
@@ -476,9 +484,9 @@ def test_sleeps_ended_by_a_lock_holder_are_the_host_blocked_part() -> None:
         pd.concat([a_parts, c_parts], ignore_index=True),
         pd.concat([a_sum, c_sum], ignore_index=True),
     )
-    assert d["host_blocked_ms"].to_numpy() == pytest.approx(np.full(len(d), BLOCK_MS), rel=REL)
+    assert d["host_blocked_ms"].to_numpy() == pytest.approx(np.full(len(d), blocked), rel=REL)
     # The planted inflation is host + GPU + the sleeps: with the new part the budget closes.
-    assert d["unattributed_ms"].abs().max() < REL * (extra + BLOCK_MS)
+    assert d["unattributed_ms"].abs().max() < REL * (extra + blocked)
     # Without the scheduler record the part is unmeasured (NaN), not zero.
     plain = dec.step_parts(traced_run(loaded=True), warmup=WARMUP)
     assert plain["blocked_ms"].isna().all()

@@ -18,9 +18,10 @@ Two halves, both pure (DataFrames in, DataFrames out):
   host_launch_delay    main + autograd threads' on-CPU time and run-queue wait in the compute
                        span, beyond the twin's
   host_blocked         time in the compute span in which a launch role slept until a thread off
-                       the launch path woke it (the pin-memory thread, a loader, another Python
-                       thread: the GIL or a lock it held), beyond the twin's; from the kernel's
-                       scheduler record (trace.sched_events), else NaN
+                       the launch path (the pin-memory thread, a loader, another Python thread:
+                       the GIL or a lock it held) or a timer woke it (CPython's timed GIL wait:
+                       5 ms, then it asks the holder to drop it), beyond the twin's; from the
+                       kernel's scheduler record (trace.sched_events), else NaN
   peer_wait            exposed wait in the compute span for the last rank to reach a bucket
   transfer             exposed collective time from the last arrival on (its own work)
   gpu_slowdown         GPU kernel busy time beyond the twin's (CUPTI runs only, else NaN)
@@ -72,9 +73,14 @@ LAUNCH_ROLES = ("launch", "autograd")
 # Threads of a rank off the launch path whose wake-up of a sleeping launch role hands back what
 # it held: CPython's GIL (a thread that wants it sleeps until the holder drops it and signals)
 # or another lock. Comm threads are left out: their wake-ups end the exposed peer wait and
-# transfer, which have their own parts; wake-ups from outside the run (interrupts, the GPU
-# driver's completion) are the device, not the host.
+# transfer, which have their own parts.
 HOLDER_ROLES = ("pin_memory", "loader", "other")
+# Waker 0: an interrupt on an idle CPU, i.e. a timer. A thread that wants the GIL sleeps at most
+# the switch interval (5 ms), then asks the holder to drop it: on two H200s with pinned memory
+# the launch roles' timer-ended sleeps were 5.06 ms at the median, 2-3 per step, and absent
+# without the pin-memory thread. The harness waits for the GPU by spinning, not by sleeping
+# until its interrupt, so a timer here is not the device.
+TIMER_WAKER = 0
 PARTS = (
     "host_launch_delay_ms",
     "host_blocked_ms",
@@ -393,8 +399,8 @@ def blocked_parts(
     warmup: int,
 ) -> pd.DataFrame:
     """Per (rank, step): ``blocked_ms``, the time in the compute span in which the launch roles
-    slept until a thread of ``HOLDER_ROLES`` woke them (union over the roles), from the kernel's
-    scheduler record. Empty (the part NaN) for traces without it."""
+    slept until a thread of ``HOLDER_ROLES`` or a timer woke them (union over the roles), from
+    the kernel's scheduler record. Empty (the part NaN) for traces without it."""
     empty = _empty({"rank": "int64", "step": "int64", "blocked_ms": "float64"})
     if switch is None or waking is None or switch.empty or threads.empty:
         return empty
@@ -407,7 +413,7 @@ def blocked_parts(
         holders = mine.loc[mine["role"].isin(HOLDER_ROLES), "tid"]
         on_rank = switch["rank"] == rank
         iv = offcpu.offcpu_intervals(switch[on_rank], waking[waking["rank"] == rank], launch)
-        ns = offcpu.blocked_by_in_windows(iv, win, holders)
+        ns = offcpu.blocked_by_in_windows(iv, win, [*holders, TIMER_WAKER])
         frames.append(
             pd.DataFrame({"rank": rank, "step": win["step"].astype("int64"), "blocked_ms": _ms(ns)})
         )

@@ -612,7 +612,7 @@ BUDGET_PARTS = {
     ),
     "host_blocked_ms": (
         "host blocked (launch roles asleep until a thread off the launch\n"
-        "path woke them: the GIL or a lock it held; +ftrace runs)",
+        "path or a timer woke them: the GIL or a lock; +ftrace runs)",
         "#937860",
     ),
     "peer_wait_ms": ("peer wait (exposed: after the rank's own last bucket)", "#8172b3"),
