@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from codl.analysis.compare import twin_ids
 from codl.analysis.steady import flag_outliers, steady
 from codl.pinning import parse_cpulist
 from codl.spec import Mode
@@ -624,6 +625,11 @@ def summarize_tables(
     )
     attribution.insert(0, "run_id", run_id)
     summary = pd.DataFrame([_summary_row(t, attrs, ident, steps, attribution, warm)])
+    # The ids compare and decompose pair runs by, derived once here from the spec (in the runs
+    # table only: the per-step tables join it on run_id).
+    at = list(summary.columns).index("repeat") + 1
+    for i, (col, value) in enumerate(twin_ids(_spec(attrs)).items()):
+        summary.insert(at + i, col, value)
     return steps, summary, attribution
 
 
