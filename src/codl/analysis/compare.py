@@ -177,10 +177,6 @@ def _key(row: pd.Series, mode: str) -> tuple[Any, ...]:
     return (mode, *(_norm(row.get(c)) for c in GROUP_COLUMNS), *loader)
 
 
-def _normal_key(row: pd.Series) -> tuple[Any, ...]:
-    return _key(row, str(row["mode"]))
-
-
 # One step-index resample of one run inside the replicates that picked it: (pick slot, run,
 # replicate ids, an index matrix of shape (len(replicates), steps of the run)).
 Draw = tuple[int, int, npt.NDArray[np.intp], npt.NDArray[np.intp]]
@@ -467,17 +463,10 @@ def twin_runs(row: pd.Series, mode: Mode | str, groups: Mapping[str, list[str]])
     return list(groups.get(str(gid), [])) if gid is not None else []
 
 
-def twin_key(row: pd.Series, mode: str) -> tuple[Any, ...]:
-    """The group key ``row``'s spec has in ``mode``: find a run's twin by spec identity."""
+def column_key(row: pd.Series, mode: str) -> tuple[Any, ...]:
+    """The key of ``row``'s spec columns in ``mode`` (``GROUP_COLUMNS``, and ``LOADER_COLUMNS``
+    for a mode that loads): how runs tables without ids are paired (``with_twin_ids``)."""
     return _key(row, mode)
-
-
-def run_groups(summaries: pd.DataFrame) -> dict[tuple[Any, ...], list[str]]:
-    """Group key -> run ids of its repeats."""
-    by_key: dict[tuple[Any, ...], list[str]] = {}
-    for _, r in summaries.iterrows():
-        by_key.setdefault(_normal_key(r), []).append(str(r["run_id"]))
-    return by_key
 
 
 def compare(steps: pd.DataFrame, summaries: pd.DataFrame, *, steady: bool = True) -> pd.DataFrame:

@@ -117,7 +117,7 @@ def _group_key(row: pd.Series) -> tuple[Any, ...]:
 def _slice_key(row: pd.Series) -> tuple[Any, ...]:
     unchosen = row.copy()
     unchosen[list(CHOSEN)] = None
-    return (*cmp.twin_key(unchosen, str(row["mode"])), row["cost"])
+    return (*cmp.column_key(unchosen, str(row["mode"])), row["cost"])
 
 
 def _inflation(
