@@ -6,6 +6,7 @@ as ``Trace.table`` returns them, so dtype handling is exercised too.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import pytest
 
 from codl.analysis import compare as cmp
 from codl.analysis import summarize as sm
+from codl.spec import Mode, RunSpec
 from codl.trace.schema import TABLES
 from codl.trace.store import empty_frame
 
@@ -539,6 +541,39 @@ def test_compare_exact_ratio_and_loader_normalisation() -> None:
     assert "comm" not in set(out["component"])
 
 
+def with_ids(
+    summaries: pd.DataFrame, groups: dict[str, str], twins: dict[str, str]
+) -> pd.DataFrame:
+    """``summaries`` with group ids (run -> group) and compute-twin ids (run -> group)."""
+    ids = summaries.assign(**{cmp.GROUP_ID: summaries["run_id"].map(groups)})
+    ids = ids.assign(**dict.fromkeys(cmp.TWIN_COLUMNS))
+    ids[cmp.twin_column(Mode.COMPUTE)] = summaries["run_id"].map(twins)
+    return ids
+
+
+def test_compare_pairs_runs_by_the_ids_summarize_wrote() -> None:
+    # Equal spec columns throughout (as runs of two data sets of one tier are): the ids alone
+    # say that x0/x1 are two groups and which compute run is whose twin.
+    steps, summaries = run_set(
+        run_frames("c0", "compute", {"compute_eff_ms": [10.0] * 3}),
+        run_frames("c1", "compute", {"compute_eff_ms": [20.0] * 3}),
+        run_frames("x0", "combined", {"compute_eff_ms": [30.0] * 3}),
+        run_frames("x1", "combined", {"compute_eff_ms": [30.0] * 3}),
+    )
+    groups = {"c0": "gc0", "c1": "gc1", "x0": "gx0", "x1": "gx1"}
+    out = p50(cmp.compare(steps, with_ids(summaries, groups, {"x0": "gc0", "x1": "gc1"})))
+    r = out[out["metric"] == "compute_eff_ms"].set_index("runs")
+    assert r.loc["x0", "isolation_runs"] == "c0"
+    assert r.loc["x0", "ratio"] == pytest.approx(3.0)
+    assert r.loc["x1", "isolation_runs"] == "c1"
+    assert r.loc["x1", "ratio"] == pytest.approx(1.5)
+    # Without the ids (a runs table from before summarize wrote them) the spec columns decide:
+    # one group of two repeats against both compute runs.
+    old = p50(cmp.compare(steps, summaries))
+    row = old[old["metric"] == "compute_eff_ms"].iloc[0]
+    assert (row["runs"], row["isolation_runs"]) == ("x0 x1", "c0 c1")
+
+
 def test_compare_exact_ratio_with_constant_steps() -> None:
     steps, summaries = run_set(
         run_frames("c0", "compute", {"compute_eff_ms": [10.0] * 4}),
@@ -757,6 +792,24 @@ def test_summarize_tables_minimal_trace() -> None:
     assert np.isnan(summary.iloc[0]["launch_wait_ms_p50"])
     assert np.isnan(summary.iloc[0]["loader_items_per_s"])
     assert attribution.empty
+
+
+def test_summary_carries_the_group_and_twin_ids_of_its_spec() -> None:
+    tables, attrs = synthetic_tables()
+    spec = RunSpec.from_dict({**attrs["spec"], "layout": {"ranks_per_node": 2}, "repeat": 1})
+    _, summary, _ = sm.summarize_tables(tables, {**attrs, "spec": spec.to_dict()})
+    row = summary.iloc[0]
+    first = dataclasses.replace(spec, repeat=0)
+    # Repeats share one group: the run id of repeat 0.
+    assert row[cmp.GROUP_ID] == first.run_id != spec.run_id
+    for mode in (Mode.DATA, Mode.COMPUTE, Mode.COMM, Mode.COMPUTE_COMM):
+        assert row[cmp.twin_column(mode)] == first.with_mode(mode).run_id
+    # An isolation run has no twins; a trace without a spec has no ids (compare then pairs by
+    # the spec columns).
+    _, iso, _ = sm.summarize_tables(tables, {**attrs, "spec": spec.with_mode(Mode.DATA).to_dict()})
+    assert iso.iloc[0][list(cmp.TWIN_COLUMNS)].isna().all()
+    _, bare, _ = sm.summarize_tables(tables, {**attrs, "spec": {}})
+    assert bare.iloc[0][[cmp.GROUP_ID, *cmp.TWIN_COLUMNS]].isna().all()
 
 
 def test_summaries_round_trip_through_parquet(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from codl.analysis import compare as cmp
 from codl.analysis import interference_map as imap
 from codl.analysis import plots
 from codl.config import build_plan
@@ -129,6 +130,26 @@ def test_a_missing_twin_keeps_the_row_and_the_data_bound_label() -> None:
     assert np.isnan(row.inflation_mean) and row.twin_runs == ""
     assert row.regime == "balanced"  # no evidence of inflation without a twin
     assert _cell(table, "light", "none", 1).regime == "data-bound"
+
+
+def test_the_map_pairs_runs_by_the_ids_summarize_wrote() -> None:
+    runs, steps = planted()
+    ids = runs.assign(
+        **{
+            cmp.GROUP_ID: runs["run_id"].str.replace(r"-\d$", "", regex=True),
+            **dict.fromkeys(cmp.TWIN_COLUMNS),
+        }
+    )
+    loads = ids["mode"] == "data+compute"
+    ids.loc[loads, cmp.twin_column("compute")] = "twin-" + ids.loc[loads, "policy"]
+    # The same pairs as the spec columns give: the same map.
+    by_ids = imap.build_map(ids, steps, boot=50)
+    pd.testing.assert_frame_equal(by_ids, imap.build_map(runs, steps, boot=50))
+    # An id, not the columns, names the twin.
+    ids.loc[ids["run_id"].str.startswith("light-none-2"), cmp.twin_column("compute")] = (
+        "twin-shared"
+    )
+    assert _cell(imap.build_map(ids, steps, boot=50), "light", "none", 2).twin_runs == "twin-shared"
 
 
 def test_thresholds_move_the_labels() -> None:

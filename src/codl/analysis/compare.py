@@ -1,8 +1,11 @@
 """Isolation vs combined: match every multi-component run with its single-component twins.
 
-Two runs match when their specs are equal once mode and repeat are set aside and fields the
-isolation mode never reads are normalised (the `compute` twin of a `combined` run has no loader,
-so its loader settings do not matter).
+Twins are found by spec identity, once, when a run is summarized (``twin_ids``): a run's group is
+the id of its spec with the repeat set aside, and its twin in mode m is the group of
+``spec.with_mode(m)``, normalised as run ids are (the `compute` twin of a `combined` run has no
+loader, so its loader settings do not matter). The runs table carries these ids (``GROUP_ID``,
+``TWIN_COLUMNS``) and pairing runs is a join on them (``with_twin_ids`` derives them from the spec
+columns for runs tables written before summarize wrote them).
 
 Interference lives in the tail, so every (run group, component, metric) gets one row per
 statistic (``STATS``): p50, mean, p90, p95 and p99 of the steps, each as the mean over runs of the
@@ -17,15 +20,17 @@ launch thread never waits alone) a ratio is undefined: ``effect`` then says ``di
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from codl.spec import Mode
+from codl.errors import ConfigError
+from codl.spec import Mode, RunSpec
 
 # What each component is judged by; every metric is "larger is worse".
 COMPONENT_METRICS: dict[str, tuple[str, ...]] = {
@@ -42,16 +47,26 @@ COMPONENT_METRICS: dict[str, tuple[str, ...]] = {
 }
 
 
-def _compared_components(mode: Mode) -> tuple[str, ...]:
-    """The components a run of ``mode`` is compared on, each named by its twin's mode."""
-    # data+sleep sleeps where compute would run: spec.Mode lists compute among its components
-    # because the sleep stands in for it, but there is no compute to compare with a twin.
-    comps = [m.value for m in mode.components if not (m is Mode.COMPUTE and mode.sleeps)]
+def twin_modes(mode: Mode) -> tuple[Mode, ...]:
+    """The modes of a ``mode`` run's isolation twins: its spec components and, for a run that
+    loads, computes and communicates, compute+comm. None for an isolation run."""
+    if mode.is_isolation:
+        return ()
+    twins = list(mode.components)
     if mode.loads and mode.computes and mode.communicates:
         # Not a spec component: compute+comm is the twin of a multi-rank combined run without its
         # loader (see COMPONENT_METRICS), compared on top of the single-component twins.
-        comps.append(Mode.COMPUTE_COMM.value)
-    return tuple(comps)
+        twins.append(Mode.COMPUTE_COMM)
+    return tuple(twins)
+
+
+def _compared_components(mode: Mode) -> tuple[str, ...]:
+    """The components a run of ``mode`` is compared on, each named by its twin's mode."""
+    if mode.is_isolation:
+        return tuple(m.value for m in mode.components)
+    # data+sleep sleeps where compute would run: spec.Mode lists compute among its components
+    # because the sleep stands in for it, but there is no compute to compare with a twin.
+    return tuple(m.value for m in twin_modes(mode) if not (m is Mode.COMPUTE and mode.sleeps))
 
 
 # The modes' vocabulary comes from spec.Mode; the analysis reads modes as the strings stored in
@@ -79,6 +94,18 @@ GROUP_COLUMNS = (
     # sched_events_cost*.csv): its runs are compared with each other only.
     "sched_events",
 )
+# The runs table's id of a run's group of repeats, and of its twins' groups, one column per mode
+# that is some mode's twin (None where the run has no twin of that mode).
+GROUP_ID = "group_id"
+TWIN_MODES: tuple[Mode, ...] = tuple(m for m in Mode if any(m in twin_modes(x) for x in Mode))
+
+
+def twin_column(mode: Mode | str) -> str:
+    """The runs-table column holding the group id of a run's twin in ``mode``."""
+    return f"twin_{Mode(mode).value}"
+
+
+TWIN_COLUMNS = tuple(twin_column(m) for m in TWIN_MODES)
 # Read only by modes that load; replaced by NO_LOADER for the others (the normalisation).
 LOADER_COLUMNS = ("workers", "prefetch_factor", "pin_memory")
 NO_LOADER: tuple[Any, ...] = (0, None, None)
@@ -148,10 +175,6 @@ def _key(row: pd.Series, mode: str) -> tuple[Any, ...]:
         tuple(_norm(row.get(c)) for c in LOADER_COLUMNS) if mode in LOADING_MODES else NO_LOADER
     )
     return (mode, *(_norm(row.get(c)) for c in GROUP_COLUMNS), *loader)
-
-
-def _normal_key(row: pd.Series) -> tuple[Any, ...]:
-    return _key(row, str(row["mode"]))
 
 
 # One step-index resample of one run inside the replicates that picked it: (pick slot, run,
@@ -377,17 +400,73 @@ def _describe_missing(row: pd.Series, comp: str) -> str:
     )
 
 
-def twin_key(row: pd.Series, mode: str) -> tuple[Any, ...]:
-    """The group key ``row``'s spec has in ``mode``: find a run's twin by spec identity."""
+def group_id(spec: RunSpec) -> str:
+    """The id the repeats of ``spec`` share: the run id of its repeat 0."""
+    return dataclasses.replace(spec, repeat=0).run_id
+
+
+def twin_ids(spec: Mapping[str, Any]) -> dict[str, str | None]:
+    """``GROUP_ID`` and every ``TWIN_COLUMNS`` entry of the run whose spec is ``spec`` (plain data,
+    as a trace stores it). All None when there is no spec or it is not a valid one (a runs table
+    with such a row is paired by its spec columns, ``with_twin_ids``)."""
+    out: dict[str, str | None] = {GROUP_ID: None, **dict.fromkeys(TWIN_COLUMNS)}
+    if not spec:
+        return out
+    try:
+        run = RunSpec.from_dict(spec)
+    except ConfigError:
+        return out
+    out[GROUP_ID] = group_id(run)
+    for mode in twin_modes(run.mode):
+        out[twin_column(mode)] = group_id(run.with_mode(mode))
+    return out
+
+
+def _legacy_id(key: tuple[Any, ...]) -> str:
+    return repr(key)
+
+
+def _legacy_twin_ids(summaries: pd.DataFrame) -> pd.DataFrame:
+    """Group and twin ids from the spec columns, by the rule runs were paired by before the runs
+    table carried ids: equal ``GROUP_COLUMNS`` (and ``LOADER_COLUMNS`` for modes that load)."""
+    ids: dict[str, list[Any]] = {c: [] for c in (GROUP_ID, *TWIN_COLUMNS)}
+    for _, row in summaries.iterrows():
+        mode = str(row["mode"])
+        ids[GROUP_ID].append(_legacy_id(_key(row, mode)))
+        twins = twin_modes(Mode(mode)) if mode in MODE_COMPONENTS else ()
+        for m in TWIN_MODES:
+            ids[twin_column(m)].append(_legacy_id(_key(row, m.value)) if m in twins else None)
+    return summaries.assign(**ids)
+
+
+def with_twin_ids(summaries: pd.DataFrame) -> pd.DataFrame:
+    """The runs table with ``GROUP_ID`` and ``TWIN_COLUMNS``: as summarize wrote them, or, for a
+    table written before it did (or with a run whose trace held no valid spec), derived for every
+    run from its spec columns."""
+    written = GROUP_ID in summaries and set(TWIN_COLUMNS) <= set(summaries)
+    if written and summaries[GROUP_ID].notna().all():
+        return summaries
+    return _legacy_twin_ids(summaries)
+
+
+def groups_by_id(ids: pd.DataFrame) -> dict[str, list[str]]:
+    """Group id -> run ids of its repeats, of a table with ``GROUP_ID`` (``with_twin_ids``)."""
+    by_id: dict[str, list[str]] = {}
+    for gid, rid in zip(ids[GROUP_ID], ids["run_id"], strict=True):
+        by_id.setdefault(str(gid), []).append(str(rid))
+    return by_id
+
+
+def twin_runs(row: pd.Series, mode: Mode | str, groups: Mapping[str, list[str]]) -> list[str]:
+    """The run ids of ``row``'s twin in ``mode`` (a join on the twin's group id)."""
+    gid = _norm(row.get(twin_column(mode)))
+    return list(groups.get(str(gid), [])) if gid is not None else []
+
+
+def column_key(row: pd.Series, mode: str) -> tuple[Any, ...]:
+    """The key of ``row``'s spec columns in ``mode`` (``GROUP_COLUMNS``, and ``LOADER_COLUMNS``
+    for a mode that loads): how runs tables without ids are paired (``with_twin_ids``)."""
     return _key(row, mode)
-
-
-def run_groups(summaries: pd.DataFrame) -> dict[tuple[Any, ...], list[str]]:
-    """Group key -> run ids of its repeats."""
-    by_key: dict[tuple[Any, ...], list[str]] = {}
-    for _, r in summaries.iterrows():
-        by_key.setdefault(_normal_key(r), []).append(str(r["run_id"]))
-    return by_key
 
 
 def compare(steps: pd.DataFrame, summaries: pd.DataFrame, *, steady: bool = True) -> pd.DataFrame:
@@ -401,19 +480,20 @@ def compare(steps: pd.DataFrame, summaries: pd.DataFrame, *, steady: bool = True
     """
     if summaries.empty or "mode" not in summaries:
         return pd.DataFrame(columns=list(RESULT_COLUMNS))
-    by_key = run_groups(summaries)
+    ids = with_twin_ids(summaries)
+    groups = groups_by_id(ids)
     values: dict[str, pd.DataFrame] = (
         {str(rid): g for rid, g in steps.groupby("run_id")} if "run_id" in steps else {}
     )
     rows: list[dict[str, Any]] = []
-    done: set[tuple[Any, ...]] = set()
-    for _, r in summaries.iterrows():
+    done: set[str] = set()
+    for _, r in ids.iterrows():
         mode = str(r["mode"])
-        key = _normal_key(r)
-        if mode in ISOLATION_MODES or mode not in MODE_COMPONENTS or key in done:
+        gid = str(r[GROUP_ID])
+        if mode in ISOLATION_MODES or mode not in MODE_COMPONENTS or gid in done:
             continue
-        done.add(key)
-        runs = by_key[key]
+        done.add(gid)
+        runs = groups[gid]
         world = _norm(r.get("world_size"))
         # Single-rank runs do no collective, so there is no comm component to compare.
         comps = [
@@ -422,7 +502,7 @@ def compare(steps: pd.DataFrame, summaries: pd.DataFrame, *, steady: bool = True
             if not (c in ("comm", "compute+comm") and (world or 1) < 2)
         ]
         for comp in comps:
-            twins = by_key.get(_key(r, comp), [])
+            twins = twin_runs(r, comp, groups)
             for metric in COMPONENT_METRICS[comp]:
                 base: dict[str, Any] = {
                     "mode": mode,

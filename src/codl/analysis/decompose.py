@@ -66,6 +66,8 @@ from codl.analysis import compare as cmp
 from codl.analysis import offcpu
 from codl.analysis.steady import steady
 from codl.analysis.summarize import KEYS, interval_union, sched_deltas
+from codl.spec import Mode
+from codl.trace.schema import Table
 
 # Threads whose delay delays the GPU work of a step: the main thread launches the forward and
 # optimizer kernels, the autograd engine's device thread launches the backward.
@@ -91,11 +93,12 @@ PARTS = (
 # A twin without the data component: what the loader added is what the parts measure. A
 # `combined` run's best twin still reduces its gradients (compute+comm); without one, the
 # compute twin does, and the AllReduce then counts in full as inflation.
-DECOMPOSITION_TWINS: dict[str, tuple[str, ...]] = {
-    "combined": ("compute+comm", "compute"),
-    "data+compute": ("compute",),
-    "compute+comm": ("compute",),
+DECOMPOSITION_TWINS: dict[Mode, tuple[Mode, ...]] = {
+    Mode.COMBINED: (Mode.COMPUTE_COMM, Mode.COMPUTE),
+    Mode.DATA_COMPUTE: (Mode.COMPUTE,),
+    Mode.COMPUTE_COMM: (Mode.COMPUTE,),
 }
+MODES = frozenset(m.value for m in Mode)
 # Collective kernels are the AllReduce (peer wait + transfer), not compute.
 COLLECTIVE_KERNEL = "nccl"
 
@@ -432,7 +435,7 @@ def step_parts(
     """The per-run decomposition inputs: one row per measured (rank, step) with a step span.
     ``events/phase_sched`` and ``events/comm_gpu`` are optional (older traces lack them);
     ``clock_bound_ns``: the trace's per-rank alignment bounds (``clock.rank_bounds``)."""
-    app = tables["events/app"]
+    app = tables[Table.APP]
     st = app[(app["phase"].astype(str) == "step") & (app["step"] >= warmup)]
     base = (
         pd.DataFrame({"rank": st["rank"].astype("int64"), "step": st["step"].astype("int64")})
@@ -441,24 +444,24 @@ def step_parts(
     )
     for part in (
         host_parts(
-            tables["samples/sched"],
-            tables["threads"],
+            tables[Table.SCHED],
+            tables[Table.THREADS],
             warmup=warmup,
-            phase_sched=tables.get("events/phase_sched"),
+            phase_sched=tables.get(Table.PHASE_SCHED),
         ),
         comm_parts(
-            tables["events/comm"],
+            tables[Table.COMM],
             warmup=warmup,
             ranks_per_node=ranks_per_node,
-            comm_gpu=tables.get("events/comm_gpu"),
+            comm_gpu=tables.get(Table.COMM_GPU),
             clock_bound_ns=clock_bound_ns,
         ),
-        gpu_parts(tables["events/cuda"], warmup=warmup),
+        gpu_parts(tables[Table.CUDA], warmup=warmup),
         blocked_parts(
-            tables["events/app"],
-            tables["threads"],
-            tables.get("events/sched_switch"),
-            tables.get("events/sched_waking"),
+            tables[Table.APP],
+            tables[Table.THREADS],
+            tables.get(Table.SCHED_SWITCH),
+            tables.get(Table.SCHED_WAKING),
             warmup=warmup,
         ),
     ):
@@ -523,13 +526,13 @@ _BASE = {
 _BUCKET_SUMS = ("bucket_peer_wait_ms", "bucket_transfer_ms")
 
 
-def _twin(
-    row: pd.Series, groups: Mapping[tuple[Any, ...], list[str]]
-) -> tuple[str, list[str]] | None:
-    for mode in DECOMPOSITION_TWINS.get(str(row["mode"]), ()):
-        runs = groups.get(cmp.twin_key(row, mode), [])
+def _twin(row: pd.Series, groups: Mapping[str, list[str]]) -> tuple[str, list[str]] | None:
+    mode = str(row["mode"])
+    twins = DECOMPOSITION_TWINS.get(Mode(mode), ()) if mode in MODES else ()
+    for twin in twins:
+        runs = cmp.twin_runs(row, twin, groups)
         if runs:
-            return mode, runs
+            return twin.value, runs
     return None
 
 
@@ -549,7 +552,8 @@ def decompose(steps: pd.DataFrame, parts: pd.DataFrame, summaries: pd.DataFrame)
     without the collective): inflation against the twin and its parts (module docstring)."""
     if steps.empty or summaries.empty or "mode" not in summaries:
         return pd.DataFrame(columns=list(DECOMPOSITION_COLUMNS))
-    groups = cmp.run_groups(summaries)
+    summaries = cmp.with_twin_ids(summaries)
+    groups = cmp.groups_by_id(summaries)
     extra = [c for c in PART_COLUMNS if c not in KEYS]
     if len(parts) and "peer_wait_bound_ms" not in parts:
         # Parts written before clock alignment: their peer waits were one-clock or NaN.

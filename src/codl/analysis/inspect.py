@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from codl.trace.schema import Table
 from codl.trace.store import open_trace
 
 
@@ -13,11 +14,11 @@ def describe(path: Path, *, allow_incomplete: bool = False) -> dict[str, Any]:
         attrs = t.attrs
         spec = t.spec
         tables = {name: len(t.table(name)) for name in t.tables()}
-        app = t.table("events/app")
+        app = t.table(Table.APP)
         warm = int(attrs.get("warmup_steps", 0))
         measured = app[(app["phase"] == "step") & (app["step"] >= warm)]
         dur = (measured["end_ns"] - measured["start_ns"]) / 1e6
-        threads = t.table("threads")
+        threads = t.table(Table.THREADS)
         roles = threads.drop_duplicates("tid")["role"].astype(str).value_counts().to_dict()
         return {
             "path": str(path),

@@ -110,13 +110,14 @@ def _steady_arrays(steps: pd.DataFrame) -> dict[str, npt.NDArray[np.float64]]:
 
 
 def _group_key(row: pd.Series) -> tuple[Any, ...]:
-    return (*cmp.twin_key(row, str(row["mode"])), row["cost"])
+    # The cost too: a runs table without ids groups by its spec columns, which hold no cost.
+    return (str(row[cmp.GROUP_ID]), row["cost"])
 
 
 def _slice_key(row: pd.Series) -> tuple[Any, ...]:
     unchosen = row.copy()
     unchosen[list(CHOSEN)] = None
-    return _group_key(unchosen)
+    return (*cmp.column_key(unchosen, str(row["mode"])), row["cost"])
 
 
 def _inflation(
@@ -163,8 +164,8 @@ def build_map(
     decided by the data wait alone."""
     rule = rule or RegimeRule()
     _check(runs, steps)
-    r = runs[runs["mode"].isin([*COMPUTE_TWIN, *COMPUTE_TWIN.values()])]
-    twins_by_key = cmp.run_groups(r[r["mode"].isin(COMPUTE_TWIN.values())])
+    r = cmp.with_twin_ids(runs[runs["mode"].isin([*COMPUTE_TWIN, *COMPUTE_TWIN.values()])])
+    twin_groups = cmp.groups_by_id(r[r["mode"].isin(COMPUTE_TWIN.values())])
     combined = r[r["mode"].isin(COMPUTE_TWIN)]
     arrays = _steady_arrays(steps[steps["run_id"].isin(r["run_id"])])
     groups: dict[tuple[Any, ...], list[Any]] = {}
@@ -173,7 +174,7 @@ def build_map(
     rows = []
     for labels in groups.values():
         members = combined.loc[labels]
-        rows.append(_map_row(members.iloc[0], members, twins_by_key, arrays, boot, seed))
+        rows.append(_map_row(members.iloc[0], members, twin_groups, arrays, boot, seed))
     if not rows:
         return pd.DataFrame(columns=list(MAP_COLUMNS))
     table = pd.DataFrame(rows)
@@ -183,14 +184,14 @@ def build_map(
 def _map_row(
     row: pd.Series,
     members: pd.DataFrame,
-    twins_by_key: Mapping[tuple[Any, ...], list[str]],
+    twin_groups: Mapping[str, list[str]],
     arrays: Mapping[str, npt.NDArray[np.float64]],
     boot: int,
     seed: int,
 ) -> dict[str, Any]:
     mode = str(row["mode"])
     runs = members["run_id"].astype(str).tolist()
-    twins = twins_by_key.get(cmp.twin_key(row, COMPUTE_TWIN[mode]), [])
+    twins = cmp.twin_runs(row, COMPUTE_TWIN[mode], twin_groups)
     world = members["world_size"].fillna(1) if "world_size" in members else 1
     wait = members.get("data_wait_ms_mean", np.nan)
     return {

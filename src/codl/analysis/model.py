@@ -213,7 +213,7 @@ def run_data(
     the tables hold both ``data+compute`` and ``combined`` runs.
 
     CUPTI, ``cuda_api`` and ``sched_events`` runs are left out: their tracers cost the step
-    (4-40 % for the CUDA levels, DESIGN.md sect. 5), which the model would read as loss of
+    (4-40 % for the CUDA levels, docs/design.md sect. 5), which the model would read as loss of
     capacity.
     """
     _require(runs, RUN_COLUMNS, "runs.csv")

@@ -138,8 +138,10 @@ def recompare_tables(
     (``decompose.parts_from_steps``: the main thread's schedstat, not autograd, buckets or
     kernels).
     """
-    summary = pd.read_csv(runs_table)
-    steps = pd.read_csv(steps_table)
+    # Ids are hex strings; one of only digits must not be read as a number (and lose its zeros).
+    ids = dict.fromkeys(("run_id", cmp.GROUP_ID, *cmp.TWIN_COLUMNS), str)
+    summary = pd.read_csv(runs_table, dtype=ids)
+    steps = pd.read_csv(steps_table, dtype={"run_id": str})
     if "outlier" not in steps:
         steps = flag_outliers(steps)
         steps.to_csv(steps_table, index=False)

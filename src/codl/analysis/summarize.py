@@ -17,9 +17,11 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from codl.analysis.compare import twin_ids
 from codl.analysis.steady import flag_outliers, steady
 from codl.pinning import parse_cpulist
 from codl.spec import Mode
+from codl.trace.schema import Table
 from codl.trace.store import empty_frame, open_trace
 
 PHASES = ("step", "data_wait", "h2d", "forward", "backward", "optimizer", "compute", "sleep")
@@ -549,16 +551,16 @@ SUMMARY_STEP_COLUMNS = (
     "loader_items",
 )
 TABLES: tuple[str, ...] = (
-    "events/app",
-    "events/comm",
-    "events/loader",
-    "events/cuda",
-    "samples/sched",
-    "threads",
+    Table.APP,
+    Table.COMM,
+    Table.LOADER,
+    Table.CUDA,
+    Table.SCHED,
+    Table.THREADS,
 )
 # Read for analysis.decompose only (phase-boundary schedstat, GPU arrivals of the buckets);
 # optional: older traces lack them and read as empty.
-TABLES += ("events/phase_sched", "events/comm_gpu", "events/sched_switch", "events/sched_waking")
+TABLES += (Table.PHASE_SCHED, Table.COMM_GPU, Table.SCHED_SWITCH, Table.SCHED_WAKING)
 
 
 def _spec(attrs: Mapping[str, Any]) -> dict[str, Any]:
@@ -617,13 +619,18 @@ def summarize_tables(
     steps = _flagged_steps(t, ident, warm, parts)
     rpn = ident["ranks_per_node"]
     attribution = attribute_launch_wait(
-        t["samples/sched"],
-        t["threads"],
+        t[Table.SCHED],
+        t[Table.THREADS],
         warmup=warm,
         ranks_per_node=ranks_per_node(attrs) if isinstance(rpn, int | np.integer) else None,
     )
     attribution.insert(0, "run_id", run_id)
     summary = pd.DataFrame([_summary_row(t, attrs, ident, steps, attribution, warm)])
+    # The ids compare and decompose pair runs by, derived once here from the spec (in the runs
+    # table only: the per-step tables join it on run_id).
+    at = list(summary.columns).index("repeat") + 1
+    for i, (col, value) in enumerate(twin_ids(_spec(attrs)).items()):
+        summary.insert(at + i, col, value)
     return steps, summary, attribution
 
 
@@ -634,11 +641,11 @@ def _flagged_steps(
     parts: pd.DataFrame | None,
 ) -> pd.DataFrame:
     """One row per (rank, step): the run's identity, every per-step metric, the outlier flags."""
-    steps = step_metrics(t["events/app"], t["events/comm"], warmup=warm)
+    steps = step_metrics(t[Table.APP], t[Table.COMM], warmup=warm)
     for extra in (
-        launch_metrics(t["samples/sched"], t["threads"], warmup=warm),
-        api_metrics(t["events/cuda"], warmup=warm),
-        loader_metrics(t["events/loader"], warmup=warm),
+        launch_metrics(t[Table.SCHED], t[Table.THREADS], warmup=warm),
+        api_metrics(t[Table.CUDA], warmup=warm),
+        loader_metrics(t[Table.LOADER], warmup=warm),
     ):
         steps = steps.merge(extra, on=KEYS, how="left")
     for k, v in reversed(ident.items()):
@@ -696,7 +703,7 @@ def _summary_row(
     lw = steps["launch_wait_ms"].dropna()
     row["launch_wait_ms_p99"] = float(lw.quantile(0.99)) if len(lw) else np.nan
     # Call-level latency (not a mean of per-step means): what the API CDF figure shows.
-    rt = _runtime_calls(t["events/cuda"], warm)
+    rt = _runtime_calls(t[Table.CUDA], warm)
     row.update(_latency_stats(rt["us"], "api"))
     row.update(_latency_stats(rt.loc[_is_launch_kernel(rt["name"]), "us"], "launch_kernel"))
     row["loader_items_per_s"] = _per_rank_rate(steps_all, "loader_items")
@@ -706,7 +713,7 @@ def _summary_row(
     )
     # Share of the launch thread's run-queue wait that the mechanism blames on loader workers.
     row["launch_wait_loader_share"] = loader_wait / total_wait if total_wait > 0 else np.nan
-    row.update(overlaps(t["events/app"], t["events/loader"], t["events/cuda"], warmup=warm))
+    row.update(overlaps(t[Table.APP], t[Table.LOADER], t[Table.CUDA], warmup=warm))
     return row
 
 

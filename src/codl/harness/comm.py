@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from codl.spec import CommPattern, RunSpec
 from codl.trace.clock import now_ns
-from codl.trace.schema import empty_columns
+from codl.trace.schema import Table, empty_columns
 
 SEGMENTS = 4
 
@@ -33,8 +33,8 @@ def cuda_event_pair(enabled: bool) -> tuple[Any, Any] | None:
 class CommRecorder:
     rank: int = 0
     step: int = -1
-    rows: dict[str, list[Any]] = field(default_factory=lambda: empty_columns("events/comm"))
-    gpu_rows: dict[str, list[Any]] = field(default_factory=lambda: empty_columns("events/comm_gpu"))
+    rows: dict[str, list[Any]] = field(default_factory=lambda: empty_columns(Table.COMM))
+    gpu_rows: dict[str, list[Any]] = field(default_factory=lambda: empty_columns(Table.COMM_GPU))
     _pending: list[tuple[int, Any, Any]] = field(default_factory=list)
     _bucket_in_step: int = 0
 

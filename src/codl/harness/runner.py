@@ -52,7 +52,7 @@ from codl.trace import clock, cuda_api, ftrace, kineto
 from codl.trace.clock import Anchor, now_ns, take_anchor
 from codl.trace.device import DeviceSampler
 from codl.trace.sched import SAMPLED_PHASES, PhaseSched, SchedSampler
-from codl.trace.schema import empty_columns
+from codl.trace.schema import Table, empty_columns
 from codl.trace.store import TraceWriter, signals_deferred
 
 
@@ -78,7 +78,7 @@ class _AppSpans:
     app: bool = True
     cuda_events: bool = False
     tid: int = field(default_factory=threading.get_native_id)
-    rows: dict[str, list[Any]] = field(default_factory=lambda: empty_columns("events/app"))
+    rows: dict[str, list[Any]] = field(default_factory=lambda: empty_columns(Table.APP))
     pending: list[tuple[int, Any, Any]] = field(default_factory=list)
     # Launch-role counters at the boundaries of the SAMPLED_PHASES spans (None: level off).
     phase_sched: PhaseSched | None = None
@@ -270,7 +270,7 @@ class _LoaderLog:
     def columns(self, rank: int) -> dict[str, Any]:
         """Per-item rows expanded into fetch/decode/transform events, plus one collate event
         per batch: the ``events/loader`` columns."""
-        cols = empty_columns("events/loader")
+        cols = empty_columns(Table.LOADER)
         for arr, col, step in zip(self.items, self.collates, self.steps, strict=True):
             n = arr.shape[0]
             item = {name: arr[:, i].tolist() for name, i in _ITEM.items()}
@@ -390,15 +390,15 @@ class _TraceRecorder:
 
     def _drain_to(self, w: TraceWriter) -> None:
         for table, rows in (
-            ("samples/sched", self.sched.rows),
-            ("samples/cpu", self.sched.cpu_rows),
+            (Table.SCHED, self.sched.rows),
+            (Table.CPU, self.sched.cpu_rows),
         ):
             if rows["t_ns"]:
                 w.append(table, rows)
                 for values in rows.values():
                     values.clear()
         if self.loader.items:
-            w.append("events/loader", self.loader.columns(self.rank))
+            w.append(Table.LOADER, self.loader.columns(self.rank))
             self.loader.clear()
 
     def write(self, path: Path, *, complete: bool, reason: str) -> None:
@@ -420,26 +420,26 @@ class _TraceRecorder:
     def drain_into(self, writer: TraceWriter) -> None:
         """Append everything still held to ``writer``."""
         # The step spans first: every later statistic needs them.
-        writer.append("events/app", self.spans.rows)
+        writer.append(Table.APP, self.spans.rows)
         self._drain_to(writer)
         if self.dev.rows["t_ns"]:
-            writer.append("samples/device", self.dev.rows)
+            writer.append(Table.DEVICE, self.dev.rows)
         if self.comm.rows["bucket"]:
-            writer.append("events/comm", self.comm.rows)
+            writer.append(Table.COMM, self.comm.rows)
         if self.comm.gpu_rows["bucket"]:
-            writer.append("events/comm_gpu", self.comm.gpu_rows)
+            writer.append(Table.COMM_GPU, self.comm.gpu_rows)
         ps = self.spans.phase_sched
         if ps is not None and ps.rows["tid"]:
-            writer.append("events/phase_sched", ps.rows)
+            writer.append(Table.PHASE_SCHED, ps.rows)
         if self.cupti:
-            writer.append("events/cuda", self.cupti)
+            writer.append(Table.CUDA, self.cupti)
         if self.cuda_sched and self.cuda_sched["tid"]:
-            writer.append("events/cuda_sched", self.cuda_sched)
+            writer.append(Table.CUDA_SCHED, self.cuda_sched)
         for name, columns in (self.sched_events or {}).items():
             if columns["t_ns"]:
                 writer.append(name, columns)
         if self.placed.rows:
-            writer.append("threads", self._thread_columns())
+            writer.append(Table.THREADS, self._thread_columns())
 
     def _thread_columns(self) -> dict[str, list[Any]]:
         stamped = self.placed.rows
@@ -901,7 +901,7 @@ def _stop_tracers(
         # Cheap and already on our clock: kept for incomplete runs too.
         try:
             api_tables, api_attrs = cuda_api.collect_tables(held.api_tracer, rec.spans)
-            rec.cupti = api_tables["events/cuda"]
+            rec.cupti = api_tables[Table.CUDA]
             rec.cuda_sched = api_tables.get(cuda_api.SCHED_TABLE)
             rec.attrs.update(api_attrs)
         except Exception as exc:

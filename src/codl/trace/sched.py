@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from codl.trace.clock import now_ns
-from codl.trace.schema import empty_columns
+from codl.trace.schema import Table, empty_columns
 
 _READ = 4096
 
@@ -63,8 +63,8 @@ class SchedSampler:
     _tasks: dict[int, _Task] = field(default_factory=dict)
     _pids: set[int] = field(default_factory=set)
     _proc_stat: int | None = None
-    rows: dict[str, list[Any]] = field(default_factory=lambda: empty_columns("samples/sched"))
-    cpu_rows: dict[str, list[Any]] = field(default_factory=lambda: empty_columns("samples/cpu"))
+    rows: dict[str, list[Any]] = field(default_factory=lambda: empty_columns(Table.SCHED))
+    cpu_rows: dict[str, list[Any]] = field(default_factory=lambda: empty_columns(Table.CPU))
 
     def track(self, pid: int) -> None:
         self._pids.add(pid)
@@ -185,7 +185,7 @@ class PhaseSched:
     rank: int = 0
     main_tid: int = field(default_factory=threading.get_native_id)
     _fds: dict[int, int] = field(default_factory=dict)
-    rows: dict[str, list[Any]] = field(default_factory=lambda: empty_columns("events/phase_sched"))
+    rows: dict[str, list[Any]] = field(default_factory=lambda: empty_columns(Table.PHASE_SCHED))
 
     def __post_init__(self) -> None:
         self.set_threads([])
