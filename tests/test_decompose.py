@@ -6,6 +6,7 @@ of the launch roles, extra GPU kernel time) must be recovered within 5 %.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,7 +15,7 @@ import pytest
 
 from codl.analysis import compare as cmp
 from codl.analysis import decompose as dec
-from codl.analysis import steady
+from codl.analysis import figdata, plots, steady
 from codl.analysis import summarize as sm
 from codl.trace.store import empty_frame
 from test_analysis import SPEC, frame
@@ -693,3 +694,36 @@ def test_bucket_gpu_starts_are_placed_on_the_host_clock_by_the_step_event() -> N
     rec.record("allreduce", 1, BASE, BASE, (FakeEvent(0.0), FakeEvent(1.0)))
     rec.flush(8)
     assert len(g["bucket"]) == 2
+
+
+def test_step_timeline_draws_each_off_cpu_interval_where_it_fell(tmp_path: Path) -> None:
+    def complete(t: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+        return {n: empty_frame(n) for n in sm.TABLES} | t
+
+    tables = complete(with_gil_sleeps(traced_run(loaded=True), block_ms=BLOCK_MS))
+    step = WARMUP + 3
+    bars = figdata.step_timeline(tables, step=step)
+    off = bars[bars["kind"] == "offcpu"]
+    t0 = BASE + step * 100 * MS
+    start = (t0 + 2 * MS) + MS  # the compute span opens 2 ms into the step; sleeps 1 ms later
+    gil = off[off["label"] == "gil"]
+    # The launch thread's wait for the pin-memory thread, the autograd thread's (the second
+    # half of it) and its timed-out GIL wait, each at its own time on its own track.
+    got = sorted(zip(gil["track"], gil["start_ms"].round(3), gil["end_ms"].round(3), strict=True))
+    ms = (start - t0) / MS
+    assert got == [
+        ("autograd thread", round(ms + BLOCK_MS / 2, 3), round(ms + BLOCK_MS, 3)),
+        ("autograd thread", round(ms + BLOCK_MS + 1, 3), round(ms + BLOCK_MS + 6, 3)),
+        ("launch thread", round(ms, 3), round(ms + BLOCK_MS, 3)),
+    ]
+    comm = off[off["label"] == "comm"]
+    assert list(comm["track"]) == ["launch thread"]
+    assert comm["end_ms"].iloc[0] - comm["start_ms"].iloc[0] == pytest.approx(5.0)
+    # After each wake-up the thread queued 1 us before it ran: drawn as run-queue time.
+    assert (off["label"] == "runnable").sum() == 4
+    # Without the record nothing is placed (schedstat totals only).
+    plain = figdata.step_timeline(complete(traced_run(loaded=True)), step=step)
+    assert not (plain["kind"] == "offcpu").any()
+    out = [tmp_path / "timeline.png"]
+    plots.step_timeline(bars, out)
+    assert out[0].stat().st_size > 0

@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 
 from codl.analysis import decompose as dec
+from codl.analysis import offcpu
 from codl.analysis.compare import (
     BOOTSTRAP,
     HEADLINE_STAT,
@@ -49,7 +50,9 @@ def step_timeline(tables: dict[str, pd.DataFrame], *, step: int, rank: int = 0) 
 
     schedstat gives a thread's wait as a per-step total, not where in the step it fell, so a
     wait row is a duration (``start_ms`` 0, ``end_ms`` the total), never a position on the
-    step's time axis; the plot draws it apart from the spans.
+    step's time axis; the plot draws it apart from the spans. Where the trace has the kernel's
+    scheduler record (``trace.sched_events``), the launch roles' time off their CPU is drawn
+    where it fell instead (``kind`` "offcpu", ``label`` its cause: see ``_offcpu_spans``).
 
     ``phase`` names the app phase (or loader stage) of a span so the plot can colour phases
     apart; it is empty for collectives and waits."""
@@ -62,6 +65,7 @@ def step_timeline(tables: dict[str, pd.DataFrame], *, step: int, rank: int = 0) 
     # Row order matters: the plot stacks tracks in order of first appearance.
     rows = [
         *_phase_spans(app, step, window),
+        *_offcpu_spans(tables, rank, window),
         *_loader_spans(tables[Table.LOADER], rank, window),
         *_comm_spans(tables[Table.COMM], rank, step, window),
         *_wait_rows(tables[Table.SCHED], tables[Table.THREADS], rank, step),
@@ -131,6 +135,60 @@ def _comm_spans(comm: pd.DataFrame, rank: int, step: int, window: tuple[int, int
         label = f"b{int(r['bucket'])}"
         rows += _span("collectives", "comm", label, int(r["start_ns"]), int(r["end_ns"]), window)
     return rows
+
+
+# The causes of a launch role's time off its CPU, as the step timeline labels them.
+OFFCPU_CAUSES = {
+    "gil": "asleep: GIL or lock (woken by a thread off the launch path, or a timer)",
+    "launch": "asleep: waiting for the other launch role",
+    "comm": "asleep: waiting for a collective",
+    "other": "asleep: other",
+    "runnable": "runnable, not running (run queue)",
+}
+LAUNCH_TRACKS = {"launch": "launch thread", "autograd": "autograd thread"}
+
+
+def _offcpu_spans(tables: dict[str, pd.DataFrame], rank: int, window: tuple[int, int]) -> list[Row]:
+    """The launch roles' time off their CPU inside the step, at its real times, from the
+    kernel's scheduler record: each sleep by what ended it, each run-queue wait as such."""
+    switch, waking = tables.get(Table.SCHED_SWITCH), tables.get(Table.SCHED_WAKING)
+    if switch is None or waking is None or switch.empty:
+        return []
+    threads = tables[Table.THREADS]
+    mine = threads[threads["rank"] == rank].drop_duplicates("tid", keep="last")
+    role = dict(zip(mine["tid"].astype("int64"), mine["role"].astype(str), strict=True))
+    launch = [t for t, r in role.items() if r in LAUNCH_TRACKS]
+    iv = offcpu.offcpu_intervals(
+        switch[switch["rank"] == rank], waking[waking["rank"] == rank], launch
+    )
+    t0, t1 = window
+    iv = iv[(iv["end_ns"] > t0) & (iv["start_ns"] < t1)]
+    rows: list[Row] = []
+    for _, r in iv.iterrows():
+        track = LAUNCH_TRACKS[role[int(r["tid"])]]
+        start, wake = int(r["start_ns"]), int(r["start_ns"]) + int(r["blocked_ns"])
+        if r["blocked_ns"] > 0:
+            cause = _sleep_cause(int(r["waker_tid"]), role)
+            rows += _offcpu(track, role[int(r["tid"])], cause, start, wake, window)
+        rows += _offcpu(track, role[int(r["tid"])], "runnable", wake, int(r["end_ns"]), window)
+    return rows
+
+
+def _sleep_cause(waker: int, role: dict[int, str]) -> str:
+    if waker == dec.TIMER_WAKER or role.get(waker) in dec.HOLDER_ROLES:
+        return "gil"
+    return {"launch": "launch", "autograd": "launch", "comm": "comm"}.get(
+        role.get(waker, ""), "other"
+    )
+
+
+def _offcpu(
+    track: str, role: str, cause: str, a: int, b: int, window: tuple[int, int]
+) -> list[Row]:
+    return [
+        r | {"kind": "offcpu", "label": cause, "phase": ""}
+        for r in _span(track, role, cause, a, b, window)
+    ]
 
 
 def _wait_rows(sched: pd.DataFrame, threads: pd.DataFrame, rank: int, step: int) -> list[Row]:

@@ -45,6 +45,14 @@ PHASE_COLORS = {
     "allreduce": "#55a868",
 }
 WAIT_COLOR = "#8c8c8c"
+# A launch role's time off its CPU (figdata.OFFCPU_CAUSES), drawn over its track where it fell.
+OFFCPU_COLORS = {
+    "gil": "#937860",
+    "launch": "#c7c7c7",
+    "comm": "#8172b3",
+    "other": "#8c8c8c",
+    "runnable": "#d62728",
+}
 METRIC_LABELS = {
     "compute_eff_ms": "compute duration (ms/step)",
     "launch_wait_ms": "launch-thread run-queue wait (ms/step)",
@@ -342,7 +350,9 @@ def step_timeline(timeline: pd.DataFrame, outputs: Sequence[Path], *, title: str
     below it the threads' run-queue wait in that step as per-step totals.
 
     Launch-thread and GPU spans are coloured by phase, other tracks by thread role. Waits get
-    a panel of their own: schedstat gives their total per step, not their position in it.
+    a panel of their own: schedstat gives their total per step, not their position in it. With
+    the kernel's scheduler record, the launch roles' time off their CPU is drawn under their
+    tracks where it fell (hatched), coloured by what ended it (``figdata.OFFCPU_CAUSES``).
     """
     kind = timeline["kind"] if "kind" in timeline else pd.Series(dtype=str)
     spans = timeline[kind != "wait"] if len(timeline) else timeline
@@ -382,8 +392,11 @@ def _timeline_spans(ax: Any, spans: pd.DataFrame, tracks: list[str], title: str)
     span_ms = float(spans["end_ms"].max())
     legend: dict[str, Any] = {}
     for _, r in spans.iterrows():
-        color, key = _span_color(str(r["role"]), str(r.get("phase", "")))
         width = float(r["end_ms"] - r["start_ms"])
+        if r.get("kind") == "offcpu":
+            _offcpu_bar(ax, r, ypos, width, legend)
+            continue
+        color, key = _span_color(str(r["role"]), str(r.get("phase", "")))
         bar = ax.barh(
             ypos[r["track"]],
             width,
@@ -419,6 +432,26 @@ def _timeline_spans(ax: Any, spans: pd.DataFrame, tracks: list[str], title: str)
         bbox_to_anchor=(1.01, 1.0),
         frameon=False,
     )
+
+
+def _offcpu_bar(
+    ax: Any, r: pd.Series, ypos: dict[str, int], width: float, legend: dict[str, Any]
+) -> None:
+    """A thin hatched bar under the track's spans: where its thread was off its CPU, and why."""
+    from codl.analysis.figdata import OFFCPU_CAUSES
+
+    cause = str(r["label"])
+    bar = ax.barh(
+        ypos[r["track"]] + 0.3,
+        width,
+        left=r["start_ms"],
+        height=0.25,
+        color=OFFCPU_COLORS.get(cause, WAIT_COLOR),
+        hatch="////",
+        edgecolor="white",
+        linewidth=0.0,
+    )
+    legend.setdefault(OFFCPU_CAUSES.get(cause, cause), bar)
 
 
 def _timeline_waits(wax: Any, waits: pd.DataFrame) -> None:
