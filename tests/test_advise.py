@@ -118,6 +118,22 @@ def test_main_end_to_end(tmp_path: Path, name: str, capsys: pytest.CaptureFixtur
     assert {s.steps.measured for s in plan.specs.values()} == {200}
 
 
+def test_main_cross_validates_and_writes_the_held_out_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs, steps = planted_tables(repeats=2, steps=20)
+    results = _write_results(tmp_path / "r", runs, steps, config=True)
+    cv = tmp_path / "out" / "cv.csv"
+    assert adv.main([str(results), "--boot", "0", "--cross-validate", str(cv)]) == 0
+    printed = capsys.readouterr().out
+    assert "in sample (the " in printed and "out of sample (each combined worker count" in printed
+    table = pd.read_csv(cv)
+    combined = runs[runs["mode"] == "data+compute"]
+    assert sorted(table["run_id"]) == sorted(combined["run_id"])
+    # Planted data with 2 % step noise: every held-out run is predicted within 5 %.
+    assert table["error"].abs().max() < 0.05
+
+
 def test_main_without_config_rebuilds_defaults(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -476,15 +476,24 @@ def _write_verification(
 
 
 def _cross_validate(
-    args: argparse.Namespace, runs: pd.DataFrame, steps: pd.DataFrame, cores: int, mode: str
+    args: argparse.Namespace,
+    runs: pd.DataFrame,
+    steps: pd.DataFrame,
+    fit: mdl.Fit,
+    data: mdl.RunData,
 ) -> None:
-    cv = mdl.cross_validate(runs, steps, cores=cores, combined_mode=mode)
+    inside = mdl.check(fit, data)["error"].abs()
+    print(
+        f"\nin sample (the {len(inside)} combined runs fitted on): |error| median "
+        f"{100 * inside.median():.1f} %, worst {100 * inside.max():.1f} %"
+    )
+    cv = mdl.cross_validate(runs, steps, cores=fit.cores, combined_mode=fit.node.combined_mode)
     args.cross_validate.parent.mkdir(parents=True, exist_ok=True)
     cv.to_csv(args.cross_validate, index=False)
     err = cv["error"].abs().dropna()
     counts = ", ".join(str(w) for w in sorted(cv["held_workers"].unique()))
     print(
-        f"\nout of sample (each combined worker count held out in turn: {counts}): "
+        f"out of sample (each combined worker count held out in turn: {counts}): "
         f"|error| median {100 * err.median():.1f} %, worst {100 * err.max():.1f} % over "
         f"{len(err)} runs; mean error {100 * cv['error'].mean():+.1f} % "
         f"({args.cross_validate})"
@@ -515,7 +524,7 @@ def run(args: argparse.Namespace) -> int:
             _write_verification(args, advice, fit, runs, source_cfg)
         print_advice(advice, fit, args.out, args.tie)
         if args.cross_validate is not None:
-            _cross_validate(args, runs, steps, int(fit_cores), fit.node.combined_mode)
+            _cross_validate(args, runs, steps, fit, data)
     except CodlError as exc:
         print(f"codl advise: error: {exc}", file=sys.stderr)
         return 2
