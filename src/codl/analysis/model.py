@@ -38,8 +38,12 @@ Equations (docs/advisor.md explains the choices):
   launch path per batch (the pin-memory thread holding the GIL while the launch thread waits
   for it, measured on H200s with trace.sched_events: docs/results-h200x2.md), the same at any
   worker count. ``k_p`` is what overload adds. Both are clipped at 0.
-- Combined throughput: the fixed point ``X = min(X_L(w), C_p / I(D(X)))``. ``X * I(D(X))`` grows
-  with ``X``, so the fixed point is unique; it is found by bisection.
+- Hand-off: a loading step also spends ``h_p`` ms outside its compute span beyond the twin's
+  (handing the batch over, the H2D copy); the mean over the combined runs the model calls
+  compute-bound, clipped at 0. In units of the compute time alone: ``e_p = h_p / T_p``.
+- Combined throughput: the fixed point ``X = min(X_L(w), C_p / (I(D(X)) + e_p))``.
+  ``X * (I(D(X)) + e_p)`` grows with ``X``, so the fixed point is unique; it is found by
+  bisection.
 
 Uncertainty: a two-level bootstrap (runs within each configuration, then steps within each run,
 as ``compare`` does) refits every parameter; the 2.5/97.5 % percentiles of the refitted
@@ -94,6 +98,9 @@ class Params:
     k: Mapping[str, float]  # policy -> interference coefficient
     # policy -> inflation of a loader that overloads nothing (none fitted: 0)
     k0: Mapping[str, float] = field(default_factory=dict)
+    # policy -> ms per step a loading step spends outside its compute span beyond the twin's
+    # (batch hand-off, H2D copy), from the compute-bound combined runs (none fitted: 0)
+    handoff_ms: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,6 +156,7 @@ class Fit:
                 ("compute_ms", "compute_ms"),
                 ("k0", "k0"),
                 ("k", "k"),
+                ("handoff_ms", "handoff_ms"),
             ):
                 point: Mapping[str, float] = getattr(self.params, attr)
                 draws = np.array([getattr(b, attr).get(p, np.nan) for b in self.boot])
@@ -415,7 +423,12 @@ def _fit_params(groups: pd.DataFrame, node: Node, cores: int) -> tuple[Params, l
     if missing:
         notes.append(f"policies {missing} have combined runs but no compute twin: left out")
     comb = comb[comb["policy"].isin(list(compute_ms)) & comb["compute_ms"].notna()]
-    k0, k = _fit_interference(
+    # What a compute twin's step spends outside its compute span (~0): the hand-off's baseline.
+    twin_outside = (node.batch * 1000.0 / twin["throughput"] - twin["compute_ms"]).groupby(
+        twin["policy"]
+    )
+    outside = {str(p): float(v) for p, v in twin_outside.mean().items()}
+    k0, k, handoff = _fit_interference(
         comb,
         node,
         cores,
@@ -423,9 +436,18 @@ def _fit_params(groups: pd.DataFrame, node: Node, cores: int) -> tuple[Params, l
         kappa=kappa,
         compute=compute,
         compute_ms=compute_ms,
+        outside=outside,
         notes=notes,
     )
-    params = Params(rate=rate, kappa=kappa, compute=compute, compute_ms=compute_ms, k=k, k0=k0)
+    params = Params(
+        rate=rate,
+        kappa=kappa,
+        compute=compute,
+        compute_ms=compute_ms,
+        k=k,
+        k0=k0,
+        handoff_ms=handoff,
+    )
     return params, notes
 
 
@@ -438,9 +460,12 @@ def _fit_interference(
     kappa: float,
     compute: Mapping[str, float],
     compute_ms: Mapping[str, float],
+    outside: Mapping[str, float],
     notes: list[str],
-) -> tuple[dict[str, float], dict[str, float]]:
-    """``(k0_p, k_p)`` per policy: least squares of ``I_obs - 1 = k0_p + k_p * O``.
+) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+    """``(k0_p, k_p, h_p)`` per policy: least squares of ``I_obs - 1 = k0_p + k_p * O``, and
+    the hand-off ``h_p``: the mean step time outside the compute span of the runs the model
+    calls compute-bound, beyond the twin's (``outside``); clipped at 0.
 
     The overload ``O`` is taken at the model's own operating point, not at the measured
     throughput: a run the model calls loader-bound has every worker runnable (``D = w``) even
@@ -463,10 +488,14 @@ def _fit_interference(
     pol = comb["policy"].astype(str).to_numpy()
     masks = {p: pol == p for p in policies}
     cap = _f64([compute[p] for p in pol])
-    excess = comb["compute_ms"].to_numpy(np.float64) / _f64([compute_ms[p] for p in pol]) - 1
+    alone_ms = _f64([compute_ms[p] for p in pol])
+    excess = comb["compute_ms"].to_numpy(np.float64) / alone_ms - 1
+    step_ms = node.batch * 1000.0 / comb["throughput"].to_numpy(np.float64)
+    beyond = step_ms - comb["compute_ms"].to_numpy(np.float64) - _f64([outside[p] for p in pol])
     x_l = rate * np.minimum(w, kappa * np.maximum(c_l, 0.0))
     k0 = dict.fromkeys(policies, 0.0)
     k = dict.fromkeys(policies, 0.0)
+    h = dict.fromkeys(policies, 0.0)
     fitted: set[str] = set()
     for _ in range(_K_ITERATIONS):
         x, _ = _solve(
@@ -477,7 +506,16 @@ def _fit_interference(
             w,
             c_l,
             np.full_like(w, float(cores)),
+            _f64([h[p] for p in pol]) / alone_ms,
         )
+        compute_bound = x < x_l * (1 - 1e-9)
+        h_old = h
+        h = {
+            p: max(0.0, float(np.nanmean(beyond[m & compute_bound])))
+            if np.any(m & compute_bound)
+            else 0.0
+            for p, m in masks.items()
+        }
         over = np.maximum(0.0, w * x / x_l - c_l) / cores
         fitted = {p for p in policies if np.any(over[masks[p]] > 0)}
         new = {p: _line(over[masks[p]], excess[masks[p]]) for p in policies}
@@ -488,6 +526,7 @@ def _fit_interference(
         done = all(
             abs(new[p][0] - k0[p]) <= 1e-10 * (1 + abs(k0[p]))
             and abs(new[p][1] - k[p]) <= 1e-10 * (1 + abs(k[p]))
+            and abs(h[p] - h_old[p]) <= 1e-10 * (1 + abs(h_old[p]))
             for p in policies
         )
         k0 = {p: new[p][0] for p in policies}
@@ -499,7 +538,7 @@ def _fit_interference(
             # No combined run of this policy overloads the loader's cores: its own k is not
             # identified; borrowing the pooled one keeps its predictions defined.
             notes.append(f"k[{p}]: no combined run overloads the loader's cores; pooled k used")
-    return k0, k
+    return k0, k, h
 
 
 def _line(over: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> tuple[float, float]:
@@ -581,18 +620,21 @@ def _solve(
     w: npt.NDArray[np.float64],
     c_l: npt.NDArray[np.float64],
     cores: npt.NDArray[np.float64],
+    handoff: npt.NDArray[np.float64] | None = None,
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-    """The fixed point ``X = min(X_L, C / I(D(X)))`` and its inflation, by bisection."""
+    """The fixed point ``X = min(X_L, C / (I(D(X)) + e))`` and its compute inflation ``I``, by
+    bisection; ``e`` (``handoff``) is the hand-off's time in units of the compute time alone."""
+    e = np.zeros_like(x_l) if handoff is None else handoff
 
     def inflation(x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
         return 1.0 + k0 + k * np.maximum(0.0, w * x / x_l - c_l) / cores
 
     lo = np.zeros_like(x_l)
     hi = x_l.copy()
-    loader_bound = hi * inflation(hi) <= cap
+    loader_bound = hi * (inflation(hi) + e) <= cap
     for _ in range(_BISECTION_STEPS):
         mid = 0.5 * (lo + hi)
-        over = mid * inflation(mid) > cap
+        over = mid * (inflation(mid) + e) > cap
         hi = np.where(over, mid, hi)
         lo = np.where(over, lo, mid)
     x = np.where(loader_bound, x_l, 0.5 * (lo + hi))
@@ -618,10 +660,13 @@ def _evaluate(
     cap = _f64(pol.map(params.compute))
     k = _f64(pol.map(params.k))
     k0 = _f64(pol.map(lambda p: params.k0.get(p, 0.0)))
+    handoff = _f64(pol.map(lambda p: params.handoff_ms.get(p, 0.0))) / _f64(
+        pol.map(params.compute_ms)
+    )
     x_l = params.rate * np.minimum(w, params.kappa * np.maximum(c_l, 0.0))
     # A setting with no core for the loader delivers nothing (the harness refuses it anyway).
     x_l = np.where(c_l >= 1, x_l, np.nan)
-    x, infl = _solve(x_l, cap, k0, k, w, c_l, cores)
+    x, infl = _solve(x_l, cap, k0, k, w, c_l, cores, handoff)
     return {
         "loader_cores": c_l,
         "loader_capacity": x_l,
