@@ -485,6 +485,23 @@ def test_timeline_run_is_the_typical_plain_combined_run() -> None:
     assert figdata.timeline_run(summary[summary["mode"] == "compute"]) == ""
 
 
+def test_timeline_run_prefers_the_kernels_scheduler_record_with_pinned_memory() -> None:
+    summary = pd.DataFrame(
+        {
+            "run_id": ["a", "b", "c", "d", "e", "f"],
+            "mode": ["combined"] * 6,
+            "step_ms_p50": [10.0, 20.0, 66.0, 70.0, 84.0, 68.0],
+            "cuda_api": [False, False, False, False, False, True],
+            "sched_events": [False, False, True, True, True, True],
+            "pin_memory": [True, True, True, True, False, True],
+        }
+    )
+    # Recorded, untraced, pinned: c and d (median 68) -> c; e lacks pinning, f has callbacks.
+    assert figdata.timeline_run(summary) == "c"
+    # Without pinned runs among the recorded ones, the recorded run still wins over plain ones.
+    assert figdata.timeline_run(summary[summary["run_id"].isin(["a", "b", "e"])]) == "e"
+
+
 def test_heatmap_table_keeps_one_plain_comparison_per_cell() -> None:
     summary = pd.DataFrame(
         {

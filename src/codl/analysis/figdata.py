@@ -346,22 +346,35 @@ def with_arm_intervals(headline: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFr
 
 
 def timeline_run(summary: pd.DataFrame) -> str:
-    """The run the step-timeline figure shows: among the combined runs (else data+compute)
-    without CUDA tracing, the one whose median step time is closest to the median of those
-    runs' medians - a typical run, chosen by a rule rather than by file order. '' if none."""
+    """The run the step-timeline figure shows: among the combined runs (else data+compute),
+    the one whose median step time is closest to the median of those runs' medians - a typical
+    run, chosen by a rule rather than by file order. Runs with the kernel's scheduler record
+    come first (their timeline places the launch roles' waits where they fell), then runs
+    without any costly tracing; the loader's default pinned memory before runs without it.
+    '' if none."""
     need = {"run_id", "mode", "step_ms_p50"}
     if summary.empty or not need <= set(summary):
         return ""
     for mode in (Mode.COMBINED.value, Mode.DATA_COMPUTE.value):
         runs = summary[(summary["mode"] == mode) & summary["step_ms_p50"].notna()]
-        plain = runs[~instrumented(runs)]
-        runs = plain if len(plain) else runs
-        if len(runs):
-            med = runs["step_ms_p50"].median()
-            ordered = runs.assign(_d=(runs["step_ms_p50"] - med).abs()).sort_values(
-                ["_d", "run_id"]
-            )
-            return str(ordered["run_id"].iloc[0])
+        if runs.empty:
+            continue
+        none = pd.Series(False, index=runs.index)
+        cuda = none.copy()
+        for col in ("cupti", "cuda_api"):
+            if col in runs:
+                cuda |= _truthy(runs[col])
+        record = _truthy(runs["sched_events"]) if "sched_events" in runs else none
+        unpinned = (
+            runs["pin_memory"].astype(str).str.lower() == "false" if "pin_memory" in runs else none
+        )
+        for tier in (record & ~cuda & ~unpinned, record & ~cuda, ~instrumented(runs), ~none):
+            if tier.any():
+                runs = runs[tier]
+                break
+        med = runs["step_ms_p50"].median()
+        ordered = runs.assign(_d=(runs["step_ms_p50"] - med).abs()).sort_values(["_d", "run_id"])
+        return str(ordered["run_id"].iloc[0])
     return ""
 
 
