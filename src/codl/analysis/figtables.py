@@ -77,11 +77,13 @@ def timeline_title(bars: pd.DataFrame) -> str:
     if bars.empty:
         return ""
     k = bars.iloc[0]
+    placed = "kind" in bars and bool((bars["kind"] == "offcpu").any())
     return (
         f"Run {k['run_id']} ({k['mode']}, policy {k['policy']}, {k['workers']} workers), rank 0, "
         f"step {k['step']} of {k['measured_steps']} measured: the step closest to the run's "
         "median step time,\nin the run closest to the median step time of its mode's runs "
-        "(without CUDA tracing)"
+        "(without CUDA tracing; with the kernel's scheduler record where one has it)"
+        + ("\nhatched: the launch roles' time off their CPU, where it fell" if placed else "")
     )
 
 
