@@ -3,6 +3,7 @@ together under no split and an even split."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from codl.datasets import generate
 from codl.errors import CodlError
 from codl.paths import ResultPaths
 from codl.pinning import cpulist
+from codl.spec import DeviceKind
 from codl.trace.store import open_trace
 
 NODE = 16
@@ -141,3 +143,19 @@ def test_the_share_section_is_checked() -> None:
     )
     with pytest.raises(CodlError, match="plans 2 runs, expected exactly one"):
         share_specs(cfg, wide)
+
+
+def test_each_cuda_job_sees_a_gpu_of_its_own() -> None:
+    cfg = load_yaml(CONFIG)
+    specs = list(share_specs(cfg, build_plan(cfg, source=str(CONFIG))).values())
+    cuda = [dataclasses.replace(s, device=DeviceKind.CUDA) for s in specs]
+    assert share.gpus_for(specs, 0) == [None, None]
+    assert share.gpus_for(cuda, 2) == [0, 1]
+    assert share.gpus_for([specs[0], cuda[1]], 1) == [None, 0]
+    with pytest.raises(CodlError, match="2 CUDA jobs need a GPU each, this node shows 1"):
+        share.gpus_for(cuda, 1)
+    job = share.Job(name="a", spec=cuda[1], dataset_dir=None, trace=Path("a.h5"), gpu=1)
+    env = share.job_env(job, {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "0,1"})
+    assert env == {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "1"}
+    cpu_job = dataclasses.replace(job, gpu=None)
+    assert share.job_env(cpu_job, {"PATH": "/bin"}) == {"PATH": "/bin"}

@@ -9,8 +9,10 @@ Splits of the CPUs ``os.sched_getaffinity(0)`` allows:
   that maximises the summed throughput, each job's relative to its best on the whole node).
 
 Each job is a ``codl run`` process whose affinity is set before it starts, so its CPU-set policy
-splits only its share (``pinning`` never widens a mask beyond the job's). Jobs start together
-and are waited for together; a job that fails fails the experiment with its last stderr lines.
+splits only its share (``pinning`` never widens a mask beyond the job's). A CUDA job gets a GPU
+of its own (``CUDA_VISIBLE_DEVICES``, in job order): jobs share the node's CPUs, not a GPU, as
+A-Dloader's single-GPU jobs on one node do. Jobs start together and are waited for together; a
+job that fails fails the experiment with its last stderr lines.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from codl.config import build_plan
 from codl.errors import CodlError
 from codl.paths import ResultPaths
 from codl.pinning import cpulist
-from codl.spec import RunSpec
+from codl.spec import DeviceKind, RunSpec
 from codl.workflow import dataset_dir
 
 SPLITS = ("none", "even", "advised")
@@ -81,6 +83,28 @@ class Job:
     spec: RunSpec
     dataset_dir: Path | None
     trace: Path
+    gpu: int | None = None  # the one GPU a CUDA job sees; None: the environment's
+
+
+def gpus_for(specs: Sequence[RunSpec], visible: int) -> list[int | None]:
+    """One GPU per CUDA job, in job order (CPU jobs get none); ``visible``: GPUs on the node."""
+    cuda = [i for i, s in enumerate(specs) if s.device is DeviceKind.CUDA]
+    if len(cuda) > visible:
+        raise CodlError(
+            f"share.jobs: {len(cuda)} CUDA jobs need a GPU each, this node shows {visible}"
+        )
+    out: list[int | None] = [None] * len(specs)
+    for gpu, i in enumerate(cuda):
+        out[i] = gpu
+    return out
+
+
+def job_env(job: Job, base: Mapping[str, str]) -> dict[str, str]:
+    """The job's environment: ``base`` with the job's GPU the only visible one."""
+    env = dict(base)
+    if job.gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(job.gpu)
+    return env
 
 
 def run_together(
@@ -106,6 +130,7 @@ def run_together(
         procs.append(
             subprocess.Popen(
                 cmd,
+                env=job_env(job, os.environ),
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
                 text=True,
@@ -187,6 +212,15 @@ def run_shared(
     return pd.DataFrame(rows)
 
 
+def _visible_gpus(specs: Any) -> int:
+    """GPUs this process sees; 0 without a CUDA job (torch is not imported for CPU jobs)."""
+    if not any(s.device is DeviceKind.CUDA for s in specs):
+        return 0
+    import torch
+
+    return int(torch.cuda.device_count())
+
+
 def share_to(
     cfg: Mapping[str, Any],
     *,
@@ -201,6 +235,7 @@ def share_to(
     settings = share_settings(cfg)
     plan = build_plan(cfg, source="the config")
     specs = share_specs(cfg, plan)
+    gpus = gpus_for(list(specs.values()), _visible_gpus(specs.values()))
     jobs = [
         Job(
             name=name,
@@ -209,8 +244,9 @@ def share_to(
             if spec.mode.loads
             else None,
             trace=paths.share / f"{name}.h5",
+            gpu=gpu,
         )
-        for name, spec in specs.items()
+        for (name, spec), gpu in zip(specs.items(), gpus, strict=True)
     ]
     n_cpus = len(os.sched_getaffinity(0))
     splits: dict[str, Sequence[int] | None] = {}
