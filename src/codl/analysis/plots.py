@@ -193,11 +193,15 @@ def _labelled_pairs(d: pd.DataFrame) -> pd.DataFrame:
         + d["workers"].astype(str)
         + ("\n" + d["mode"].astype(str) if many else "")
     )
-    # Runs with a CUPTI level are slower by themselves: mark them so no one compares across.
-    for col, mark in (("cupti", " +CUPTI"), ("cuda_api", " +API")):
+    # Runs with a costly tracing level are slower by themselves: mark them so no one compares
+    # across; runs without the loader's pinned memory are another experiment.
+    for col, mark in (("cupti", " +CUPTI"), ("cuda_api", " +API"), ("sched_events", " +ftrace")):
         if col in d:
             on = d[col].astype(str).str.lower() == "true"
             d.loc[on, "label"] = d.loc[on, "label"] + mark
+    if "pin_memory" in d:
+        unpinned = d["pin_memory"].astype(str).str.lower() == "false"
+        d.loc[unpinned, "label"] = d.loc[unpinned, "label"] + " no-pin"
     d["label"] += [
         f"\nruns {_count(ni)}+{_count(nc)}\nsteps {_count(si)}+{_count(sc)}"
         for ni, nc, si, sc in zip(
