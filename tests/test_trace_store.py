@@ -646,6 +646,25 @@ def test_rows_are_written_in_blocks_while_the_run_goes(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+def test_rows_after_a_flush_complete_its_partly_filled_chunk(tmp_path: Path, threads: int) -> None:
+    """flush() leaves a chunk half filled; the next block first completes it through HDF5, then
+    writes whole chunks: every row reads back, checksums and digests hold, whatever the pool."""
+    block = block_rows("events/comm")
+    rows = [(0, 10), (10, block + 30), (block + 30, 3 * block + 7)]
+    with TraceWriter(tmp_path / "t.h5", threads=threads) as w:
+        for lo, hi in rows:
+            w.append("events/comm", _comm_block(lo, hi - lo))
+            w.flush()
+        w.finish()
+    with open_trace(tmp_path / "t.h5") as t:
+        t.verify()
+        df = t.table("events/comm")
+    pd.testing.assert_frame_equal(
+        df.drop(columns="op"), pd.DataFrame(_comm_block(0, 3 * block + 7)).drop(columns="op")
+    )
+
+
 def test_a_window_reads_only_the_chunks_it_overlaps(tmp_path: Path) -> None:
     """Chunks outside the window are damaged on disk: the window still reads, a full read does
     not (fletcher32), so the window never touched them."""
