@@ -92,9 +92,9 @@ def _synthetic(path: Path) -> Path:
         return w.finish()
 
 
-@pytest.mark.parametrize("processes", [1, 2])
+@pytest.mark.parametrize(("processes", "threads"), [(1, 1), (2, 1), (1, 3)])
 def test_a_long_multi_block_trace_gives_the_same_per_step_metrics(
-    tmp_path: Path, processes: int
+    tmp_path: Path, processes: int, threads: int
 ) -> None:
     trace = _synthetic(tmp_path / "t.h5")
     with open_trace(trace) as t:
@@ -102,10 +102,10 @@ def test_a_long_multi_block_trace_gives_the_same_per_step_metrics(
         assert len(t.chunk_index("events/loader")) == 3  # type: ignore[arg-type]
     loader, api = _whole_table(trace, 2)
     assert len(loader) == 2 * 58 and len(api) == 2 * 58
-    got_loader = chunked.loader_stage_sums(trace, warmup=2, processes=processes)
+    got_loader = chunked.loader_stage_sums(trace, warmup=2, processes=processes, threads=threads)
     _compare(got_loader, loader)
     assert got_loader["loader_decode_ms"].isna().sum() == 2  # step 7 of both ranks
-    _compare(chunked.api_step_metrics(trace, warmup=2, processes=processes), api)
-    _, rows = chunked.step_partials(trace, "api", warmup=2, processes=processes)
+    _compare(chunked.api_step_metrics(trace, warmup=2, processes=processes, threads=threads), api)
+    _, rows = chunked.step_partials(trace, "api", warmup=2, processes=processes, threads=threads)
     with open_trace(trace) as t:
         assert rows == len(t.table("events/cuda"))
