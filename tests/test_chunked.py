@@ -109,3 +109,29 @@ def test_a_long_multi_block_trace_gives_the_same_per_step_metrics(
     _, rows = chunked.step_partials(trace, "api", warmup=2, processes=processes, threads=threads)
     with open_trace(trace) as t:
         assert rows == len(t.table("events/cuda"))
+
+
+def _assert_same_frames(got: tuple[pd.DataFrame, ...], want: tuple[pd.DataFrame, ...]) -> None:
+    for g, w in zip(got, want, strict=True):
+        pd.testing.assert_frame_equal(g, w, check_exact=False, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in GOLDEN.glob("*.h5.gz")))
+def test_summarize_trace_reading_blocks_equals_the_whole_tables(name: str, tmp_path: Path) -> None:
+    trace = tmp_path / name.removesuffix(".gz")
+    with gzip.open(GOLDEN / name, "rb") as src, trace.open("wb") as dst:
+        shutil.copyfileobj(src, dst)
+    want = sm.summarize_tables(*sm.read_tables(trace))
+    _assert_same_frames(sm.summarize_trace(trace), want)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_pruned_tables_keep_the_measured_rows_summarize_reads(tmp_path: Path, threads: int) -> None:
+    trace = _synthetic(tmp_path / "t.h5")
+    tables, attrs = chunked.read_summary_tables(trace, threads=threads)
+    whole, _ = sm.read_tables(trace)
+    loader, cuda = whole["events/loader"], whole["events/cuda"]
+    assert len(tables["events/loader"]) == int((loader["step"] >= 2).sum())
+    runtime = cuda[(cuda["step"] >= 2) & cuda["kind"].astype(str).isin(["runtime", "kernel"])]
+    assert len(tables["events/cuda"]) == len(runtime) > 0
+    _assert_same_frames(sm.summarize_tables(tables, attrs), sm.summarize_tables(whole, attrs))

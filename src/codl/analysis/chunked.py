@@ -10,6 +10,7 @@ and ``summarize.api_metrics`` up to float summation order (tests/test_chunked.py
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
@@ -20,8 +21,9 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from codl.analysis.summarize import API_STEP_COLUMNS, KEYS, LOADER_ITEM_STAGES
-from codl.trace.store import open_trace
+from codl.analysis.summarize import API_STEP_COLUMNS, KEYS, LOADER_ITEM_STAGES, warmup_steps
+from codl.analysis.summarize import TABLES as SUMMARY_TABLES
+from codl.trace.store import Trace, empty_frame, open_trace
 
 LOADER_STAGES = (*LOADER_ITEM_STAGES, "collate")
 LOADER_SUM_COLUMNS: dict[str, str] = {
@@ -212,3 +214,70 @@ def api_step_metrics(
     out["launch_kernel_us_mean"] = (lk["sum"] / lk["n"]).reindex(out.index)
     out = out.reset_index()
     return out.astype(API_STEP_COLUMNS)[list(API_STEP_COLUMNS)]
+
+
+# What summarize reads of the two big tables: the rows of measured steps (the warm-up's are
+# dropped by every metric) and these columns; of events/cuda only runtime calls and kernels.
+SUMMARY_COLUMNS: dict[str, list[str]] = {
+    "events/loader": ["rank", "step", "pid", "item", "stage", "start_ns", "end_ns"],
+    "events/cuda": ["rank", "step", "kind", "name", "start_ns", "end_ns"],
+}
+_SUMMARY_KINDS = ("runtime", "kernel")
+
+
+def _pruned_table(
+    t: Trace, name: str, warmup: int, pool: ThreadPoolExecutor | None
+) -> pd.DataFrame:
+    """Table ``name`` read block by block, keeping only what summarize uses of it."""
+    columns = SUMMARY_COLUMNS[name]
+    strings = t.strings
+    kinds = [strings.index(k) for k in _SUMMARY_KINDS if k in strings]
+    pieces: dict[str, list[npt.NDArray[Any]]] = {c: [] for c in columns}
+    for lo, hi in t.block_ranges(name):
+        block = t.read_rows(name, lo, hi, columns, pool=pool)
+        keep = block["step"] >= warmup
+        if "kind" in block:
+            keep &= np.isin(block["kind"], kinds)
+        for c in columns:
+            pieces[c].append(block[c][keep])
+    if not pieces[columns[0]]:
+        return empty_frame(name)[columns]
+    categories = pd.Index(strings, dtype="str")
+    data: dict[str, Any] = {}
+    for c in columns:
+        arr = np.concatenate(pieces[c])
+        pieces[c].clear()  # each column's blocks freed once joined
+        if c in ("kind", "name", "stage"):
+            data[c] = pd.Categorical.from_codes(
+                arr, categories=categories
+            ).remove_unused_categories()
+        else:
+            data[c] = arr
+    return pd.DataFrame(data)
+
+
+def read_summary_tables(
+    path: Path, *, threads: int = 1
+) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
+    """What ``summarize.summarize_tables`` needs of a verified trace, and its root attributes.
+
+    The small tables are read whole; events/loader and events/cuda block by block, keeping the
+    measured steps' rows and the columns of ``SUMMARY_COLUMNS`` (and of events/cuda only the
+    runtime calls and kernels), so neither table is ever in memory whole. ``threads`` > 1
+    decodes their chunks on that many threads.
+    """
+    with open_trace(path) as t:
+        t.verify()
+        attrs = dict(t.attrs)
+        warmup = warmup_steps(attrs)
+        present = set(t.tables())
+        with ThreadPoolExecutor(threads) if threads > 1 else contextlib.nullcontext() as pool:
+            tables = {
+                n: (
+                    _pruned_table(t, n, warmup, pool)
+                    if n in SUMMARY_COLUMNS and n in present
+                    else t.table(n)
+                )
+                for n in SUMMARY_TABLES
+            }
+    return tables, attrs
