@@ -62,19 +62,21 @@ def _group_sums(
     """
     if not keep.any():
         return _empty_partial()
-    r = rank.astype(np.int64)
-    st = step.astype(np.int64)
-    r0, s0 = int(r.min()), int(st.min())
-    n_r, n_s = int(r.max()) - r0 + 1, int(st.max()) - s0 + 1
+    r0, s0 = int(rank.min()), int(step.min())
+    n_r, n_s = int(rank.max()) - r0 + 1, int(step.max()) - s0 + 1
     bins = n_r * n_s * n_sub
-    if bins > 4 * len(r) + 1024:
-        r, st, sub, weights = r[keep], st[keep], sub[keep], weights[keep]
-        key = ((r - r0) * n_s + (st - s0)) * n_sub + sub
-        uniq, gid = np.unique(key, return_inverse=True)
+    # In place on one int64 array: a block is ~10^6 rows, and each temporary costs a pass.
+    gid = step.astype(np.int64)
+    gid -= s0
+    if n_r > 1:  # a rank's own trace has one rank: no rank term
+        gid += (rank.astype(np.int64) - r0) * n_s
+    gid *= n_sub
+    gid += sub
+    if bins > 4 * len(gid) + 1024:
+        uniq, gid = np.unique(gid[keep], return_inverse=True)
         counts = np.bincount(gid, minlength=len(uniq))
-        sums = np.bincount(gid, weights=weights, minlength=len(uniq))
+        sums = np.bincount(gid, weights=weights[keep], minlength=len(uniq))
     else:
-        gid = ((r - r0) * n_s + (st - s0)) * n_sub + sub
         gid[~keep] = bins
         counts = np.bincount(gid, minlength=bins + 1)[:bins]
         sums = np.bincount(gid, weights=weights, minlength=bins + 1)[:bins]
