@@ -6,10 +6,13 @@ samples 5 %, at ``--rate`` events per second of run time, i.e. 10^8 events is a 
 appends them to a ``TraceWriter`` in batches, and reports:
 
 - recorder memory: the writer's buffer bound and the process's RSS growth while writing;
-- write rate (events/s over the time spent in ``append``/``finish`` only, not generation);
+- write rate (events/s over the time spent in ``append``/``finish`` only, not generation), and
+  events per CPU-second of the writer (all its compression threads together), which does not
+  depend on how many cores were idle;
 - file size per event;
 - summarize rate: the chunked per-step loader and CUDA API metrics (``codl.analysis.chunked``)
-  with 1 and ``--processes`` processes, in events/s and events/s per process;
+  with 1 process, 1 process of ``--processes`` decoding threads, and ``--processes`` processes,
+  in events/s and events per CPU-second;
 - the latency of a 1-second window query (``Trace.table(name, t0, t0 + 1 s)`` of all three
   tables), median of ``--windows`` random windows.
 
@@ -50,20 +53,33 @@ STAGES = np.array(["fetch", "decode", "transform", "collate"], object)
 class Result:
     events: int
     compression: str
+    writer_threads: int
+    load_avg_1m: float
     run_s: float
     buffer_bound_mib: float
     rss_growth_mib: float
     write_s: float
     write_events_per_s: float
+    write_events_per_cpu_s: float
     file_bytes: int
     bytes_per_event: float
     summarize_events: int
     summarize_1p_events_per_s: float
+    summarize_1p_events_per_cpu_s: float
+    summarize_threads_events_per_s: float
+    summarize_threads_events_per_cpu_s: float
     summarize_np: int
     summarize_np_events_per_s: float
     summarize_np_events_per_s_per_process: float
+    summarize_np_events_per_cpu_s: float
     window_query_s_median: float
     window_query_rows_median: int
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process (every thread) and of its finished child processes."""
+    own = os.times()
+    return own.user + own.system + own.children_user + own.children_system
 
 
 def rss_bytes() -> int:
@@ -134,33 +150,36 @@ def batches(events: int, batch: int, rate: float) -> Iterator[tuple[str, dict[st
                 done[table] += n
 
 
-def write(path: Path, args: argparse.Namespace) -> tuple[float, float]:
-    """Write the run; returns (seconds in the writer, RSS growth in bytes)."""
+def write(path: Path, args: argparse.Namespace) -> tuple[float, float, float]:
+    """Write the run; returns (seconds in the writer, its CPU seconds, RSS growth in bytes)."""
     base = rss_bytes()
     peak = base
-    spent = 0.0
-    with TraceWriter(path, compression=args.compression) as w:
+    spent = cpu = 0.0
+    with TraceWriter(path, compression=args.compression, threads=args.threads) as w:
         # The synthetic batches carry string codes; intern the strings at those codes.
         for s in ("runtime", *CUDA_NAMES, *STAGES):
             w.intern(str(s))
         for table, cols in batches(args.events, args.batch, args.rate):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), cpu_seconds()
             w.append(table, cols)
             spent += time.perf_counter() - t
+            cpu += cpu_seconds() - c
             peak = max(peak, rss_bytes())
-        t = time.perf_counter()
+        t, c = time.perf_counter(), cpu_seconds()
         w.finish()
         spent += time.perf_counter() - t
-    return spent, peak - base
+        cpu += cpu_seconds() - c
+    return spent, cpu, peak - base
 
 
-def summarize_rate(path: Path, processes: int) -> tuple[int, float]:
-    t = time.perf_counter()
+def summarize_rate(path: Path, processes: int, threads: int) -> tuple[int, float, float]:
+    """(rows, rows per second, rows per CPU-second) of the chunked per-step metrics."""
+    t, c = time.perf_counter(), cpu_seconds()
     rows = 0
     for which in ("loader", "api"):
-        _, n = chunked.step_partials(path, which, warmup=0, processes=processes)
+        _, n = chunked.step_partials(path, which, warmup=0, processes=processes, threads=threads)
         rows += n
-    return rows, rows / (time.perf_counter() - t)
+    return rows, rows / (time.perf_counter() - t), rows / max(1e-9, cpu_seconds() - c)
 
 
 def window_queries(path: Path, args: argparse.Namespace) -> tuple[float, int]:
@@ -179,26 +198,35 @@ def window_queries(path: Path, args: argparse.Namespace) -> tuple[float, int]:
 
 def run(directory: Path, args: argparse.Namespace) -> Result:
     path = directory / "long.h5"
-    write_s, growth = write(path, args)
+    load = os.getloadavg()[0]
+    write_s, write_cpu, growth = write(path, args)
     size = path.stat().st_size
-    rows, rate_1 = summarize_rate(path, 1)
-    _, rate_n = summarize_rate(path, args.processes)
+    rows, rate_1, cpu_1 = summarize_rate(path, 1, 1)
+    _, rate_t, cpu_t = summarize_rate(path, 1, args.processes)
+    _, rate_n, cpu_n = summarize_rate(path, args.processes, 1)
     query_s, query_rows = window_queries(path, args)
     return Result(
         events=args.events,
         compression=args.compression,
+        writer_threads=args.threads or 0,
+        load_avg_1m=round(load, 2),
         run_s=round(args.events / args.rate, 1),
         buffer_bound_mib=round(buffer_bound_bytes() / 2**20, 1),
         rss_growth_mib=round(growth / 2**20, 1),
         write_s=round(write_s, 2),
         write_events_per_s=round(args.events / write_s),
+        write_events_per_cpu_s=round(args.events / write_cpu),
         file_bytes=size,
         bytes_per_event=round(size / args.events, 2),
         summarize_events=rows,
         summarize_1p_events_per_s=round(rate_1),
+        summarize_1p_events_per_cpu_s=round(cpu_1),
+        summarize_threads_events_per_s=round(rate_t),
+        summarize_threads_events_per_cpu_s=round(cpu_t),
         summarize_np=args.processes,
         summarize_np_events_per_s=round(rate_n),
         summarize_np_events_per_s_per_process=round(rate_n / args.processes),
+        summarize_np_events_per_cpu_s=round(cpu_n),
         window_query_s_median=round(query_s, 4),
         window_query_rows_median=query_rows,
     )
@@ -211,29 +239,46 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rate", type=float, default=30_000.0, help="events per run second")
     parser.add_argument("--compression", choices=("gzip", "lzf"), default="gzip")
     parser.add_argument("--processes", type=int, default=os.cpu_count() or 1)
+    parser.add_argument(
+        "--threads", type=int, default=None, help="writer compression threads (default: cores)"
+    )
     parser.add_argument("--windows", type=int, default=5)
     parser.add_argument("--csv", type=Path, default=DEFAULT_CSV)
     parser.add_argument("--tmpdir", type=Path, default=None)
     args = parser.parse_args(argv)
     if min(args.events, args.batch, args.processes, args.windows) <= 0 or args.rate <= 0:
         parser.error("--events, --batch, --rate, --processes and --windows must be positive")
+    if args.threads is not None and args.threads <= 0:
+        parser.error("--threads must be positive")
     with tempfile.TemporaryDirectory(dir=args.tmpdir, prefix="codl-long-") as tmp:
         r = run(Path(tmp), args)
     print(
         f"# {r.events:,} events ({r.run_s:,.0f} s of run at {args.rate:,.0f} events/s), "
         f"{r.compression}; h5py {h5py.__version__}, HDF5 {h5py.version.hdf5_version}, "
-        f"{platform.machine()}, {os.cpu_count()} cores"
+        f"{platform.machine()}, {os.cpu_count()} cores, load average {r.load_avg_1m} at start"
     )
     rows = [
         ("writer buffer bound", f"{r.buffer_bound_mib} MiB", "bounded"),
         ("RSS growth while writing", f"{r.rss_growth_mib} MiB", "bounded"),
         ("write rate", f"{r.write_events_per_s:,} events/s", ">= 10,000,000"),
+        ("write, per CPU-second", f"{r.write_events_per_cpu_s:,} events", ""),
         ("file size", f"{r.bytes_per_event} B/event", "<= 8"),
-        ("summarize, 1 process", f"{r.summarize_1p_events_per_s:,} events/s", ""),
+        (
+            "summarize, 1 process",
+            f"{r.summarize_1p_events_per_s:,} events/s ({r.summarize_1p_events_per_cpu_s:,}/CPU-s)",
+            ">= 50,000,000 per core",
+        ),
+        (
+            f"summarize, {r.summarize_np} threads",
+            f"{r.summarize_threads_events_per_s:,} events/s "
+            f"({r.summarize_threads_events_per_cpu_s:,}/CPU-s)",
+            "",
+        ),
         (
             f"summarize, {r.summarize_np} processes",
-            f"{r.summarize_np_events_per_s_per_process:,} events/s per process",
-            ">= 50,000,000 per core",
+            f"{r.summarize_np_events_per_s_per_process:,} events/s per process "
+            f"({r.summarize_np_events_per_cpu_s:,}/CPU-s)",
+            "",
         ),
         (
             "1 s window query",

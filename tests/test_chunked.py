@@ -92,9 +92,9 @@ def _synthetic(path: Path) -> Path:
         return w.finish()
 
 
-@pytest.mark.parametrize("processes", [1, 2])
+@pytest.mark.parametrize(("processes", "threads"), [(1, 1), (2, 1), (1, 3)])
 def test_a_long_multi_block_trace_gives_the_same_per_step_metrics(
-    tmp_path: Path, processes: int
+    tmp_path: Path, processes: int, threads: int
 ) -> None:
     trace = _synthetic(tmp_path / "t.h5")
     with open_trace(trace) as t:
@@ -102,10 +102,36 @@ def test_a_long_multi_block_trace_gives_the_same_per_step_metrics(
         assert len(t.chunk_index("events/loader")) == 3  # type: ignore[arg-type]
     loader, api = _whole_table(trace, 2)
     assert len(loader) == 2 * 58 and len(api) == 2 * 58
-    got_loader = chunked.loader_stage_sums(trace, warmup=2, processes=processes)
+    got_loader = chunked.loader_stage_sums(trace, warmup=2, processes=processes, threads=threads)
     _compare(got_loader, loader)
     assert got_loader["loader_decode_ms"].isna().sum() == 2  # step 7 of both ranks
-    _compare(chunked.api_step_metrics(trace, warmup=2, processes=processes), api)
-    _, rows = chunked.step_partials(trace, "api", warmup=2, processes=processes)
+    _compare(chunked.api_step_metrics(trace, warmup=2, processes=processes, threads=threads), api)
+    _, rows = chunked.step_partials(trace, "api", warmup=2, processes=processes, threads=threads)
     with open_trace(trace) as t:
         assert rows == len(t.table("events/cuda"))
+
+
+def _assert_same_frames(got: tuple[pd.DataFrame, ...], want: tuple[pd.DataFrame, ...]) -> None:
+    for g, w in zip(got, want, strict=True):
+        pd.testing.assert_frame_equal(g, w, check_exact=False, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in GOLDEN.glob("*.h5.gz")))
+def test_summarize_trace_reading_blocks_equals_the_whole_tables(name: str, tmp_path: Path) -> None:
+    trace = tmp_path / name.removesuffix(".gz")
+    with gzip.open(GOLDEN / name, "rb") as src, trace.open("wb") as dst:
+        shutil.copyfileobj(src, dst)
+    want = sm.summarize_tables(*sm.read_tables(trace))
+    _assert_same_frames(sm.summarize_trace(trace), want)
+
+
+def test_pruned_tables_keep_the_measured_rows_summarize_reads(tmp_path: Path) -> None:
+    # Decoding threads here; summarize_trace's own single-threaded read is the golden test's.
+    trace = _synthetic(tmp_path / "t.h5")
+    tables, attrs = chunked.read_summary_tables(trace, threads=2)
+    whole, _ = sm.read_tables(trace)
+    loader, cuda = whole["events/loader"], whole["events/cuda"]
+    assert len(tables["events/loader"]) == int((loader["step"] >= 2).sum())
+    runtime = cuda[(cuda["step"] >= 2) & cuda["kind"].astype(str).isin(["runtime", "kernel"])]
+    assert len(tables["events/cuda"]) == len(runtime) > 0
+    _assert_same_frames(sm.summarize_tables(tables, attrs), sm.summarize_tables(whole, attrs))

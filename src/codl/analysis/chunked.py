@@ -10,9 +10,10 @@ and ``summarize.api_metrics`` up to float summation order (tests/test_chunked.py
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,9 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from codl.analysis.summarize import API_STEP_COLUMNS, KEYS, LOADER_ITEM_STAGES
-from codl.trace.store import open_trace
+from codl.analysis.summarize import API_STEP_COLUMNS, KEYS, LOADER_ITEM_STAGES, warmup_steps
+from codl.analysis.summarize import TABLES as SUMMARY_TABLES
+from codl.trace.store import Trace, empty_frame, open_trace
 
 LOADER_STAGES = (*LOADER_ITEM_STAGES, "collate")
 LOADER_SUM_COLUMNS: dict[str, str] = {
@@ -34,87 +36,84 @@ _Partial = pd.DataFrame
 _Reducer = Callable[[dict[str, npt.NDArray[Any]], list[str], int], _Partial]
 
 
-def _step_groups(
-    rank: npt.NDArray[Any], step: npt.NDArray[Any], sub: npt.NDArray[np.int64], n_sub: int
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """Group ids of (rank, step, sub) rows, and the groups' (rank, step, sub) keys packed in one
-    int64 each: rank in bits 48.., step in 8..47, sub (< n_sub <= 256) in 0..7.
+_PARTIAL_COLUMNS = ["rank", "step", "sub", "sum", "n"]
 
-    A block holds a few steps of a few ranks, so the ids are dense offsets from the block's
-    smallest rank and step (one pass, no sort); np.unique only when they would be sparse.
+
+def _empty_partial() -> _Partial:
+    return pd.DataFrame(
+        {c: pd.Series(dtype="float64" if c == "sum" else "int64") for c in _PARTIAL_COLUMNS}
+    )
+
+
+def _group_sums(
+    rank: npt.NDArray[Any],
+    step: npt.NDArray[Any],
+    sub: npt.NDArray[np.int64],
+    n_sub: int,
+    weights: npt.NDArray[np.float64],
+    keep: npt.NDArray[np.bool_],
+) -> _Partial:
+    """Per (rank, step, sub) over the rows where ``keep``: the sum of ``weights`` and the row
+    count, as a partial frame of the groups that have rows.
+
+    A block holds a few steps of a few ranks, so each row gets a dense bin number from the
+    block's smallest rank and step (no sort, no hashing) and two bincounts do the rest; rows
+    not kept go to one extra bin that is dropped. Sparse blocks fall back to np.unique.
     """
-    if rank.size == 0:
-        return np.empty(0, np.int64), np.empty(0, np.int64)
-    r = rank.astype(np.int64)
-    st = step.astype(np.int64)
-    r0, s0 = int(r.min()), int(st.min())
-    n_r, n_s = int(r.max()) - r0 + 1, int(st.max()) - s0 + 1
-    if n_r * n_s * n_sub <= 4 * rank.size + 1024:
-        dense = ((r - r0) * n_s + (st - s0)) * n_sub + sub
-        present = np.flatnonzero(np.bincount(dense, minlength=n_r * n_s * n_sub))
-        remap = np.empty(n_r * n_s * n_sub, np.int64)
-        remap[present] = np.arange(present.size)
-        pr, rest = np.divmod(present, n_s * n_sub)
-        ps, psub = np.divmod(rest, n_sub)
-        keys = ((pr + r0) << 48) | (((ps + s0) & 0xFFFFFFFFFF) << 8) | psub
-        return keys, remap[dense]
-    key = (r << 48) | ((st & 0xFFFFFFFFFF) << 8) | sub
-    uniq, inverse = np.unique(key, return_inverse=True)
-    return uniq, inverse
+    if not keep.any():
+        return _empty_partial()
+    r0, s0 = int(rank.min()), int(step.min())
+    n_r, n_s = int(rank.max()) - r0 + 1, int(step.max()) - s0 + 1
+    bins = n_r * n_s * n_sub
+    # In place on one int64 array: a block is ~10^6 rows, and each temporary costs a pass.
+    gid = step.astype(np.int64)
+    gid -= s0
+    if n_r > 1:  # a rank's own trace has one rank: no rank term
+        gid += (rank.astype(np.int64) - r0) * n_s
+    gid *= n_sub
+    gid += sub
+    if bins > 4 * len(gid) + 1024:
+        uniq, gid = np.unique(gid[keep], return_inverse=True)
+        counts = np.bincount(gid, minlength=len(uniq))
+        sums = np.bincount(gid, weights=weights[keep], minlength=len(uniq))
+    else:
+        gid[~keep] = bins
+        counts = np.bincount(gid, minlength=bins + 1)[:bins]
+        sums = np.bincount(gid, weights=weights, minlength=bins + 1)[:bins]
+        uniq = np.flatnonzero(counts)
+        counts, sums = counts[uniq], sums[uniq]
+    rs, psub = np.divmod(uniq, n_sub)
+    pr, ps = np.divmod(rs, n_s)
+    return pd.DataFrame({"rank": pr + r0, "step": ps + s0, "sub": psub, "sum": sums, "n": counts})
 
 
-def _unpack(uniq: npt.NDArray[np.int64]) -> tuple[npt.NDArray[Any], ...]:
-    step = (uniq >> 8) & 0xFFFFFFFFFF
-    step = np.where(step >= 1 << 39, step - (1 << 40), step)  # sign of a negative step
-    return uniq >> 48, step, uniq & 0xFF
+def _code_lookup(strings: list[str], labels: Sequence[str]) -> npt.NDArray[np.int64]:
+    """Per string-table code: the index of its string in ``labels``, or -1."""
+    out = np.full(len(strings), -1, dtype=np.int64)
+    for i, label in enumerate(labels):
+        if label in strings:
+            out[strings.index(label)] = i
+    return out
 
 
 def _loader_block(cols: dict[str, npt.NDArray[Any]], strings: list[str], warmup: int) -> _Partial:
-    keep = cols["step"] >= warmup
-    stage_of_code = np.full(len(strings), -1, dtype=np.int64)
-    for i, stage in enumerate(LOADER_STAGES):
-        if stage in strings:
-            stage_of_code[strings.index(stage)] = i
-    stage = stage_of_code[cols["stage"][keep]]
-    ok = stage >= 0
-    ms = (cols["end_ns"][keep][ok] - cols["start_ns"][keep][ok]).astype(np.float64) / 1e6
-    uniq, inv = _step_groups(cols["rank"][keep][ok], cols["step"][keep][ok], stage[ok], 4)
-    rank, step, sub = _unpack(uniq)
-    return pd.DataFrame(
-        {
-            "rank": rank,
-            "step": step,
-            "sub": sub,
-            "sum": np.bincount(inv, weights=ms, minlength=len(uniq)),
-            "n": np.bincount(inv, minlength=len(uniq)),
-        }
-    )
+    stage = _code_lookup(strings, LOADER_STAGES)[cols["stage"]]
+    keep = (cols["step"] >= warmup) & (stage >= 0)
+    ms = (cols["end_ns"] - cols["start_ns"]).astype(np.float64) / 1e6
+    return _group_sums(cols["rank"], cols["step"], np.maximum(stage, 0), 4, ms, keep)
 
 
 def _api_block(cols: dict[str, npt.NDArray[Any]], strings: list[str], warmup: int) -> _Partial:
     runtime = strings.index("runtime") if "runtime" in strings else -1
-    launch = np.array(["LaunchKernel" in s for s in strings], dtype=bool)
+    launch = np.array(["LaunchKernel" in s for s in strings], dtype=np.int64)
     keep = (cols["step"] >= warmup) & (cols["kind"] == runtime)
-    us = (cols["end_ns"][keep] - cols["start_ns"][keep]).astype(np.float64) / 1e3
-    sub = launch[cols["name"][keep]].astype(np.int64)
-    rank, step = cols["rank"][keep], cols["step"][keep]
-    frames = []
-    # sub 0: every runtime call; sub 1: cudaLaunchKernel and its variants only.
-    for s, sel in ((0, np.ones(len(us), dtype=bool)), (1, sub == 1)):
-        uniq, inv = _step_groups(rank[sel], step[sel], np.full(int(sel.sum()), s), 2)
-        r, st, sb = _unpack(uniq)
-        frames.append(
-            pd.DataFrame(
-                {
-                    "rank": r,
-                    "step": st,
-                    "sub": sb,
-                    "sum": np.bincount(inv, weights=us[sel], minlength=len(uniq)),
-                    "n": np.bincount(inv, minlength=len(uniq)),
-                }
-            )
-        )
-    return pd.concat(frames, ignore_index=True)
+    us = (cols["end_ns"] - cols["start_ns"]).astype(np.float64) / 1e3
+    # Bins per step: 0 other runtime calls, 1 cudaLaunchKernel and its variants; the partial's
+    # sub 0 is every runtime call (both bins), sub 1 the launches alone.
+    part = _group_sums(cols["rank"], cols["step"], launch[cols["name"]], 2, us, keep)
+    every = part.groupby(["rank", "step"], as_index=False)[["sum", "n"]].sum()
+    every.insert(2, "sub", 0)
+    return pd.concat([every, part[part["sub"] == 1]], ignore_index=True)
 
 
 _TABLES: dict[str, tuple[str, list[str], _Reducer]] = {
@@ -123,44 +122,74 @@ _TABLES: dict[str, tuple[str, list[str], _Reducer]] = {
 }
 
 
-def _reduce_ranges(args: tuple[str, str, Sequence[tuple[int, int]], int]) -> _Partial:
-    """One worker's share: the partial sums of its row ranges (opens the trace itself)."""
-    path, which, ranges, warmup = args
+def _reduce_ranges(args: tuple[str, str, Sequence[tuple[int, int]], int, int]) -> _Partial:
+    """One worker's share: the partial sums of its row ranges (opens the trace itself).
+
+    With ``threads`` > 1 the next range's chunks are read and decoded on threads while this
+    one is reduced (zlib and numpy release the GIL), so one process uses several cores.
+    """
+    path, which, ranges, warmup, threads = args
     table, columns, reducer = _TABLES[which]
+    parts = []
     with open_trace(path, allow_incomplete=True) as t:
         strings = t.strings
-        parts = [reducer(t.read_rows(table, lo, hi, columns), strings, warmup) for lo, hi in ranges]
+        if threads <= 1:
+            for lo, hi in ranges:
+                parts.append(reducer(t.read_rows(table, lo, hi, columns), strings, warmup))
+        else:
+            with (
+                ThreadPoolExecutor(threads, thread_name_prefix="codl-decode") as decode,
+                ThreadPoolExecutor(1, thread_name_prefix="codl-read") as reader,
+            ):
+
+                def read(r: tuple[int, int]) -> Future[dict[str, npt.NDArray[Any]]]:
+                    return reader.submit(t.read_rows, table, r[0], r[1], columns, pool=decode)
+
+                ahead = [read(ranges[0])] if ranges else []
+                for i in range(len(ranges)):
+                    cols = ahead.pop().result()
+                    if i + 1 < len(ranges):
+                        ahead.append(read(ranges[i + 1]))
+                    parts.append(reducer(cols, strings, warmup))
     if not parts:
-        return pd.DataFrame(columns=["rank", "step", "sub", "sum", "n"])
+        return _empty_partial()
     return pd.concat(parts, ignore_index=True).groupby(["rank", "step", "sub"]).sum().reset_index()
 
 
+def default_threads() -> int:
+    """Decoding threads per process: the cores this process may run on."""
+    return len(os.sched_getaffinity(0))
+
+
 def step_partials(
-    path: Path, which: str, *, warmup: int, processes: int = 1
+    path: Path, which: str, *, warmup: int, processes: int = 1, threads: int = 1
 ) -> tuple[pd.DataFrame, int]:
     """Per (rank, step, sub) sum and count of table ``which`` ("loader" or "api") over every
-    block, with ``processes`` worker processes (1: in this process); and the rows read."""
+    block, with ``processes`` worker processes (1: in this process) of ``threads`` decoding
+    threads each; and the rows read."""
     table = _TABLES[which][0]
     with open_trace(path, allow_incomplete=True) as t:
         ranges = t.block_ranges(table)
     rows = sum(hi - lo for lo, hi in ranges)
     shares = [ranges[i::processes] for i in range(max(1, processes))]
-    jobs = [(os.fspath(path), which, share, warmup) for share in shares if share]
+    jobs = [(os.fspath(path), which, share, warmup, threads) for share in shares if share]
     if processes > 1 and len(jobs) > 1:
         with ProcessPoolExecutor(max_workers=processes) as pool:
             parts = list(pool.map(_reduce_ranges, jobs))
     else:
         parts = [_reduce_ranges(job) for job in jobs]
     if not parts:
-        return pd.DataFrame(columns=["rank", "step", "sub", "sum", "n"]), rows
+        return _empty_partial(), rows
     total = pd.concat(parts, ignore_index=True).groupby(["rank", "step", "sub"]).sum()
     return total.reset_index(), rows
 
 
-def loader_stage_sums(path: Path, *, warmup: int, processes: int = 1) -> pd.DataFrame:
+def loader_stage_sums(
+    path: Path, *, warmup: int, processes: int = 1, threads: int = 1
+) -> pd.DataFrame:
     """Per (rank, step): summed worker time per loader stage (``loader_<stage>_ms``), as
     ``summarize.loader_metrics`` has them; stages a step did not have are NaN."""
-    partial, _ = step_partials(path, "loader", warmup=warmup, processes=processes)
+    partial, _ = step_partials(path, "loader", warmup=warmup, processes=processes, threads=threads)
     if partial.empty:
         return pd.DataFrame({c: pd.Series(dtype=d) for c, d in LOADER_SUM_COLUMNS.items()})
     wide = partial.pivot_table(index=KEYS, columns="sub", values="sum", aggfunc="sum")
@@ -171,9 +200,11 @@ def loader_stage_sums(path: Path, *, warmup: int, processes: int = 1) -> pd.Data
     return out.astype(LOADER_SUM_COLUMNS)[list(LOADER_SUM_COLUMNS)]
 
 
-def api_step_metrics(path: Path, *, warmup: int, processes: int = 1) -> pd.DataFrame:
+def api_step_metrics(
+    path: Path, *, warmup: int, processes: int = 1, threads: int = 1
+) -> pd.DataFrame:
     """``summarize.api_metrics`` computed block by block."""
-    partial, _ = step_partials(path, "api", warmup=warmup, processes=processes)
+    partial, _ = step_partials(path, "api", warmup=warmup, processes=processes, threads=threads)
     if partial.empty:
         return pd.DataFrame({c: pd.Series(dtype=d) for c, d in API_STEP_COLUMNS.items()})
     allc = partial[partial["sub"] == 0].set_index(KEYS)
@@ -185,3 +216,70 @@ def api_step_metrics(path: Path, *, warmup: int, processes: int = 1) -> pd.DataF
     out["launch_kernel_us_mean"] = (lk["sum"] / lk["n"]).reindex(out.index)
     out = out.reset_index()
     return out.astype(API_STEP_COLUMNS)[list(API_STEP_COLUMNS)]
+
+
+# What summarize reads of the two big tables: the rows of measured steps (the warm-up's are
+# dropped by every metric) and these columns; of events/cuda only runtime calls and kernels.
+SUMMARY_COLUMNS: dict[str, list[str]] = {
+    "events/loader": ["rank", "step", "pid", "item", "stage", "start_ns", "end_ns"],
+    "events/cuda": ["rank", "step", "kind", "name", "start_ns", "end_ns"],
+}
+_SUMMARY_KINDS = ("runtime", "kernel")
+
+
+def _pruned_table(
+    t: Trace, name: str, warmup: int, pool: ThreadPoolExecutor | None
+) -> pd.DataFrame:
+    """Table ``name`` read block by block, keeping only what summarize uses of it."""
+    columns = SUMMARY_COLUMNS[name]
+    strings = t.strings
+    kinds = [strings.index(k) for k in _SUMMARY_KINDS if k in strings]
+    pieces: dict[str, list[npt.NDArray[Any]]] = {c: [] for c in columns}
+    for lo, hi in t.block_ranges(name):
+        block = t.read_rows(name, lo, hi, columns, pool=pool)
+        keep = block["step"] >= warmup
+        if "kind" in block:
+            keep &= np.isin(block["kind"], kinds)
+        for c in columns:
+            pieces[c].append(block[c][keep])
+    if not pieces[columns[0]]:
+        return empty_frame(name)[columns]
+    categories = pd.Index(strings, dtype="str")
+    data: dict[str, Any] = {}
+    for c in columns:
+        arr = np.concatenate(pieces[c])
+        pieces[c].clear()  # each column's blocks freed once joined
+        if c in ("kind", "name", "stage"):
+            data[c] = pd.Categorical.from_codes(
+                arr, categories=categories
+            ).remove_unused_categories()
+        else:
+            data[c] = arr
+    return pd.DataFrame(data)
+
+
+def read_summary_tables(
+    path: Path, *, threads: int = 1
+) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
+    """What ``summarize.summarize_tables`` needs of a verified trace, and its root attributes.
+
+    The small tables are read whole; events/loader and events/cuda block by block, keeping the
+    measured steps' rows and the columns of ``SUMMARY_COLUMNS`` (and of events/cuda only the
+    runtime calls and kernels), so neither table is ever in memory whole. ``threads`` > 1
+    decodes their chunks on that many threads.
+    """
+    with open_trace(path) as t:
+        t.verify()
+        attrs = dict(t.attrs)
+        warmup = warmup_steps(attrs)
+        present = set(t.tables())
+        with ThreadPoolExecutor(threads) if threads > 1 else contextlib.nullcontext() as pool:
+            tables = {
+                n: (
+                    _pruned_table(t, n, warmup, pool)
+                    if n in SUMMARY_COLUMNS and n in present
+                    else t.table(n)
+                )
+                for n in SUMMARY_TABLES
+            }
+    return tables, attrs

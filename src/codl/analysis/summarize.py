@@ -727,5 +727,10 @@ def read_tables(path: Path) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
 
 
 def summarize_trace(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    tables, attrs = read_tables(path)
+    """``summarize_tables`` of a verified trace, whose big event tables are read block by
+    block and only in the rows and columns the summary uses (``chunked.read_summary_tables``)."""
+    # Imported here: analysis.chunked builds on this module's constants.
+    from codl.analysis import chunked
+
+    tables, attrs = chunked.read_summary_tables(path)
     return summarize_tables(tables, attrs)

@@ -25,7 +25,9 @@ import socket
 import tempfile
 import threading
 import warnings
+import zlib
 from collections.abc import Iterator, Mapping
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -38,6 +40,7 @@ import pandas as pd
 
 from codl.errors import ConfigError, TraceFormatError
 from codl.spec import RunSpec
+from codl.trace import chunkcodec
 from codl.trace.schema import SCHEMA_VERSION, TABLES, Column
 
 Compression = Literal["gzip", "lzf"]
@@ -49,8 +52,9 @@ COMPRESSIONS: Final[tuple[Compression, ...]] = ("gzip", "lzf")
 DEFAULT_COMPRESSION: Final[Compression] = "gzip"
 GZIP_LEVEL: Final = 1
 
-# ~0.5 MiB chunks (STYLE.md): large enough for compression and few chunk-index entries at 10 M
-# rows, small enough that one chunk per dataset fits HDF5's chunk cache while appending.
+# ~0.5 MiB chunks (docs/design.md, "Trace storage"): large enough for compression and few
+# chunk-index entries at 10 M rows, small enough that one chunk per dataset fits HDF5's
+# chunk cache while appending.
 CHUNK_BYTES: Final = 512 * 1024
 MIN_CHUNK_ROWS: Final = 1024
 MAX_CHUNK_ROWS: Final = 131072
@@ -107,6 +111,8 @@ H5_ERRORS: Final = (
 _MAX_EXPANSION: Final = 2048
 
 _VERIFY_BLOCK_ROWS: Final = 1 << 20
+# Most compression threads a writer starts by default (a block has ~10 columns to share out).
+_MAX_THREADS: Final = 4
 
 
 def chunk_rows(column: Column) -> int:
@@ -461,7 +467,11 @@ class TraceWriter:
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], *, compression: Compression = DEFAULT_COMPRESSION
+        self,
+        path: str | os.PathLike[str],
+        *,
+        compression: Compression = DEFAULT_COMPRESSION,
+        threads: int | None = None,
     ) -> None:
         self._path = Path(path)
         if self._path.name.endswith((INCOMPLETE_SUFFIX, PARTIAL_SUFFIX)):
@@ -472,6 +482,12 @@ class TraceWriter:
         if compression not in COMPRESSIONS:
             raise ValueError(f"compression {compression!r}: expected one of {COMPRESSIONS}")
         self._compression: Compression = compression
+        if threads is not None and threads < 1:
+            raise ValueError(f"threads={threads}: expected a positive number or None")
+        # Compression threads (gzip only): by default one per core this process may run on,
+        # so a pinned recorder never spreads onto cores it was kept off.
+        self._threads = threads or min(_MAX_THREADS, len(os.sched_getaffinity(0)))
+        self._pool: ThreadPoolExecutor | None = None
         self._file: Any = None  # h5py.File while open
         self._disk: _Disk | None = None
         self._strings: list[str] = [""]
@@ -542,6 +558,7 @@ class TraceWriter:
 
     def _discard(self) -> None:
         """Close and delete the partial file without keeping anything."""
+        self._stop_pool()
         if self._file is not None:
             with contextlib.suppress(*H5_ERRORS):
                 self._file.close()
@@ -723,18 +740,45 @@ class TraceWriter:
         group = self._file[table]
         start = self._rows[table]
         hashes = self._hashes[table]
-        for c in schema:
-            values = buf.columns[c.name][:n]
+        values = {c.name: buf.columns[c.name][:n] for c in schema}
+        if self._compression == "gzip":
+            # Every column's chunks compressed (and hashed) on the pool at once; HDF5 then gets
+            # the finished bytes, in column order, from this thread only.
+            pool = self._thread_pool()
+            jobs = [
+                pool.submit(_encode_column, values[c.name], start, chunk_rows(c), hashes[c.name])
+                for c in schema
+            ]
+            encoded = [job.result() for job in jobs]
+        for i, c in enumerate(schema):
             ds = group[c.name]
             ds.resize((start + n,))
-            ds[start : start + n] = values
-            hashes[c.name].update(values.tobytes())
+            if self._compression != "gzip":
+                ds[start : start + n] = values[c.name]
+                hashes[c.name].update(values[c.name].tobytes())
+                continue
+            head, chunks = encoded[i]
+            if head:
+                # Rows that complete a chunk an earlier flush() left partly filled.
+                ds[start : start + head] = values[c.name][:head]
+            for offset, data in chunks:
+                ds.id.write_direct_chunk((offset,), data)
         # `rows` is the commit point: a reader ignores anything past it, e.g. the columns that an
         # append interrupted half-way had already extended.
         group.attrs["rows"] = start + n
         self._rows[table] = start + n
         self._chunks[table].append((start, start + n, *_time_range(table, buf.columns, n)))
         buf.fill = 0
+
+    def _thread_pool(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="codl-trace")
+        return self._pool
+
+    def _stop_pool(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
     def _coerce(self, table: str, col: Column, values: npt.ArrayLike) -> npt.NDArray[Any]:
         where = f"table {table!r} column {col.name!r}"
@@ -848,6 +892,7 @@ class TraceWriter:
         f, disk = self._file, self._disk
         self._file = None
         self._disk = None
+        self._stop_pool()
         try:
             if f is not None:
                 f.close()
@@ -943,6 +988,21 @@ def _time_range(table: str, columns: Mapping[str, npt.NDArray[Any]], n: int) -> 
         return int(s.min()), int(max(s.max(), e.max()))
     t = columns["t_ns"][:n]
     return int(t.min()), int(t.max())
+
+
+def _encode_column(
+    values: npt.NDArray[Any], start: int, chunk: int, digest: Any
+) -> tuple[int, list[tuple[int, bytes]]]:
+    """One column's rows ``start..start+len(values)`` as stored chunks: the number of leading
+    rows that belong to a chunk already in the file (written through HDF5), and (row offset,
+    bytes) of every chunk from there on. Hashes the values into ``digest`` on the way."""
+    digest.update(np.ascontiguousarray(values).tobytes())
+    head = min(len(values), (-start) % chunk)
+    out = [
+        (start + lo, chunkcodec.encode_chunk(values[lo : lo + chunk], chunk, GZIP_LEVEL))
+        for lo in range(head, len(values), chunk)
+    ]
+    return head, out
 
 
 def _plain(value: Any) -> Any:
@@ -1144,16 +1204,69 @@ class Trace:
         return self._ranges(name, self._row_count(name, _schema(name)), None, None)
 
     def read_rows(
-        self, name: str, lo: int, hi: int, columns: list[str] | None = None
+        self,
+        name: str,
+        lo: int,
+        hi: int,
+        columns: list[str] | None = None,
+        *,
+        pool: Executor | None = None,
     ) -> dict[str, npt.NDArray[Any]]:
         """Raw column arrays of rows ``[lo, hi)`` of ``name`` (``sym`` columns as int32 codes
-        into ``strings``), bounds-checked against the committed row count."""
+        into ``strings``), bounds-checked against the committed row count.
+
+        With a ``pool``, chunks stored through the writer's gzip pipeline are read raw and
+        checked, inflated and unshuffled on the pool's threads (``chunkcodec.decode_chunk``),
+        where HDF5 would decode them one at a time under h5py's lock."""
         schema = _schema(name)
         n = self._row_count(name, schema)
         if not 0 <= lo <= hi <= n:
             raise ValueError(f"rows {lo}..{hi} of /{name}: the table has {n}")
         wanted = [c.name for c in schema if columns is None or c.name in columns]
-        return {c: self._read(name, c, slice(lo, hi)) for c in wanted}
+        if pool is None:
+            return {c: self._read(name, c, slice(lo, hi)) for c in wanted}
+        pending = {c: self._submit_chunks(pool, name, c, lo, hi) for c in wanted}
+        return {c: self._gather_chunks(name, c, lo, hi, *pending[c]) for c in wanted}
+
+    def _submit_chunks(
+        self, pool: Executor, table: str, column: str, lo: int, hi: int
+    ) -> tuple[int, list[Future[npt.NDArray[Any]]] | None]:
+        """Read the stored chunks of rows [lo, hi) of a column and queue their decoding; None
+        when the column is not stored in whole gzip chunks this reader can decode."""
+        try:
+            ds = self._file[table][column]
+            chunk = ds.chunks[0] if ds.chunks else 0
+            plain = ds.compression == "gzip" and ds.shuffle and ds.fletcher32 and chunk
+            if not plain or lo == hi:
+                return 0, None
+            first = lo - lo % chunk
+            futures = []
+            for offset in range(first, hi, chunk):
+                mask, stored = ds.id.read_direct_chunk((offset,))
+                if mask:
+                    return 0, None  # a filter was skipped for this chunk: let HDF5 read it
+                futures.append(pool.submit(chunkcodec.decode_chunk, stored, ds.dtype, chunk))
+        except H5_ERRORS as e:
+            raise self._corrupt(f"dataset /{table}/{column}", e) from e
+        return first, futures
+
+    def _gather_chunks(
+        self,
+        table: str,
+        column: str,
+        lo: int,
+        hi: int,
+        first: int,
+        futures: list[Future[npt.NDArray[Any]]] | None,
+    ) -> npt.NDArray[Any]:
+        if futures is None:
+            return self._read(table, column, slice(lo, hi))
+        try:
+            parts = [f.result() for f in futures]
+        except (ValueError, zlib.error) as e:
+            raise self._corrupt(f"dataset /{table}/{column}", e) from e
+        whole = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        return whole[lo - first : hi - first]
 
     def iter_blocks(
         self,
