@@ -508,14 +508,7 @@ def _fit_interference(
             np.full_like(w, float(cores)),
             _f64([h[p] for p in pol]) / alone_ms,
         )
-        compute_bound = x < x_l * (1 - 1e-9)
-        h_old = h
-        h = {
-            p: max(0.0, float(np.nanmean(beyond[m & compute_bound])))
-            if np.any(m & compute_bound)
-            else 0.0
-            for p, m in masks.items()
-        }
+        h_old, h = h, _handoff(beyond, masks, x < x_l * (1 - 1e-9))
         over = np.maximum(0.0, w * x / x_l - c_l) / cores
         fitted = {p for p in policies if np.any(over[masks[p]] > 0)}
         new = {p: _line(over[masks[p]], excess[masks[p]]) for p in policies}
@@ -524,9 +517,7 @@ def _fit_interference(
         pooled = float(np.mean([new[p][1] for p in fitted])) if fitted else 0.0
         new = {p: new[p] if p in fitted else (new[p][0], pooled) for p in policies}
         done = all(
-            abs(new[p][0] - k0[p]) <= 1e-10 * (1 + abs(k0[p]))
-            and abs(new[p][1] - k[p]) <= 1e-10 * (1 + abs(k[p]))
-            and abs(h[p] - h_old[p]) <= 1e-10 * (1 + abs(h_old[p]))
+            _settled(new[p][0], k0[p]) and _settled(new[p][1], k[p]) and _settled(h[p], h_old[p])
             for p in policies
         )
         k0 = {p: new[p][0] for p in policies}
@@ -539,6 +530,25 @@ def _fit_interference(
             # identified; borrowing the pooled one keeps its predictions defined.
             notes.append(f"k[{p}]: no combined run overloads the loader's cores; pooled k used")
     return k0, k, h
+
+
+def _handoff(
+    beyond: npt.NDArray[np.float64],
+    masks: Mapping[str, npt.NDArray[np.bool_]],
+    compute_bound: npt.NDArray[np.bool_],
+) -> dict[str, float]:
+    """Per policy, the mean step time outside the compute span beyond the twin's of the runs
+    that are compute-bound now (a loader-bound run's is its data wait), clipped at 0."""
+    return {
+        p: max(0.0, float(np.nanmean(beyond[m & compute_bound])))
+        if np.any(m & compute_bound)
+        else 0.0
+        for p, m in masks.items()
+    }
+
+
+def _settled(new: float, old: float) -> bool:
+    return abs(new - old) <= 1e-10 * (1 + abs(old))
 
 
 def _line(over: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> tuple[float, float]:
