@@ -573,7 +573,7 @@ def ddp_run(
         "samples/sched": frame("samples/sched", sched),
         "threads": frame("threads", threads),
     }
-    return {n: tables.get(n, empty_frame(n)) for n in sm.TABLES}
+    return {n: tables.get(n, empty_frame(n)) for n in sm.SUMMARY_TABLES}
 
 
 def ddp_decomposition(
@@ -698,7 +698,7 @@ def test_bucket_gpu_starts_are_placed_on_the_host_clock_by_the_step_event() -> N
 
 def test_step_timeline_draws_each_off_cpu_interval_where_it_fell(tmp_path: Path) -> None:
     def complete(t: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
-        return {n: empty_frame(n) for n in sm.TABLES} | t
+        return {n: empty_frame(n) for n in sm.SUMMARY_TABLES} | t
 
     tables = complete(with_gil_sleeps(traced_run(loaded=True), block_ms=BLOCK_MS))
     step = WARMUP + 3

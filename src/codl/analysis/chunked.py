@@ -21,8 +21,13 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from codl.analysis.summarize import API_STEP_COLUMNS, KEYS, LOADER_ITEM_STAGES, warmup_steps
-from codl.analysis.summarize import TABLES as SUMMARY_TABLES
+from codl.analysis.summarize import (
+    API_STEP_COLUMNS,
+    KEYS,
+    LOADER_ITEM_STAGES,
+    SUMMARY_TABLES,
+    warmup_steps,
+)
 from codl.trace.store import Trace, empty_frame, open_trace
 
 LOADER_STAGES = (*LOADER_ITEM_STAGES, "collate")

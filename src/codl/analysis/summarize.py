@@ -24,7 +24,7 @@ from codl.spec import Mode
 from codl.trace.schema import Table
 from codl.trace.store import empty_frame, open_trace
 
-PHASES = ("step", "data_wait", "h2d", "forward", "backward", "optimizer", "compute", "sleep")
+STEP_PHASES = ("step", "data_wait", "h2d", "forward", "backward", "optimizer", "compute", "sleep")
 # The app's own `allreduce` span (comm mode) is named apart from `allreduce_ms`, which sums the
 # per-bucket rows of events/comm and is what the comm component is compared on.
 APP_ALLREDUCE = "allreduce_wall"
@@ -96,7 +96,7 @@ def _measured(df: pd.DataFrame, warmup: int) -> pd.DataFrame:
 
 def _phase_columns() -> dict[str, str]:
     cols: dict[str, str] = {}
-    for phase in (*PHASES, APP_ALLREDUCE):
+    for phase in (*STEP_PHASES, APP_ALLREDUCE):
         cols[f"{phase}_ms"] = "float64"
         cols[f"{phase}_gpu_ms"] = "float64"
     return cols
@@ -135,7 +135,7 @@ def step_metrics(app: pd.DataFrame, comm: pd.DataFrame, *, warmup: int) -> pd.Da
     wall = app.groupby(keys)["wall_ms"].sum(min_count=1).unstack("phase")
     gpu = app.groupby(keys)["gpu_ms"].sum(min_count=1).unstack("phase")
     out = pd.DataFrame(index=wall.index)
-    for name in (*PHASES, APP_ALLREDUCE):
+    for name in (*STEP_PHASES, APP_ALLREDUCE):
         out[f"{name}_ms"] = wall.get(name, np.nan)
         out[f"{name}_gpu_ms"] = gpu.get(name, np.nan)
     # A step without its `step` span never finished (the run stopped inside it): drop it, so
@@ -550,7 +550,8 @@ SUMMARY_STEP_COLUMNS = (
     "loader_item_ms",
     "loader_items",
 )
-TABLES: tuple[str, ...] = (
+# The trace tables summarize reads (schema.TABLES is every table the store knows, with columns).
+SUMMARY_TABLES: tuple[str, ...] = (
     Table.APP,
     Table.COMM,
     Table.LOADER,
@@ -558,9 +559,9 @@ TABLES: tuple[str, ...] = (
     Table.SCHED,
     Table.THREADS,
 )
-# Read for analysis.decompose only (phase-boundary schedstat, GPU arrivals of the buckets);
-# optional: older traces lack them and read as empty.
-TABLES += (Table.PHASE_SCHED, Table.COMM_GPU, Table.SCHED_SWITCH, Table.SCHED_WAKING)
+# Read for analysis.decompose only (phase-boundary schedstat, GPU arrivals of the buckets, the
+# kernel's scheduler record); optional: older traces lack them and read as empty.
+SUMMARY_TABLES += (Table.PHASE_SCHED, Table.COMM_GPU, Table.SCHED_SWITCH, Table.SCHED_WAKING)
 
 
 def _spec(attrs: Mapping[str, Any]) -> dict[str, Any]:
@@ -612,7 +613,7 @@ def summarize_tables(
     when given, lets a flagged step name the rank it waited for. The summary's statistics are
     over the steady-state steps; ``outlier_steps`` and ``tail_steps`` count the others.
     """
-    t = {n: tables[n] if n in tables else empty_frame(n) for n in TABLES}
+    t = {n: tables[n] if n in tables else empty_frame(n) for n in SUMMARY_TABLES}
     warm = warmup_steps(attrs)
     run_id = str(attrs.get("run_id", ""))
     ident = {"run_id": run_id, **spec_columns(_spec(attrs))}
@@ -721,7 +722,7 @@ def read_tables(path: Path) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
     """The tables ``summarize_tables`` reads, and the root attributes, of a verified trace."""
     with open_trace(path) as t:
         t.verify()
-        tables = {n: t.table(n) for n in TABLES}
+        tables = {n: t.table(n) for n in SUMMARY_TABLES}
         attrs = dict(t.attrs)
     return tables, attrs
 
