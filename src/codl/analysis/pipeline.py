@@ -123,7 +123,9 @@ def _outs(figdir: Path, name: str) -> list[Path]:
 
 
 def _read_csv(path: Path) -> pd.DataFrame:
-    df = pd.read_csv(path)
+    # Whole-file type inference: read in pieces, a column that is empty in the first rows
+    # (outlier_reason of the steps table) is guessed once per piece and comes back mixed.
+    df = pd.read_csv(path, low_memory=False)
     log.info("read %s (%d rows)", path, len(df))
     return df
 
