@@ -32,8 +32,8 @@ Why these add up (host clock, CPU and gloo): the main thread's wall time in the 
 is its on-CPU time + run-queue wait + time blocked; it blocks at the end of the backward pass
 for the buckets still in flight, which is the exposed peer wait + transfer. What is left
 unattributed is the rest of its blocked time (intra-op pool threads, allocator; with
-the kernel's scheduler record, the sleeps that a thread off the launch path ended are
-host_blocked) and the counters' read cost. On a GPU the compute span is GPU time: a launch
+the kernel's scheduler record, the sleeps that a thread off the launch path or a timer
+ended are host_blocked) and the counters' read cost. On a GPU the compute span is GPU time: a launch
 delay while the GPU still has queued work costs it nothing, and CUPTI kernel time overlaps the
 host parts, so there ``unattributed`` goes negative by what the GPU hid; it is always shown,
 never spread.

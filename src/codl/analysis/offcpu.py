@@ -223,7 +223,8 @@ def blocked_by_in_windows(
 
     The union over threads, so two threads asleep on the same holder at once count once. This is
     time lost to a lock or the GIL held by a thread off the launch path: its waker is the thread
-    that let go of it (a CPython thread that drops the GIL signals the one waiting for it).
+    that let go of it (a CPython thread that drops the GIL signals the one waiting for it), or
+    a timer (waker 0) where the waiter's timed wait ran out first.
     """
     lo = windows["start_ns"].to_numpy(np.int64)
     hi = windows["end_ns"].to_numpy(np.int64)
@@ -233,7 +234,8 @@ def blocked_by_in_windows(
         return out
     s = b["start_ns"].to_numpy(np.int64)
     sleeps = interval_union(s, s + b["blocked_ns"].to_numpy(np.int64))
-    # Disjoint sorted sleeps: each window's total is a difference of clipped cumulative sums.
+    # Disjoint sorted sleeps: each window sums those that overlap it (two binary searches),
+    # clipped to its bounds.
     for i in range(len(windows)):
         a = np.searchsorted(sleeps[:, 1], lo[i], side="right")
         z = np.searchsorted(sleeps[:, 0], hi[i], side="left")
