@@ -264,17 +264,18 @@ def heatmap_table(summary: pd.DataFrame, comparison: pd.DataFrame) -> pd.DataFra
 # Instrumented runs (CUPTI, API callbacks, the kernel's scheduler record) are slower by
 # themselves: a figure never pools them with plain runs, and a per-cell summary prefers the
 # plain ones.
-INSTRUMENT_COLUMNS = ("cupti", "cuda_api", "sched_events")
+CUDA_TRACING_COLUMNS = ("cupti", "cuda_api")
+INSTRUMENT_COLUMNS = (*CUDA_TRACING_COLUMNS, "sched_events")
 
 
 def _truthy(s: pd.Series) -> pd.Series:
     return s.astype(str).str.lower() == "true"
 
 
-def instrumented(df: pd.DataFrame) -> pd.Series:
-    """True where a row comes from a run with a costly tracing level on."""
+def instrumented(df: pd.DataFrame, columns: tuple[str, ...] = INSTRUMENT_COLUMNS) -> pd.Series:
+    """True where a row comes from a run with a costly tracing level (of ``columns``) on."""
     on = pd.Series(False, index=df.index)
-    for col in INSTRUMENT_COLUMNS:
+    for col in columns:
         if col in df:
             on |= _truthy(df[col])
     return on
@@ -360,11 +361,8 @@ def timeline_run(summary: pd.DataFrame) -> str:
         if runs.empty:
             continue
         none = pd.Series(False, index=runs.index)
-        cuda = none.copy()
-        for col in ("cupti", "cuda_api"):
-            if col in runs:
-                cuda |= _truthy(runs[col])
-        record = _truthy(runs["sched_events"]) if "sched_events" in runs else none
+        cuda = instrumented(runs, CUDA_TRACING_COLUMNS)
+        record = instrumented(runs, ("sched_events",))
         unpinned = (
             runs["pin_memory"].astype(str).str.lower() == "false" if "pin_memory" in runs else none
         )

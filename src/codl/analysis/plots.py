@@ -193,15 +193,8 @@ def _labelled_pairs(d: pd.DataFrame) -> pd.DataFrame:
         + d["workers"].astype(str)
         + ("\n" + d["mode"].astype(str) if many else "")
     )
-    # Runs with a costly tracing level are slower by themselves: mark them so no one compares
-    # across; runs without the loader's pinned memory are another experiment.
-    for col, mark in (("cupti", " +CUPTI"), ("cuda_api", " +API"), ("sched_events", " +ftrace")):
-        if col in d:
-            on = d[col].astype(str).str.lower() == "true"
-            d.loc[on, "label"] = d.loc[on, "label"] + mark
-    if "pin_memory" in d:
-        unpinned = d["pin_memory"].astype(str).str.lower() == "false"
-        d.loc[unpinned, "label"] = d.loc[unpinned, "label"] + " no-pin"
+    marks = [" ".join(_run_marks(r)) for _, r in d.iterrows()]
+    d["label"] += [f" {m}" if m else "" for m in marks]
     d["label"] += [
         f"\nruns {_count(ni)}+{_count(nc)}\nsteps {_count(si)}+{_count(sc)}"
         for ni, nc, si, sc in zip(
@@ -718,24 +711,26 @@ def decomposition(means: pd.DataFrame, outputs: Sequence[Path]) -> None:
     _save(fig, outputs)
 
 
+# Runs with a costly tracing level are slower by themselves, and runs without the loader's
+# pinned memory are another experiment: a label says so, so that no one compares across.
+TRACING_MARKS = (("cupti", "+CUPTI"), ("cuda_api", "+API"), ("sched_events", "+ftrace"))
+
+
+def _run_marks(r: pd.Series) -> list[str]:
+    marks = [mark for col, mark in TRACING_MARKS if str(r.get(col)).lower() == "true"]
+    # pin_memory is empty for modes without a loader (the normalisation of summarize).
+    if str(r.get("pin_memory")).lower() == "false":
+        marks.append("no pin")
+    return marks
+
+
 def _decomposition_labels(d: pd.DataFrame) -> list[str]:
     labels = []
     for _, r in d.iterrows():
         ranks = r.get("world_size")
         on_ranks = f" x{int(ranks)} ranks" if pd.notna(ranks) and int(ranks) > 1 else ""
         label = f"{r['mode']}{on_ranks}\n{r['policy']} w={r['workers']}"
-        marks = [
-            mark
-            for col, mark in (
-                ("cupti", "+CUPTI"),
-                ("cuda_api", "+API"),
-                ("sched_events", "+ftrace"),
-            )
-            if str(r.get(col)).lower() == "true"
-        ]
-        loads = r["mode"] in ("combined", "data+compute")
-        if loads and str(r.get("pin_memory")).lower() == "false":
-            marks.append("no pin")
+        marks = _run_marks(r)
         if marks:
             label += "\n" + " ".join(marks)
         label += f"\n{r['view']}\n{_n(r.get('runs'), 'run')}, {_n(r.get('steps'), 'step')}"
