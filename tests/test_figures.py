@@ -542,3 +542,17 @@ def test_decomposition_runs_counts_runs_per_group() -> None:
     decomp = pd.concat([rows.assign(run_id=r) for r in ("r1", "r2")], ignore_index=True)
     out = figdata.decomposition_runs(means, decomp)
     assert list(out["runs"]) == [2] * len(means)
+
+
+def test_per_step_figures_keep_traced_and_unpinned_runs_apart() -> None:
+    steps = pd.DataFrame(
+        {
+            "run_id": ["a", "a", "b", "c", "d"],
+            "mode": ["combined"] * 5,
+            "cuda_api": [False, False, True, False, False],
+            "sched_events": [False, False, True, True, True],
+            "pin_memory": [True, True, True, False, True],
+        }
+    )
+    marks = plots._with_marks(steps)["_marks"].tolist()
+    assert marks == ["", "", "+API +ftrace", "+ftrace no pin", "+ftrace"]

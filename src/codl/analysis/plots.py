@@ -317,14 +317,17 @@ def launch_wait_vs_compute(steps: pd.DataFrame, outputs: Sequence[Path]) -> None
             label=f"flagged anomalous step (n={int(flagged.sum())})",
             zorder=3,
         )
-    groups = sorted(d.groupby(["mode", "policy"]), key=lambda kv: figdata.order_key(*kv[0]))
-    for (mode, policy), g in groups:
+    groups = sorted(
+        _with_marks(d).groupby(["mode", "policy", "_marks"]),
+        key=lambda kv: (*figdata.order_key(kv[0][0], kv[0][1]), kv[0][2]),
+    )
+    for (mode, policy, marks), g in groups:
         ax.scatter(
             g["launch_wait_ms"],
             g["compute_eff_ms"],
             s=12,
             marker=markers.get(str(policy), "o"),
-            label=f"{mode} / {policy} ({_group_n(g)})",
+            label=f"{mode} / {policy}{f' {marks}' if marks else ''} ({_group_n(g)})",
             alpha=0.6,
         )
     ax.set_xlabel("launch-thread run-queue wait during the step (ms)")
@@ -582,23 +585,23 @@ def _flagged(steps: pd.DataFrame) -> pd.Series:
 
 
 def step_time_distributions(steps: pd.DataFrame, outputs: Sequence[Path]) -> None:
-    """Fig. 6: step-time distribution per mode and policy (runs with CUDA tracing apart):
+    """Fig. 6: step-time distribution per mode and policy (runs with a costly tracing level or
+    without pinned memory apart, marked as in the other figures):
     boxes of the steady-state steps in study order (modes as ``spec.Mode``, then policies),
     n (runs, steps) under each box, flagged anomalous steps drawn apart as crosses."""
     groups: list[tuple[str, Any, Any]] = []
     if len(steps) and {"mode", "policy", "step_ms"} <= set(steps):
-        d = steps.assign(_traced=figdata.instrumented(steps))
         keyed = sorted(
-            d.groupby(["mode", "policy", "_traced"]),
+            _with_marks(steps).groupby(["mode", "policy", "_marks"]),
             key=lambda kv: (*figdata.order_key(kv[0][0], kv[0][1]), kv[0][2]),
         )
-        for (m, p, traced), grp in keyed:
+        for (m, p, marks), grp in keyed:
             g = grp.dropna(subset=["step_ms"])
             flag = _flagged(g)
             kept = g.loc[~flag]
             n_out = int(flag.sum())
             runs = kept["run_id"].nunique() if "run_id" in kept else np.nan
-            label = f"{m}\n{p}" + (" +trace" if traced else "")
+            label = f"{m}\n{p}" + (f"\n{marks}" if marks else "")
             label += f"\n{_n(runs, 'run')}\n{_n(len(kept), 'step')}"
             label += f"\n+{n_out} flagged" if n_out else ""
             groups.append((label, kept["step_ms"].to_numpy(), g.loc[flag, "step_ms"]))
@@ -722,6 +725,16 @@ def _run_marks(r: pd.Series) -> list[str]:
     if str(r.get("pin_memory")).lower() == "false":
         marks.append("no pin")
     return marks
+
+
+def _with_marks(steps: pd.DataFrame) -> pd.DataFrame:
+    """``steps`` with ``_marks``: its run's ``_run_marks`` joined, computed once per run, so
+    that per-step figures keep traced and unpinned runs apart as the labelled ones do."""
+    if "run_id" not in steps:
+        return steps.assign(_marks="")
+    runs = steps.drop_duplicates("run_id").set_index("run_id")
+    marks = {rid: " ".join(_run_marks(r)) for rid, r in runs.iterrows()}
+    return steps.assign(_marks=steps["run_id"].map(marks).fillna(""))
 
 
 def _decomposition_labels(d: pd.DataFrame) -> list[str]:
