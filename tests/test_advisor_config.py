@@ -101,3 +101,29 @@ def test_predicted_vs_measured_gives_the_planted_errors(
         / max(pred["throughput"].iloc[0] / 1.1, pred["throughput"].iloc[1])
     ) - 1
     assert summary["advised_vs_best"] == pytest.approx(expected)
+
+
+def test_the_verification_reruns_the_best_measured_setting_beside_the_advice() -> None:
+    runs, steps = planted_tables(repeats=2, steps=40)
+    data = mdl.run_data(runs, steps)
+    fit = mdl.fit(data, cores=CORES, boot=4, seed=1)
+    advice = adv.advise(fit, cores=CORES)
+    combined = runs[runs["mode"] == "data+compute"]
+    top = combined.groupby(["policy", "workers"])["throughput_samples_s"].mean().idxmax()
+    best = adv.best_measured(runs, data)
+    assert (best.policy, best.workers) == top and best.runs == 2
+    assert best.launch_cores is None  # the planted runs' launch_cores are `auto`
+    cfg = adv.verification_config(advice, fit, defaults={"seed": 3}, best=best)
+    assert cfg["defaults"]["seed"] == 3 + adv.VERIFY_SEED_OFFSET
+    names = [e["name"] for e in cfg["experiments"]]
+    near = best.policy == advice.policy and abs(best.workers - advice.workers) <= 2
+    assert ("best" in names) == (not near)
+    if not near:
+        exp = cfg["experiments"][names.index("best")]
+        assert exp["base"]["loader"]["workers"] == best.workers
+        assert exp["base"]["pinning"]["policy"] == best.policy
+    # The advice's own setting as the best: no extra experiment.
+    same = dataclasses.replace(best, policy=advice.policy, workers=advice.workers)
+    same = dataclasses.replace(same, launch_cores=advice.launch_cores)
+    cfg = adv.verification_config(advice, fit, defaults={}, best=same)
+    assert "best" not in [e["name"] for e in cfg["experiments"]]

@@ -128,7 +128,7 @@ def test_the_share_section_is_checked() -> None:
     cfg = load_yaml(CONFIG)
     plan = build_plan(cfg)
     assert list(share_specs(cfg, plan)) == ["job-light", "job-heavy"]
-    with pytest.raises(CodlError, match="one CPU count per job"):
+    with pytest.raises(CodlError, match="one entry per job"):
         share_settings({"share": {"jobs": ["a", "b"], "advised": [1]}})
     with pytest.raises(CodlError, match="'nope' is not an experiment"):
         share_specs({**cfg, "share": {"jobs": ["job-light", "nope"]}}, plan)
@@ -159,3 +159,103 @@ def test_each_cuda_job_sees_a_gpu_of_its_own() -> None:
     assert env == {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "1"}
     cpu_job = dataclasses.replace(job, gpu=None)
     assert share.job_env(cpu_job, {"PATH": "/bin"}) == {"PATH": "/bin"}
+
+
+def test_the_report_gives_intervals_over_repeats() -> None:
+    rows = pd.DataFrame(
+        [("even", r, "a", "0", 10.0 + r) for r in range(4)]
+        + [("even", r, "b", "1", 20.0) for r in range(4)]
+        + [("wide", r, "a", "0-2", 12.0 + r) for r in range(4)]
+        + [("wide", r, "b", "3", 18.0) for r in range(4)]
+        + [("once", 0, "a", "0", 9.0), ("once", 0, "b", "1", 19.0)],
+        columns=["split", "repeat", "job", "cpus", "throughput"],
+    )
+    report = share.share_report(rows).set_index("split")
+    wide = report.loc["wide"]
+    assert wide["a"] == 13.5 and wide["total"] == 31.5 and wide["repeats"] == 4
+    # Resampled means stay within the repeats' range; b never varies.
+    assert 12.0 <= wide["a_lo"] < 13.5 < wide["a_hi"] <= 15.0
+    assert wide["b_lo"] == wide["b_hi"] == 18.0
+    assert wide["speedup_a_vs_even"] == pytest.approx(13.5 / 11.5)
+    assert wide["total_vs_even"] == pytest.approx(31.5 / 31.5)
+    assert wide["total_vs_even_lo"] < 1.0 < wide["total_vs_even_hi"]
+    # One repeat: a mean, no interval.
+    assert report.loc["once", "a"] == 9.0 and np.isnan(report.loc["once", "a_lo"])
+
+
+def test_splits_run_repeat_major_in_rotated_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    order: list[str] = []
+
+    def fake_together(jobs: list[share.Job], shares: list[tuple[int, ...]]) -> None:
+        order.append(jobs[0].trace.parent.parent.name)
+
+    monkeypatch.setattr(share, "run_together", fake_together)
+    monkeypatch.setattr(share, "throughput_of", lambda trace, work: 1.0)
+    cfg = load_yaml(CONFIG)
+    specs = share_specs(cfg, build_plan(cfg))
+    jobs = [
+        share.Job(name=n, spec=s, dataset_dir=None, trace=tmp_path / f"{n}.h5")
+        for n, s in specs.items()
+    ]
+    splits = {"none": None, "even": [1, 1], "x": [1, 1]}
+    rows = share.run_shared(jobs, splits, work=tmp_path, cpus=[0, 1], repeats=3)
+    assert order == ["none", "even", "x", "even", "x", "none", "x", "none", "even"]
+    assert len(rows) == 18 and set(rows["repeat"]) == {0, 1, 2}
+
+
+def test_named_and_fitted_splits_are_checked() -> None:
+    base = {"jobs": ["a", "b"]}
+    s = share_settings({"share": {**base, "fixed": {"small-first": [1, 3]}}})
+    assert s.fixed == (("small-first", (1, 3)),)
+    with pytest.raises(CodlError, match=r"share.fixed.x: got \[1\], expected one entry per job"):
+        share_settings({"share": {**base, "fixed": {"x": [1]}}})
+    with pytest.raises(CodlError, match="expected one of them"):
+        share_settings({"share": {**base, "advised": [1, 1], "advise_from": ["r1", "r2"]}})
+    with pytest.raises(CodlError, match=r"share\.advise_from: got"):
+        share_settings({"share": {**base, "advise_from": ["r1"]}})
+    cfg = load_yaml(CONFIG)
+    for name in ("even", "../up", "a/b"):
+        bad = {**cfg, "share": {**cfg["share"], "fixed": {name: [1, 1]}}}
+        with pytest.raises(CodlError, match="share"):
+            build_plan(bad)
+
+
+def test_the_advised_split_is_fitted_from_results_directories(tmp_path: Path) -> None:
+    from test_model import planted_tables
+
+    runs, steps = planted_tables(repeats=2, steps=40)
+    dirs = []
+    for name in ("one", "two"):
+        d = tmp_path / name
+        (d / "tables").mkdir(parents=True)
+        runs.to_csv(d / "tables" / "runs.csv", index=False)
+        steps.to_csv(d / "tables" / "steps.csv.gz", index=False)
+        (d / "config.yaml").write_text("slurm: {cpus_per_rank: 16}\n")
+        dirs.append(str(d))
+    # The split reads the point fit; a few bootstrap replicates keep the test short.
+    counts = share.advised_split(dirs, 24, tmp_path / "work", boot=4)
+    fits = [adv.fit_results(Path(d), boot=4).fit for d in dirs]
+    assert counts == adv.advise_split(fits, cores=24)[0]
+    scored = pd.read_csv(tmp_path / "work" / share.ADVISED_SPLITS)
+    assert len(scored) == 23 and {"score", "rel_0", "rel_1"} <= set(scored.columns)
+    with pytest.raises(CodlError, match=r"share\.advise_from: .*missing table"):
+        share.advised_split([dirs[0], str(tmp_path / "nowhere")], 24, tmp_path / "work", boot=4)
+
+
+def test_an_advised_split_equal_to_another_is_run_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = share_settings(
+        {"share": {"jobs": ["a", "b"], "advise_from": ["r1", "r2"], "fixed": {"f": [3, 1]}}}
+    )
+    monkeypatch.setattr(share, "advised_split", lambda dirs, n, work: [2, 2])
+    assert share.splits_for(settings, 4, 2, tmp_path) == {
+        "none": None,
+        "even": [2, 2],
+        "f": [3, 1],
+    }
+    monkeypatch.setattr(share, "advised_split", lambda dirs, n, work: [1, 3])
+    splits = share.splits_for(settings, 4, 2, tmp_path)
+    assert list(splits) == ["none", "even", "advised", "f"] and splits["advised"] == [1, 3]

@@ -416,9 +416,12 @@ def test_published_run_ids_survive_where_the_run_is_unchanged() -> None:
     # spec the configs no longer ask for); a set may hold several configs' runs
     # (results/h200x2: config.yaml and config-mechanism.yaml).
     results = Path(__file__).resolve().parents[1] / "results"
-    for name in ("h200", "h200x2", "loop-h200"):
+    sets = ("h200", "h200x2", "loop-h200", "loop-h200/verify", "loop-h200-jpeg", "loop-h200-heavy")
+    for name in sets:
         measured = set(pd.read_csv(results / name / "tables" / "runs.csv")["run_id"])
         configs = sorted((results / name).glob("config*.yaml"))
+        if name.endswith("/verify"):  # the verification config `codl advise --out` wrote
+            configs = [results / name / ".." / "verify.yaml"]
         planned = {i for c in configs for i in load_plan(c).run_ids}
         assert configs and measured <= planned, name
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -27,9 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import pandas as pd
 
-from codl.analysis.advisor_config import share_settings, share_specs
+from codl.analysis.advisor_config import ShareSettings, share_settings, share_specs
 from codl.config import build_plan
 from codl.errors import CodlError
 from codl.paths import ResultPaths
@@ -37,7 +40,10 @@ from codl.pinning import cpulist
 from codl.spec import DeviceKind, RunSpec
 from codl.workflow import dataset_dir
 
+_LOG = logging.getLogger(__name__)
 SPLITS = ("none", "even", "advised")
+#: Under the share work directory: every split ``advise_split`` scored for ``advise_from``.
+ADVISED_SPLITS = "advised_splits.csv"
 _CONFINE = (
     "import os, sys; os.sched_setaffinity(0, [int(c) for c in sys.argv[1].split(',')]); "
     "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])"
@@ -164,20 +170,60 @@ def throughput_of(trace: Path, work: Path) -> float:
     return float(summary["throughput_samples_s"].iloc[0]) / world
 
 
-def share_report(rows: pd.DataFrame) -> pd.DataFrame:
+def share_report(rows: pd.DataFrame, *, boot: int = 2000, seed: int = 0) -> pd.DataFrame:
     """Per split: each job's throughput, the total, and each against the even split
-    (``rows``: split, repeat, job, cpus, throughput). Means over repeats."""
-    per_job = rows.groupby(["split", "job"], sort=False)["throughput"].mean().unstack("job")
-    out = per_job.copy()
-    # Jobs of different models count samples of different cost: the sum of samples/s is what
-    # the node delivers, the mean speedup against the even split what each job gets.
-    out["total"] = per_job.sum(axis=1)
-    if "even" in per_job.index:
-        rel = per_job / per_job.loc["even"]
+    (``rows``: split, repeat, job, cpus, throughput). Means over repeats, with 95 % bootstrap
+    intervals over repeats (``<col>_lo``/``<col>_hi``; NaN with one repeat): a split's effect on
+    a shared node is a few per cent, the size of run-to-run scatter, so a mean alone misleads.
+    ``speedup_<job>_vs_even`` and ``total_vs_even``: mean / even's mean, the interval resampling
+    both splits' repeats independently (repeats of different splits are not paired)."""
+    per_rep = rows.pivot_table(index=["split", "repeat"], columns="job", values="throughput")
+    jobs = [str(j) for j in rows["job"].drop_duplicates()]
+    per_rep = per_rep[jobs]
+    per_rep["total"] = per_rep.sum(axis=1, min_count=len(jobs))
+    splits = list(rows["split"].drop_duplicates())
+    rng = np.random.default_rng(seed)
+    draws = {
+        split: _bootstrap_means(per_rep.loc[split].to_numpy(np.float64), boot, rng)
+        for split in splits
+    }
+    out = pd.DataFrame(index=pd.Index(splits, name="split"))
+    columns = [*jobs, "total"]
+    for i, col in enumerate(columns):
+        out[col] = [float(np.nanmean(per_rep.loc[s][col])) for s in splits]
+        out[f"{col}_lo"] = [_percentile(draws[s][:, i], 2.5) for s in splits]
+        out[f"{col}_hi"] = [_percentile(draws[s][:, i], 97.5) for s in splits]
+    out["repeats"] = [len(per_rep.loc[s]) for s in splits]
+    if "even" in splits:
+        # Jobs of different models count samples of different cost: the sum of samples/s is what
+        # the node delivers, the mean speedup against the even split what each job gets.
+        rel = out[jobs].div(out.loc["even", jobs].astype(float), axis=1)
         out["mean_speedup_vs_even"] = rel.mean(axis=1)
+        for i, col in enumerate(columns):
+            name = "total_vs_even" if col == "total" else f"speedup_{col}_vs_even"
+            out[name] = out[col] / out[col].loc["even"]
+            ratio = {s: draws[s][:, i] / draws["even"][:, i] for s in splits}
+            out[f"{name}_lo"] = [_percentile(ratio[s], 2.5) for s in splits]
+            out[f"{name}_hi"] = [_percentile(ratio[s], 97.5) for s in splits]
     cpus = rows.groupby(["split", "job"], sort=False)["cpus"].first().unstack("job")
-    out = out.join(cpus.add_prefix("cpus_"))
+    out = out.join(cpus[jobs].add_prefix("cpus_"))
     return out.reset_index()
+
+
+def _bootstrap_means(
+    values: npt.NDArray[np.float64], boot: int, rng: np.random.Generator
+) -> npt.NDArray[np.float64]:
+    """``boot`` x columns: column means over repeats (rows) resampled with replacement; NaN
+    with fewer than 2 repeats (no interval from one run)."""
+    n = len(values)
+    if n < 2:
+        return np.full((max(boot, 1), values.shape[1]), np.nan)
+    idx = rng.integers(0, n, size=(boot, n))
+    return np.asarray(np.nanmean(values[idx], axis=1), dtype=np.float64)
+
+
+def _percentile(x: npt.NDArray[np.float64], q: float) -> float:
+    return float(np.percentile(x, q)) if np.isfinite(x).all() else float("nan")
 
 
 def run_shared(
@@ -190,12 +236,18 @@ def run_shared(
 ) -> pd.DataFrame:
     """Every split of ``splits`` (name -> CPUs per job, ``None`` = no split), ``repeats`` times:
     the jobs started together on their shares of ``cpus`` (default: this process's), each
-    traced under ``work/<split>/<repeat>/``; one row per (split, repeat, job)."""
+    traced under ``work/<split>/<repeat>/``; one row per (split, repeat, job).
+
+    Repeat-major, the order of the splits rotated by one per repeat: a node's speed drifts over
+    a session (docs/results-h200x2.md), and split-major order would read drift as a split's
+    effect."""
     allowed = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
+    shares_of = {name: cpu_shares(allowed, c, jobs=len(jobs)) for name, c in splits.items()}
+    names = list(splits)
     rows = []
-    for split, counts in splits.items():
-        shares = cpu_shares(allowed, counts, jobs=len(jobs))
-        for rep in range(repeats):
+    for rep in range(repeats):
+        for split in names[rep % len(names) :] + names[: rep % len(names)]:
+            shares = shares_of[split]
             where = Path(work) / split / str(rep)
             placed = [dataclasses.replace(j, trace=where / f"{j.name}.h5") for j in jobs]
             run_together(placed, shares)
@@ -212,6 +264,30 @@ def run_shared(
     return pd.DataFrame(rows)
 
 
+def advised_split(results: Sequence[str], n_cpus: int, work: Path, *, boot: int = 200) -> list[int]:
+    """CPUs per job: each job's model fitted on its results directory (as ``codl advise``
+    does), then ``advise_split`` for this machine's ``n_cpus``; every split it scored goes to
+    ``work/advised_splits.csv``."""
+    from codl.analysis import advise as adv
+    from codl.analysis import model as mdl
+
+    fits = []
+    for d in results:
+        try:
+            fits.append(adv.fit_results(Path(d), boot=boot).fit)
+        except CodlError as exc:
+            raise CodlError(f"share.advise_from: {d}: {exc}") from None
+    try:
+        counts, table = adv.advise_split(fits, cores=n_cpus)
+    except mdl.ModelError as exc:
+        raise CodlError(f"share.advise_from: {exc}") from None
+    work.mkdir(parents=True, exist_ok=True)
+    table.assign(split=[" / ".join(map(str, x)) for x in table["split"]]).to_csv(
+        work / ADVISED_SPLITS, index=False
+    )
+    return counts
+
+
 def _visible_gpus(specs: Any) -> int:
     """GPUs this process sees; 0 without a CUDA job (torch is not imported for CPU jobs)."""
     if not any(s.device is DeviceKind.CUDA for s in specs):
@@ -219,6 +295,29 @@ def _visible_gpus(specs: Any) -> int:
     import torch
 
     return int(torch.cuda.device_count())
+
+
+def splits_for(
+    settings: ShareSettings, n_cpus: int, n_jobs: int, work: Path
+) -> dict[str, Sequence[int] | None]:
+    """The section's splits by name: ``none``/``even``, the advised one (given, or fitted from
+    ``advise_from``; left out where it equals another split), then the ``fixed`` ones."""
+    splits: dict[str, Sequence[int] | None] = {
+        split: None if split == "none" else even_counts(n_cpus, n_jobs) for split in settings.splits
+    }
+    if settings.advised:
+        splits["advised"] = list(settings.advised)
+    elif settings.advise_from:
+        advised = advised_split(settings.advise_from, n_cpus, work)
+        same = [name for name, c in splits.items() if c is not None and list(c) == advised]
+        if same:
+            # The same shares under two names would count one measurement twice.
+            _LOG.info("advised split %s is the %s split: run once, as %s", advised, *same[:1] * 2)
+        else:
+            splits["advised"] = advised
+    for name, counts in settings.fixed:
+        splits[name] = list(counts)
+    return splits
 
 
 def share_to(
@@ -248,12 +347,7 @@ def share_to(
         )
         for (name, spec), gpu in zip(specs.items(), gpus, strict=True)
     ]
-    n_cpus = len(os.sched_getaffinity(0))
-    splits: dict[str, Sequence[int] | None] = {}
-    for split in settings.splits:
-        splits[split] = None if split == "none" else even_counts(n_cpus, len(jobs))
-    if settings.advised:
-        splits["advised"] = list(settings.advised)
+    splits = splits_for(settings, len(os.sched_getaffinity(0)), len(jobs), paths.share)
     rows = run_shared(jobs, splits, work=paths.share, repeats=settings.repeats)
     report = share_report(rows)
     for out, df in ((rows_out, rows), (table_out, report)):

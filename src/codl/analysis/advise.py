@@ -37,6 +37,8 @@ _PATHS = ResultPaths(root=Path())
 RUNS_TABLE = _PATHS.runs_table.relative_to(_PATHS.results)
 STEPS_TABLE = _PATHS.steps_table.relative_to(_PATHS.results)
 CONFIG_NAME = "config.yaml"
+#: Added to the fitted runs' seed in a verification config (see ``verification_config``).
+VERIFY_SEED_OFFSET = 1
 #: How many launch CPUs beyond ``auto`` the grid tries for the pinned policies.
 EXTRA_LAUNCH_CORES = 2
 
@@ -225,6 +227,69 @@ def advise_split(
     return list(pick["split"]), table
 
 
+@dataclass(frozen=True, kw_only=True)
+class MeasuredSetting:
+    """A combined setting of the fitted runs and its mean measured throughput per rank."""
+
+    policy: str
+    workers: int
+    launch_cores: int | None  # None: `auto` or not pinned
+    throughput: float
+    runs: int
+
+
+def best_measured(runs: pd.DataFrame, data: mdl.RunData) -> MeasuredSetting:
+    """The combined setting with the highest mean throughput per rank among the runs the model
+    was fitted on (``data.runs``: the CUPTI-traced ones already left out)."""
+    fitted = data.runs[data.runs["mode"] == data.node.combined_mode]
+    r = runs[runs["run_id"].isin(fitted["run_id"])].copy()
+    world = r["world_size"].fillna(1) if "world_size" in r else 1
+    r["per_rank"] = r["throughput_samples_s"] / world
+    lc = r["launch_cores"] if "launch_cores" in r else pd.Series(None, index=r.index)
+    r["launch"] = [_launch_count(str(p), c) for p, c in zip(r["policy"], lc, strict=True)]
+    by = r.groupby(["policy", "workers", "launch"])["per_rank"].agg(["mean", "count"])
+    top = by.reset_index().sort_values("mean", ascending=False).iloc[0]
+    launch = int(top["launch"])
+    return MeasuredSetting(
+        policy=str(top["policy"]),
+        workers=int(top["workers"]),
+        launch_cores=None if launch < 0 else launch,
+        throughput=float(top["mean"]),
+        runs=int(top["count"]),
+    )
+
+
+def _launch_count(policy: str, value: Any) -> int:
+    """A runs-table launch_cores cell as a count, -1 for `auto` or a policy that reads none."""
+    if policy == "none" or value is None or pd.isna(value):
+        return -1
+    try:
+        return int(float(value))
+    except ValueError:  # "auto"
+        return -1
+
+
+def _best_experiment(best: MeasuredSetting, modes: list[str], repeats: int) -> dict[str, Any]:
+    return {
+        "name": "best",
+        "base": {
+            "pinning": _pinning(best.policy, best.launch_cores),
+            "loader": {"workers": best.workers},
+        },
+        "factors": {"mode": modes},
+        "repeats": repeats,
+    }
+
+
+def _is_advice(best: MeasuredSetting, advice: Advice, workers: Sequence[int]) -> bool:
+    """The best measured setting is already among the advice experiment's runs."""
+    return (
+        best.policy == advice.policy
+        and best.launch_cores == advice.launch_cores
+        and best.workers in workers
+    )
+
+
 def _pinning(policy: str, launch_cores: int | None) -> dict[str, Any]:
     out: dict[str, Any] = {"policy": policy}
     if launch_cores is not None and policy != "none":
@@ -241,13 +306,17 @@ def verification_config(
     worker_step: int = 2,
     repeats: int = 3,
     measured_steps: int | None = None,
+    best: MeasuredSetting | None = None,
 ) -> dict[str, Any]:
     """A config (config/README.md format) that re-runs the advice and its neighbours.
 
     Experiments: ``advice`` (the advised policy and launch cores at workers - step, workers,
     workers + step, with its compute twin), ``policies`` (every other fitted policy at the
-    advised workers, with their twins) and ``loader`` (data mode at the same worker counts), so
-    that the model can be refitted on the verification runs and its prediction compared.
+    advised workers, with their twins), ``best`` (the best setting measured in the fitted runs,
+    ``best``, unless the advice is that setting: "within x % of the best measured" is then
+    measured side by side, not against another day's runs) and ``loader`` (data mode at the same
+    worker counts), so that the model can be refitted on the verification runs and its
+    prediction compared.
     """
     if worker_step < 1 or repeats < 1:
         raise mdl.ModelError(
@@ -263,6 +332,9 @@ def verification_config(
         # Results measured with few steps (the 30-step H200 set) deserve a verification with
         # enough steps for the comparison to mean something (config/README.md).
         d.setdefault("steps", {})["measured"] = measured_steps
+    # A verification run with the spec of a fitted run would have its run id, and the workflow
+    # would reuse that run: a new seed makes every verification run a new measurement.
+    d["seed"] = int(d.get("seed", 0)) + VERIFY_SEED_OFFSET
     if "pinning" in d:
         # The experiments set policy and launch cores; other pinning keys (helper placement)
         # stay as the measured runs had them.
@@ -287,6 +359,8 @@ def verification_config(
                 "repeats": repeats,
             }
         )
+    if best is not None and not _is_advice(best, advice, workers):
+        experiments.append(_best_experiment(best, [mode, twin], repeats))
     experiments.append(
         {
             "name": "loader",
@@ -454,6 +528,7 @@ def _write_verification(
     advice: Advice,
     fit: mdl.Fit,
     runs: pd.DataFrame,
+    data: mdl.RunData,
     source_cfg: Mapping[str, Any],
 ) -> None:
     defaults = source_cfg.get("defaults") or _defaults_from_runs(runs, fit.node.combined_mode)
@@ -465,6 +540,7 @@ def _write_verification(
         worker_step=args.worker_step,
         repeats=args.repeats,
         measured_steps=args.steps,
+        best=best_measured(runs, data),
     )
     try:
         build_plan(cfg, source=str(args.out))
@@ -502,26 +578,55 @@ def _cross_validate(
         print(f"note: a fold was not fitted: {note}")
 
 
+@dataclass(frozen=True, kw_only=True)
+class FittedResults:
+    """A results directory's tables and the model fitted on them (``fit_results``)."""
+
+    runs: pd.DataFrame
+    steps: pd.DataFrame
+    data: mdl.RunData
+    fit: mdl.Fit
+    source_cfg: Mapping[str, Any]
+
+
+def fit_results(
+    results: Path,
+    *,
+    fit_cores: int | None = None,
+    mode: str | None = None,
+    boot: int = 200,
+    seed: int = 0,
+) -> FittedResults:
+    """Fit the model on RESULTS/tables/{runs.csv,steps.csv.gz}; the cores per rank of the runs
+    are ``fit_cores`` or RESULTS/config.yaml's ``slurm.cpus_per_rank``."""
+    runs = _read_table(results / RUNS_TABLE, results)
+    steps = _read_table(results / STEPS_TABLE, results)
+    source_cfg = _source_config(results)
+    cores = fit_cores or (source_cfg.get("slurm") or {}).get("cpus_per_rank")
+    if cores is None:
+        raise CodlError(
+            f"cores per rank of the measured runs unknown: {results / CONFIG_NAME} has no "
+            "slurm.cpus_per_rank; pass --fit-cores"
+        )
+    data = mdl.run_data(runs, steps, combined_mode=mode)
+    fit = mdl.fit(data, cores=int(cores), boot=boot, seed=seed)
+    return FittedResults(runs=runs, steps=steps, data=data, fit=fit, source_cfg=source_cfg)
+
+
 def run(args: argparse.Namespace) -> int:
     """The command on parsed arguments, so that ``cli.py`` can mount ``build_parser()`` as a
     parent of its ``advise`` subcommand and dispatch here."""
     results: Path = args.results
     try:
-        runs = _read_table(results / RUNS_TABLE, results)
-        steps = _read_table(results / STEPS_TABLE, results)
-        source_cfg = _source_config(results)
-        fit_cores = args.fit_cores or (source_cfg.get("slurm") or {}).get("cpus_per_rank")
-        if fit_cores is None:
-            raise CodlError(
-                f"cores per rank of the measured runs unknown: {results / CONFIG_NAME} has no "
-                "slurm.cpus_per_rank; pass --fit-cores"
-            )
-        data = mdl.run_data(runs, steps, combined_mode=args.mode)
-        fit = mdl.fit(data, cores=int(fit_cores), boot=args.boot, seed=args.seed)
+        fitted = fit_results(
+            results, fit_cores=args.fit_cores, mode=args.mode, boot=args.boot, seed=args.seed
+        )
+        runs, steps, data, fit = fitted.runs, fitted.steps, fitted.data, fitted.fit
+        source_cfg = fitted.source_cfg
         cores = args.cores if args.cores is not None else fit.cores
         advice = advise(fit, cores=cores, max_workers=args.max_workers, tie=args.tie)
         if args.out is not None:
-            _write_verification(args, advice, fit, runs, source_cfg)
+            _write_verification(args, advice, fit, runs, data, source_cfg)
         print_advice(advice, fit, args.out, args.tie)
         if args.cross_validate is not None:
             _cross_validate(args, runs, steps, fit, data)

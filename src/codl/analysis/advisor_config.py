@@ -71,6 +71,8 @@ class ShareSettings:
     jobs: tuple[str, ...] = ()
     splits: tuple[str, ...] = ("none", "even")
     advised: tuple[int, ...] = ()
+    advise_from: tuple[str, ...] = ()  # results directory per job: fit, then advise_split
+    fixed: tuple[tuple[str, tuple[int, ...]], ...] = ()  # named splits: CPUs per job
     repeats: int = 1
 
 
@@ -81,13 +83,27 @@ def share_settings(cfg: Mapping[str, Any]) -> ShareSettings:
         jobs=tuple(str(j) for j in section.get("jobs", ())),
         splits=tuple(str(x) for x in section.get("splits", ("none", "even"))),
         advised=tuple(int(c) for c in section.get("advised", ())),
+        advise_from=tuple(str(d) for d in section.get("advise_from", ())),
+        fixed=tuple(
+            (str(name), tuple(int(c) for c in counts))
+            for name, counts in (section.get("fixed") or {}).items()
+        ),
         repeats=int(section.get("repeats", 1)),
     )
-    if s.advised and len(s.advised) != len(s.jobs):
+    if s.advised and s.advise_from:
         raise CodlError(
-            f"share.advised: got {list(s.advised)}, expected one CPU count per job "
-            f"({len(s.jobs)}: {list(s.jobs)})"
+            "share: `advised` (CPUs per job, given) and `advise_from` (fitted here) both set; "
+            "expected one of them"
         )
+    named: list[tuple[str, tuple[Any, ...]]] = [("share.advised", s.advised)] if s.advised else []
+    named += [("share.advise_from", s.advise_from)] if s.advise_from else []
+    named += [(f"share.fixed.{name}", counts) for name, counts in s.fixed]
+    for key, counts in named:
+        if len(counts) != len(s.jobs):
+            raise CodlError(
+                f"{key}: got {list(counts)}, expected one entry per job "
+                f"({len(s.jobs)}: {list(s.jobs)})"
+            )
     if s.jobs and len(s.jobs) < 2:
         raise CodlError(f"share.jobs: got {list(s.jobs)}, expected >= 2 jobs to share a node")
     return s
@@ -114,5 +130,11 @@ def share_specs(cfg: Mapping[str, Any], plan: Plan) -> dict[str, RunSpec]:
 
 
 def share_inputs(cfg: Mapping[str, Any], plan: Plan, paths: ResultPaths) -> list[str]:
-    """The data sets the shared-node jobs read: the `share` rule waits for them."""
-    return sorted({f for s in share_specs(cfg, plan).values() for f in dataset_input(paths, s)})
+    """The data sets the shared-node jobs read, and the tables the advised split is fitted on:
+    the `share` rule waits for them and reruns when they change."""
+    out = {f for s in share_specs(cfg, plan).values() for f in dataset_input(paths, s)}
+    std = ResultPaths()
+    tables = (std.runs_table.relative_to(std.results), std.steps_table.relative_to(std.results))
+    for d in share_settings(cfg).advise_from:
+        out |= {str(Path(d) / t) for t in tables}
+    return sorted(out)

@@ -31,8 +31,6 @@ from codl.config import Plan, build_plan
 from codl.errors import CodlError
 from codl.spec import AUTO, Policy, RunSpec
 
-# Added to the fitting runs' seed in the verification config (see advise_to).
-VERIFY_SEED_OFFSET = 1
 PREDICTION_COLUMNS = (
     "policy",
     "workers",
@@ -102,7 +100,8 @@ def advise_to(
     run_table, step_table = _read(runs), _read(steps)
     _one_workload(run_table, build_plan(cfg, source="the config").specs)
     fit_cores = cores_per_rank(cfg)
-    fit = mdl.fit(mdl.run_data(run_table, step_table), cores=fit_cores, boot=boot, seed=seed)
+    data = mdl.run_data(run_table, step_table)
+    fit = mdl.fit(data, cores=fit_cores, boot=boot, seed=seed)
     settings = advisor_settings(cfg)
     advice = adv.advise(fit, cores=settings.cores or fit_cores)
     vcfg = adv.verification_config(
@@ -111,11 +110,8 @@ def advise_to(
         defaults=cfg.get("defaults") or {},
         slurm=cfg.get("slurm"),
         repeats=settings.repeats,
+        best=adv.best_measured(run_table, data),
     )
-    # A verification run with the spec of a fitting run has its run id, and the workflow would
-    # reuse it: a new seed makes every verification run a new measurement, not the fit's data.
-    defaults = vcfg["defaults"]
-    defaults["seed"] = int(defaults.get("seed", 0)) + VERIFY_SEED_OFFSET
     vcfg["advisor"] = {"predictions": str(predictions)}
     plan = build_plan(vcfg, source="the verification config")
     table = verification_predictions(fit, advice, plan)

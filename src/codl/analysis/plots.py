@@ -884,15 +884,30 @@ def share_throughput(report: pd.DataFrame, jobs: Sequence[str], outputs: Sequenc
         return
     x = np.arange(len(report))
     width = 0.8 / (len(jobs) + 1)
-    for i, job in enumerate(jobs):
-        ax.bar(x + i * width, report[job], width, label=job)
-    ax.bar(x + len(jobs) * width, report["total"], width, fill=False, ec="k", label="total")
+    for i, col in enumerate([*jobs, "total"]):
+        err = None
+        if f"{col}_lo" in report and report[f"{col}_lo"].notna().any():
+            # 95 % bootstrap interval of the mean over repeats (share.share_report).
+            err = np.vstack([report[col] - report[f"{col}_lo"], report[f"{col}_hi"] - report[col]])
+        style: dict[str, Any] = {"label": col, "yerr": err, "capsize": 3}
+        if col == "total":
+            style |= {"fill": False, "ec": "k"}
+        ax.bar(x + i * width, report[col], width, **style)
     labels = [
         f"{s}\n" + " / ".join(str(r[f"cpus_{j}"]) for j in jobs)
         for s, (_, r) in zip(report["split"], report.iterrows(), strict=True)
     ]
     ax.set_xticks(x + 0.4 - width / 2, labels, fontsize=8)
     ax.set_ylabel("throughput (samples/s per rank)")
-    ax.set_title("Jobs sharing a node: per job and total, per CPU split\n(CPUs per job below)")
+    lo, hi = (
+        (int(report["repeats"].min()), int(report["repeats"].max()))
+        if "repeats" in report
+        else (1, 1)
+    )
+    reps = str(lo) if lo == hi else f"{lo}-{hi}"
+    ax.set_title(
+        "Jobs sharing a node: per job and total, per CPU split (CPUs per job below)\n"
+        f"mean of {reps} repeats" + (", 95 % bootstrap interval" if hi > 1 else "")
+    )
     ax.legend(fontsize=8)
     _save(fig, outputs)
