@@ -1059,6 +1059,10 @@ class Trace:
         self._strings = strings
         self._categories = pd.Index(strings, dtype="str")
         self._chunk_index: dict[str, npt.NDArray[np.int64] | None] = {}
+        # Checked row counts and dataset handles, per table: the file is open read-only, and a
+        # reader of a long trace asks for them once per block (h5py's lookups cost ~5 us each).
+        self._rows: dict[str, int] = {}
+        self._datasets: dict[tuple[str, str], Any] = {}
 
     def __enter__(self) -> Self:
         return self
@@ -1113,7 +1117,10 @@ class Trace:
 
     def _read(self, table: str, column: str, sel: slice) -> npt.NDArray[Any]:
         try:
-            return np.asarray(self._file[table][column][sel])
+            ds = self._datasets.get((table, column))
+            if ds is None:
+                ds = self._datasets[(table, column)] = self._file[table][column]
+            return np.asarray(ds[sel])
         except H5_ERRORS as e:
             raise self._corrupt(f"dataset /{table}/{column}", e) from e
 
@@ -1125,6 +1132,8 @@ class Trace:
         trace. Bounded by the file size, so a damaged count never makes a reader loop or
         allocate without end.
         """
+        if table in self._rows:
+            return self._rows[table]
         try:
             group = self._file[table]
             rows = int(group.attrs["rows"])
@@ -1153,6 +1162,7 @@ class Trace:
             raise self._corrupt(f"attribute 'rows' of /{table}", e) from e
         if rows < 0:
             raise TraceFormatError(f"{self._path}: /{table} has {rows} rows")
+        self._rows[table] = rows
         return rows
 
     def _decode(self, table: str, column: str, codes: npt.NDArray[Any]) -> pd.Categorical:
