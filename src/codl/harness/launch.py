@@ -29,7 +29,12 @@ from codl.harness.runner import RankEnv, execute
 from codl.log import configure
 from codl.spec import DeviceKind, RunSpec
 from codl.trace.clock import TIME_COLUMNS, Alignment, alignment_of
-from codl.trace.store import check_trace_target, exclusive_lock, incomplete_path
+from codl.trace.store import (
+    DEFAULT_COMPRESSION,
+    check_trace_target,
+    exclusive_lock,
+    incomplete_path,
+)
 
 MERGE_TIMEOUT_S = 300.0
 # How long the other ranks get to stop by themselves (and keep their data) after one failed.
@@ -306,7 +311,7 @@ _RANK_ATTRS = ("host", "anchors_start", "anchors_end", "t_begin_ns", "t_end_ns",
 
 
 def merge_incomplete_ranks(
-    trace_path: Path, world: int, *, reason: str, compression: str = "blosc-lz4"
+    trace_path: Path, world: int, *, reason: str, compression: str = DEFAULT_COMPRESSION
 ) -> Path | None:
     """After a local multi-rank run stopped: every rank's data, from its complete or incomplete
     rank trace, in one trace marked incomplete (``<stem>.incomplete.h5``), whose reason names
@@ -455,7 +460,11 @@ def aligned_columns(df: Any, alignment: Alignment) -> dict[str, Any]:
 
 
 def merge_rank_traces(
-    trace_path: Path, world: int, *, run_id: str | None = None, compression: str = "blosc-lz4"
+    trace_path: Path,
+    world: int,
+    *,
+    run_id: str | None = None,
+    compression: str = DEFAULT_COMPRESSION,
 ) -> Path:
     """Merge the per-rank traces into one trace on rank 0's clock; per-rank provenance kept
     under ``ranks``, each rank's clock offset and its error bound under ``clock_alignment``."""

@@ -53,7 +53,7 @@ from codl.trace.clock import Anchor, now_ns, take_anchor
 from codl.trace.device import DeviceSampler
 from codl.trace.sched import SAMPLED_PHASES, PhaseSched, SchedSampler
 from codl.trace.schema import Table, empty_columns
-from codl.trace.store import TraceWriter, signals_deferred
+from codl.trace.store import DEFAULT_COMPRESSION, TraceWriter, signals_deferred
 
 
 @dataclass(frozen=True)
@@ -347,7 +347,7 @@ class _TraceRecorder:
     cuda_sched: dict[str, Any] | None = None
     sched_events: dict[str, dict[str, Any]] | None = None
     writer: TraceWriter | None = None
-    compression: str = "blosc-lz4"  # trace.compression
+    compression: str = DEFAULT_COMPRESSION  # trace.compression
 
     @classmethod
     def start(cls, spec: RunSpec, env: RankEnv, placed: _Placed) -> _TraceRecorder:
