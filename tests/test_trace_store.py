@@ -719,6 +719,22 @@ def test_rows_decoded_on_threads_equal_hdf5s_and_damage_is_caught(tmp_path: Path
         t.read_rows("events/comm", 0, block, pool=pool)
 
 
+def test_rows_read_into_the_callers_arrays_equal_a_plain_read(tmp_path: Path) -> None:
+    block = block_rows("events/comm")
+    with TraceWriter(tmp_path / "t.h5") as w:
+        w.append("events/comm", _comm_block(0, 2 * block + 99))
+        w.finish()
+    out = {c.name: np.full(2 * block, -7, dtype=c.numpy_dtype) for c in TABLES["events/comm"]}
+    with open_trace(tmp_path / "t.h5") as t:
+        for lo, hi in [(5, block + 3), (block, 2 * block + 99), (7, 7)]:
+            want = t.read_rows("events/comm", lo, hi, ["start_ns", "op"])
+            got = t.read_rows("events/comm", lo, hi, ["start_ns", "op"], out=out)
+            assert got.keys() == want.keys()
+            for name, values in got.items():
+                np.testing.assert_array_equal(values, want[name])
+                assert np.shares_memory(values, out[name]) or hi == lo
+
+
 @pytest.mark.parametrize("compression", CODECS)
 def test_a_window_reads_only_the_chunks_it_overlaps(tmp_path: Path, compression: str) -> None:
     """Chunks outside the window are damaged on disk: the window still reads, a full read does

@@ -28,6 +28,7 @@ from codl.analysis.summarize import (
     SUMMARY_TABLES,
     warmup_steps,
 )
+from codl.trace.schema import TABLES
 from codl.trace.store import Trace, empty_frame, open_trace
 
 LOADER_STAGES = (*LOADER_ITEM_STAGES, "collate")
@@ -38,7 +39,24 @@ LOADER_SUM_COLUMNS: dict[str, str] = {
 }
 # Partial sums of one block: per (rank, step), a sum and a count per quantity.
 _Partial = pd.DataFrame
-_Reducer = Callable[[dict[str, npt.NDArray[Any]], list[str], int], _Partial]
+
+
+class _Scratch:
+    """Arrays a reader reuses from block to block. A fresh array per block costs its page
+    faults, ~2 ns per int64 value: as much as decoding it, or the reduction's passes."""
+
+    def __init__(self) -> None:
+        self._arrays: dict[str, npt.NDArray[Any]] = {}
+
+    def get(self, key: str, n: int, dtype: npt.DTypeLike) -> npt.NDArray[Any]:
+        """``n`` values of ``dtype``, in the array kept under ``key`` (grown when too short)."""
+        arr = self._arrays.get(key)
+        if arr is None or len(arr) < n or arr.dtype != np.dtype(dtype):
+            arr = self._arrays[key] = np.empty(n, dtype=dtype)
+        return arr[:n]
+
+
+_Reducer = Callable[[dict[str, npt.NDArray[Any]], list[str], int, _Scratch], _Partial]
 
 
 _PARTIAL_COLUMNS = ["rank", "step", "sub", "sum", "n"]
@@ -73,12 +91,12 @@ def _run_sums(
     starts: npt.NDArray[np.intp],
     masks: Sequence[npt.NDArray[np.bool_] | None],
     dur_ns: npt.NDArray[np.int64],
+    scratch: npt.NDArray[np.int64],
 ) -> _Partial:
     """Per run and per quantity ``sub`` (the index of its row mask in ``masks``; None: no row):
     the summed ``dur_ns`` and the row count, for the (rank, step, sub) groups that have rows.
     Runs of one key that recur in the block are added up by the caller's groupby."""
     keys = {"rank": rank[starts].astype(np.int64), "step": step[starts].astype(np.int64)}
-    scratch = np.empty_like(dur_ns)
     parts = []
     for sub, mask in enumerate(masks):
         if mask is None:
@@ -149,16 +167,18 @@ def _masked_sums(
     cols: dict[str, npt.NDArray[Any]],
     masks: Sequence[npt.NDArray[np.bool_] | None],
     warmup: int,
+    work: _Scratch,
 ) -> _Partial:
     """Per (rank, step, sub) of the measured steps: summed duration (ns) and count of the rows
     of each quantity ``sub`` (``masks[sub]``; None when no row can have it)."""
     rank, step = cols["rank"], cols["step"]
-    if len(step) == 0:
+    n = len(step)
+    if n == 0:
         return _empty_partial()
-    dur = np.subtract(cols["end_ns"], cols["start_ns"], dtype=np.int64)
+    dur = np.subtract(cols["end_ns"], cols["start_ns"], out=work.get("dur", n, np.int64))
     starts = _run_starts(rank, step)
     if starts is not None:
-        part = _run_sums(rank, step, starts, masks, dur)
+        part = _run_sums(rank, step, starts, masks, dur, work.get("tmp", n, np.int64))
     else:
         # Fragmented block: one bincount pass per sum over (rank, step, sub) bins; a row in
         # several masks (a launch is also a runtime call) is counted once per mask.
@@ -180,23 +200,32 @@ def _code_of(strings: list[str], label: str) -> int | None:
     return strings.index(label) if label in strings else None
 
 
-def _loader_block(cols: dict[str, npt.NDArray[Any]], strings: list[str], warmup: int) -> _Partial:
+def _loader_block(
+    cols: dict[str, npt.NDArray[Any]], strings: list[str], warmup: int, work: _Scratch
+) -> _Partial:
     stage = cols["stage"]
+    n = len(stage)
     codes = [_code_of(strings, s) for s in LOADER_STAGES]
-    masks = [None if c is None else stage == c for c in codes]
-    return _masked_sums(cols, masks, warmup)
+    masks = [
+        None if c is None else np.equal(stage, c, out=work.get(f"mask{i}", n, np.bool_))
+        for i, c in enumerate(codes)
+    ]
+    return _masked_sums(cols, masks, warmup, work)
 
 
-def _api_block(cols: dict[str, npt.NDArray[Any]], strings: list[str], warmup: int) -> _Partial:
+def _api_block(
+    cols: dict[str, npt.NDArray[Any]], strings: list[str], warmup: int, work: _Scratch
+) -> _Partial:
     runtime = _code_of(strings, "runtime")
     if runtime is None:
         return _empty_partial()
+    n = len(cols["kind"])
     # Quantities: 0 every runtime call, 1 cudaLaunchKernel and its variants among them.
-    every = cols["kind"] == runtime
+    every = np.equal(cols["kind"], runtime, out=work.get("mask0", n, np.bool_))
     launch_codes = np.array(["LaunchKernel" in s for s in strings], dtype=np.bool_)
-    launch = np.take(launch_codes, cols["name"])
+    launch = np.take(launch_codes, cols["name"], out=work.get("mask1", n, np.bool_))
     launch &= every
-    return _masked_sums(cols, [every, launch], warmup)
+    return _masked_sums(cols, [every, launch], warmup, work)
 
 
 _TABLES: dict[str, tuple[str, list[str], _Reducer]] = {
@@ -213,12 +242,16 @@ def _reduce_ranges(args: tuple[str, str, Sequence[tuple[int, int]], int, int]) -
     """
     path, which, ranges, warmup, threads = args
     table, columns, reducer = _TABLES[which]
+    dtypes = {c.name: np.dtype(c.numpy_dtype) for c in TABLES[table]}
+    work = _Scratch()
     parts = []
     with open_trace(path, allow_incomplete=True) as t:
         strings = t.strings
         if threads <= 1:
             for lo, hi in ranges:
-                parts.append(reducer(t.read_rows(table, lo, hi, columns), strings, warmup))
+                out = {c: work.get(f"read {c}", hi - lo, dtypes[c]) for c in columns}
+                cols = t.read_rows(table, lo, hi, columns, out=out)
+                parts.append(reducer(cols, strings, warmup, work))
         else:
             with (
                 ThreadPoolExecutor(threads, thread_name_prefix="codl-decode") as decode,
@@ -233,7 +266,7 @@ def _reduce_ranges(args: tuple[str, str, Sequence[tuple[int, int]], int, int]) -
                     cols = ahead.pop().result()
                     if i + 1 < len(ranges):
                         ahead.append(read(ranges[i + 1]))
-                    parts.append(reducer(cols, strings, warmup))
+                    parts.append(reducer(cols, strings, warmup, work))
     if not parts:
         return _empty_partial()
     return pd.concat(parts, ignore_index=True).groupby(["rank", "step", "sub"]).sum().reset_index()

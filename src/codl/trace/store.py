@@ -1124,6 +1124,21 @@ class Trace:
         except H5_ERRORS as e:
             raise self._corrupt(f"dataset /{table}/{column}", e) from e
 
+    def _read_into(
+        self, table: str, column: str, lo: int, hi: int, buf: npt.NDArray[Any]
+    ) -> npt.NDArray[Any]:
+        view = buf[: hi - lo]
+        if hi == lo:
+            return view
+        try:
+            ds = self._datasets.get((table, column))
+            if ds is None:
+                ds = self._datasets[(table, column)] = self._file[table][column]
+            ds.read_direct(view, np.s_[lo:hi], np.s_[0 : hi - lo])
+        except H5_ERRORS as e:
+            raise self._corrupt(f"dataset /{table}/{column}", e) from e
+        return view
+
     def _row_count(self, table: str, schema: tuple[Column, ...]) -> int:
         """The table's committed row count, checked against every column's extent.
 
@@ -1255,18 +1270,24 @@ class Trace:
         columns: list[str] | None = None,
         *,
         pool: Executor | None = None,
+        out: Mapping[str, npt.NDArray[Any]] | None = None,
     ) -> dict[str, npt.NDArray[Any]]:
         """Raw column arrays of rows ``[lo, hi)`` of ``name`` (``sym`` columns as int32 codes
         into ``strings``), bounds-checked against the committed row count.
 
         With a ``pool``, chunks stored through the writer's gzip pipeline are read raw and
         checked, inflated and unshuffled on the pool's threads (``chunkcodec.decode_chunk``),
-        where HDF5 would decode them one at a time under h5py's lock."""
+        where HDF5 would decode them one at a time under h5py's lock. Without one, ``out``
+        (column -> array of at least ``hi - lo`` values) has the columns read into the caller's
+        arrays, which come back as views: a reader of many blocks reuses its memory instead of
+        paying the page faults of fresh arrays (~2 ns per 8-byte value, as much as decoding)."""
         schema = _schema(name)
         n = self._row_count(name, schema)
         if not 0 <= lo <= hi <= n:
             raise ValueError(f"rows {lo}..{hi} of /{name}: the table has {n}")
         wanted = [c.name for c in schema if columns is None or c.name in columns]
+        if pool is None and out is not None:
+            return {c: self._read_into(name, c, lo, hi, out[c]) for c in wanted}
         if pool is None:
             return {c: self._read(name, c, slice(lo, hi)) for c in wanted}
         pending = {c: self._submit_chunks(pool, name, c, lo, hi) for c in wanted}
