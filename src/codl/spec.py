@@ -128,7 +128,7 @@ class DeviceKind(enum.StrEnum):
 class TraceCompression(enum.StrEnum):
     """How the trace's columns are compressed (docs/trace-format.md, "Compression")."""
 
-    #: Blosc with LZ4 and byte shuffle (HDF5 filter 32001, from hdf5plugin): ~2.7x less tracer
+    #: Blosc with LZ4 and byte shuffle (HDF5 filter 32001, from hdf5plugin): ~2.5x less tracer
     #: CPU per event than gzip at 7-18 % more bytes; readers outside codl need the Blosc plugin.
     BLOSC_LZ4 = "blosc-lz4"
     #: shuffle + deflate level 1: every HDF5 build reads it without plugins.

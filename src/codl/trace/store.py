@@ -49,7 +49,7 @@ from codl.trace.schema import SCHEMA_VERSION, TABLES, Column
 
 Compression = Literal["blosc-lz4", "gzip", "lzf"]
 COMPRESSIONS: Final[tuple[Compression, ...]] = ("blosc-lz4", "gzip", "lzf")
-# Blosc with LZ4 and byte shuffle (hdf5plugin's filter 32001) writes ~2.7x more events per
+# Blosc with LZ4 and byte shuffle (hdf5plugin's filter 32001) writes ~2.5x more events per
 # CPU-second than gzip-1 and reads ~2-3x more, at 7-18 % more bytes (benchmarks/long_trace.py,
 # docs/design.md "Trace storage"): the tracer's CPU competes with the loader and launch threads
 # it measures, so the cheap codec is the default. gzip is the portable choice (every HDF5
