@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from codl.analysis import chunked, figtables
+from codl.analysis import chunked, figdata, figtables
 from codl.analysis import decompose as dec
 from codl.analysis import summarize as sm
 from codl.trace.store import TraceWriter, block_rows, open_trace
@@ -59,9 +59,12 @@ def _synthetic(path: Path, compression: str = "blosc-lz4", by_rank: bool = False
     stages = np.array(["fetch", "decode", "transform", "collate"], dtype=object)
     stage = stages[rng.integers(0, 4, n)]
     stage[step == 7] = "fetch"  # a step with one stage only
-    names = np.array(["cudaLaunchKernel", "cudaMemcpyAsync", "cuLaunchKernel", "k"], dtype=object)
-    kinds = np.array(["runtime", "runtime", "runtime", "kernel"], dtype=object)
-    pick = rng.integers(0, 4, n)
+    names = np.array(
+        ["cudaLaunchKernel", "cudaMemcpyAsync", "cuLaunchKernel", "k", "Memcpy HtoD", "sync"],
+        dtype=object,
+    )
+    kinds = np.array(["runtime", "runtime", "runtime", "kernel", "memcpy", "overhead"], object)
+    pick = rng.integers(0, len(kinds), n)
     with TraceWriter(path, compression=compression) as w:
         w.set_attrs(warmup_steps=2)
         for lo in range(0, n, 50_000):
@@ -172,6 +175,12 @@ def test_pruned_tables_keep_the_measured_rows_summarize_reads(tmp_path: Path) ->
     whole, _ = sm.read_tables(trace)
     loader, cuda = whole["events/loader"], whole["events/cuda"]
     assert len(tables["events/loader"]) == int((loader["step"] >= 2).sum())
-    runtime = cuda[(cuda["step"] >= 2) & cuda["kind"].astype(str).isin(["runtime", "kernel"])]
-    assert len(tables["events/cuda"]) == len(runtime) > 0
+    used = cuda["kind"].astype(str).isin(["runtime", "kernel", "memcpy"])  # not "overhead"
+    assert len(tables["events/cuda"]) == int(((cuda["step"] >= 2) & used).sum()) > 0
     _assert_same_frames(sm.summarize_tables(tables, attrs), sm.summarize_tables(whole, attrs))
+    # What the decomposition's GPU time and the API latency figure read of events/cuda.
+    pruned_cuda = tables["events/cuda"]
+    _assert_same_frames(
+        (dec.gpu_parts(pruned_cuda, warmup=2), figdata.api_latencies(pruned_cuda, "", warmup=2)),
+        (dec.gpu_parts(cuda, warmup=2), figdata.api_latencies(cuda, "", warmup=2)),
+    )
