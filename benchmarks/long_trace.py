@@ -14,7 +14,10 @@ appends them to a ``TraceWriter`` in batches, and reports:
   with 1 process, 1 process of ``--processes`` decoding threads, and ``--processes`` processes,
   in events/s and events per CPU-second;
 - the latency of a 1-second window query (``Trace.table(name, t0, t0 + 1 s)`` of all three
-  tables), median of ``--windows`` random windows.
+  tables), median of ``--windows`` random windows;
+
+for each codec of ``--compression`` (by default Blosc/LZ4 and gzip, one after the other in one
+run, side by side in the table and one CSV row each).
 
     .venv/bin/python benchmarks/long_trace.py [--events 100000000] [--csv PATH]
 """
@@ -34,10 +37,11 @@ from pathlib import Path
 from typing import Any
 
 import h5py
+import hdf5plugin
 import numpy as np
 
 from codl.analysis import chunked
-from codl.trace.store import TraceWriter, buffer_bound_bytes, open_trace
+from codl.trace.store import COMPRESSIONS, TraceWriter, buffer_bound_bytes, open_trace
 
 DEFAULT_CSV = Path(__file__).parent / "results" / "long_trace.csv"
 SHARES = {"events/cuda": 0.70, "events/loader": 0.25, "samples/sched": 0.05}
@@ -150,12 +154,12 @@ def batches(events: int, batch: int, rate: float) -> Iterator[tuple[str, dict[st
                 done[table] += n
 
 
-def write(path: Path, args: argparse.Namespace) -> tuple[float, float, float]:
+def write(path: Path, args: argparse.Namespace, compression: str) -> tuple[float, float, float]:
     """Write the run; returns (seconds in the writer, its CPU seconds, RSS growth in bytes)."""
     base = rss_bytes()
     peak = base
     spent = cpu = 0.0
-    with TraceWriter(path, compression=args.compression, threads=args.threads) as w:
+    with TraceWriter(path, compression=compression, threads=args.threads) as w:
         # The synthetic batches carry string codes; intern the strings at those codes.
         for s in ("runtime", *CUDA_NAMES, *STAGES):
             w.intern(str(s))
@@ -196,18 +200,19 @@ def window_queries(path: Path, args: argparse.Namespace) -> tuple[float, int]:
     return statistics.median(latencies), int(statistics.median(sizes))
 
 
-def run(directory: Path, args: argparse.Namespace) -> Result:
-    path = directory / "long.h5"
+def run(directory: Path, args: argparse.Namespace, compression: str) -> Result:
+    path = directory / f"long-{compression}.h5"
     load = os.getloadavg()[0]
-    write_s, write_cpu, growth = write(path, args)
+    write_s, write_cpu, growth = write(path, args, compression)
     size = path.stat().st_size
     rows, rate_1, cpu_1 = summarize_rate(path, 1, 1)
     _, rate_t, cpu_t = summarize_rate(path, 1, args.processes)
     _, rate_n, cpu_n = summarize_rate(path, args.processes, 1)
     query_s, query_rows = window_queries(path, args)
+    path.unlink()  # two 10^8-event traces need not share the disk
     return Result(
         events=args.events,
-        compression=args.compression,
+        compression=compression,
         writer_threads=args.threads or 0,
         load_avg_1m=round(load, 2),
         run_s=round(args.events / args.rate, 1),
@@ -232,12 +237,41 @@ def run(directory: Path, args: argparse.Namespace) -> Result:
     )
 
 
+def _rows(r: Result) -> list[tuple[str, str, str]]:
+    """(metric, measured, target) of one codec's run, as the table prints them."""
+    return [
+        ("writer buffer bound", f"{r.buffer_bound_mib} MiB", "bounded"),
+        ("RSS growth while writing", f"{r.rss_growth_mib} MiB", "bounded"),
+        ("write rate (events/s)", f"{r.write_events_per_s:,}", ">= 10,000,000"),
+        ("write, events per CPU-s", f"{r.write_events_per_cpu_s:,}", ""),
+        ("file size (B/event)", f"{r.bytes_per_event}", "<= 8"),
+        ("summarize, 1 process (ev/s)", f"{r.summarize_1p_events_per_s:,}", ">= 50,000,000/core"),
+        ("  per CPU-s", f"{r.summarize_1p_events_per_cpu_s:,}", ""),
+        (f"summarize, {r.summarize_np} threads", f"{r.summarize_threads_events_per_s:,}", ""),
+        ("  per CPU-s", f"{r.summarize_threads_events_per_cpu_s:,}", ""),
+        (
+            f"summarize, {r.summarize_np} processes",
+            f"{r.summarize_np_events_per_s:,}",
+            "",
+        ),
+        ("  per CPU-s", f"{r.summarize_np_events_per_cpu_s:,}", ""),
+        (
+            "1 s window query",
+            f"{r.window_query_s_median:.3f} s ({r.window_query_rows_median:,} rows)",
+            "< 1 s",
+        ),
+        ("load average at start", f"{r.load_avg_1m}", ""),
+    ]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=100_000_000)
     parser.add_argument("--batch", type=int, default=1_000_000, help="events per round")
     parser.add_argument("--rate", type=float, default=30_000.0, help="events per run second")
-    parser.add_argument("--compression", choices=("gzip", "lzf"), default="gzip")
+    parser.add_argument(
+        "--compression", nargs="+", choices=COMPRESSIONS, default=["blosc-lz4", "gzip"]
+    )
     parser.add_argument("--processes", type=int, default=os.cpu_count() or 1)
     parser.add_argument(
         "--threads", type=int, default=None, help="writer compression threads (default: cores)"
@@ -250,50 +284,26 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--events, --batch, --rate, --processes and --windows must be positive")
     if args.threads is not None and args.threads <= 0:
         parser.error("--threads must be positive")
+    results = []
     with tempfile.TemporaryDirectory(dir=args.tmpdir, prefix="codl-long-") as tmp:
-        r = run(Path(tmp), args)
+        for compression in args.compression:
+            results.append(run(Path(tmp), args, compression))
+    r0 = results[0]
     print(
-        f"# {r.events:,} events ({r.run_s:,.0f} s of run at {args.rate:,.0f} events/s), "
-        f"{r.compression}; h5py {h5py.__version__}, HDF5 {h5py.version.hdf5_version}, "
-        f"{platform.machine()}, {os.cpu_count()} cores, load average {r.load_avg_1m} at start"
+        f"# {r0.events:,} events ({r0.run_s:,.0f} s of run at {args.rate:,.0f} events/s); "
+        f"h5py {h5py.__version__}, HDF5 {h5py.version.hdf5_version}, "
+        f"hdf5plugin {hdf5plugin.version}, {platform.machine()}, {os.cpu_count()} cores"
     )
-    rows = [
-        ("writer buffer bound", f"{r.buffer_bound_mib} MiB", "bounded"),
-        ("RSS growth while writing", f"{r.rss_growth_mib} MiB", "bounded"),
-        ("write rate", f"{r.write_events_per_s:,} events/s", ">= 10,000,000"),
-        ("write, per CPU-second", f"{r.write_events_per_cpu_s:,} events", ""),
-        ("file size", f"{r.bytes_per_event} B/event", "<= 8"),
-        (
-            "summarize, 1 process",
-            f"{r.summarize_1p_events_per_s:,} events/s ({r.summarize_1p_events_per_cpu_s:,}/CPU-s)",
-            ">= 50,000,000 per core",
-        ),
-        (
-            f"summarize, {r.summarize_np} threads",
-            f"{r.summarize_threads_events_per_s:,} events/s "
-            f"({r.summarize_threads_events_per_cpu_s:,}/CPU-s)",
-            "",
-        ),
-        (
-            f"summarize, {r.summarize_np} processes",
-            f"{r.summarize_np_events_per_s_per_process:,} events/s per process "
-            f"({r.summarize_np_events_per_cpu_s:,}/CPU-s)",
-            "",
-        ),
-        (
-            "1 s window query",
-            f"{r.window_query_s_median:.3f} s ({r.window_query_rows_median:,} rows)",
-            "< 1 s",
-        ),
-    ]
-    print(f"{'metric':<28} {'measured':<40} {'target':<24}")
-    for name, value, target in rows:
-        print(f"{name:<28} {value:<40} {target:<24}")
+    table = [_rows(r) for r in results]
+    header = f"{'metric':<30} " + " ".join(f"{r.compression:<26}" for r in results)
+    print(header + f" {'target':<20}")
+    for i, (name, _, target) in enumerate(table[0]):
+        print(f"{name:<30} " + " ".join(f"{t[i][1]:<26}" for t in table) + f" {target:<20}")
     args.csv.parent.mkdir(parents=True, exist_ok=True)
     with args.csv.open("w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(asdict(r)))
+        writer = csv.DictWriter(fh, fieldnames=list(asdict(r0)))
         writer.writeheader()
-        writer.writerow(asdict(r))
+        writer.writerows(asdict(r) for r in results)
     print(f"# wrote {args.csv}")
 
 

@@ -1,8 +1,9 @@
 """Throughput and size of the HDF5 trace store, per compression filter.
 
 Writes N synthetic loader events (``events/loader``, 10 columns) in batches with ``TraceWriter``,
-reads them back with ``Trace.table`` and reports events/s both ways and bytes per event. This is
-what chose ``store.DEFAULT_COMPRESSION``; re-run it when the store or the h5py/HDF5 pins change.
+reads them back with ``Trace.table`` and reports events/s both ways and bytes per event, for every
+codec the writer has (``store.COMPRESSIONS``); with ``benchmarks/long_trace.py`` it is what chose
+``store.DEFAULT_COMPRESSION``. Re-run it when the store or the h5py/HDF5/hdf5plugin pins change.
 
     .venv/bin/python benchmarks/trace_store.py [--events 10000000] [--csv PATH]
 """
@@ -32,6 +33,7 @@ DEFAULT_CSV = Path(__file__).parent / "results" / "trace_store.csv"
 @dataclass(frozen=True)
 class Result:
     compression: str
+    load_avg_1m: float
     rows: int
     batch: int
     write_s: float
@@ -77,6 +79,7 @@ def run_one(directory: Path, compression: Compression, events: int, batch: int) 
         synthetic_batch(rng, first, min(batch, events - first)) for first in range(0, events, batch)
     ]
     path = directory / f"trace-{compression}.h5"
+    load = os.getloadavg()[0]
     t, c = time.perf_counter(), _cpu()
     with TraceWriter(path, compression=compression) as w:
         for columns in batches:
@@ -94,6 +97,7 @@ def run_one(directory: Path, compression: Compression, events: int, batch: int) 
     size = path.stat().st_size
     return Result(
         compression=compression,
+        load_avg_1m=round(load, 2),
         rows=events,
         batch=batch,
         write_s=round(write_s, 3),
@@ -131,6 +135,7 @@ def main(argv: list[str] | None = None) -> None:
         Result(
             **{
                 **asdict(rs[0]),
+                "load_avg_1m": max(r.load_avg_1m for r in rs),
                 "write_s": min(r.write_s for r in rs),
                 "read_s": min(r.read_s for r in rs),
                 "write_events_per_s": max(r.write_events_per_s for r in rs),

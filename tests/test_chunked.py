@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from codl.analysis import chunked
+from codl.analysis import chunked, figdata, figtables
+from codl.analysis import decompose as dec
 from codl.analysis import summarize as sm
 from codl.trace.store import TraceWriter, block_rows, open_trace
 
@@ -42,26 +43,35 @@ def test_golden_traces_give_the_same_per_step_metrics(name: str, tmp_path: Path)
     _compare(chunked.api_step_metrics(trace, warmup=warmup), api)
 
 
-def _synthetic(path: Path) -> Path:
+def _synthetic(path: Path, compression: str = "blosc-lz4", by_rank: bool = False) -> Path:
     """Two ranks, steps -1..59, loader and CUDA API rows over several blocks, steps that
-    straddle block boundaries, and stages/kinds some steps lack."""
+    straddle block boundaries, and stages/kinds some steps lack. Rows alternate between the
+    ranks (blocks reduced by bincount), or ``by_rank``: rank 0's rows, then rank 1's, each in
+    step order, as a merged trace has them (blocks reduced run by run)."""
     rng = np.random.default_rng(3)
     n = 2 * block_rows("events/loader") + 12_345
     step = np.sort(rng.integers(-1, 60, n))
+    rank = (np.arange(n) % 2).astype(np.int16)
+    if by_rank:
+        rank = (np.arange(n) >= (n + 1) // 2).astype(np.int16)
+        step = np.concatenate([step[0::2], step[1::2]])[:n]
     start = np.arange(n, dtype=np.int64) * 1000
     stages = np.array(["fetch", "decode", "transform", "collate"], dtype=object)
     stage = stages[rng.integers(0, 4, n)]
     stage[step == 7] = "fetch"  # a step with one stage only
-    names = np.array(["cudaLaunchKernel", "cudaMemcpyAsync", "cuLaunchKernel", "k"], dtype=object)
-    kinds = np.array(["runtime", "runtime", "runtime", "kernel"], dtype=object)
-    pick = rng.integers(0, 4, n)
-    with TraceWriter(path) as w:
+    names = np.array(
+        ["cudaLaunchKernel", "cudaMemcpyAsync", "cuLaunchKernel", "k", "Memcpy HtoD", "sync"],
+        dtype=object,
+    )
+    kinds = np.array(["runtime", "runtime", "runtime", "kernel", "memcpy", "overhead"], object)
+    pick = rng.integers(0, len(kinds), n)
+    with TraceWriter(path, compression=compression) as w:
         w.set_attrs(warmup_steps=2)
         for lo in range(0, n, 50_000):
             sl = slice(lo, min(n, lo + 50_000))
             m = sl.stop - lo
             common = {
-                "rank": (np.arange(lo, sl.stop) % 2).astype(np.int16),
+                "rank": rank[sl],
                 "step": step[sl],
                 "start_ns": start[sl],
                 "end_ns": start[sl] + rng.integers(1, 10**6, m),
@@ -92,11 +102,19 @@ def _synthetic(path: Path) -> Path:
         return w.finish()
 
 
-@pytest.mark.parametrize(("processes", "threads"), [(1, 1), (2, 1), (1, 3)])
+@pytest.mark.parametrize(
+    ("processes", "threads", "compression", "by_rank"),
+    [
+        (1, 1, "blosc-lz4", False),
+        (2, 1, "gzip", False),
+        (1, 3, "gzip", True),
+        (2, 2, "blosc-lz4", True),
+    ],
+)
 def test_a_long_multi_block_trace_gives_the_same_per_step_metrics(
-    tmp_path: Path, processes: int, threads: int
+    tmp_path: Path, processes: int, threads: int, compression: str, by_rank: bool
 ) -> None:
-    trace = _synthetic(tmp_path / "t.h5")
+    trace = _synthetic(tmp_path / "t.h5", compression, by_rank)
     with open_trace(trace) as t:
         assert len(t.block_ranges("events/loader")) >= 1
         assert len(t.chunk_index("events/loader")) == 3  # type: ignore[arg-type]
@@ -111,6 +129,21 @@ def test_a_long_multi_block_trace_gives_the_same_per_step_metrics(
         assert rows == len(t.table("events/cuda"))
 
 
+def test_both_codecs_give_identical_per_step_metrics(tmp_path: Path) -> None:
+    blosc = _synthetic(tmp_path / "blosc.h5", "blosc-lz4", by_rank=True)
+    gz = _synthetic(tmp_path / "gzip.h5", "gzip", by_rank=True)
+    assert blosc.stat().st_size != gz.stat().st_size  # two codecs, not one file twice
+    for metrics in (chunked.loader_stage_sums, chunked.api_step_metrics):
+        pd.testing.assert_frame_equal(metrics(blosc, warmup=2), metrics(gz, warmup=2))
+    with open_trace(blosc) as b, open_trace(gz) as g:
+        for table in ("events/loader", "events/cuda"):
+            window = {"t0": 10**8, "t1": 10**8 + 10**6}
+            pd.testing.assert_frame_equal(b.table(table, **window), g.table(table, **window))
+            want = g.read_rows(table, 0, g.block_ranges(table)[-1][1])
+            for name, values in b.read_rows(table, 0, len(want["step"])).items():
+                np.testing.assert_array_equal(values, want[name])
+
+
 def _assert_same_frames(got: tuple[pd.DataFrame, ...], want: tuple[pd.DataFrame, ...]) -> None:
     for g, w in zip(got, want, strict=True):
         pd.testing.assert_frame_equal(g, w, check_exact=False, rtol=1e-12, atol=0)
@@ -121,8 +154,18 @@ def test_summarize_trace_reading_blocks_equals_the_whole_tables(name: str, tmp_p
     trace = tmp_path / name.removesuffix(".gz")
     with gzip.open(GOLDEN / name, "rb") as src, trace.open("wb") as dst:
         shutil.copyfileobj(src, dst)
-    want = sm.summarize_tables(*sm.read_tables(trace))
+    whole, attrs = sm.read_tables(trace)
+    want = sm.summarize_tables(whole, attrs)
     _assert_same_frames(sm.summarize_trace(trace), want)
+    # The workflow's reading (pipeline.summarize_to): warm-up rows kept for the step timeline;
+    # the decomposition's inputs and the figure tables are those of the whole tables.
+    pruned, _ = chunked.read_summary_tables(trace, warmup_rows=True)
+    _assert_same_frames(sm.summarize_tables(pruned, attrs), want)
+    kw = {"warmup": sm.warmup_steps(attrs), "ranks_per_node": sm.ranks_per_node(attrs)}
+    _assert_same_frames((dec.step_parts(pruned, **kw),), (dec.step_parts(whole, **kw),))
+    spec = attrs["spec"]
+    for table in (figtables.api_calls, figtables.timeline):
+        _assert_same_frames((table(pruned, attrs, spec),), (table(whole, attrs, spec),))
 
 
 def test_pruned_tables_keep_the_measured_rows_summarize_reads(tmp_path: Path) -> None:
@@ -132,6 +175,12 @@ def test_pruned_tables_keep_the_measured_rows_summarize_reads(tmp_path: Path) ->
     whole, _ = sm.read_tables(trace)
     loader, cuda = whole["events/loader"], whole["events/cuda"]
     assert len(tables["events/loader"]) == int((loader["step"] >= 2).sum())
-    runtime = cuda[(cuda["step"] >= 2) & cuda["kind"].astype(str).isin(["runtime", "kernel"])]
-    assert len(tables["events/cuda"]) == len(runtime) > 0
+    used = cuda["kind"].astype(str).isin(["runtime", "kernel", "memcpy"])  # not "overhead"
+    assert len(tables["events/cuda"]) == int(((cuda["step"] >= 2) & used).sum()) > 0
     _assert_same_frames(sm.summarize_tables(tables, attrs), sm.summarize_tables(whole, attrs))
+    # What the decomposition's GPU time and the API latency figure read of events/cuda.
+    pruned_cuda = tables["events/cuda"]
+    _assert_same_frames(
+        (dec.gpu_parts(pruned_cuda, warmup=2), figdata.api_latencies(pruned_cuda, "", warmup=2)),
+        (dec.gpu_parts(cuda, warmup=2), figdata.api_latencies(cuda, "", warmup=2)),
+    )

@@ -342,6 +342,11 @@ BAD_CONFIGS: list[tuple[str, Any, list[str]]] = [
     ),
     ("unknown tier", one(base={"dataset": {"tier": "shm"}}), ["dataset.tier: got 'shm'"]),
     (
+        "unknown trace codec",
+        one(base={"trace": {"compression": "zstd"}}),
+        ["trace.compression: got 'zstd'", "blosc-lz4"],
+    ),
+    (
         "CUPTI on CPU",
         one(base={"trace": {"cupti": True}}),
         ["trace.cupti: true needs device 'cuda'"],

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import h5py
 import numpy as np
 import pandas as pd
 import pytest
@@ -213,12 +214,20 @@ def test_cosmoflow_reads_hdf5_volumes(tmp_path: Path) -> None:
 
 
 def test_app_level_off_keeps_only_step_spans(tmp_path: Path, dataset: Path) -> None:
-    spec = tiny("combined", trace__app=False, trace__sched=False, trace__loader=False)
+    spec = tiny(
+        "combined",
+        trace__app=False,
+        trace__sched=False,
+        trace__loader=False,
+        trace__compression="gzip",  # and the run's codec reaches its file
+    )
     out = run(spec, tmp_path, dataset)
     t = out["tables"]
     assert phases(t["events/app"]) == {"step"}
     assert len(t["events/loader"]) == 0
     assert len(t["samples/sched"]) == 0
+    with h5py.File(out["path"], "r") as f:
+        assert f["events/app/start_ns"].compression == "gzip"
 
 
 def test_too_small_data_set_fails_with_a_clear_message(tmp_path: Path) -> None:

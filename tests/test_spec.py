@@ -21,6 +21,7 @@ from codl.spec import (
     PinningSpec,
     Policy,
     RunSpec,
+    TraceCompression,
     field_paths,
     is_safe_name,
 )
@@ -225,6 +226,7 @@ def test_canonical_json_is_sorted_and_compact() -> None:
         del expected["pinning"][role]
     del expected["trace"]["cuda_api_sched"]  # likewise
     del expected["trace"]["sched_events"]  # likewise
+    del expected["trace"]["compression"]  # likewise
     del expected["dataset"]["cost"]  # likewise
     assert parsed == expected
     assert len(key_orders) == 1 + sum(
@@ -408,6 +410,11 @@ def test_published_run_ids_survive_where_the_run_is_unchanged() -> None:
         {"device": "cuda", "trace": {"cuda_api": True, "cuda_api_sched": True}}
     )
     assert sched.run_id not in {on.run_id, base.run_id}
+    # The trace codec likewise: Blosc, the default, keeps every earlier id; gzip changes it.
+    assert '"compression"' not in base.canonical_json()
+    gz = RunSpec.from_dict({"device": "cuda", "trace": {"compression": "gzip"}})
+    assert gz.trace.compression is TraceCompression.GZIP
+    assert gz.run_id != base.run_id
     assert '"cuda_api_sched":true' in sched.canonical_json()
     # a pinned run asked for as it was published keeps its id: only the default changed
     old_isolated = RunSpec.from_dict({"pinning": {"policy": "isolated", "launch_cores": 1}})

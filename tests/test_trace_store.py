@@ -38,6 +38,8 @@ DOCS = Path(__file__).resolve().parents[1] / "docs" / "trace-format.md"
 
 # Directory names a cluster user can plausibly have; the store must not care.
 DIR_NAMES = ["plain", "with space", "ünïcødé ✓ 跟踪"]
+# The codecs a run can choose (trace.compression): every integrity test runs on both.
+CODECS = ["blosc-lz4", "gzip"]
 
 ANCHOR_START = {"realtime_ns": 1_700_000_000_000_000_000, "monotonic_ns": 5_000, "error_ns": 120}
 ANCHOR_END = {"realtime_ns": 1_700_000_000_000_900_000, "monotonic_ns": 905_000, "error_ns": 80}
@@ -94,8 +96,12 @@ def known_columns() -> dict[str, dict[str, list[Any]]]:
     return out
 
 
-def write_trace(path: Path, columns: dict[str, dict[str, list[Any]]] | None = None) -> Path:
-    with TraceWriter(path) as w:
+def write_trace(
+    path: Path,
+    columns: dict[str, dict[str, list[Any]]] | None = None,
+    compression: str = "blosc-lz4",
+) -> Path:
+    with TraceWriter(path, compression=compression) as w:
         w.set_attrs(**ATTRS)
         for table, cols in (columns or known_columns()).items():
             w.append(table, cols)
@@ -109,8 +115,9 @@ def trace_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
     return d
 
 
-def test_round_trip_every_table(trace_dir: Path) -> None:
-    path = write_trace(trace_dir / "run ✓.h5")
+@pytest.mark.parametrize("compression", CODECS)
+def test_round_trip_every_table(trace_dir: Path, compression: str) -> None:
+    path = write_trace(trace_dir / "run ✓.h5", compression=compression)
     assert path == trace_dir / "run ✓.h5"
     assert sorted(p.name for p in trace_dir.iterdir()) == ["run ✓.h5"]
     expected = known_columns()
@@ -192,8 +199,14 @@ def test_datasets_are_chunked_compressed_checksummed_with_units(
                 assert ds.maxshape == (None,)
                 assert ds.chunks == (chunk_rows(c),)
                 assert 256 * 1024 <= chunk_rows(c) * ds.dtype.itemsize <= 1024 * 1024
-                assert ds.compression == compression
-                assert ds.shuffle is True
+                if compression == "blosc-lz4":
+                    # Blosc (32001) then fletcher32, so the checksum covers the stored bytes;
+                    # Blosc's own options end in (level 5, byte shuffle, LZ4).
+                    assert list(ds._filters) == ["32001", "fletcher32"]
+                    assert ds._filters["32001"][-3:] == (5, 1, 1)
+                else:
+                    assert ds.compression == compression
+                    assert ds.shuffle is True
                 assert ds.fletcher32 is True
                 assert ds.attrs["unit"] == c.unit
                 assert ds.attrs["doc"] == c.doc
@@ -396,12 +409,15 @@ def test_exception_in_with_block_aborts_with_reason(trace_dir: Path) -> None:
         assert t.table("events/app")["phase"].tolist() == ["forward", "backward", "optimizer"]
 
 
-def test_killed_writer_leaves_nothing_that_could_pass_as_a_trace(tmp_path: Path) -> None:
+@pytest.mark.parametrize("compression", CODECS)
+def test_killed_writer_leaves_nothing_that_could_pass_as_a_trace(
+    tmp_path: Path, compression: str
+) -> None:
     final = tmp_path / "t.h5"
     script = f"""
 import os, signal
 from codl.trace.store import TraceWriter
-w = TraceWriter({str(final)!r}).__enter__()
+w = TraceWriter({str(final)!r}, compression={compression!r}).__enter__()
 w.append("samples/device", {{c: [1, 2] for c in {[c.name for c in TABLES["samples/device"]]!r}}})
 w.append("threads", {known_columns()["threads"]!r})
 w.flush()
@@ -519,10 +535,10 @@ def test_schema_version_mismatch_is_rejected(trace_dir: Path) -> None:
     assert f"reads version {SCHEMA_VERSION}" in msg
 
 
-def _big_trace(path: Path, n: int = 300_000) -> Path:
+def _big_trace(path: Path, n: int = 300_000, compression: str = "gzip") -> Path:
     rng = np.random.default_rng(7)
     start = np.cumsum(rng.integers(1, 10_000, n)).astype(np.int64)
-    with TraceWriter(path, compression="gzip") as w:
+    with TraceWriter(path, compression=compression) as w:
         w.append(
             "events/loader",
             {
@@ -543,8 +559,9 @@ def _big_trace(path: Path, n: int = 300_000) -> Path:
         return w.finish()
 
 
-def test_truncated_file_is_rejected(trace_dir: Path) -> None:
-    path = _big_trace(trace_dir / "t.h5")
+@pytest.mark.parametrize("compression", CODECS)
+def test_truncated_file_is_rejected(trace_dir: Path, compression: str) -> None:
+    path = _big_trace(trace_dir / "t.h5", compression=compression)
     size = path.stat().st_size
     with path.open("r+b") as fh:
         fh.truncate(size // 2)
@@ -553,8 +570,9 @@ def test_truncated_file_is_rejected(trace_dir: Path) -> None:
         t.verify()
 
 
-def test_flipped_bytes_in_data_are_caught_by_checksum(trace_dir: Path) -> None:
-    path = _big_trace(trace_dir / "t.h5")
+@pytest.mark.parametrize("compression", CODECS)
+def test_flipped_bytes_in_data_are_caught_by_checksum(trace_dir: Path, compression: str) -> None:
+    path = _big_trace(trace_dir / "t.h5", compression=compression)
     with h5py.File(path, "r") as f:
         info = f["events/loader/item"].id.get_chunk_info(1)
     with path.open("r+b") as fh:
@@ -572,8 +590,9 @@ def test_flipped_bytes_in_data_are_caught_by_checksum(trace_dir: Path) -> None:
             t.verify()
 
 
-def test_verify_passes_on_a_good_file(tmp_path: Path) -> None:
-    with open_trace(_big_trace(tmp_path / "t.h5")) as t:
+@pytest.mark.parametrize("compression", CODECS)
+def test_verify_passes_on_a_good_file(tmp_path: Path, compression: str) -> None:
+    with open_trace(_big_trace(tmp_path / "t.h5", compression=compression)) as t:
         t.verify()
 
 
@@ -647,13 +666,15 @@ def test_rows_are_written_in_blocks_while_the_run_goes(tmp_path: Path) -> None:
     )
 
 
-@pytest.mark.parametrize("threads", [1, 3])
-def test_rows_after_a_flush_complete_its_partly_filled_chunk(tmp_path: Path, threads: int) -> None:
+@pytest.mark.parametrize(("threads", "compression"), [(1, "gzip"), (3, "gzip"), (2, "blosc-lz4")])
+def test_rows_after_a_flush_complete_its_partly_filled_chunk(
+    tmp_path: Path, threads: int, compression: str
+) -> None:
     """flush() leaves a chunk half filled; the next block first completes it through HDF5, then
     writes whole chunks: every row reads back, checksums and digests hold, whatever the pool."""
     block = block_rows("events/comm")
     rows = [(0, 10), (10, block + 30), (block + 30, 3 * block + 7)]
-    with TraceWriter(tmp_path / "t.h5", threads=threads) as w:
+    with TraceWriter(tmp_path / "t.h5", threads=threads, compression=compression) as w:
         for lo, hi in rows:
             w.append("events/comm", _comm_block(lo, hi - lo))
             w.flush()
@@ -668,7 +689,8 @@ def test_rows_after_a_flush_complete_its_partly_filled_chunk(tmp_path: Path, thr
 
 def test_rows_decoded_on_threads_equal_hdf5s_and_damage_is_caught(tmp_path: Path) -> None:
     block = block_rows("events/comm")
-    with TraceWriter(tmp_path / "t.h5") as w:
+    # gzip: the codec whose chunks the reader decodes on its own threads (chunkcodec).
+    with TraceWriter(tmp_path / "t.h5", compression="gzip") as w:
         w.append("events/comm", _comm_block(0, 2 * block + 99))
         w.finish()
     ranges = [(0, 1), (5, block + 3), (block, 2 * block + 99), (7, 7)]
@@ -697,12 +719,29 @@ def test_rows_decoded_on_threads_equal_hdf5s_and_damage_is_caught(tmp_path: Path
         t.read_rows("events/comm", 0, block, pool=pool)
 
 
-def test_a_window_reads_only_the_chunks_it_overlaps(tmp_path: Path) -> None:
+def test_rows_read_into_the_callers_arrays_equal_a_plain_read(tmp_path: Path) -> None:
+    block = block_rows("events/comm")
+    with TraceWriter(tmp_path / "t.h5") as w:
+        w.append("events/comm", _comm_block(0, 2 * block + 99))
+        w.finish()
+    out = {c.name: np.full(2 * block, -7, dtype=c.numpy_dtype) for c in TABLES["events/comm"]}
+    with open_trace(tmp_path / "t.h5") as t:
+        for lo, hi in [(5, block + 3), (block, 2 * block + 99), (7, 7)]:
+            want = t.read_rows("events/comm", lo, hi, ["start_ns", "op"])
+            got = t.read_rows("events/comm", lo, hi, ["start_ns", "op"], out=out)
+            assert got.keys() == want.keys()
+            for name, values in got.items():
+                np.testing.assert_array_equal(values, want[name])
+                assert np.shares_memory(values, out[name]) or hi == lo
+
+
+@pytest.mark.parametrize("compression", CODECS)
+def test_a_window_reads_only_the_chunks_it_overlaps(tmp_path: Path, compression: str) -> None:
     """Chunks outside the window are damaged on disk: the window still reads, a full read does
     not (fletcher32), so the window never touched them."""
     path = tmp_path / "t.h5"
     block = block_rows("events/comm")
-    with TraceWriter(path) as w:
+    with TraceWriter(path, compression=compression) as w:
         w.append("events/comm", _comm_block(0, 4 * block))
         w.finish()
     data = bytearray(path.read_bytes())

@@ -28,6 +28,7 @@ from codl.analysis.summarize import (
     SUMMARY_TABLES,
     warmup_steps,
 )
+from codl.trace.schema import TABLES
 from codl.trace.store import Trace, empty_frame, open_trace
 
 LOADER_STAGES = (*LOADER_ITEM_STAGES, "collate")
@@ -38,10 +39,32 @@ LOADER_SUM_COLUMNS: dict[str, str] = {
 }
 # Partial sums of one block: per (rank, step), a sum and a count per quantity.
 _Partial = pd.DataFrame
-_Reducer = Callable[[dict[str, npt.NDArray[Any]], list[str], int], _Partial]
+
+
+class _Scratch:
+    """Arrays a reader reuses from block to block. A fresh array per block costs its page
+    faults, ~2 ns per int64 value: as much as decoding it, or the reduction's passes."""
+
+    def __init__(self) -> None:
+        self._arrays: dict[str, npt.NDArray[Any]] = {}
+
+    def get(self, key: str, n: int, dtype: npt.DTypeLike) -> npt.NDArray[Any]:
+        """``n`` values of ``dtype``, in the array kept under ``key`` (grown when too short)."""
+        arr = self._arrays.get(key)
+        if arr is None or len(arr) < n or arr.dtype != np.dtype(dtype):
+            arr = self._arrays[key] = np.empty(n, dtype=dtype)
+        return arr[:n]
+
+
+_Reducer = Callable[[dict[str, npt.NDArray[Any]], list[str], int, _Scratch], _Partial]
 
 
 _PARTIAL_COLUMNS = ["rank", "step", "sub", "sum", "n"]
+# A block whose (rank, step) changes less often than once per _MIN_RUN rows (rows are written
+# in time order, so a step's rows mostly follow each other) is reduced run by run: a few
+# passes over the rows and np.add.reduceat, ~2 ns per row and quantity. Blocks whose rows
+# alternate between keys fall back to bincount over dense bins, ~10 ns per row.
+_MIN_RUN = 16
 
 
 def _empty_partial() -> _Partial:
@@ -50,12 +73,60 @@ def _empty_partial() -> _Partial:
     )
 
 
+def _run_starts(rank: npt.NDArray[Any], step: npt.NDArray[Any]) -> npt.NDArray[np.intp] | None:
+    """First row of every run of equal (rank, step) in a block, or None when the runs are
+    shorter than _MIN_RUN rows on average."""
+    change = step[1:] != step[:-1]
+    if rank.min() != rank.max():  # a rank's own trace has one rank: no rank term
+        change |= rank[1:] != rank[:-1]
+    starts = np.flatnonzero(change)
+    if (len(starts) + 1) * _MIN_RUN > len(step):
+        return None
+    return np.concatenate((np.zeros(1, dtype=starts.dtype), starts + 1))
+
+
+def _run_sums(
+    rank: npt.NDArray[Any],
+    step: npt.NDArray[Any],
+    starts: npt.NDArray[np.intp],
+    masks: Sequence[npt.NDArray[np.bool_] | None],
+    dur_ns: npt.NDArray[np.int64],
+    scratch: npt.NDArray[np.int64],
+) -> _Partial:
+    """Per run and per quantity ``sub`` (the index of its row mask in ``masks``; None: no row):
+    the summed ``dur_ns`` and the row count, for the (rank, step, sub) groups that have rows.
+    Runs of one key that recur in the block are added up by the caller's groupby."""
+    keys = {"rank": rank[starts].astype(np.int64), "step": step[starts].astype(np.int64)}
+    parts = []
+    for sub, mask in enumerate(masks):
+        if mask is None:
+            continue
+        counts = np.add.reduceat(mask, starts, dtype=np.int64)
+        np.multiply(dur_ns, mask, out=scratch)
+        sums = np.add.reduceat(scratch, starts).astype(np.float64)
+        has = counts > 0
+        parts.append(
+            pd.DataFrame(
+                {
+                    "rank": keys["rank"][has],
+                    "step": keys["step"][has],
+                    "sub": np.full(int(has.sum()), sub, dtype=np.int64),
+                    "sum": sums[has],
+                    "n": counts[has],
+                }
+            )
+        )
+    if not parts:
+        return _empty_partial()
+    return pd.concat(parts, ignore_index=True)
+
+
 def _group_sums(
     rank: npt.NDArray[Any],
     step: npt.NDArray[Any],
     sub: npt.NDArray[np.int64],
     n_sub: int,
-    weights: npt.NDArray[np.float64],
+    weights: npt.NDArray[Any],
     keep: npt.NDArray[np.bool_],
 ) -> _Partial:
     """Per (rank, step, sub) over the rows where ``keep``: the sum of ``weights`` and the row
@@ -92,33 +163,69 @@ def _group_sums(
     return pd.DataFrame({"rank": pr + r0, "step": ps + s0, "sub": psub, "sum": sums, "n": counts})
 
 
-def _code_lookup(strings: list[str], labels: Sequence[str]) -> npt.NDArray[np.int64]:
-    """Per string-table code: the index of its string in ``labels``, or -1."""
-    out = np.full(len(strings), -1, dtype=np.int64)
-    for i, label in enumerate(labels):
-        if label in strings:
-            out[strings.index(label)] = i
-    return out
+def _masked_sums(
+    cols: dict[str, npt.NDArray[Any]],
+    masks: Sequence[npt.NDArray[np.bool_] | None],
+    warmup: int,
+    work: _Scratch,
+) -> _Partial:
+    """Per (rank, step, sub) of the measured steps: summed duration (ns) and count of the rows
+    of each quantity ``sub`` (``masks[sub]``; None when no row can have it)."""
+    rank, step = cols["rank"], cols["step"]
+    n = len(step)
+    if n == 0:
+        return _empty_partial()
+    dur = np.subtract(cols["end_ns"], cols["start_ns"], out=work.get("dur", n, np.int64))
+    starts = _run_starts(rank, step)
+    if starts is not None:
+        part = _run_sums(rank, step, starts, masks, dur, work.get("tmp", n, np.int64))
+    else:
+        # Fragmented block: one bincount pass per sum over (rank, step, sub) bins; a row in
+        # several masks (a launch is also a runtime call) is counted once per mask.
+        one = np.zeros(len(step), dtype=np.int64)
+        part = pd.concat(
+            [
+                _group_sums(rank, step, one, 1, dur, m).assign(sub=i)
+                for i, m in enumerate(masks)
+                if m is not None
+            ]
+            or [_empty_partial()],
+            ignore_index=True,
+        )
+    # The warm-up's rows were reduced along (no per-row mask pass) and are dropped here.
+    return part[part["step"] >= warmup]
 
 
-def _loader_block(cols: dict[str, npt.NDArray[Any]], strings: list[str], warmup: int) -> _Partial:
-    stage = _code_lookup(strings, LOADER_STAGES)[cols["stage"]]
-    keep = (cols["step"] >= warmup) & (stage >= 0)
-    ms = (cols["end_ns"] - cols["start_ns"]).astype(np.float64) / 1e6
-    return _group_sums(cols["rank"], cols["step"], np.maximum(stage, 0), 4, ms, keep)
+def _code_of(strings: list[str], label: str) -> int | None:
+    return strings.index(label) if label in strings else None
 
 
-def _api_block(cols: dict[str, npt.NDArray[Any]], strings: list[str], warmup: int) -> _Partial:
-    runtime = strings.index("runtime") if "runtime" in strings else -1
-    launch = np.array(["LaunchKernel" in s for s in strings], dtype=np.int64)
-    keep = (cols["step"] >= warmup) & (cols["kind"] == runtime)
-    us = (cols["end_ns"] - cols["start_ns"]).astype(np.float64) / 1e3
-    # Bins per step: 0 other runtime calls, 1 cudaLaunchKernel and its variants; the partial's
-    # sub 0 is every runtime call (both bins), sub 1 the launches alone.
-    part = _group_sums(cols["rank"], cols["step"], launch[cols["name"]], 2, us, keep)
-    every = part.groupby(["rank", "step"], as_index=False)[["sum", "n"]].sum()
-    every.insert(2, "sub", 0)
-    return pd.concat([every, part[part["sub"] == 1]], ignore_index=True)
+def _loader_block(
+    cols: dict[str, npt.NDArray[Any]], strings: list[str], warmup: int, work: _Scratch
+) -> _Partial:
+    stage = cols["stage"]
+    n = len(stage)
+    codes = [_code_of(strings, s) for s in LOADER_STAGES]
+    masks = [
+        None if c is None else np.equal(stage, c, out=work.get(f"mask{i}", n, np.bool_))
+        for i, c in enumerate(codes)
+    ]
+    return _masked_sums(cols, masks, warmup, work)
+
+
+def _api_block(
+    cols: dict[str, npt.NDArray[Any]], strings: list[str], warmup: int, work: _Scratch
+) -> _Partial:
+    runtime = _code_of(strings, "runtime")
+    if runtime is None:
+        return _empty_partial()
+    n = len(cols["kind"])
+    # Quantities: 0 every runtime call, 1 cudaLaunchKernel and its variants among them.
+    every = np.equal(cols["kind"], runtime, out=work.get("mask0", n, np.bool_))
+    launch_codes = np.array(["LaunchKernel" in s for s in strings], dtype=np.bool_)
+    launch = np.take(launch_codes, cols["name"], out=work.get("mask1", n, np.bool_))
+    launch &= every
+    return _masked_sums(cols, [every, launch], warmup, work)
 
 
 _TABLES: dict[str, tuple[str, list[str], _Reducer]] = {
@@ -135,12 +242,16 @@ def _reduce_ranges(args: tuple[str, str, Sequence[tuple[int, int]], int, int]) -
     """
     path, which, ranges, warmup, threads = args
     table, columns, reducer = _TABLES[which]
+    dtypes = {c.name: np.dtype(c.numpy_dtype) for c in TABLES[table]}
+    work = _Scratch()
     parts = []
     with open_trace(path, allow_incomplete=True) as t:
         strings = t.strings
         if threads <= 1:
             for lo, hi in ranges:
-                parts.append(reducer(t.read_rows(table, lo, hi, columns), strings, warmup))
+                out = {c: work.get(f"read {c}", hi - lo, dtypes[c]) for c in columns}
+                cols = t.read_rows(table, lo, hi, columns, out=out)
+                parts.append(reducer(cols, strings, warmup, work))
         else:
             with (
                 ThreadPoolExecutor(threads, thread_name_prefix="codl-decode") as decode,
@@ -155,7 +266,7 @@ def _reduce_ranges(args: tuple[str, str, Sequence[tuple[int, int]], int, int]) -
                     cols = ahead.pop().result()
                     if i + 1 < len(ranges):
                         ahead.append(read(ranges[i + 1]))
-                    parts.append(reducer(cols, strings, warmup))
+                    parts.append(reducer(cols, strings, warmup, work))
     if not parts:
         return _empty_partial()
     return pd.concat(parts, ignore_index=True).groupby(["rank", "step", "sub"]).sum().reset_index()
@@ -200,7 +311,7 @@ def loader_stage_sums(
     wide = partial.pivot_table(index=KEYS, columns="sub", values="sum", aggfunc="sum")
     out = pd.DataFrame(index=wide.index)
     for i, stage in enumerate(LOADER_STAGES):
-        out[f"loader_{stage}_ms"] = wide.get(i, np.nan)
+        out[f"loader_{stage}_ms"] = wide.get(i, np.nan) / 1e6  # partial sums are in ns
     out = out.reset_index()
     return out.astype(LOADER_SUM_COLUMNS)[list(LOADER_SUM_COLUMNS)]
 
@@ -214,28 +325,32 @@ def api_step_metrics(
         return pd.DataFrame({c: pd.Series(dtype=d) for c, d in API_STEP_COLUMNS.items()})
     allc = partial[partial["sub"] == 0].set_index(KEYS)
     lk = partial[partial["sub"] == 1].set_index(KEYS)
+    # Partial sums are in ns.
     out = pd.DataFrame(
-        {"api_calls": allc["n"], "api_us_mean": allc["sum"] / allc["n"]}, index=allc.index
+        {"api_calls": allc["n"], "api_us_mean": allc["sum"] / 1e3 / allc["n"]}, index=allc.index
     )
     out["launch_kernel_calls"] = lk["n"].reindex(out.index).fillna(0)
-    out["launch_kernel_us_mean"] = (lk["sum"] / lk["n"]).reindex(out.index)
+    out["launch_kernel_us_mean"] = (lk["sum"] / 1e3 / lk["n"]).reindex(out.index)
     out = out.reset_index()
     return out.astype(API_STEP_COLUMNS)[list(API_STEP_COLUMNS)]
 
 
 # What summarize reads of the two big tables: the rows of measured steps (the warm-up's are
-# dropped by every metric) and these columns; of events/cuda only runtime calls and kernels.
+# dropped by every metric) and these columns; of events/cuda only the kinds it uses (runtime
+# calls; kernels, memcpy and memset for the overlaps and the decomposition's GPU time). The
+# workflow's per-run figure tables also read the loader's worker (the step timeline's tracks).
 SUMMARY_COLUMNS: dict[str, list[str]] = {
-    "events/loader": ["rank", "step", "pid", "item", "stage", "start_ns", "end_ns"],
+    "events/loader": ["rank", "step", "worker", "pid", "item", "stage", "start_ns", "end_ns"],
     "events/cuda": ["rank", "step", "kind", "name", "start_ns", "end_ns"],
 }
-_SUMMARY_KINDS = ("runtime", "kernel")
+_SUMMARY_KINDS = ("runtime", "kernel", "memcpy", "memset")
 
 
 def _pruned_table(
     t: Trace, name: str, warmup: int, pool: ThreadPoolExecutor | None
 ) -> pd.DataFrame:
-    """Table ``name`` read block by block, keeping only what summarize uses of it."""
+    """Table ``name`` read block by block, keeping only what summarize uses of it (rows of
+    steps from ``warmup`` on: 0 keeps the warm-up's too)."""
     columns = SUMMARY_COLUMNS[name]
     strings = t.strings
     kinds = [strings.index(k) for k in _SUMMARY_KINDS if k in strings]
@@ -264,19 +379,20 @@ def _pruned_table(
 
 
 def read_summary_tables(
-    path: Path, *, threads: int = 1
+    path: Path, *, threads: int = 1, warmup_rows: bool = False
 ) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
     """What ``summarize.summarize_tables`` needs of a verified trace, and its root attributes.
 
     The small tables are read whole; events/loader and events/cuda block by block, keeping the
-    measured steps' rows and the columns of ``SUMMARY_COLUMNS`` (and of events/cuda only the
-    runtime calls and kernels), so neither table is ever in memory whole. ``threads`` > 1
-    decodes their chunks on that many threads.
+    measured steps' rows (``warmup_rows``: the warm-up's too, which the step timeline may
+    draw, as it picks loader rows by time) and the columns of ``SUMMARY_COLUMNS`` (of
+    events/cuda only the kinds summarize uses), so neither table is ever in memory whole.
+    ``threads`` > 1 decodes gzip chunks on that many threads.
     """
     with open_trace(path) as t:
         t.verify()
         attrs = dict(t.attrs)
-        warmup = warmup_steps(attrs)
+        warmup = 0 if warmup_rows else warmup_steps(attrs)
         present = set(t.tables())
         with ThreadPoolExecutor(threads) if threads > 1 else contextlib.nullcontext() as pool:
             tables = {

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from codl.analysis import chunked
 from codl.analysis import compare as cmp
 from codl.analysis import decompose as dec
 from codl.analysis import summarize as sm
@@ -42,7 +43,11 @@ def summarize_to(
     """Every per-run table of one trace, and its figure tables when their paths are given;
     returns the one-row summary."""
     log.info("reading %s", trace)
-    tables, attrs = sm.read_tables(trace)
+    # The big event tables in the rows and columns the tables below use, read block by block
+    # (decoded on the job's cores): never the whole of a long run's loader or CUDA table.
+    tables, attrs = chunked.read_summary_tables(
+        trace, threads=chunked.default_threads(), warmup_rows=True
+    )
     log.info(
         "run %s: %s",
         attrs.get("run_id", "?"),

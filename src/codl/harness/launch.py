@@ -29,7 +29,12 @@ from codl.harness.runner import RankEnv, execute
 from codl.log import configure
 from codl.spec import DeviceKind, RunSpec
 from codl.trace.clock import TIME_COLUMNS, Alignment, alignment_of
-from codl.trace.store import check_trace_target, exclusive_lock, incomplete_path
+from codl.trace.store import (
+    DEFAULT_COMPRESSION,
+    check_trace_target,
+    exclusive_lock,
+    incomplete_path,
+)
 
 MERGE_TIMEOUT_S = 300.0
 # How long the other ranks get to stop by themselves (and keep their data) after one failed.
@@ -213,7 +218,9 @@ def _launch(
             kineto_dir=kineto_dir,
         )
         if env.rank == 0:
-            merge_rank_traces(trace_path, world, run_id=spec.run_id)
+            merge_rank_traces(
+                trace_path, world, run_id=spec.run_id, compression=spec.trace.compression
+            )
         return trace_path
     if spec.layout.nodes > 1:
         raise CodlError(
@@ -259,10 +266,14 @@ def _spawn_local(
                 else f"rank {exc.error_index} of {world} failed: "
                 f"{str(exc).strip().splitlines()[-1]}"
             )
-            kept = merge_incomplete_ranks(trace_path, world, reason=why)
+            kept = merge_incomplete_ranks(
+                trace_path, world, reason=why, compression=spec.trace.compression
+            )
             error = RunInterruptedError if stopped else CodlError
             raise error(f"{why}; what the ranks measured is kept in {kept or 'no file'}") from exc
-        return merge_rank_traces(trace_path, world, run_id=spec.run_id)
+        return merge_rank_traces(
+            trace_path, world, run_id=spec.run_id, compression=spec.trace.compression
+        )
 
 
 @contextlib.contextmanager
@@ -299,7 +310,9 @@ def _forwarded_stop(pids: list[int]) -> Iterator[list[str]]:
 _RANK_ATTRS = ("host", "anchors_start", "anchors_end", "t_begin_ns", "t_end_ns", "placement")
 
 
-def merge_incomplete_ranks(trace_path: Path, world: int, *, reason: str) -> Path | None:
+def merge_incomplete_ranks(
+    trace_path: Path, world: int, *, reason: str, compression: str = DEFAULT_COMPRESSION
+) -> Path | None:
     """After a local multi-rank run stopped: every rank's data, from its complete or incomplete
     rank trace, in one trace marked incomplete (``<stem>.incomplete.h5``), whose reason names
     ``reason`` and each rank's own; the rank files it merged are removed. None when no rank
@@ -316,7 +329,7 @@ def merge_incomplete_ranks(trace_path: Path, world: int, *, reason: str) -> Path
     base: dict[str, Any] = {}
     per_rank: list[dict[str, Any]] = []
     read: list[Path] = []
-    writer = TraceWriter(trace_path)
+    writer = TraceWriter(trace_path, compression=compression)
     with writer:
         for r, p in parts:
             try:
@@ -446,7 +459,13 @@ def aligned_columns(df: Any, alignment: Alignment) -> dict[str, Any]:
     return out
 
 
-def merge_rank_traces(trace_path: Path, world: int, *, run_id: str | None = None) -> Path:
+def merge_rank_traces(
+    trace_path: Path,
+    world: int,
+    *,
+    run_id: str | None = None,
+    compression: str = DEFAULT_COMPRESSION,
+) -> Path:
     """Merge the per-rank traces into one trace on rank 0's clock; per-rank provenance kept
     under ``ranks``, each rank's clock offset and its error bound under ``clock_alignment``."""
     from codl.trace.schema import TABLES
@@ -460,7 +479,7 @@ def merge_rank_traces(trace_path: Path, world: int, *, run_id: str | None = None
         with open_trace(p, allow_incomplete=True) as t:  # checked above; rank parts
             per_rank.append({k: v for k, v in t.attrs.items() if k in RANK_ATTRS})
     alignments = rank_alignments(per_rank)
-    with TraceWriter(trace_path) as w:
+    with TraceWriter(trace_path, compression=compression) as w:
         for r, p in enumerate(parts):
             with open_trace(p, allow_incomplete=True) as t:
                 if r == 0:

@@ -53,7 +53,7 @@ from codl.trace.clock import Anchor, now_ns, take_anchor
 from codl.trace.device import DeviceSampler
 from codl.trace.sched import SAMPLED_PHASES, PhaseSched, SchedSampler
 from codl.trace.schema import Table, empty_columns
-from codl.trace.store import TraceWriter, signals_deferred
+from codl.trace.store import DEFAULT_COMPRESSION, TraceWriter, signals_deferred
 
 
 @dataclass(frozen=True)
@@ -347,6 +347,7 @@ class _TraceRecorder:
     cuda_sched: dict[str, Any] | None = None
     sched_events: dict[str, dict[str, Any]] | None = None
     writer: TraceWriter | None = None
+    compression: str = DEFAULT_COMPRESSION  # trace.compression
 
     @classmethod
     def start(cls, spec: RunSpec, env: RankEnv, placed: _Placed) -> _TraceRecorder:
@@ -362,7 +363,15 @@ class _TraceRecorder:
         if cuda and spec.trace.device:
             dev.start()
         comm = CommRecorder(rank=env.rank)
-        return cls(rank=env.rank, spans=spans, sched=sched, dev=dev, comm=comm, placed=placed)
+        return cls(
+            rank=env.rank,
+            spans=spans,
+            sched=sched,
+            dev=dev,
+            comm=comm,
+            placed=placed,
+            compression=spec.trace.compression,
+        )
 
     def sample(self, step: int) -> None:
         self.sched.sample(step)
@@ -371,7 +380,7 @@ class _TraceRecorder:
     def open(self, path: Path) -> TraceWriter:
         """Open the trace writer: from now on ``drain`` streams rows to its partial file."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        writer = TraceWriter(path)
+        writer = TraceWriter(path, compression=self.compression)
         writer.__enter__()
         self.writer = writer
         return writer

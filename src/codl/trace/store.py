@@ -34,6 +34,10 @@ from types import TracebackType
 from typing import Any, Final, Literal, Self
 
 import h5py
+
+# Registers the Blosc HDF5 filter (and hdf5plugin's others) with this process's HDF5: every
+# reader of a trace goes through this module, so no user ever meets "filter not available".
+import hdf5plugin
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
@@ -43,13 +47,17 @@ from codl.spec import RunSpec
 from codl.trace import chunkcodec
 from codl.trace.schema import SCHEMA_VERSION, TABLES, Column
 
-Compression = Literal["gzip", "lzf"]
-COMPRESSIONS: Final[tuple[Compression, ...]] = ("gzip", "lzf")
-# benchmarks/trace_store.py, 10 M loader events: gzip-1 stores 6.1 bytes/event against lzf's 7.0
-# and reads 30 % faster, writing only ~10 % slower (2.6 vs 2.9 M events/s); traces are written
-# after the measured steps, so size and read speed win. gzip is also in every HDF5 build, while
-# lzf is an h5py-only filter that C, Julia or MATLAB readers would need a plugin for.
-DEFAULT_COMPRESSION: Final[Compression] = "gzip"
+Compression = Literal["blosc-lz4", "gzip", "lzf"]
+COMPRESSIONS: Final[tuple[Compression, ...]] = ("blosc-lz4", "gzip", "lzf")
+# Blosc with LZ4 and byte shuffle (hdf5plugin's filter 32001) writes ~2.5x more events per
+# CPU-second than gzip-1 and reads ~2-3x more, at 7-18 % more bytes (benchmarks/long_trace.py,
+# docs/design.md "Trace storage"): the tracer's CPU competes with the loader and launch threads
+# it measures, so the cheap codec is the default. gzip is the portable choice (every HDF5
+# build reads it without plugins); lzf, an h5py-only filter, is kept for the store benchmark.
+DEFAULT_COMPRESSION: Final[Compression] = "blosc-lz4"
+# The Blosc filter's own options: LZ4 at Blosc's default level 5, byte shuffle inside Blosc
+# (so no HDF5 shuffle filter), one thread (the filter runs in the writing thread).
+BLOSC: Final = hdf5plugin.Blosc(cname="lz4", clevel=5, shuffle=hdf5plugin.Blosc.SHUFFLE)
 GZIP_LEVEL: Final = 1
 
 # ~0.5 MiB chunks (docs/design.md, "Trace storage"): large enough for compression and few
@@ -470,7 +478,7 @@ class TraceWriter:
         self,
         path: str | os.PathLike[str],
         *,
-        compression: Compression = DEFAULT_COMPRESSION,
+        compression: str = DEFAULT_COMPRESSION,
         threads: int | None = None,
     ) -> None:
         self._path = Path(path)
@@ -479,12 +487,18 @@ class TraceWriter:
                 f"{self._path}: a final trace name must not end in {INCOMPLETE_SUFFIX!r} or "
                 f"{PARTIAL_SUFFIX!r}; those names mark unfinished traces"
             )
-        if compression not in COMPRESSIONS:
-            raise ValueError(f"compression {compression!r}: expected one of {COMPRESSIONS}")
-        self._compression: Compression = compression
+        # str(): a spec's TraceCompression is a str Enum whose str() is its value.
+        name = str(compression)
+        if name not in COMPRESSIONS:
+            raise ValueError(
+                f"compression {name!r}: expected one of {', '.join(COMPRESSIONS)} "
+                "(trace.compression)"
+            )
+        self._compression: Compression = name
         if threads is not None and threads < 1:
             raise ValueError(f"threads={threads}: expected a positive number or None")
-        # Compression threads (gzip only): by default one per core this process may run on,
+        # Compression threads (gzip; hashing only for the codecs HDF5 runs): by default one per
+        # core this process may run on,
         # so a pinned recorder never spreads onto cores it was kept off.
         self._threads = threads or min(_MAX_THREADS, len(os.sched_getaffinity(0)))
         self._pool: ThreadPoolExecutor | None = None
@@ -500,6 +514,9 @@ class TraceWriter:
         self._chunks: dict[str, list[tuple[int, int, int, int]]] = {}
         # sha256 of every column's committed values, updated as rows are written.
         self._hashes: dict[str, dict[str, Any]] = {}
+        # Each table's group and column datasets, looked up once: h5py's lookup by name costs
+        # as much per block as a small column's compression.
+        self._groups: dict[str, tuple[Any, dict[str, Any]]] = {}
         self._state = _State.NEW
         # Unique per writer (pid + random): two writers of one path never share a partial file.
         self._token = f"{os.getpid()}-{secrets.token_hex(4)}"
@@ -737,25 +754,28 @@ class TraceWriter:
         # Compressed chunks are at most a little larger than raw ones, plus fletcher32 and the
         # chunk B-tree entries.
         self._reserve(2 * n * row_bytes(table) + _CHUNK_OVERHEAD_BYTES * len(schema))
-        group = self._file[table]
+        group, datasets = self._groups[table]
         start = self._rows[table]
         hashes = self._hashes[table]
         values = {c.name: buf.columns[c.name][:n] for c in schema}
+        pool = self._thread_pool()
         if self._compression == "gzip":
             # Every column's chunks compressed (and hashed) on the pool at once; HDF5 then gets
             # the finished bytes, in column order, from this thread only.
-            pool = self._thread_pool()
             jobs = [
                 pool.submit(_encode_column, values[c.name], start, chunk_rows(c), hashes[c.name])
                 for c in schema
             ]
             encoded = [job.result() for job in jobs]
+        else:
+            # HDF5 runs the filter (Blosc: ~1 GB/s per core) in this thread; the digests, which
+            # cost about as much, are computed meanwhile on the pool (hashlib releases the GIL).
+            hashed = [pool.submit(hashes[c.name].update, values[c.name].data) for c in schema]
         for i, c in enumerate(schema):
-            ds = group[c.name]
+            ds = datasets[c.name]
             ds.resize((start + n,))
             if self._compression != "gzip":
                 ds[start : start + n] = values[c.name]
-                hashes[c.name].update(values[c.name].tobytes())
                 continue
             head, chunks = encoded[i]
             if head:
@@ -763,6 +783,9 @@ class TraceWriter:
                 ds[start : start + head] = values[c.name][:head]
             for offset, data in chunks:
                 ds.id.write_direct_chunk((offset,), data)
+        if self._compression != "gzip":
+            for job in hashed:
+                job.result()  # before `rows` commits them, and before the buffer is refilled
         # `rows` is the commit point: a reader ignores anything past it, e.g. the columns that an
         # append interrupted half-way had already extended.
         group.attrs["rows"] = start + n
@@ -822,17 +845,16 @@ class TraceWriter:
     def _create_table(self, f: Any, table: str, schema: tuple[Column, ...]) -> Any:
         self._reserve(_CHUNK_OVERHEAD_BYTES * len(schema))
         group = f.require_group(table)
+        datasets = {}
         for c in schema:
-            ds = group.create_dataset(
+            ds = datasets[c.name] = group.create_dataset(
                 c.name,
                 shape=(0,),
                 maxshape=(None,),
                 dtype=c.numpy_dtype,
                 chunks=(chunk_rows(c),),
-                compression=self._compression,
-                compression_opts=GZIP_LEVEL if self._compression == "gzip" else None,
-                shuffle=True,
                 fletcher32=True,
+                **_filter_options(self._compression),
             )
             ds.attrs["unit"] = c.unit
             ds.attrs["doc"] = c.doc
@@ -842,6 +864,7 @@ class TraceWriter:
         self._rows[table] = 0
         self._chunks[table] = []
         self._hashes[table] = {c.name: hashlib.sha256() for c in schema}
+        self._groups[table] = (group, datasets)
         return group
 
     def _write_strings(self, f: Any) -> None:
@@ -980,6 +1003,17 @@ class TraceWriter:
         return kept
 
 
+def _filter_options(compression: Compression) -> dict[str, Any]:
+    """h5py's create_dataset options of a column's filters (fletcher32 comes after them)."""
+    if compression == "blosc-lz4":
+        return dict(BLOSC)  # Blosc shuffles bytes itself
+    return {
+        "compression": compression,
+        "compression_opts": GZIP_LEVEL if compression == "gzip" else None,
+        "shuffle": True,
+    }
+
+
 def _time_range(table: str, columns: Mapping[str, npt.NDArray[Any]], n: int) -> tuple[int, int]:
     """(earliest, latest) time of the first ``n`` rows: start_ns..max(start_ns, end_ns) for
     events, t_ns for samples; what the chunk index stores per block."""
@@ -1025,6 +1059,10 @@ class Trace:
         self._strings = strings
         self._categories = pd.Index(strings, dtype="str")
         self._chunk_index: dict[str, npt.NDArray[np.int64] | None] = {}
+        # Checked row counts and dataset handles, per table: the file is open read-only, and a
+        # reader of a long trace asks for them once per block (h5py's lookups cost ~5 us each).
+        self._rows: dict[str, int] = {}
+        self._datasets: dict[tuple[str, str], Any] = {}
 
     def __enter__(self) -> Self:
         return self
@@ -1079,9 +1117,27 @@ class Trace:
 
     def _read(self, table: str, column: str, sel: slice) -> npt.NDArray[Any]:
         try:
-            return np.asarray(self._file[table][column][sel])
+            ds = self._datasets.get((table, column))
+            if ds is None:
+                ds = self._datasets[(table, column)] = self._file[table][column]
+            return np.asarray(ds[sel])
         except H5_ERRORS as e:
             raise self._corrupt(f"dataset /{table}/{column}", e) from e
+
+    def _read_into(
+        self, table: str, column: str, lo: int, hi: int, buf: npt.NDArray[Any]
+    ) -> npt.NDArray[Any]:
+        view = buf[: hi - lo]
+        if hi == lo:
+            return view
+        try:
+            ds = self._datasets.get((table, column))
+            if ds is None:
+                ds = self._datasets[(table, column)] = self._file[table][column]
+            ds.read_direct(view, np.s_[lo:hi], np.s_[0 : hi - lo])
+        except H5_ERRORS as e:
+            raise self._corrupt(f"dataset /{table}/{column}", e) from e
+        return view
 
     def _row_count(self, table: str, schema: tuple[Column, ...]) -> int:
         """The table's committed row count, checked against every column's extent.
@@ -1091,6 +1147,8 @@ class Trace:
         trace. Bounded by the file size, so a damaged count never makes a reader loop or
         allocate without end.
         """
+        if table in self._rows:
+            return self._rows[table]
         try:
             group = self._file[table]
             rows = int(group.attrs["rows"])
@@ -1119,6 +1177,7 @@ class Trace:
             raise self._corrupt(f"attribute 'rows' of /{table}", e) from e
         if rows < 0:
             raise TraceFormatError(f"{self._path}: /{table} has {rows} rows")
+        self._rows[table] = rows
         return rows
 
     def _decode(self, table: str, column: str, codes: npt.NDArray[Any]) -> pd.Categorical:
@@ -1211,18 +1270,24 @@ class Trace:
         columns: list[str] | None = None,
         *,
         pool: Executor | None = None,
+        out: Mapping[str, npt.NDArray[Any]] | None = None,
     ) -> dict[str, npt.NDArray[Any]]:
         """Raw column arrays of rows ``[lo, hi)`` of ``name`` (``sym`` columns as int32 codes
         into ``strings``), bounds-checked against the committed row count.
 
         With a ``pool``, chunks stored through the writer's gzip pipeline are read raw and
         checked, inflated and unshuffled on the pool's threads (``chunkcodec.decode_chunk``),
-        where HDF5 would decode them one at a time under h5py's lock."""
+        where HDF5 would decode them one at a time under h5py's lock. Without one, ``out``
+        (column -> array of at least ``hi - lo`` values) has the columns read into the caller's
+        arrays, which come back as views: a reader of many blocks reuses its memory instead of
+        paying the page faults of fresh arrays (~2 ns per 8-byte value, as much as decoding)."""
         schema = _schema(name)
         n = self._row_count(name, schema)
         if not 0 <= lo <= hi <= n:
             raise ValueError(f"rows {lo}..{hi} of /{name}: the table has {n}")
         wanted = [c.name for c in schema if columns is None or c.name in columns]
+        if pool is None and out is not None:
+            return {c: self._read_into(name, c, lo, hi, out[c]) for c in wanted}
         if pool is None:
             return {c: self._read(name, c, slice(lo, hi)) for c in wanted}
         pending = {c: self._submit_chunks(pool, name, c, lo, hi) for c in wanted}
