@@ -112,3 +112,25 @@ def test_only_runs_and_data_sets_become_sbatch_jobs(tmp_path: Path) -> None:
     # figures (and spec) job was one more (38 summarize jobs for this config).
     assert sbatch == {"run": len(plan.specs), "dataset": len(datasets)}
     assert counts["summarize"] == len(plan.specs)
+
+
+def test_the_shared_node_rule_holds_a_whole_node(tmp_path: Path) -> None:
+    """config/share-h200x2.yaml under the Slurm profile: the `share` rule is one exclusive job
+    with the CPUs the jobs split and a GPU per job; the fitted tables it reads are inputs."""
+    for name in ("loop-h200", "loop-h200-jpeg"):
+        (tmp_path / "results").mkdir(exist_ok=True)
+        (tmp_path / "results" / name).symlink_to(REPO / "results" / name)
+    log = dry_run(REPO / "config" / "share-h200x2.yaml", tmp_path)
+    blocks = {rule: body for rule, body in _JOB.findall(log)}
+    assert "share" in blocks, log[-2000:]
+    m = _RESOURCES.search(blocks["share"])
+    assert m
+    res = dict(item.split("=", 1) for item in m.group(1).split(", "))
+    assert res["nodes"] == "1" and res["tasks"] == "1"
+    assert res["cpus_per_task"] == "32" and res["gpu"] == "2" and res["tasks_per_gpu"] == "0"
+    assert res["slurm_extra"] == "--exclusive"
+    assert res["mem_mb"] == "128000"
+    # 4 splits (none, even, advised: counted, its shares are fitted when the rule runs; the
+    # named 8/24) x 3 repeats x 30 min.
+    assert res["runtime"] == str(30 * 4 * 3)
+    assert "results/loop-h200-jpeg/tables/runs.csv" in blocks["share"]

@@ -108,5 +108,14 @@ if config.get("share", {}).get("jobs"):
         log:
             PATHS.log("share"),
         threads: workflow.cores
+        resources:
+            nodes=SHARE_RESOURCES["nodes"],
+            tasks=SHARE_RESOURCES["tasks"],
+            cpus_per_task=SHARE_RESOURCES["cpus_per_task"],
+            mem_mb=SHARE_RESOURCES["mem_mb"],
+            runtime=SHARE_RESOURCES["runtime"],
+            gpu=SHARE_RESOURCES["gpu"],
+            tasks_per_gpu=SHARE_RESOURCES["tasks_per_gpu"],
+            slurm_extra=SHARE_RESOURCES["slurm_extra"],
         script:
             "../scripts/share.py"

@@ -3,7 +3,12 @@
 import json
 from pathlib import Path
 
-from codl.analysis.advisor_config import advisor_settings, advisor_targets, share_inputs
+from codl.analysis.advisor_config import (
+    advisor_settings,
+    advisor_targets,
+    share_inputs,
+    share_resources,
+)
 from codl.config import build_plan, check_config_files
 from codl.paths import (
     ALL_FIGURES,
@@ -37,6 +42,7 @@ SPECS = PLAN.specs
 ADVISOR = advisor_settings(config)
 # Data sets of the shared-node jobs (config section `share`); empty without one.
 SHARE_INPUTS = share_inputs(config, PLAN, PATHS)
+SHARE_RESOURCES = share_resources(config, PLAN)
 
 
 wildcard_constraints:

@@ -14,7 +14,7 @@ from typing import Any
 from codl.config import Plan
 from codl.errors import CodlError
 from codl.paths import FIGURE_FORMATS, MAP_FIGURE, PREDICTION_FIGURE, SHARE_FIGURE, ResultPaths
-from codl.spec import RunSpec
+from codl.spec import DeviceKind, RunSpec
 from codl.workflow import dataset_input
 
 # slurm.cpus_per_rank's default in the config schema: the cores per rank runs were given.
@@ -138,3 +138,31 @@ def share_inputs(cfg: Mapping[str, Any], plan: Plan, paths: ResultPaths) -> list
     for d in share_settings(cfg).advise_from:
         out |= {str(Path(d) / t) for t in tables}
     return sorted(out)
+
+
+def share_resources(cfg: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
+    """Slurm resources of the `share` rule: one task on one node held alone (``--exclusive``:
+    a job of somebody else on the node's cores would be part of the experiment), the
+    ``slurm.cpus_per_rank`` CPUs the jobs split, one GPU per CUDA job, the jobs' memory, and a
+    time limit for every split and repeat. Without a `share` section: {}."""
+    settings = share_settings(cfg)
+    if not settings.jobs:
+        return {}
+    specs = list(share_specs(cfg, plan).values())
+    slurm = cfg.get("slurm") or {}
+    splits = len(settings.splits) + bool(settings.advised or settings.advise_from)
+    splits += len(settings.fixed)
+    gpus = sum(1 for s in specs if s.device is DeviceKind.CUDA)
+    return {
+        "nodes": 1,
+        "tasks": 1,
+        "cpus_per_task": int(slurm.get("cpus_per_rank", 2)),
+        "mem_mb": int(slurm.get("mem_mb_per_rank", 4000)) * len(specs),
+        "runtime": int(slurm.get("runtime_min", 30)) * splits * settings.repeats,
+        # sbatch --gpus=N for one task; 0 tasks per GPU leaves --ntasks-per-gpu unset (the
+        # plugin would otherwise tie it to `tasks` and start a task per GPU).
+        "gpu": gpus,
+        "tasks_per_gpu": 0,
+        "slurm_extra": "--exclusive",
+    }
+
