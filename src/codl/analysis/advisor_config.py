@@ -165,4 +165,3 @@ def share_resources(cfg: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
         "tasks_per_gpu": 0,
         "slurm_extra": "--exclusive",
     }
-
