@@ -251,11 +251,15 @@ def test_an_advised_split_equal_to_another_is_run_once(
         {"share": {"jobs": ["a", "b"], "advise_from": ["r1", "r2"], "fixed": {"f": [3, 1]}}}
     )
     monkeypatch.setattr(share, "advised_split", lambda dirs, n, work: [2, 2])
-    assert share.splits_for(settings, 4, 2, tmp_path) == {
-        "none": None,
-        "even": [2, 2],
-        "f": [3, 1],
-    }
+    splits, advised_as = share.splits_for(settings, 4, 2, tmp_path)
+    assert splits == {"none": None, "even": [2, 2], "f": [3, 1]} and advised_as == "even"
     monkeypatch.setattr(share, "advised_split", lambda dirs, n, work: [1, 3])
-    splits = share.splits_for(settings, 4, 2, tmp_path)
+    splits, advised_as = share.splits_for(settings, 4, 2, tmp_path)
     assert list(splits) == ["none", "even", "advised", "f"] and splits["advised"] == [1, 3]
+    assert advised_as == "advised"
+    rows = pd.DataFrame(
+        [(sp, 0, j, "0", 1.0) for sp in ("even", "f") for j in ("a", "b")],
+        columns=["split", "repeat", "job", "cpus", "throughput"],
+    )
+    report = share.share_report(rows, advised="even").set_index("split")
+    assert report["advised"].to_dict() == {"even": True, "f": False}

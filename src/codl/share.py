@@ -170,13 +170,16 @@ def throughput_of(trace: Path, work: Path) -> float:
     return float(summary["throughput_samples_s"].iloc[0]) / world
 
 
-def share_report(rows: pd.DataFrame, *, boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+def share_report(
+    rows: pd.DataFrame, *, advised: str | None = None, boot: int = 2000, seed: int = 0
+) -> pd.DataFrame:
     """Per split: each job's throughput, the total, and each against the even split
     (``rows``: split, repeat, job, cpus, throughput). Means over repeats, with 95 % bootstrap
     intervals over repeats (``<col>_lo``/``<col>_hi``; NaN with one repeat): a split's effect on
     a shared node is a few per cent, the size of run-to-run scatter, so a mean alone misleads.
     ``speedup_<job>_vs_even`` and ``total_vs_even``: mean / even's mean, the interval resampling
-    both splits' repeats independently (repeats of different splits are not paired)."""
+    both splits' repeats independently (repeats of different splits are not paired).
+    ``advised``: the split that ran the advised shares (column ``advised``)."""
     per_rep = rows.pivot_table(index=["split", "repeat"], columns="job", values="throughput")
     jobs = [str(j) for j in rows["job"].drop_duplicates()]
     per_rep = per_rep[jobs]
@@ -194,6 +197,7 @@ def share_report(rows: pd.DataFrame, *, boot: int = 2000, seed: int = 0) -> pd.D
         out[f"{col}_lo"] = [_percentile(draws[s][:, i], 2.5) for s in splits]
         out[f"{col}_hi"] = [_percentile(draws[s][:, i], 97.5) for s in splits]
     out["repeats"] = [len(per_rep.loc[s]) for s in splits]
+    out["advised"] = [s == advised for s in splits]
     if "even" in splits:
         # Jobs of different models count samples of different cost: the sum of samples/s is what
         # the node delivers, the mean speedup against the even split what each job gets.
@@ -299,25 +303,30 @@ def _visible_gpus(specs: Any) -> int:
 
 def splits_for(
     settings: ShareSettings, n_cpus: int, n_jobs: int, work: Path
-) -> dict[str, Sequence[int] | None]:
+) -> tuple[dict[str, Sequence[int] | None], str | None]:
     """The section's splits by name: ``none``/``even``, the advised one (given, or fitted from
-    ``advise_from``; left out where it equals another split), then the ``fixed`` ones."""
+    ``advise_from``; left out where it equals another split), then the ``fixed`` ones; and the
+    name under which the advised split runs (None without one)."""
     splits: dict[str, Sequence[int] | None] = {
         split: None if split == "none" else even_counts(n_cpus, n_jobs) for split in settings.splits
     }
+    advised_as: str | None = None
     if settings.advised:
         splits["advised"] = list(settings.advised)
+        advised_as = "advised"
     elif settings.advise_from:
         advised = advised_split(settings.advise_from, n_cpus, work)
         same = [name for name, c in splits.items() if c is not None and list(c) == advised]
         if same:
             # The same shares under two names would count one measurement twice.
-            _LOG.info("advised split %s is the %s split: run once, as %s", advised, *same[:1] * 2)
+            advised_as = same[0]
+            _LOG.info("advised split %s is the %s split: run once", advised, advised_as)
         else:
             splits["advised"] = advised
+            advised_as = "advised"
     for name, counts in settings.fixed:
         splits[name] = list(counts)
-    return splits
+    return splits, advised_as
 
 
 def share_to(
@@ -347,9 +356,9 @@ def share_to(
         )
         for (name, spec), gpu in zip(specs.items(), gpus, strict=True)
     ]
-    splits = splits_for(settings, len(os.sched_getaffinity(0)), len(jobs), paths.share)
+    splits, advised_as = splits_for(settings, len(os.sched_getaffinity(0)), len(jobs), paths.share)
     rows = run_shared(jobs, splits, work=paths.share, repeats=settings.repeats)
-    report = share_report(rows)
+    report = share_report(rows, advised=advised_as)
     for out, df in ((rows_out, rows), (table_out, report)):
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         df.to_csv(out, index=False)

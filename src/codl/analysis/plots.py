@@ -893,9 +893,10 @@ def share_throughput(report: pd.DataFrame, jobs: Sequence[str], outputs: Sequenc
         if col == "total":
             style |= {"fill": False, "ec": "k"}
         ax.bar(x + i * width, report[col], width, **style)
+    advised = report["advised"] if "advised" in report else pd.Series(False, index=report.index)
     labels = [
-        f"{s}\n" + " / ".join(str(r[f"cpus_{j}"]) for j in jobs)
-        for s, (_, r) in zip(report["split"], report.iterrows(), strict=True)
+        f"{s}{' (advised)' if a else ''}\n" + " / ".join(str(r[f"cpus_{j}"]) for j in jobs)
+        for s, a, (_, r) in zip(report["split"], advised, report.iterrows(), strict=True)
     ]
     ax.set_xticks(x + 0.4 - width / 2, labels, fontsize=8)
     ax.set_ylabel("throughput (samples/s per rank)")
