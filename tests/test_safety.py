@@ -1393,3 +1393,38 @@ def test_fuzz_single_bit_flips_give_a_clean_error_or_the_identical_result(
     # rest are not all harmless either (headers, checksums, data).
     assert counts["error"] >= 80, counts
     print(f"bit flips: {counts}")
+
+
+def test_a_stopped_runs_handlers_still_ignore_the_kills_repeats() -> None:
+    """After an interrupted run has written its trace, the handlers from before the run come
+    back behind a grace handler: the rest of a Slurm/group kill (repeats within the window)
+    cannot end the process by the signal instead of its exit status 2; a later signal goes to
+    the old handler."""
+    from codl.harness import runner
+
+    seen: list[int] = []
+    before = signal.getsignal(signal.SIGUSR1)
+    try:
+        # Not stopped: the old handler comes back as it was.
+        stop = runner._StopHandler()
+        signal.signal(signal.SIGUSR1, stop)
+        stop.restore({signal.SIGUSR1: before})
+        assert signal.getsignal(signal.SIGUSR1) == before
+        # Stopped just now: a repeat is swallowed, even with the default handler behind.
+        stop = runner._StopHandler()
+        with pytest.raises(runner.RunInterruptedError, match="SIGUSR1"):
+            stop(signal.SIGUSR1, None)
+        stop(signal.SIGUSR1, None)  # a repeat inside the window: ignored
+        stop.restore({signal.SIGUSR1: signal.SIG_DFL})
+        signal.raise_signal(signal.SIGUSR1)  # SIG_DFL would end this process
+        # Stopped long ago: the signal is a new one and reaches the old handler.
+        stop = runner._StopHandler()
+        with pytest.raises(runner.RunInterruptedError):
+            stop(signal.SIGUSR1, None)
+        assert stop.first is not None
+        stop.first -= 2 * runner._REPEAT_IGNORE_S
+        stop.restore({signal.SIGUSR1: lambda signum, _frame: seen.append(signum)})
+        signal.raise_signal(signal.SIGUSR1)
+        assert seen == [signal.SIGUSR1]
+    finally:
+        signal.signal(signal.SIGUSR1, before)

@@ -284,7 +284,7 @@ def _forwarded_stop(pids: list[int]) -> Iterator[list[str]]:
     Slurm's time limit and Ctrl-C signal the whole process group: the launcher must outlive its
     ranks, which stop and write their data, so that it can merge what they measured into one
     incomplete trace. A signal sent to the launcher alone reaches the ranks this way; a rank
-    that got it from the group too ignores the repeat (runner._stop_handler).
+    that got it from the group too ignores the repeat (runner._StopHandler).
     """
     stopped: list[str] = []
     if threading.current_thread() is not threading.main_thread():

@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sized
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -139,7 +139,7 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _REPEAT_IGNORE_S = 5.0
 
 
-def _stop_handler() -> Callable[[int, FrameType | None], None]:
+class _StopHandler:
     """SIGTERM/SIGINT handler of one run: raise RunInterruptedError to stop it.
 
     Repeats within _REPEAT_IGNORE_S of the first (Slurm and group-wide kills deliver several)
@@ -147,16 +147,36 @@ def _stop_handler() -> Callable[[int, FrameType | None], None]:
     (which then ignores both signals itself). A later one raises again: the first may have been
     swallowed, raised inside a finalizer where Python only prints it.
     """
-    first: list[float] = []
 
-    def handler(signum: int, frame: FrameType | None) -> None:
+    def __init__(self) -> None:
+        self.first: float | None = None
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
         now = time.monotonic()
-        if first and now - first[0] < _REPEAT_IGNORE_S:
+        if self.first is not None and now - self.first < _REPEAT_IGNORE_S:
             return
-        first[:] = [now]
+        self.first = now
         raise RunInterruptedError(f"received {signal.Signals(signum).name}")
 
-    return handler
+    def restore(self, previous: Mapping[signal.Signals, Any]) -> None:
+        """Put the handlers from before the run back; after a stop, behind a grace handler that
+        still ignores the kill's repeats. A run whose trace is written quickly is past this
+        point before a kill's third SIGTERM arrives, and the default handler would then end the
+        process by the signal instead of its orderly exit status 2."""
+        for s, handler in previous.items():
+            signal.signal(s, handler if self.first is None else self._grace(handler))
+
+    def _grace(self, handler: Any) -> Callable[[int, FrameType | None], None]:
+        first = self.first
+
+        def grace(signum: int, frame: FrameType | None) -> None:
+            if first is not None and time.monotonic() - first < _REPEAT_IGNORE_S:
+                return
+            # A new signal, not a repeat: what was there before the run handles it.
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+            signal.raise_signal(signum)
+
+        return grace
 
 
 def _git_revision() -> str:
@@ -542,7 +562,7 @@ def execute(
     reason = ""
     # Installed here, not earlier: from now on every way out of the run goes through the
     # `finally` below, which restores the previous handlers.
-    stop = _stop_handler()
+    stop = _StopHandler()
     previous = {s: signal.signal(s, stop) for s in _STOP_SIGNALS}
     try:
         parts = _build(spec, env, device, rec, held, dataset_dir)
@@ -582,8 +602,7 @@ def execute(
         try:
             rec.write(trace_path, complete=complete, reason=reason)
         finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
+            stop.restore(previous)
         rec.close()
         placed.release()
     return trace_path
