@@ -115,7 +115,7 @@ def test_main_end_to_end(tmp_path: Path, name: str, capsys: pytest.CaptureFixtur
     assert "policy none, 9 workers" in printed
     plan = load_plan(out)
     # The best measured setting is re-run beside the advice unless the advice covers it.
-    best = adv.best_measured(runs, mdl.run_data(runs, steps))
+    best = adv.best_measured(mdl.run_data(runs, steps))
     covered = best.policy == "none" and best.workers in (7, 9, 11)
     expected = {"advice", "policies", "loader"} | (set() if covered else {"best"})
     assert set(plan.experiments()) == expected

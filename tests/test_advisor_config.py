@@ -110,7 +110,7 @@ def test_the_verification_reruns_the_best_measured_setting_beside_the_advice() -
     advice = adv.advise(fit, cores=CORES)
     combined = runs[runs["mode"] == "data+compute"]
     top = combined.groupby(["policy", "workers"])["throughput_samples_s"].mean().idxmax()
-    best = adv.best_measured(runs, data)
+    best = adv.best_measured(data)
     assert (best.policy, best.workers) == top and best.runs == 2
     assert best.launch_cores is None  # the planted runs' launch_cores are `auto`
     cfg = adv.verification_config(advice, fit, defaults={"seed": 3}, best=best)

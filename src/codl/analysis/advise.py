@@ -238,35 +238,22 @@ class MeasuredSetting:
     runs: int
 
 
-def best_measured(runs: pd.DataFrame, data: mdl.RunData) -> MeasuredSetting:
+def best_measured(data: mdl.RunData) -> MeasuredSetting:
     """The combined setting with the highest mean throughput per rank among the runs the model
-    was fitted on (``data.runs``: the CUPTI-traced ones already left out)."""
-    fitted = data.runs[data.runs["mode"] == data.node.combined_mode]
-    r = runs[runs["run_id"].isin(fitted["run_id"])].copy()
-    world = r["world_size"].fillna(1) if "world_size" in r else 1
-    r["per_rank"] = r["throughput_samples_s"] / world
-    lc = r["launch_cores"] if "launch_cores" in r else pd.Series(None, index=r.index)
-    r["launch"] = [_launch_count(str(p), c) for p, c in zip(r["policy"], lc, strict=True)]
-    by = r.groupby(["policy", "workers", "launch"])["per_rank"].agg(["mean", "count"])
-    top = by.reset_index().sort_values("mean", ascending=False).iloc[0]
-    launch = int(top["launch"])
+    was fitted on (``data``: the CUPTI-traced ones already left out), as the fit sees them
+    (``model.group_stats``)."""
+    groups = mdl.group_stats(data)
+    combined = groups[groups["mode"] == data.node.combined_mode]
+    top = combined.sort_values("throughput", ascending=False).iloc[0]
+    policy, launch = str(top["policy"]), top["launch_cores"]
     return MeasuredSetting(
-        policy=str(top["policy"]),
+        policy=policy,
         workers=int(top["workers"]),
-        launch_cores=None if launch < 0 else launch,
-        throughput=float(top["mean"]),
-        runs=int(top["count"]),
+        # `none` stores a launch_cores it never reads; the advice has None there, as for auto.
+        launch_cores=None if policy == "none" or pd.isna(launch) else int(launch),
+        throughput=float(top["throughput"]),
+        runs=int(top["runs"]),
     )
-
-
-def _launch_count(policy: str, value: Any) -> int:
-    """A runs-table launch_cores cell as a count, -1 for `auto` or a policy that reads none."""
-    if policy == "none" or value is None or pd.isna(value):
-        return -1
-    try:
-        return int(float(value))
-    except ValueError:  # "auto"
-        return -1
 
 
 def _best_experiment(best: MeasuredSetting, modes: list[str], repeats: int) -> dict[str, Any]:
@@ -540,7 +527,7 @@ def _write_verification(
         worker_step=args.worker_step,
         repeats=args.repeats,
         measured_steps=args.steps,
-        best=best_measured(runs, data),
+        best=best_measured(data),
     )
     try:
         build_plan(cfg, source=str(args.out))

@@ -110,7 +110,7 @@ def advise_to(
         defaults=cfg.get("defaults") or {},
         slurm=cfg.get("slurm"),
         repeats=settings.repeats,
-        best=adv.best_measured(run_table, data),
+        best=adv.best_measured(data),
     )
     vcfg["advisor"] = {"predictions": str(predictions)}
     plan = build_plan(vcfg, source="the verification config")
