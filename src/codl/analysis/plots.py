@@ -875,8 +875,9 @@ def predicted_vs_measured(
 
 
 def share_throughput(report: pd.DataFrame, jobs: Sequence[str], outputs: Sequence[Path]) -> None:
-    """Sharing a node: per split, each job's throughput (bars) and the total (outlined bar),
-    samples/s per rank; the CPUs each job had under the bar labels."""
+    """Sharing a node: per split, each job's throughput (bars, samples/s per rank) and the
+    jobs' sum (outlined bar), with the report's intervals; the CPUs each job had under the bar
+    labels, the split that ran the advised shares marked."""
     fig, ax = plt.subplots(figsize=(2.2 + 1.6 * max(1, len(report)), 4.2), layout="constrained")
     if report.empty:
         _note(ax, "no shared-node runs")
@@ -899,7 +900,7 @@ def share_throughput(report: pd.DataFrame, jobs: Sequence[str], outputs: Sequenc
         for s, a, (_, r) in zip(report["split"], advised, report.iterrows(), strict=True)
     ]
     ax.set_xticks(x + 0.4 - width / 2, labels, fontsize=8)
-    ax.set_ylabel("throughput (samples/s per rank)")
+    ax.set_ylabel("samples/s (a job: per rank; total: the jobs' sum)")
     lo, hi = (
         (int(report["repeats"].min()), int(report["repeats"].max()))
         if "repeats" in report

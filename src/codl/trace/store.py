@@ -498,8 +498,8 @@ class TraceWriter:
         if threads is not None and threads < 1:
             raise ValueError(f"threads={threads}: expected a positive number or None")
         # Compression threads (gzip; hashing only for the codecs HDF5 runs): by default one per
-        # core this process may run on,
-        # so a pinned recorder never spreads onto cores it was kept off.
+        # core this process may run on, so a pinned recorder never spreads onto cores it was
+        # kept off.
         self._threads = threads or min(_MAX_THREADS, len(os.sched_getaffinity(0)))
         self._pool: ThreadPoolExecutor | None = None
         self._file: Any = None  # h5py.File while open
