@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -37,8 +37,14 @@ LOADER_SUM_COLUMNS: dict[str, str] = {
     "step": "int64",
     **{f"loader_{s}_ms": "float64" for s in LOADER_STAGES},
 }
-# Partial sums of one block: per (rank, step), a sum and a count per quantity.
-_Partial = pd.DataFrame
+# Partial sums of blocks: per (rank, step, sub) group, the summed duration (int64 ns) and the
+# row count, as parallel arrays (rank, step, sub, sum, n); a group recurs in each block it spans.
+_Ints = npt.NDArray[np.int64]
+_Part = tuple[_Ints, _Ints, _Ints, _Ints, _Ints]
+_PARTIAL_COLUMNS = ["rank", "step", "sub", "sum", "n"]
+# The rows of one quantity in a block: a row mask, _EVERY_ROW, or None (no row can have it).
+_EVERY_ROW: Final = "every row"
+_Rows = npt.NDArray[np.bool_] | str | None
 
 
 class _Scratch:
@@ -56,21 +62,34 @@ class _Scratch:
         return arr[:n]
 
 
-_Reducer = Callable[[dict[str, npt.NDArray[Any]], list[str], int, _Scratch], _Partial]
+# A table's block reducer: (block's columns, warm-up steps, scratch) -> the block's partials.
+_BlockReducer = Callable[[dict[str, npt.NDArray[Any]], int, _Scratch], list[_Part]]
 
 
-_PARTIAL_COLUMNS = ["rank", "step", "sub", "sum", "n"]
 # A block whose (rank, step) changes less often than once per _MIN_RUN rows (rows are written
-# in time order, so a step's rows mostly follow each other) is reduced run by run: a few
-# passes over the rows and np.add.reduceat, ~2 ns per row and quantity. Blocks whose rows
-# alternate between keys fall back to bincount over dense bins, ~10 ns per row.
+# in time order, so a step's rows mostly follow each other) is reduced run by run: a quantity's
+# rows are picked once (np.flatnonzero), and np.add.reduceat sums each run's share of them,
+# ~1 ns per row and quantity. Blocks whose rows alternate between keys fall back to bincount
+# over dense bins, ~10 ns per row.
 _MIN_RUN = 16
 
 
-def _empty_partial() -> _Partial:
-    return pd.DataFrame(
-        {c: pd.Series(dtype="float64" if c == "sum" else "int64") for c in _PARTIAL_COLUMNS}
-    )
+def _empty_partial() -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype="int64") for c in _PARTIAL_COLUMNS})
+
+
+def _partial_frame(parts: Sequence[_Part] | Sequence[pd.DataFrame]) -> pd.DataFrame:
+    """The partials (of blocks, or workers' frames) added up: one row per (rank, step, sub)
+    group, sums in int64 ns."""
+    if not parts:
+        return _empty_partial()
+    frames = [p for p in parts if isinstance(p, pd.DataFrame)]
+    blocks = [p for p in parts if not isinstance(p, pd.DataFrame)]
+    if blocks:
+        columns = zip(_PARTIAL_COLUMNS, zip(*blocks, strict=True), strict=True)
+        frames.append(pd.DataFrame({c: np.concatenate(arrays) for c, arrays in columns}))
+    frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    return frame.groupby(["rank", "step", "sub"]).sum().reset_index()
 
 
 def _run_starts(rank: npt.NDArray[Any], step: npt.NDArray[Any]) -> npt.NDArray[np.intp] | None:
@@ -86,190 +105,190 @@ def _run_starts(rank: npt.NDArray[Any], step: npt.NDArray[Any]) -> npt.NDArray[n
 
 
 def _run_sums(
-    rank: npt.NDArray[Any],
-    step: npt.NDArray[Any],
     starts: npt.NDArray[np.intp],
-    masks: Sequence[npt.NDArray[np.bool_] | None],
-    dur_ns: npt.NDArray[np.int64],
-    scratch: npt.NDArray[np.int64],
-) -> _Partial:
-    """Per run and per quantity ``sub`` (the index of its row mask in ``masks``; None: no row):
-    the summed ``dur_ns`` and the row count, for the (rank, step, sub) groups that have rows.
-    Runs of one key that recur in the block are added up by the caller's groupby."""
-    keys = {"rank": rank[starts].astype(np.int64), "step": step[starts].astype(np.int64)}
-    parts = []
-    for sub, mask in enumerate(masks):
-        if mask is None:
-            continue
-        counts = np.add.reduceat(mask, starts, dtype=np.int64)
-        np.multiply(dur_ns, mask, out=scratch)
-        sums = np.add.reduceat(scratch, starts).astype(np.float64)
-        has = counts > 0
-        parts.append(
-            pd.DataFrame(
-                {
-                    "rank": keys["rank"][has],
-                    "step": keys["step"][has],
-                    "sub": np.full(int(has.sum()), sub, dtype=np.int64),
-                    "sum": sums[has],
-                    "n": counts[has],
-                }
-            )
-        )
-    if not parts:
-        return _empty_partial()
-    return pd.concat(parts, ignore_index=True)
+    rows: npt.NDArray[np.bool_] | str,
+    dur: npt.NDArray[np.int64],
+    work: _Scratch,
+) -> tuple[_Ints, _Ints]:
+    """Per run of rows (first rows ``starts``): the summed ``dur`` of its ``rows`` (_EVERY_ROW:
+    all its rows) and their count; a run without rows has count 0."""
+    if isinstance(rows, str):
+        return np.add.reduceat(dur, starts), np.diff(starts, append=len(dur))
+    picked = np.flatnonzero(rows)
+    m = len(picked)
+    # Where each run's first row falls among the picked rows: its share is bounds[i]..bounds[i+1].
+    bounds = np.searchsorted(picked, starts)
+    # The picked durations and one 0 after them: reduceat gives an empty share the value at its
+    # bound, which is then that 0 or a later share's first value (its count, 0, drops it).
+    values = work.get("picked", m + 1, np.int64)
+    np.take(dur, picked, out=values[:m], mode="clip")
+    values[m] = 0
+    return np.add.reduceat(values, bounds), np.diff(bounds, append=m)
 
 
 def _group_sums(
     rank: npt.NDArray[Any],
     step: npt.NDArray[Any],
-    sub: npt.NDArray[np.int64],
-    n_sub: int,
-    weights: npt.NDArray[Any],
+    dur: npt.NDArray[np.int64],
     keep: npt.NDArray[np.bool_],
-) -> _Partial:
-    """Per (rank, step, sub) over the rows where ``keep``: the sum of ``weights`` and the row
-    count, as a partial frame of the groups that have rows.
+) -> tuple[_Ints, _Ints, _Ints, _Ints]:
+    """Per (rank, step) over the rows where ``keep``: rank, step, the summed ``dur`` and the
+    row count of the groups that have rows.
 
     A block holds a few steps of a few ranks, so each row gets a dense bin number from the
     block's smallest rank and step (no sort, no hashing) and two bincounts do the rest; rows
     not kept go to one extra bin that is dropped. Sparse blocks fall back to np.unique.
     """
-    if not keep.any():
-        return _empty_partial()
     r0, s0 = int(rank.min()), int(step.min())
     n_r, n_s = int(rank.max()) - r0 + 1, int(step.max()) - s0 + 1
-    bins = n_r * n_s * n_sub
+    bins = n_r * n_s
     # In place on one int64 array: a block is ~10^6 rows, and each temporary costs a pass.
     gid = step.astype(np.int64)
     gid -= s0
     if n_r > 1:  # a rank's own trace has one rank: no rank term
         gid += (rank.astype(np.int64) - r0) * n_s
-    gid *= n_sub
-    gid += sub
     if bins > 4 * len(gid) + 1024:
         uniq, gid = np.unique(gid[keep], return_inverse=True)
         counts = np.bincount(gid, minlength=len(uniq))
-        sums = np.bincount(gid, weights=weights[keep], minlength=len(uniq))
+        sums = np.bincount(gid, weights=dur[keep], minlength=len(uniq))
     else:
         gid[~keep] = bins
         counts = np.bincount(gid, minlength=bins + 1)[:bins]
-        sums = np.bincount(gid, weights=weights, minlength=bins + 1)[:bins]
+        sums = np.bincount(gid, weights=dur, minlength=bins + 1)[:bins]
         uniq = np.flatnonzero(counts)
         counts, sums = counts[uniq], sums[uniq]
-    rs, psub = np.divmod(uniq, n_sub)
-    pr, ps = np.divmod(rs, n_s)
-    return pd.DataFrame({"rank": pr + r0, "step": ps + s0, "sub": psub, "sum": sums, "n": counts})
+    pr, ps = np.divmod(uniq, n_s)
+    # bincount sums in float64: exact for integer sums below 2**53 ns (104 days).
+    return pr + r0, ps + s0, np.rint(sums).astype(np.int64), counts
 
 
 def _masked_sums(
-    cols: dict[str, npt.NDArray[Any]],
-    masks: Sequence[npt.NDArray[np.bool_] | None],
-    warmup: int,
-    work: _Scratch,
-) -> _Partial:
+    cols: dict[str, npt.NDArray[Any]], rows: Sequence[_Rows], warmup: int, work: _Scratch
+) -> list[_Part]:
     """Per (rank, step, sub) of the measured steps: summed duration (ns) and count of the rows
-    of each quantity ``sub`` (``masks[sub]``; None when no row can have it)."""
+    of each quantity ``sub`` (``rows[sub]``); a row of several quantities (a launch is also a
+    runtime call) is counted once for each."""
     rank, step = cols["rank"], cols["step"]
     n = len(step)
     if n == 0:
-        return _empty_partial()
+        return []
     dur = np.subtract(cols["end_ns"], cols["start_ns"], out=work.get("dur", n, np.int64))
     starts = _run_starts(rank, step)
     if starts is not None:
-        part = _run_sums(rank, step, starts, masks, dur, work.get("tmp", n, np.int64))
-    else:
-        # Fragmented block: one bincount pass per sum over (rank, step, sub) bins; a row in
-        # several masks (a launch is also a runtime call) is counted once per mask.
-        one = np.zeros(len(step), dtype=np.int64)
-        part = pd.concat(
-            [
-                _group_sums(rank, step, one, 1, dur, m).assign(sub=i)
-                for i, m in enumerate(masks)
-                if m is not None
-            ]
-            or [_empty_partial()],
-            ignore_index=True,
-        )
-    # The warm-up's rows were reduced along (no per-row mask pass) and are dropped here.
-    return part[part["step"] >= warmup]
+        keys = (rank[starts].astype(np.int64), step[starts].astype(np.int64))
+    parts: list[_Part] = []
+    for sub, which in enumerate(rows):
+        if which is None:
+            continue
+        if starts is not None:
+            sums, counts = _run_sums(starts, which, dur, work)
+            # Runs of one key that recur in the block are added up with the other blocks'.
+            got: tuple[_Ints, ...] = (*keys, sums, counts)
+        else:
+            keep = np.ones(n, np.bool_) if isinstance(which, str) else which
+            got = _group_sums(rank, step, dur, keep)
+        # The warm-up's rows were reduced along (no per-row mask pass) and are dropped here.
+        has = (got[3] > 0) & (got[1] >= warmup)
+        k = int(np.count_nonzero(has))
+        r, s, total, count = (a[has] for a in got)
+        parts.append((r, s, np.full(k, sub, dtype=np.int64), total, count))
+    return parts
 
 
 def _code_of(strings: list[str], label: str) -> int | None:
     return strings.index(label) if label in strings else None
 
 
-def _loader_block(
-    cols: dict[str, npt.NDArray[Any]], strings: list[str], warmup: int, work: _Scratch
-) -> _Partial:
-    stage = cols["stage"]
-    n = len(stage)
+def _loader_reducer(strings: list[str]) -> _BlockReducer:
     codes = [_code_of(strings, s) for s in LOADER_STAGES]
-    masks = [
-        None if c is None else np.equal(stage, c, out=work.get(f"mask{i}", n, np.bool_))
-        for i, c in enumerate(codes)
-    ]
-    return _masked_sums(cols, masks, warmup, work)
+
+    def reduce(cols: dict[str, npt.NDArray[Any]], warmup: int, work: _Scratch) -> list[_Part]:
+        stage = cols["stage"]
+        n = len(stage)
+        masks = [
+            None if c is None else np.equal(stage, c, out=work.get(f"mask{i}", n, np.bool_))
+            for i, c in enumerate(codes)
+        ]
+        return _masked_sums(cols, masks, warmup, work)
+
+    return reduce
 
 
-def _api_block(
-    cols: dict[str, npt.NDArray[Any]], strings: list[str], warmup: int, work: _Scratch
-) -> _Partial:
+def _api_reducer(strings: list[str]) -> _BlockReducer:
     runtime = _code_of(strings, "runtime")
-    if runtime is None:
-        return _empty_partial()
-    n = len(cols["kind"])
-    # Quantities: 0 every runtime call, 1 cudaLaunchKernel and its variants among them.
-    every = np.equal(cols["kind"], runtime, out=work.get("mask0", n, np.bool_))
-    launch_codes = np.array(["LaunchKernel" in s for s in strings], dtype=np.bool_)
-    launch = np.take(launch_codes, cols["name"], out=work.get("mask1", n, np.bool_))
-    launch &= every
-    return _masked_sums(cols, [every, launch], warmup, work)
+    launch_codes = [i for i, s in enumerate(strings) if "LaunchKernel" in s]
+    is_launch = np.zeros(len(strings), dtype=np.bool_)
+    is_launch[launch_codes] = True
+
+    def reduce(cols: dict[str, npt.NDArray[Any]], warmup: int, work: _Scratch) -> list[_Part]:
+        if runtime is None:
+            return []
+        n = len(cols["kind"])
+        # Quantities: 0 every runtime call, 1 cudaLaunchKernel and its variants among them.
+        every = np.equal(cols["kind"], runtime, out=work.get("mask0", n, np.bool_))
+        runtime_only = bool(every.all())  # the cuda_api level: one pass fewer per quantity
+        launch: npt.NDArray[np.bool_] | None = None
+        if launch_codes:
+            launch = work.get("mask1", n, np.bool_)
+            if len(launch_codes) <= 4:  # a few compares cost less than a lookup per row
+                np.equal(cols["name"], launch_codes[0], out=launch)
+                for code in launch_codes[1:]:
+                    launch |= cols["name"] == code
+            else:
+                np.take(is_launch, cols["name"], out=launch)
+            if not runtime_only:
+                launch &= every
+        return _masked_sums(cols, [_EVERY_ROW if runtime_only else every, launch], warmup, work)
+
+    return reduce
 
 
-_TABLES: dict[str, tuple[str, list[str], _Reducer]] = {
-    "loader": ("events/loader", ["rank", "step", "stage", "start_ns", "end_ns"], _loader_block),
-    "api": ("events/cuda", ["rank", "step", "kind", "name", "start_ns", "end_ns"], _api_block),
+_TABLES: dict[str, tuple[str, list[str], Callable[[list[str]], _BlockReducer]]] = {
+    "loader": ("events/loader", ["rank", "step", "stage", "start_ns", "end_ns"], _loader_reducer),
+    "api": ("events/cuda", ["rank", "step", "kind", "name", "start_ns", "end_ns"], _api_reducer),
 }
 
 
-def _reduce_ranges(args: tuple[str, str, Sequence[tuple[int, int]], int, int]) -> _Partial:
-    """One worker's share: the partial sums of its row ranges (opens the trace itself).
+def _reduce_ranges(args: tuple[str, str, Sequence[tuple[int, int]], int, int]) -> pd.DataFrame:
+    """One worker's share: the partial sums of its row ranges (opens the trace itself)."""
+    path, which, ranges, warmup, threads = args
+    with open_trace(path, allow_incomplete=True) as t:
+        return _reduce_open(t, which, ranges, warmup, threads)
+
+
+def _reduce_open(
+    t: Trace, which: str, ranges: Sequence[tuple[int, int]], warmup: int, threads: int
+) -> pd.DataFrame:
+    """The partial sums of table ``which``'s row ranges ``ranges`` of the open trace ``t``.
 
     With ``threads`` > 1 the next range's chunks are read and decoded on threads while this
     one is reduced (zlib and numpy release the GIL), so one process uses several cores.
     """
-    path, which, ranges, warmup, threads = args
-    table, columns, reducer = _TABLES[which]
+    table, columns, make_reducer = _TABLES[which]
     dtypes = {c.name: np.dtype(c.numpy_dtype) for c in TABLES[table]}
     work = _Scratch()
-    parts = []
-    with open_trace(path, allow_incomplete=True) as t:
-        strings = t.strings
-        if threads <= 1:
-            for lo, hi in ranges:
-                out = {c: work.get(f"read {c}", hi - lo, dtypes[c]) for c in columns}
-                cols = t.read_rows(table, lo, hi, columns, out=out)
-                parts.append(reducer(cols, strings, warmup, work))
-        else:
-            with (
-                ThreadPoolExecutor(threads, thread_name_prefix="codl-decode") as decode,
-                ThreadPoolExecutor(1, thread_name_prefix="codl-read") as reader,
-            ):
+    parts: list[_Part] = []
+    reducer = make_reducer(t.strings)
+    if threads <= 1:
+        for lo, hi in ranges:
+            out = {c: work.get(f"read {c}", hi - lo, dtypes[c]) for c in columns}
+            parts += reducer(t.read_rows(table, lo, hi, columns, out=out), warmup, work)
+        return _partial_frame(parts)
+    with (
+        ThreadPoolExecutor(threads, thread_name_prefix="codl-decode") as decode,
+        ThreadPoolExecutor(1, thread_name_prefix="codl-read") as reader,
+    ):
 
-                def read(r: tuple[int, int]) -> Future[dict[str, npt.NDArray[Any]]]:
-                    return reader.submit(t.read_rows, table, r[0], r[1], columns, pool=decode)
+        def read(r: tuple[int, int]) -> Future[dict[str, npt.NDArray[Any]]]:
+            return reader.submit(t.read_rows, table, r[0], r[1], columns, pool=decode)
 
-                ahead = [read(ranges[0])] if ranges else []
-                for i in range(len(ranges)):
-                    cols = ahead.pop().result()
-                    if i + 1 < len(ranges):
-                        ahead.append(read(ranges[i + 1]))
-                    parts.append(reducer(cols, strings, warmup, work))
-    if not parts:
-        return _empty_partial()
-    return pd.concat(parts, ignore_index=True).groupby(["rank", "step", "sub"]).sum().reset_index()
+        ahead = [read(ranges[0])] if ranges else []
+        for i in range(len(ranges)):
+            cols = ahead.pop().result()
+            if i + 1 < len(ranges):
+                ahead.append(read(ranges[i + 1]))
+            parts += reducer(cols, warmup, work)
+    return _partial_frame(parts)
 
 
 def default_threads() -> int:
@@ -286,18 +305,17 @@ def step_partials(
     table = _TABLES[which][0]
     with open_trace(path, allow_incomplete=True) as t:
         ranges = t.block_ranges(table)
-    rows = sum(hi - lo for lo, hi in ranges)
-    shares = [ranges[i::processes] for i in range(max(1, processes))]
+        rows = sum(hi - lo for lo, hi in ranges)
+        if processes <= 1 or len(ranges) <= 1:
+            # In this process, through the trace already open (opening it again checks its
+            # metadata digest again: ~10 ms).
+            total = _reduce_open(t, which, ranges, warmup, threads)
+            return total.astype({"sum": np.float64}), rows
+    shares = [ranges[i::processes] for i in range(processes)]
     jobs = [(os.fspath(path), which, share, warmup, threads) for share in shares if share]
-    if processes > 1 and len(jobs) > 1:
-        with ProcessPoolExecutor(max_workers=processes) as pool:
-            parts = list(pool.map(_reduce_ranges, jobs))
-    else:
-        parts = [_reduce_ranges(job) for job in jobs]
-    if not parts:
-        return _empty_partial(), rows
-    total = pd.concat(parts, ignore_index=True).groupby(["rank", "step", "sub"]).sum()
-    return total.reset_index(), rows
+    with ProcessPoolExecutor(max_workers=processes) as pool:
+        total = _partial_frame(list(pool.map(_reduce_ranges, jobs)))
+    return total.astype({"sum": np.float64}), rows
 
 
 def loader_stage_sums(

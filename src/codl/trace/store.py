@@ -1134,7 +1134,11 @@ class Trace:
             ds = self._datasets.get((table, column))
             if ds is None:
                 ds = self._datasets[(table, column)] = self._file[table][column]
-            ds.read_direct(view, np.s_[lo:hi], np.s_[0 : hi - lo])
+            # HDF5's own read through h5py's low-level calls: Dataset.read_direct builds its
+            # selections in Python, ~80 us a call, as much as decoding 30 K rows.
+            space = ds.id.get_space()
+            space.select_hyperslab((lo,), (hi - lo,))
+            ds.id.read(h5py.h5s.create_simple((hi - lo,)), space, view)
         except H5_ERRORS as e:
             raise self._corrupt(f"dataset /{table}/{column}", e) from e
         return view
