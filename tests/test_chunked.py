@@ -43,11 +43,14 @@ def test_golden_traces_give_the_same_per_step_metrics(name: str, tmp_path: Path)
     _compare(chunked.api_step_metrics(trace, warmup=warmup), api)
 
 
-def _synthetic(path: Path, compression: str = "blosc-lz4", by_rank: bool = False) -> Path:
+def _synthetic(
+    path: Path, compression: str = "blosc-lz4", by_rank: bool = False, launch_names: int = 0
+) -> Path:
     """Two ranks, steps -1..59, loader and CUDA API rows over several blocks, steps that
     straddle block boundaries, and stages/kinds some steps lack. Rows alternate between the
     ranks (blocks reduced by bincount), or ``by_rank``: rank 0's rows, then rank 1's, each in
-    step order, as a merged trace has them (blocks reduced run by run)."""
+    step order, as a merged trace has them (blocks reduced run by run). ``launch_names`` more
+    runtime calls whose names are launches (the reduction compares a few, looks up more)."""
     rng = np.random.default_rng(3)
     n = 2 * block_rows("events/loader") + 12_345
     step = np.sort(rng.integers(-1, 60, n))
@@ -64,6 +67,8 @@ def _synthetic(path: Path, compression: str = "blosc-lz4", by_rank: bool = False
         dtype=object,
     )
     kinds = np.array(["runtime", "runtime", "runtime", "kernel", "memcpy", "overhead"], object)
+    names = np.append(names, [f"cudaLaunchKernel_v{i}" for i in range(launch_names)])
+    kinds = np.append(kinds, ["runtime"] * launch_names)
     pick = rng.integers(0, len(kinds), n)
     with TraceWriter(path, compression=compression) as w:
         w.set_attrs(warmup_steps=2)
@@ -127,6 +132,14 @@ def test_a_long_multi_block_trace_gives_the_same_per_step_metrics(
     _, rows = chunked.step_partials(trace, "api", warmup=2, processes=processes, threads=threads)
     with open_trace(trace) as t:
         assert rows == len(t.table("events/cuda"))
+
+
+@pytest.mark.parametrize("by_rank", [False, True])
+def test_many_launch_names_give_the_same_api_metrics(tmp_path: Path, by_rank: bool) -> None:
+    trace = _synthetic(tmp_path / "t.h5", by_rank=by_rank, launch_names=4)
+    _, api = _whole_table(trace, 2)
+    assert (api["launch_kernel_calls"] > 0).all()
+    _compare(chunked.api_step_metrics(trace, warmup=2), api)
 
 
 def test_both_codecs_give_identical_per_step_metrics(tmp_path: Path) -> None:

@@ -261,32 +261,41 @@ def _reduce_open(
 ) -> pd.DataFrame:
     """The partial sums of table ``which``'s row ranges ``ranges`` of the open trace ``t``.
 
-    With ``threads`` > 1 the next range's chunks are read and decoded on threads while this
-    one is reduced (zlib and numpy release the GIL), so one process uses several cores.
+    With ``threads`` > 1 the next range is read on a thread while this one is reduced (HDF5's
+    reads, zlib and numpy release the GIL), its gzip chunks decoded on ``threads`` threads,
+    so one process uses several cores.
     """
     table, columns, make_reducer = _TABLES[which]
     dtypes = {c.name: np.dtype(c.numpy_dtype) for c in TABLES[table]}
     work = _Scratch()
     parts: list[_Part] = []
     reducer = make_reducer(t.strings)
+
+    def buffers(r: tuple[int, int], key: str) -> dict[str, npt.NDArray[Any]]:
+        return {c: work.get(f"{key} {c}", r[1] - r[0], dtypes[c]) for c in columns}
+
     if threads <= 1:
         for lo, hi in ranges:
-            out = {c: work.get(f"read {c}", hi - lo, dtypes[c]) for c in columns}
-            parts += reducer(t.read_rows(table, lo, hi, columns, out=out), warmup, work)
+            cols = t.read_rows(table, lo, hi, columns, out=buffers((lo, hi), "read"))
+            parts += reducer(cols, warmup, work)
         return _partial_frame(parts)
     with (
         ThreadPoolExecutor(threads, thread_name_prefix="codl-decode") as decode,
         ThreadPoolExecutor(1, thread_name_prefix="codl-read") as reader,
     ):
 
-        def read(r: tuple[int, int]) -> Future[dict[str, npt.NDArray[Any]]]:
-            return reader.submit(t.read_rows, table, r[0], r[1], columns, pool=decode)
+        def read(i: int) -> Future[dict[str, npt.NDArray[Any]]]:
+            # Two sets of buffers: range i is read into one while range i - 1 is reduced from
+            # the other (the partials keep no view of a block).
+            lo, hi = ranges[i]
+            out = buffers(ranges[i], f"read{i % 2}")
+            return reader.submit(t.read_rows, table, lo, hi, columns, pool=decode, out=out)
 
-        ahead = [read(ranges[0])] if ranges else []
+        ahead = [read(0)] if ranges else []
         for i in range(len(ranges)):
             cols = ahead.pop().result()
             if i + 1 < len(ranges):
-                ahead.append(read(ranges[i + 1]))
+                ahead.append(read(i + 1))
             parts += reducer(cols, warmup, work)
     return _partial_frame(parts)
 

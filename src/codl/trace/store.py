@@ -1281,21 +1281,30 @@ class Trace:
 
         With a ``pool``, chunks stored through the writer's gzip pipeline are read raw and
         checked, inflated and unshuffled on the pool's threads (``chunkcodec.decode_chunk``),
-        where HDF5 would decode them one at a time under h5py's lock. Without one, ``out``
-        (column -> array of at least ``hi - lo`` values) has the columns read into the caller's
-        arrays, which come back as views: a reader of many blocks reuses its memory instead of
-        paying the page faults of fresh arrays (~2 ns per 8-byte value, as much as decoding)."""
+        where HDF5 would decode them one at a time under h5py's lock. ``out`` (column -> array
+        of at least ``hi - lo`` values) has the other columns read into the caller's arrays,
+        which come back as views: a reader of many blocks reuses its memory instead of paying
+        the page faults of fresh arrays (~2 ns per 8-byte value, as much as decoding)."""
         schema = _schema(name)
         n = self._row_count(name, schema)
         if not 0 <= lo <= hi <= n:
             raise ValueError(f"rows {lo}..{hi} of /{name}: the table has {n}")
         wanted = [c.name for c in schema if columns is None or c.name in columns]
-        if pool is None and out is not None:
-            return {c: self._read_into(name, c, lo, hi, out[c]) for c in wanted}
-        if pool is None:
-            return {c: self._read(name, c, slice(lo, hi)) for c in wanted}
-        pending = {c: self._submit_chunks(pool, name, c, lo, hi) for c in wanted}
-        return {c: self._gather_chunks(name, c, lo, hi, *pending[c]) for c in wanted}
+        pending = (
+            {c: self._submit_chunks(pool, name, c, lo, hi) for c in wanted}
+            if pool is not None
+            else {}
+        )
+        got: dict[str, npt.NDArray[Any]] = {}
+        for c in wanted:
+            first, futures = pending.get(c, (0, None))
+            if futures is not None:
+                got[c] = self._gather_chunks(name, c, lo, hi, first, futures)
+            elif out is not None:
+                got[c] = self._read_into(name, c, lo, hi, out[c])
+            else:
+                got[c] = self._read(name, c, slice(lo, hi))
+        return got
 
     def _submit_chunks(
         self, pool: Executor, table: str, column: str, lo: int, hi: int
@@ -1326,10 +1335,8 @@ class Trace:
         lo: int,
         hi: int,
         first: int,
-        futures: list[Future[npt.NDArray[Any]]] | None,
+        futures: list[Future[npt.NDArray[Any]]],
     ) -> npt.NDArray[Any]:
-        if futures is None:
-            return self._read(table, column, slice(lo, hi))
         try:
             parts = [f.result() for f in futures]
         except (ValueError, zlib.error) as e:
