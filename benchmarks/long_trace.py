@@ -12,7 +12,9 @@ appends them to a ``TraceWriter`` in batches, and reports:
 - file size per event;
 - summarize rate: the chunked per-step loader and CUDA API metrics (``codl.analysis.chunked``)
   with 1 process, 1 process of ``--processes`` decoding threads, and ``--processes`` processes,
-  in events/s and events per CPU-second;
+  in events/s and events per CPU-second; and where one process's time goes: ns per event of
+  reading the columns alone (HDF5: decompression, checksums, copies), and the rest, the
+  reduction;
 - the latency of a 1-second window query (``Trace.table(name, t0, t0 + 1 s)`` of all three
   tables), median of ``--windows`` random windows;
 
@@ -41,6 +43,7 @@ import hdf5plugin
 import numpy as np
 
 from codl.analysis import chunked
+from codl.trace.schema import TABLES
 from codl.trace.store import COMPRESSIONS, TraceWriter, buffer_bound_bytes, open_trace
 
 DEFAULT_CSV = Path(__file__).parent / "results" / "long_trace.csv"
@@ -70,6 +73,8 @@ class Result:
     summarize_events: int
     summarize_1p_events_per_s: float
     summarize_1p_events_per_cpu_s: float
+    summarize_1p_read_ns_per_event: float
+    summarize_1p_reduce_ns_per_event: float
     summarize_threads_events_per_s: float
     summarize_threads_events_per_cpu_s: float
     summarize_np: int
@@ -186,6 +191,25 @@ def summarize_rate(path: Path, processes: int, threads: int) -> tuple[int, float
     return rows, rows / (time.perf_counter() - t), rows / max(1e-9, cpu_seconds() - c)
 
 
+def read_seconds(path: Path) -> tuple[int, float]:
+    """(rows, seconds) of reading the per-step metrics' columns block by block into reused
+    arrays, reducing nothing: the decoding part of ``summarize_rate`` in one process."""
+    rows, spent = 0, 0.0
+    with open_trace(path) as t:
+        for table, columns in chunked.STEP_TABLES.values():
+            ranges = t.block_ranges(table)
+            size = max((hi - lo for lo, hi in ranges), default=0)
+            out = {
+                c.name: np.empty(size, c.numpy_dtype) for c in TABLES[table] if c.name in columns
+            }
+            start = time.perf_counter()
+            for lo, hi in ranges:
+                t.read_rows(table, lo, hi, columns, out=out)
+            spent += time.perf_counter() - start
+            rows += sum(hi - lo for lo, hi in ranges)
+    return rows, spent
+
+
 def window_queries(path: Path, args: argparse.Namespace) -> tuple[float, int]:
     rng = np.random.default_rng(1)
     run_ns = int(args.events / args.rate * 1e9)
@@ -206,6 +230,8 @@ def run(directory: Path, args: argparse.Namespace, compression: str) -> Result:
     write_s, write_cpu, growth = write(path, args, compression)
     size = path.stat().st_size
     rows, rate_1, cpu_1 = summarize_rate(path, 1, 1)
+    read_rows, read_s = read_seconds(path)
+    read_ns = read_s / max(1, read_rows) * 1e9
     _, rate_t, cpu_t = summarize_rate(path, 1, args.processes)
     _, rate_n, cpu_n = summarize_rate(path, args.processes, 1)
     query_s, query_rows = window_queries(path, args)
@@ -226,6 +252,8 @@ def run(directory: Path, args: argparse.Namespace, compression: str) -> Result:
         summarize_events=rows,
         summarize_1p_events_per_s=round(rate_1),
         summarize_1p_events_per_cpu_s=round(cpu_1),
+        summarize_1p_read_ns_per_event=round(read_ns, 2),
+        summarize_1p_reduce_ns_per_event=round(1e9 / rate_1 - read_ns, 2),
         summarize_threads_events_per_s=round(rate_t),
         summarize_threads_events_per_cpu_s=round(cpu_t),
         summarize_np=args.processes,
@@ -247,6 +275,8 @@ def _rows(r: Result) -> list[tuple[str, str, str]]:
         ("file size (B/event)", f"{r.bytes_per_event}", "<= 8"),
         ("summarize, 1 process (ev/s)", f"{r.summarize_1p_events_per_s:,}", ">= 50,000,000/core"),
         ("  per CPU-s", f"{r.summarize_1p_events_per_cpu_s:,}", ""),
+        ("  ns/event reading", f"{r.summarize_1p_read_ns_per_event}", ""),
+        ("  ns/event reducing, the rest", f"{r.summarize_1p_reduce_ns_per_event}", ""),
         (f"summarize, {r.summarize_np} threads", f"{r.summarize_threads_events_per_s:,}", ""),
         ("  per CPU-s", f"{r.summarize_threads_events_per_cpu_s:,}", ""),
         (

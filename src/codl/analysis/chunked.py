@@ -243,9 +243,14 @@ def _api_reducer(strings: list[str]) -> _BlockReducer:
     return reduce
 
 
+# What step_partials reads of each table ("loader", "api"): the table and its columns.
+STEP_TABLES: dict[str, tuple[str, list[str]]] = {
+    "loader": ("events/loader", ["rank", "step", "stage", "start_ns", "end_ns"]),
+    "api": ("events/cuda", ["rank", "step", "kind", "name", "start_ns", "end_ns"]),
+}
 _TABLES: dict[str, tuple[str, list[str], Callable[[list[str]], _BlockReducer]]] = {
-    "loader": ("events/loader", ["rank", "step", "stage", "start_ns", "end_ns"], _loader_reducer),
-    "api": ("events/cuda", ["rank", "step", "kind", "name", "start_ns", "end_ns"], _api_reducer),
+    "loader": (*STEP_TABLES["loader"], _loader_reducer),
+    "api": (*STEP_TABLES["api"], _api_reducer),
 }
 
 
