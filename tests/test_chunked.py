@@ -13,6 +13,7 @@ import pytest
 from codl.analysis import chunked, figdata, figtables
 from codl.analysis import decompose as dec
 from codl.analysis import summarize as sm
+from codl.trace import store
 from codl.trace.store import TraceWriter, block_rows, open_trace
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "traces"
@@ -117,11 +118,20 @@ def _synthetic(
     ],
 )
 def test_a_long_multi_block_trace_gives_the_same_per_step_metrics(
-    tmp_path: Path, processes: int, threads: int, compression: str, by_rank: bool
+    tmp_path: Path,
+    processes: int,
+    threads: int,
+    compression: str,
+    by_rank: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # Blocks of at most 100 K rows (1 Mi by default): the 274 K-row tables come in 3 ranges, so
+    # steps straddle blocks, the process pool and the alternating read buffers all run.
+    monkeypatch.setattr(store, "_VERIFY_BLOCK_ROWS", 100_000)
     trace = _synthetic(tmp_path / "t.h5", compression, by_rank)
     with open_trace(trace) as t:
-        assert len(t.block_ranges("events/loader")) >= 1
+        assert len(t.block_ranges("events/loader")) >= 3
+        assert len(t.block_ranges("events/cuda")) >= 3
         assert len(t.chunk_index("events/loader")) == 3  # type: ignore[arg-type]
     loader, api = _whole_table(trace, 2)
     assert len(loader) == 2 * 58 and len(api) == 2 * 58

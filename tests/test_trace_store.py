@@ -744,6 +744,14 @@ def test_rows_read_into_the_callers_arrays_equal_a_plain_read(
                 np.testing.assert_array_equal(values, want[name])
                 decoded_on_pool = bool(threads) and compression == "gzip"
                 assert np.shares_memory(values, out[name]) != decoded_on_pool or hi == lo
+    # HDF5's low-level read would write past a short array or clamp into a narrow one.
+    with open_trace(tmp_path / "t.h5") as t:
+        short = {"start_ns": np.zeros(4, dtype=np.int64)}
+        with pytest.raises(ValueError, match=r"out\['start_ns'\]: .* at least 16 values"):
+            t.read_rows("events/comm", 0, 16, ["start_ns"], out=short)
+        narrow = {"start_ns": np.zeros(16, dtype=np.int8)}
+        with pytest.raises(ValueError, match=r"out\['start_ns'\]: dtype int64 expected"):
+            t.read_rows("events/comm", 0, 16, ["start_ns"], out=narrow)
     if compression == "gzip":
         return
     with h5py.File(tmp_path / "t.h5", "r") as f:

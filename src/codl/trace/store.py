@@ -1127,6 +1127,13 @@ class Trace:
     def _read_into(
         self, table: str, column: str, lo: int, hi: int, buf: npt.NDArray[Any]
     ) -> npt.NDArray[Any]:
+        # h5py's low-level read checks neither the buffer's length nor its dtype: HDF5 would
+        # write past a short buffer, or convert (clamp) into a narrower type.
+        if buf.ndim != 1 or len(buf) < hi - lo or not buf.flags.c_contiguous:
+            raise ValueError(
+                f"out[{column!r}]: a contiguous 1-d array of at least {hi - lo} values expected, "
+                f"got shape {buf.shape}"
+            )
         view = buf[: hi - lo]
         if hi == lo:
             return view
@@ -1134,6 +1141,12 @@ class Trace:
             ds = self._datasets.get((table, column))
             if ds is None:
                 ds = self._datasets[(table, column)] = self._file[table][column]
+            dtype = ds.dtype
+        except H5_ERRORS as e:
+            raise self._corrupt(f"dataset /{table}/{column}", e) from e
+        if buf.dtype != dtype:
+            raise ValueError(f"out[{column!r}]: dtype {dtype} expected, got {buf.dtype}")
+        try:
             # HDF5's own read through h5py's low-level calls: Dataset.read_direct builds its
             # selections in Python, ~80 us a call, as much as decoding 30 K rows.
             space = ds.id.get_space()
