@@ -1,5 +1,6 @@
-"""The advisor: planted optima are found, ties go to fewer cores, the verification config is a
-valid plan holding the advice and its neighbours, and `codl advise` fails in one line."""
+"""The advisor: planted optima are found, ties go to loader headroom (or, asked, to fewer cores),
+the verification config is a valid plan holding the advice and its neighbours, and `codl advise`
+fails in one line."""
 
 from __future__ import annotations
 
@@ -27,9 +28,15 @@ def test_compute_bound_optimum(fit: mdl.Fit) -> None:
     # 16 cores: the loader could deliver up to 400 * 0.9 * 13 = 4680 samples/s, more than
     # compute's 3500 (`none`) or 3200 (`isolated`). The fewest workers that feed `none`:
     # 9 x 400 = 3600 >= 3500, while 8 x 400 = 3200 is 9 % short. More workers add nothing until
-    # they overload the cores, then inflate compute; `none` needs no launch CPUs of its own.
+    # they overload the cores (13 workers keep 13 x 3500 / 4680 = 9.7 runnable on the loader's 13
+    # cores), then inflate compute; `none` needs no launch CPUs of its own. The plateau is
+    # 9..~17 workers: headroom (the default) takes one worker per loader core, 13; fewest-cores
+    # its edge, 9.
     a = adv.advise(fit, cores=CORES)
-    assert (a.policy, a.workers, a.launch_cores, a.launch_set) == ("none", 9, None, 0)
+    assert (a.policy, a.workers, a.launch_cores, a.launch_set) == ("none", 13, None, 0)
+    edge = adv.advise(fit, cores=CORES, prefer=adv.Prefer.FEWEST_CORES)
+    assert (edge.policy, edge.workers, edge.launch_set) == ("none", 9, 0)
+    assert edge.throughput == pytest.approx(a.throughput, rel=0.01)
     assert a.bound == "compute"
     assert a.throughput == pytest.approx(COMPUTE["none"], rel=0.05)
     assert a.throughput_lo <= a.throughput <= a.throughput_hi
@@ -52,7 +59,8 @@ def test_loader_bound_optimum(fit: mdl.Fit) -> None:
 def test_ties_go_to_fewer_cores(fit: mdl.Fit) -> None:
     # Only `isolated`: 8 x 400 = 3200 = its compute capacity; the launch set stays `auto`
     # (3 CPUs), since the extra launch CPUs of the grid cost cores and buy nothing.
-    a = adv.advise(fit, cores=CORES, policies=["isolated"])
+    fewest = adv.Prefer.FEWEST_CORES
+    a = adv.advise(fit, cores=CORES, policies=["isolated"], prefer=fewest)
     assert (a.policy, a.workers, a.launch_cores, a.launch_set) == ("isolated", 8, None, 3)
     grid = a.grid
     top = grid["throughput"].max()
@@ -60,7 +68,17 @@ def test_ties_go_to_fewer_cores(fit: mdl.Fit) -> None:
     assert len(tied) > 1
     assert (tied["cores_used"] >= 3 + 8).all()
     # A zero tolerance still prefers fewer cores among exact ties (the flat compute plateau).
-    assert adv.advise(fit, cores=CORES, policies=["isolated"], tie=0.0).workers <= 9
+    assert adv.advise(fit, cores=CORES, policies=["isolated"], tie=0.0, prefer=fewest).workers <= 9
+
+
+def test_ties_go_to_headroom_up_to_the_loader_cores(fit: mdl.Fit) -> None:
+    # The same plateau under the default rule: the fewest launch CPUs (`auto`), then one worker
+    # per loader core (16 - 3 = 13), not more: workers beyond the loader's cores crowd them.
+    a = adv.advise(fit, cores=CORES, policies=["isolated"])
+    assert (a.policy, a.workers, a.launch_cores, a.launch_set) == ("isolated", 13, None, 3)
+    # 14 workers are on the plateau too (no overload yet), but take no core more.
+    grid = a.grid[a.grid["launch_cores"].isna()].set_index("workers")["throughput"]
+    assert grid[14] >= a.throughput * 0.99
 
 
 def test_budget_without_a_loader_core_is_refused(fit: mdl.Fit) -> None:
@@ -83,10 +101,10 @@ def test_verification_config_is_a_plan_with_the_advice_and_its_neighbours(fit: m
         (s.mode.value, s.pinning.policy.value, s.loader.workers if s.mode.loads else 0)
         for s in plan.specs.values()
     }
-    assert {("data+compute", "none", w) for w in (7, 9, 11)} <= settings
-    assert ("data+compute", "isolated", 9) in settings
+    assert {("data+compute", "none", w) for w in (11, 13, 15)} <= settings
+    assert ("data+compute", "isolated", 13) in settings
     assert {("compute", "none", 0), ("compute", "isolated", 0)} <= settings
-    assert {("data", "none", w) for w in (7, 9, 11)} <= settings
+    assert {("data", "none", w) for w in (11, 13, 15)} <= settings
     assert {s.repeat for s in plan.specs.values()} == {0, 1}
     assert cfg["slurm"]["cpus_per_rank"] == CORES
     assert "&id" not in text  # lists written out, not as YAML anchors
@@ -112,11 +130,11 @@ def test_main_end_to_end(tmp_path: Path, name: str, capsys: pytest.CaptureFixtur
     out = tmp_path / name / "verify.yaml"
     assert adv.main([str(results), "--out", str(out), "--boot", "4", "--steps", "200"]) == 0
     printed = capsys.readouterr().out
-    assert "policy none, 9 workers" in printed
+    assert "policy none, 13 workers" in printed
     plan = load_plan(out)
     # The best measured setting is re-run beside the advice unless the advice covers it.
     best = adv.best_measured(mdl.run_data(runs, steps))
-    covered = best.policy == "none" and best.workers in (7, 9, 11)
+    covered = best.policy == "none" and best.workers in (11, 13, 15)
     expected = {"advice", "policies", "loader"} | (set() if covered else {"best"})
     assert set(plan.experiments()) == expected
     assert {s.steps.measured for s in plan.specs.values()} == {200}

@@ -127,3 +127,59 @@ def test_the_verification_reruns_the_best_measured_setting_beside_the_advice() -
     same = dataclasses.replace(same, launch_cores=advice.launch_cores)
     cfg = adv.verification_config(advice, fit, defaults={}, best=same)
     assert "best" not in [e["name"] for e in cfg["experiments"]]
+
+
+def test_the_advice_ratio_has_a_bootstrap_interval_around_the_planted_one() -> None:
+    # Two settings, 3 runs of 200 steps each: the advised one's steps 40 ms, the other's 44 ms
+    # (+-2 % noise per step, +-1 % per run): the advice is 1.10x the other's throughput.
+    rng = np.random.default_rng(7)
+    pred = pd.DataFrame(
+        {
+            "policy": ["none", "none"],
+            "workers": [13, 5],
+            "launch_cores": ["-", "-"],
+            "throughput": [3000.0, 3000.0],
+            "pred_lo": [2500.0, 2500.0],
+            "pred_hi": [3500.0, 3500.0],
+            "advised": [True, False],
+        }
+    )
+    run_rows, step_rows = [], []
+    by_workers: dict[int, list[np.ndarray]] = {13: [], 5: []}
+    for workers, step_ms in ((13, 40.0), (5, 44.0)):
+        for rep in range(3):
+            rid = f"w{workers}r{rep}"
+            steps = step_ms * rng.normal(1, 0.01) * rng.normal(1, 0.02, size=200)
+            by_workers[workers].append(steps)
+            step_rows.append(pd.DataFrame({"run_id": rid, "step_ms": steps}))
+            run_rows.append(
+                {
+                    "run_id": rid,
+                    "mode": "data+compute",
+                    "policy": "none",
+                    "workers": workers,
+                    "launch_cores": "1",
+                    "world_size": 1,
+                    "batch_size": 128,
+                    "throughput_samples_s": 128 * 1000 / steps.mean(),
+                }
+            )
+    out = loop.predicted_vs_measured(
+        pred, pd.DataFrame(run_rows), pd.concat(step_rows), boot=400, seed=1
+    )
+    mine, other = out.iloc[0], out.iloc[1]
+    assert np.isnan(mine["advice_ratio"])  # the advice against itself is not a comparison
+    # The point is the ratio of the mean step times over runs; the truth (1.10) within the
+    # planted run-to-run noise.
+    means = {w: np.mean([s.mean() for s in ss]) for w, ss in by_workers.items()}
+    assert other["advice_ratio"] == pytest.approx(means[5] / means[13], rel=1e-9)
+    assert other["advice_ratio"] == pytest.approx(1.10, rel=0.03)
+    assert other["advice_ratio_lo"] < other["advice_ratio"] < other["advice_ratio_hi"]
+    assert other["advice_ratio_hi"] - other["advice_ratio_lo"] < 0.08
+    for _, r in out.iterrows():
+        assert r["measured_lo"] < r["measured"] < r["measured_hi"]
+        assert r["measured"] == pytest.approx((r["measured_lo"] + r["measured_hi"]) / 2, rel=0.03)
+    summary = loop.prediction_summary(out)
+    assert summary["advised_vs_best"] == 0.0
+    assert summary["advised_vs_other"] == pytest.approx(other["advice_ratio"])
+    assert summary["advised_vs_other_lo"] == pytest.approx(other["advice_ratio_lo"])

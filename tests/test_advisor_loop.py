@@ -113,6 +113,7 @@ def test_the_loop_closes_on_cpu(tmp_path: Path) -> None:
         runs=paths.runs_table,
         table=paths.predicted_vs_measured_table,
         figures=[out],
+        steps=paths.steps_table,
     )
     assert out.stat().st_size > 0
     # Every predicted setting was run by the verification config, the advice among them.
@@ -121,3 +122,8 @@ def test_the_loop_closes_on_cpu(tmp_path: Path) -> None:
     assert advised["error"] == pytest.approx(advised["throughput"] / advised["measured"] - 1)
     summary = loop.prediction_summary(result)
     assert summary["settings"] == len(result) and summary["worst_abs_error"] >= 0
+    # Intervals from the runs' steps: around each measured mean, and the advice's ratio to
+    # every other setting (not to itself).
+    assert (result["measured_lo"] <= result["measured"]).all()
+    assert (result["measured"] <= result["measured_hi"]).all()
+    assert result["advice_ratio"].isna().tolist() == result["advised"].tolist()

@@ -70,6 +70,7 @@ if ADVISOR.predictions:
         input:
             predictions=ADVISOR.predictions,
             runs=PATHS.runs_table,
+            steps=PATHS.steps_table,
         output:
             table=PATHS.predicted_vs_measured_table,
             png=report(

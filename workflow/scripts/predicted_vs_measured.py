@@ -12,6 +12,7 @@ from codl.analysis.loop import predicted_vs_measured_to
 predicted_vs_measured_to(
     predictions=Path(snakemake.input.predictions),
     runs=Path(snakemake.input.runs),
+    steps=Path(snakemake.input.steps),
     table=Path(snakemake.output.table),
     figures=[Path(snakemake.output.png), Path(snakemake.output.pdf)],
 )

@@ -4,8 +4,8 @@ throughput for a core budget, and a config that verifies it by re-running it and
 ``advise`` evaluates the fitted model (``codl.analysis.model``) over a grid: every fitted policy,
 1 .. ``max_workers`` loader workers, and for the pinned policies the launch set ``auto`` plus a
 few CPUs more. It picks the highest predicted throughput; settings within ``tie`` of it count as
-equal and the one that occupies the fewest cores wins (then fewer workers): a core the advice does
-not need is a core another job on the node can have.
+equal, and ``Prefer`` says which of them wins: by default the fewest launch CPUs, then loader
+headroom (workers up to the loader's cores), or the fewest cores occupied.
 
 ``main`` is ``codl advise RESULTS_DIR [--cores N] [--out verify.yaml]``; RESULTS_DIR holds the
 merged tables as the workflow writes them (``tables/runs.csv``, ``tables/steps.csv.gz``) and,
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import enum
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +42,24 @@ CONFIG_NAME = "config.yaml"
 VERIFY_SEED_OFFSET = 1
 #: How many launch CPUs beyond ``auto`` the grid tries for the pinned policies.
 EXTRA_LAUNCH_CORES = 2
+
+
+class Prefer(enum.StrEnum):
+    """Which of the settings predicted within ``tie`` of the best the advisor picks.
+
+    ``headroom`` (default): the fewest launch CPUs, then workers up to the loader's cores ``c_L``
+    (the fewest that reach ``c_L``, else the most below it). The model's plateau is flat from the
+    fewest workers that keep the loader ahead, but that edge has no margin: on one H200 the
+    advice at the edge (5 workers) ran at 0.90 [0.84, 0.97] of 16 workers, its compute 1.52x
+    slower than alone against 1.35x (docs/advisor.md, "The verification"). A worker up to
+    ``c_L`` costs no core the launch roles use, so the model predicts it free.
+
+    ``fewest-cores``: the fewest cores occupied (launch set + workers up to ``c_L``), then the
+    fewest workers: leaves the most cores to other jobs, at the plateau's edge.
+    """
+
+    HEADROOM = "headroom"
+    FEWEST_CORES = "fewest-cores"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,6 +129,7 @@ def advise(
     max_workers: int | None = None,
     policies: Sequence[str] | None = None,
     tie: float = 0.01,
+    prefer: Prefer = Prefer.HEADROOM,
 ) -> Advice:
     """The best setting for ``cores`` cores per rank; ``grid`` holds every evaluated one."""
     if cores < 1:
@@ -130,7 +150,7 @@ def advise(
     # Cores a setting occupies: its launch set and one per worker up to the loader's cores
     # (beyond them extra workers take no core of their own, they crowd the ones there are).
     grid["cores_used"] = grid["launch_set"] + np.minimum(grid["workers"], grid["loader_cores"])
-    pick = best_setting(grid, tie)
+    pick = best_setting(grid, tie, prefer)
     notes = list(fit.notes)
     lo_w, hi_w = min(fit.measured_workers), max(fit.measured_workers)
     if not lo_w <= int(pick["workers"]) <= hi_w:
@@ -160,16 +180,20 @@ def advise(
     )
 
 
-def best_setting(grid: pd.DataFrame, tie: float) -> pd.Series:
+def best_setting(grid: pd.DataFrame, tie: float, prefer: Prefer = Prefer.HEADROOM) -> pd.Series:
     """The row of ``grid`` with the highest throughput, where rows within ``tie`` (relative) of
-    it are equal and the fewest cores used, then the fewest workers, win."""
+    it are equal and ``prefer`` picks among them (``Prefer``)."""
     best = float(grid["throughput"].max())
-    near = grid[grid["throughput"] >= best * (1 - tie)]
-    return near.sort_values(
-        ["cores_used", "workers", "launch_set", "throughput"],
-        ascending=[True, True, True, False],
-        kind="stable",
-    ).iloc[0]
+    near = grid[grid["throughput"] >= best * (1 - tie)].copy()
+    if prefer is Prefer.FEWEST_CORES:
+        keys = ["cores_used", "workers", "launch_set", "throughput"]
+        order = [True, True, True, False]
+    else:
+        # Cores of the loader's share a setting leaves without a worker: 0 at c_L and beyond.
+        near["headroom_gap"] = np.maximum(0, near["loader_cores"] - near["workers"])
+        keys = ["launch_set", "headroom_gap", "workers", "throughput"]
+        order = [True, True, True, False]
+    return near.sort_values(keys, ascending=order, kind="stable").iloc[0]
 
 
 def _compositions(total: int, parts: int) -> list[tuple[int, ...]]:
@@ -443,8 +467,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--steps", type=int, help="measured steps of the verification runs (default: as measured)"
     )
+    p.add_argument("--tie", type=float, default=0.01, help="relative tie tolerance (see --prefer)")
     p.add_argument(
-        "--tie", type=float, default=0.01, help="relative tie tolerance (fewer cores win)"
+        "--prefer",
+        type=Prefer,
+        choices=list(Prefer),
+        default=Prefer.HEADROOM,
+        help="which setting wins among those within --tie of the best: headroom (fewest launch "
+        "CPUs, then workers up to the loader's cores; default) or fewest-cores",
     )
     p.add_argument(
         "--cross-validate",
@@ -464,7 +494,9 @@ def _read_table(path: Path, results: Path) -> pd.DataFrame:
     return pd.read_csv(path)
 
 
-def print_advice(advice: Advice, fit: mdl.Fit, out: Path | None, tie: float) -> None:
+def print_advice(
+    advice: Advice, fit: mdl.Fit, out: Path | None, tie: float, prefer: Prefer = Prefer.HEADROOM
+) -> None:
     print(
         f"model fitted on {fit.cores} cores per rank ({fit.node.combined_mode}, "
         f"{fit.node.world} rank(s)); parameters with 95 % bootstrap intervals:"
@@ -479,7 +511,9 @@ def print_advice(advice: Advice, fit: mdl.Fit, out: Path | None, tie: float) -> 
         f"{advice.total_throughput:.0f} samples/s in all; {advice.bound}-bound, "
         f"compute inflation {advice.inflation:.3f}"
     )
-    best = pd.DataFrame([best_setting(g, tie) for _, g in advice.grid.groupby("policy", sort=True)])
+    best = pd.DataFrame(
+        [best_setting(g, tie, prefer) for _, g in advice.grid.groupby("policy", sort=True)]
+    )
     print("\nbest per policy (same tie rule):")
     cols = ["policy", "workers", "launch_set", "throughput", "throughput_lo", "throughput_hi"]
     print(best[cols].to_string(index=False, float_format=lambda v: f"{v:.0f}"))
@@ -611,10 +645,12 @@ def run(args: argparse.Namespace) -> int:
         runs, steps, data, fit = fitted.runs, fitted.steps, fitted.data, fitted.fit
         source_cfg = fitted.source_cfg
         cores = args.cores if args.cores is not None else fit.cores
-        advice = advise(fit, cores=cores, max_workers=args.max_workers, tie=args.tie)
+        advice = advise(
+            fit, cores=cores, max_workers=args.max_workers, tie=args.tie, prefer=args.prefer
+        )
         if args.out is not None:
             _write_verification(args, advice, fit, runs, data, source_cfg)
-        print_advice(advice, fit, args.out, args.tie)
+        print_advice(advice, fit, args.out, args.tie, args.prefer)
         if args.cross_validate is not None:
             _cross_validate(args, runs, steps, fit, data)
     except CodlError as exc:

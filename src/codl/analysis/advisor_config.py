@@ -28,6 +28,7 @@ class AdvisorSettings:
     map: bool = False
     advise: bool = False
     cores: int = 0  # 0: slurm.cpus_per_rank
+    prefer: str = "headroom"  # advise.Prefer: which tied setting wins
     repeats: int = 3  # of every verification run
     predictions: str = ""  # a predictions.csv of `advise`: compare it with these runs
 
@@ -38,6 +39,7 @@ def advisor_settings(cfg: Mapping[str, Any]) -> AdvisorSettings:
         map=bool(section.get("map", False)),
         advise=bool(section.get("advise", False)),
         cores=int(section.get("cores", 0)),
+        prefer=str(section.get("prefer", "headroom")),
         repeats=int(section.get("repeats", 3)),
         predictions=str(section.get("predictions", "")),
     )

@@ -21,9 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 
 from codl.analysis import advise as adv
+from codl.analysis import compare as cmp
 from codl.analysis import interference_map as imap
 from codl.analysis import model as mdl
 from codl.analysis.advisor_config import advisor_settings, cores_per_rank
@@ -103,7 +105,7 @@ def advise_to(
     data = mdl.run_data(run_table, step_table)
     fit = mdl.fit(data, cores=fit_cores, boot=boot, seed=seed)
     settings = advisor_settings(cfg)
-    advice = adv.advise(fit, cores=settings.cores or fit_cores)
+    advice = adv.advise(fit, cores=settings.cores or fit_cores, prefer=adv.Prefer(settings.prefer))
     vcfg = adv.verification_config(
         advice,
         fit,
@@ -122,7 +124,7 @@ def advise_to(
     Path(verify).write_text(adv.render_config(vcfg, advice, str(Path(runs).parent.parent)))
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        adv.print_advice(advice, fit, Path(verify), 0.01)
+        adv.print_advice(advice, fit, Path(verify), 0.01, adv.Prefer(settings.prefer))
     Path(text).write_text(printed.getvalue())
     return advice
 
@@ -163,11 +165,23 @@ def verification_predictions(fit: mdl.Fit, advice: adv.Advice, plan: Plan) -> pd
     return out[list(PREDICTION_COLUMNS)]
 
 
-def predicted_vs_measured(predictions: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+def predicted_vs_measured(
+    predictions: pd.DataFrame,
+    runs: pd.DataFrame,
+    steps: pd.DataFrame | None = None,
+    *,
+    boot: int = cmp.BOOTSTRAP,
+    seed: int = 0,
+) -> pd.DataFrame:
     """Each predicted setting with its measured per-rank throughput (mean over its runs):
     ``error`` = predicted / measured - 1, ``inside`` = the one-run interval holds the mean,
     ``vs_best`` = measured / best measured - 1 (the advised row says how far the advice is from
-    the best verification setting). Settings without a run keep NaN."""
+    the best verification setting). Settings without a run keep NaN.
+
+    With ``steps`` (the runs' per-step table), 95 % two-level bootstrap intervals (runs, then
+    steps within runs, as ``compare``): ``measured_lo``/``_hi``, and ``advice_ratio`` (+ ``_lo``,
+    ``_hi``): the advised setting's throughput over this setting's, so that "within x % of the
+    best" is a statement with an interval, not a difference of two means."""
     r = runs[runs["mode"].isin(mdl.COMBINED_MODES)].copy()
     world = r["world_size"].fillna(1) if "world_size" in r else 1
     r["measured"] = r["throughput_samples_s"] / world
@@ -186,27 +200,90 @@ def predicted_vs_measured(predictions: pd.DataFrame, runs: pd.DataFrame) -> pd.D
     p["error"] = p["throughput"] / p["measured"] - 1
     p["inside"] = (p["measured"] >= p["pred_lo"]) & (p["measured"] <= p["pred_hi"])
     p["vs_best"] = p["measured"] / p["measured"].max() - 1
+    if steps is not None:
+        ids = r.groupby("key")["run_id"].agg(list)
+        batch = r.groupby("key")["batch_size"].first()
+        per_run = {
+            str(k): g["step_ms"].dropna().to_numpy(np.float64) for k, g in steps.groupby("run_id")
+        }
+        runs_of = [[per_run[str(i)] for i in ids.get(k, []) if str(i) in per_run] for k in keys]
+        batches = np.array([batch.get(k, np.nan) for k in keys], dtype=np.float64)
+        p = p.assign(**_measured_intervals(p, runs_of, batches, boot=boot, seed=seed))
     return p
 
 
+def _measured_intervals(
+    table: pd.DataFrame,
+    runs_of: Sequence[list[npt.NDArray[np.float64]]],
+    batches: npt.NDArray[np.float64],
+    *,
+    boot: int,
+    seed: int,
+) -> dict[str, npt.NDArray[np.float64]]:
+    """Bootstrap intervals of each setting's per-rank throughput (the mean over runs of
+    batch x 1000 / mean step time, as ``summarize`` has it) and of the advice's throughput
+    ratio to it: the inverse ratio of mean step times, ``compare_stats`` of this setting's
+    steps over the advice's (a ratio of means over runs, not a mean of per-run ratios)."""
+    cols = ("measured_lo", "measured_hi", "advice_ratio", "advice_ratio_lo", "advice_ratio_hi")
+    out = {c: np.full(len(table), np.nan) for c in cols}
+    rng = np.random.default_rng(seed)
+    for i, groups in enumerate(runs_of):
+        if groups:
+            draws = cmp.draw_indices([len(a) for a in groups], boot, rng)
+            # Per run 1 / mean step, averaged over the picked runs: summarize's throughput.
+            rate = cmp.replicate(groups, draws, boot, lambda a, _s: 1 / np.mean(a, axis=-1))
+            thr = batches[i] * 1000 * rate
+            out["measured_lo"][i], out["measured_hi"][i] = np.percentile(thr, [2.5, 97.5])
+    advised = np.flatnonzero(table["advised"].astype(bool).to_numpy())
+    mine = runs_of[advised[0]] if len(advised) else []
+    for i, groups in enumerate(runs_of):
+        if i in advised or not mine:
+            continue
+        stats = cmp.compare_stats(groups, mine, n=boot, seed=seed).get("mean")
+        if stats:
+            out["advice_ratio"][i] = stats["ratio"]
+            out["advice_ratio_lo"][i] = stats["ci_low"]
+            out["advice_ratio_hi"][i] = stats["ci_high"]
+    return out
+
+
 def prediction_summary(table: pd.DataFrame) -> dict[str, float]:
-    """Median and worst |error| over the measured settings, and the advice against the best."""
+    """Median and worst |error| over the measured settings, the advice against the best
+    measured setting, and (with ``predicted_vs_measured``'s intervals) the advice's throughput
+    ratio to the best measured *other* setting with its 95 % interval (``advised_vs_other``)."""
     err = table["error"].abs().dropna()
     advised = table.loc[table["advised"].astype(bool), "vs_best"].dropna()
-    return {
+    out = {
         "settings": float(len(err)),
         "median_abs_error": float(err.median()) if len(err) else np.nan,
         "worst_abs_error": float(err.max()) if len(err) else np.nan,
         "advised_vs_best": float(advised.iloc[0]) if len(advised) else np.nan,
+        "advised_vs_other": np.nan,
+        "advised_vs_other_lo": np.nan,
+        "advised_vs_other_hi": np.nan,
     }
+    others = table[~table["advised"].astype(bool)].dropna(subset=["measured"])
+    if "advice_ratio" in table and not others.empty and others["advice_ratio"].notna().any():
+        best = others.iloc[int(np.argmax(others["measured"].to_numpy()))]
+        out["advised_vs_other"] = float(best["advice_ratio"])
+        out["advised_vs_other_lo"] = float(best["advice_ratio_lo"])
+        out["advised_vs_other_hi"] = float(best["advice_ratio_hi"])
+    return out
 
 
 def predicted_vs_measured_to(
-    *, predictions: Path, runs: Path, table: Path, figures: Sequence[Path]
+    *,
+    predictions: Path,
+    runs: Path,
+    table: Path,
+    figures: Sequence[Path],
+    steps: Path | None = None,
 ) -> pd.DataFrame:
     from codl.analysis import plots
 
-    t = predicted_vs_measured(_read(predictions), _read(runs))
+    t = predicted_vs_measured(
+        _read(predictions), _read(runs), _read(steps) if steps is not None else None
+    )
     if not t["n_runs"].any():
         raise CodlError(
             f"{runs}: no run matches a setting of {predictions}; run the verification config"

@@ -845,7 +845,15 @@ def predicted_vs_measured(
     ax.plot(line, line, color="#777777", lw=1, label="predicted = measured")
     for policy, g in d.groupby("policy"):
         yerr = _yerr(_column(g, "throughput"), _column(g, "pred_lo"), _column(g, "pred_hi"))
-        ax.errorbar(g["measured"], g["throughput"], yerr=yerr, fmt="o", capsize=3, label=policy)
+        xerr = None
+        if "measured_lo" in g and g["measured_lo"].notna().any():
+            # 95 % bootstrap interval of the measured mean (loop.predicted_vs_measured).
+            xerr = _yerr(
+                _column(g, "measured"), _column(g, "measured_lo"), _column(g, "measured_hi")
+            )
+        ax.errorbar(
+            g["measured"], g["throughput"], xerr=xerr, yerr=yerr, fmt="o", capsize=3, label=policy
+        )
         for _, r in g.iterrows():
             ax.annotate(
                 f"{int(r['workers'])}w",
@@ -861,13 +869,18 @@ def predicted_vs_measured(
         )
     ax.set_xlim(0, top * 1.1)
     ax.set_ylim(0, top * 1.1)
-    ax.set_xlabel("measured throughput per rank (samples/s, mean of runs)")
+    ax.set_xlabel("measured throughput per rank (samples/s, mean of runs [95 % CI])")
     ax.set_ylabel("predicted (samples/s) [one-run interval]")
+    versus = f"advised vs best measured {summary['advised_vs_best'] * 100:+.1f} %"
+    if np.isfinite(summary.get("advised_vs_other", np.nan)):
+        versus += (
+            f"; advised / best other {summary['advised_vs_other']:.2f} "
+            f"[{summary['advised_vs_other_lo']:.2f}, {summary['advised_vs_other_hi']:.2f}]"
+        )
     ax.set_title(
         f"{int(summary['settings'])} settings: |error| median "
         f"{summary['median_abs_error'] * 100:.0f} %, "
-        f"worst {summary['worst_abs_error'] * 100:.0f} %;"
-        f"\nadvised vs best measured {summary['advised_vs_best'] * 100:+.1f} %",
+        f"worst {summary['worst_abs_error'] * 100:.0f} %;\n{versus}",
         fontsize=10,
     )
     ax.legend(fontsize=8, loc="lower right")
