@@ -839,7 +839,8 @@ def predicted_vs_measured(
         _note(ax, "no verification run measured yet")
         _save(fig, outputs)
         return
-    top = float(np.nanmax([d["measured"].max(), d["pred_hi"].max(), d["throughput"].max()]))
+    edges = ["measured", "pred_hi", "throughput", "measured_hi"]
+    top = float(np.nanmax([d[c].max() for c in edges if c in d]))
     line = np.array([0.0, top * 1.1])
     ax.fill_between(line, line * 0.9, line * 1.1, color="#dddddd", label="+-10 %")
     ax.plot(line, line, color="#777777", lw=1, label="predicted = measured")
