@@ -15,6 +15,8 @@ appends them to a ``TraceWriter`` in batches, and reports:
   in events/s and events per CPU-second; and where one process's time goes: ns per event of
   reading the columns alone (HDF5: decompression, checksums, copies), and the rest, the
   reduction;
+- verify rate: ``Trace.verify`` (every byte read and hashed against its sha256, as
+  ``codl summarize`` does first), and what the two together cost per event;
 - the latency of a 1-second window query (``Trace.table(name, t0, t0 + 1 s)`` of all three
   tables), median of ``--windows`` random windows;
 
@@ -81,6 +83,9 @@ class Result:
     summarize_np_events_per_s: float
     summarize_np_events_per_s_per_process: float
     summarize_np_events_per_cpu_s: float
+    verify_events_per_s: float
+    verify_events_per_cpu_s: float
+    summarize_verified_events_per_s: float
     window_query_s_median: float
     window_query_rows_median: int
 
@@ -191,6 +196,16 @@ def summarize_rate(path: Path, processes: int, threads: int) -> tuple[int, float
     return rows, rows / (time.perf_counter() - t), rows / max(1e-9, cpu_seconds() - c)
 
 
+def verify_rate(path: Path, events: int) -> tuple[float, float]:
+    """(events per second, events per CPU-second) of ``Trace.verify``: every byte of every
+    column read (HDF5's checksums) and hashed against its sha256, which ``codl summarize``
+    does before it trusts a trace; the hashing runs on a thread beside the reading."""
+    t, c = time.perf_counter(), cpu_seconds()
+    with open_trace(path) as trace:
+        trace.verify()
+    return events / (time.perf_counter() - t), events / max(1e-9, cpu_seconds() - c)
+
+
 def read_seconds(path: Path) -> tuple[int, float]:
     """(rows, seconds) of reading the per-step metrics' columns block by block into reused
     arrays, reducing nothing: the decoding part of ``summarize_rate`` in one process."""
@@ -234,6 +249,7 @@ def run(directory: Path, args: argparse.Namespace, compression: str) -> Result:
     read_ns = read_s / max(1, read_rows) * 1e9
     _, rate_t, cpu_t = summarize_rate(path, 1, args.processes)
     _, rate_n, cpu_n = summarize_rate(path, args.processes, 1)
+    verify, verify_cpu = verify_rate(path, args.events)
     query_s, query_rows = window_queries(path, args)
     path.unlink()  # two 10^8-event traces need not share the disk
     return Result(
@@ -260,6 +276,11 @@ def run(directory: Path, args: argparse.Namespace, compression: str) -> Result:
         summarize_np_events_per_s=round(rate_n),
         summarize_np_events_per_s_per_process=round(rate_n / args.processes),
         summarize_np_events_per_cpu_s=round(cpu_n),
+        verify_events_per_s=round(verify),
+        verify_events_per_cpu_s=round(verify_cpu),
+        # What `codl summarize` pays per event for these tables: the verification pass, then
+        # the per-step sums (one process).
+        summarize_verified_events_per_s=round(1 / (1 / verify + rows / args.events / rate_1)),
         window_query_s_median=round(query_s, 4),
         window_query_rows_median=query_rows,
     )
@@ -285,6 +306,9 @@ def _rows(r: Result) -> list[tuple[str, str, str]]:
             "",
         ),
         ("  per CPU-s", f"{r.summarize_np_events_per_cpu_s:,}", ""),
+        ("verify (every byte, sha256)", f"{r.verify_events_per_s:,}", ""),
+        ("  per CPU-s", f"{r.verify_events_per_cpu_s:,}", ""),
+        ("verify + per-step sums", f"{r.summarize_verified_events_per_s:,}", ""),
         (
             "1 s window query",
             f"{r.window_query_s_median:.3f} s ({r.window_query_rows_median:,} rows)",

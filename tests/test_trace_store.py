@@ -904,3 +904,30 @@ def test_the_table_enum_names_every_table_of_the_schema() -> None:
     assert [t.value for t in Table] == list(TABLES)
     # A member is its name: it indexes the schema, the readers and HDF5 paths unchanged.
     assert TABLES[Table.APP] is TABLES["events/app"] and f"/{Table.APP}" == "/events/app"
+
+
+@pytest.mark.parametrize("compression", CODECS)
+def test_verify_reads_every_block_in_order(tmp_path: Path, compression: str) -> None:
+    """Verification hashes blocks on a thread while it reads the next: a value rewritten in the
+    last of three blocks (HDF5's own checksums still valid) fails the column's sha256, and an
+    event ending before it starts in the second block is found at its row."""
+    block = block_rows("events/comm")
+    rows = _comm_block(0, 2 * block + 99)
+    rows["end_ns"][block + 5] = rows["start_ns"][block + 5] - 1
+    with TraceWriter(tmp_path / "t.h5", compression=compression) as w:
+        w.append("events/comm", rows)
+        w.finish()
+    with open_trace(tmp_path / "t.h5") as t:
+        assert len(t.chunk_index("events/comm")) == 3  # type: ignore[arg-type]
+        with pytest.raises(TraceFormatError, match=rf"1\+ event\(s\).*first at row {block + 5}"):
+            t.verify()
+    with TraceWriter(tmp_path / "u.h5", compression=compression) as w:
+        w.append("events/comm", _comm_block(0, 2 * block + 99))
+        w.finish()
+    with h5py.File(tmp_path / "u.h5", "r+") as f:
+        f["events/comm/bytes"][2 * block + 50] = 7  # through HDF5: its chunk checksum is valid
+    with (
+        open_trace(tmp_path / "u.h5") as t,
+        pytest.raises(TraceFormatError, match="comm/bytes does not match its sha256"),
+    ):
+        t.verify()

@@ -1197,13 +1197,16 @@ class Trace:
         self._rows[table] = rows
         return rows
 
-    def _decode(self, table: str, column: str, codes: npt.NDArray[Any]) -> pd.Categorical:
+    def _check_codes(self, table: str, column: str, codes: npt.NDArray[Any]) -> None:
         if codes.size and (codes.min() < 0 or codes.max() >= len(self._strings)):
             raise TraceFormatError(
                 f"{self._path}: dataset /{table}/{column} holds indices outside the "
                 f"{len(self._strings)}-entry string table"
                 + ("" if STRINGS in self._file else " (no /strings: the writer was killed)")
             )
+
+    def _decode(self, table: str, column: str, codes: npt.NDArray[Any]) -> pd.Categorical:
+        self._check_codes(table, column, codes)
         return pd.Categorical.from_codes(
             codes, categories=self._categories
         ).remove_unused_categories()
@@ -1473,36 +1476,59 @@ class Trace:
                 )
         index = self.chunk_index(table)
         hashes = {c.name: hashlib.sha256() for c in schema}
-        first_bad: int | None = None
-        count = 0
+        bad: list[tuple[int, int]] = []  # (first row, count) of events ending before they start
         # With an index, block by block, so that each entry is checked against its rows.
         ranges = self._ranges(table, n, None, None) if index is None else index[:, :2].tolist()
-        for i, (lo, hi) in enumerate(ranges):
-            block = {c.name: self._read(table, c.name, slice(lo, hi)) for c in schema}
-            for c in schema:
-                hashes[c.name].update(np.ascontiguousarray(block[c.name]).tobytes())
-                if c.is_symbol:
-                    self._decode(table, c.name, block[c.name])
-            if "start_ns" in block and first_bad is None:
-                bad = np.flatnonzero(block["end_ns"] < block["start_ns"])
-                first_bad = lo + int(bad[0]) if bad.size else None
-                if first_bad is not None:
-                    count = int(bad.size)
-            if index is not None and tuple(index[i, 2:]) != _time_range(table, block, hi - lo):
-                raise TraceFormatError(
-                    f"{self._path}: the chunk index /{CHUNK_INDEX}/{table} gives rows "
-                    f"{lo}..{hi} a time range they do not have; corrupt"
-                )
+
+        def digest(block: dict[str, npt.NDArray[Any]]) -> None:
+            for name, values in block.items():
+                # The array's own buffer: hashlib reads it without the copy tobytes() makes.
+                hashes[name].update(np.ascontiguousarray(values).data.cast("B"))
+
+        # sha256 releases the GIL: block i is hashed on a thread while block i + 1 is read and
+        # checked (HDF5 holds h5py's lock). At most two blocks are held, and the hashes see the
+        # rows in order, since each block's hashing waits for the one before.
+        hashing: Future[None] | None = None
+        with ThreadPoolExecutor(1, thread_name_prefix="codl-verify") as pool:
+            for i, (lo, hi) in enumerate(ranges):
+                block = {c.name: self._read(table, c.name, slice(lo, hi)) for c in schema}
+                if hashing is not None:
+                    hashing.result()
+                hashing = pool.submit(digest, block)
+                self._check_block(table, block, lo, hi, None if index is None else index[i])
+                if "start_ns" in block and not bad:
+                    late = np.flatnonzero(block["end_ns"] < block["start_ns"])
+                    bad = [(lo + int(late[0]), int(late.size))] if late.size else []
+            if hashing is not None:
+                hashing.result()
         for c in schema:
             expected = digests.get(c.name)
             if expected is not None and hashes[c.name].hexdigest() != expected:
                 raise TraceFormatError(
                     f"{self._path}: dataset /{table}/{c.name} does not match its sha256; corrupt"
                 )
-        if first_bad is not None:
+        if bad:
             raise TraceFormatError(
-                f"{self._path}: /{table} has {count}+ event(s) ending before they start "
-                f"(first at row {first_bad}); corrupt"
+                f"{self._path}: /{table} has {bad[0][1]}+ event(s) ending before they start "
+                f"(first at row {bad[0][0]}); corrupt"
+            )
+
+    def _check_block(
+        self,
+        table: str,
+        block: dict[str, npt.NDArray[Any]],
+        lo: int,
+        hi: int,
+        entry: npt.NDArray[np.int64] | None,
+    ) -> None:
+        """String codes in the table; the chunk index entry's time range is the block's."""
+        for c in _schema(table):
+            if c.is_symbol:
+                self._check_codes(table, c.name, block[c.name])
+        if entry is not None and tuple(entry[2:]) != _time_range(table, block, hi - lo):
+            raise TraceFormatError(
+                f"{self._path}: the chunk index /{CHUNK_INDEX}/{table} gives rows "
+                f"{lo}..{hi} a time range they do not have; corrupt"
             )
 
     def _verify_identity(self) -> None:
