@@ -171,6 +171,16 @@ class ResultPaths:
     def steps_table(self) -> Path:
         return self.tables / "steps.csv.gz"
 
+    @staticmethod
+    def merged_tables_of(results: Path) -> tuple[Path, Path]:
+        """The runs and steps tables of another results directory laid out as the workflow
+        writes it (``codl advise RESULTS``, ``share.advise_from``)."""
+        std = ResultPaths()
+        return (
+            results / std.runs_table.relative_to(std.results),
+            results / std.steps_table.relative_to(std.results),
+        )
+
     @property
     def comparison_table(self) -> Path:
         return self.tables / "comparison.csv"

@@ -34,9 +34,6 @@ from codl.errors import CodlError, ConfigError
 from codl.paths import ResultPaths
 
 #: Table paths relative to a results directory, from the one object that owns them.
-_PATHS = ResultPaths(root=Path())
-RUNS_TABLE = _PATHS.runs_table.relative_to(_PATHS.results)
-STEPS_TABLE = _PATHS.steps_table.relative_to(_PATHS.results)
 CONFIG_NAME = "config.yaml"
 #: Added to the fitted runs' seed in a verification config (see ``verification_config``).
 VERIFY_SEED_OFFSET = 1
@@ -187,13 +184,12 @@ def best_setting(grid: pd.DataFrame, tie: float, prefer: Prefer = Prefer.HEADROO
     near = grid[grid["throughput"] >= best * (1 - tie)].copy()
     if prefer is Prefer.FEWEST_CORES:
         keys = ["cores_used", "workers", "launch_set", "throughput"]
-        order = [True, True, True, False]
     else:
         # Cores of the loader's share a setting leaves without a worker: 0 at c_L and beyond.
         near["headroom_gap"] = np.maximum(0, near["loader_cores"] - near["workers"])
         keys = ["launch_set", "headroom_gap", "workers", "throughput"]
-        order = [True, True, True, False]
-    return near.sort_values(keys, ascending=order, kind="stable").iloc[0]
+    # Ascending but the last key: of equal settings, the higher prediction.
+    return near.sort_values(keys, ascending=[True, True, True, False], kind="stable").iloc[0]
 
 
 def _compositions(total: int, parts: int) -> list[tuple[int, ...]]:
@@ -620,8 +616,9 @@ def fit_results(
 ) -> FittedResults:
     """Fit the model on RESULTS/tables/{runs.csv,steps.csv.gz}; the cores per rank of the runs
     are ``fit_cores`` or RESULTS/config.yaml's ``slurm.cpus_per_rank``."""
-    runs = _read_table(results / RUNS_TABLE, results)
-    steps = _read_table(results / STEPS_TABLE, results)
+    runs_table, steps_table = ResultPaths.merged_tables_of(results)
+    runs = _read_table(runs_table, results)
+    steps = _read_table(steps_table, results)
     source_cfg = _source_config(results)
     cores = fit_cores or (source_cfg.get("slurm") or {}).get("cpus_per_rank")
     if cores is None:

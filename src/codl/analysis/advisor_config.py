@@ -135,10 +135,8 @@ def share_inputs(cfg: Mapping[str, Any], plan: Plan, paths: ResultPaths) -> list
     """The data sets the shared-node jobs read, and the tables the advised split is fitted on:
     the `share` rule waits for them and reruns when they change."""
     out = {f for s in share_specs(cfg, plan).values() for f in dataset_input(paths, s)}
-    std = ResultPaths()
-    tables = (std.runs_table.relative_to(std.results), std.steps_table.relative_to(std.results))
     for d in share_settings(cfg).advise_from:
-        out |= {str(Path(d) / t) for t in tables}
+        out |= {str(t) for t in ResultPaths.merged_tables_of(Path(d))}
     return sorted(out)
 
 

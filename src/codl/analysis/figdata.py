@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pandas as pd
 
@@ -310,14 +312,19 @@ def _steady_values(steps: pd.DataFrame, run_ids: list[str], metric: str) -> list
 
 
 def arm_interval(
-    groups: list[np.ndarray], stat: str, *, n: int = BOOTSTRAP, seed: int = 0
+    groups: list[np.ndarray],
+    stat: str | Callable[[np.ndarray], np.ndarray],
+    *,
+    n: int = BOOTSTRAP,
+    seed: int = 0,
 ) -> tuple[float, float]:
     """95 % two-level bootstrap interval (runs, then steps) of the mean over runs of a per-run
-    statistic: the same resampling ``compare`` uses for the ratio, applied to one arm."""
+    statistic (a ``compare`` statistic's name, or a function of the steps along the last axis):
+    the same resampling ``compare`` uses for the ratio, applied to one arm."""
     if not groups:
         return (np.nan, np.nan)
     rng = np.random.default_rng(seed)
-    f = run_statistic(stat)
+    f = run_statistic(stat) if isinstance(stat, str) else stat
     draws = draw_indices([len(a) for a in groups], n, rng)
     reps = replicate(groups, draws, n, lambda a, _sel: f(a))
     lo, hi = np.percentile(reps, [2.5, 97.5])

@@ -15,6 +15,7 @@ setting) -> the verification runs (``--configfile results/advice/verify.yaml``) 
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -29,6 +30,7 @@ from codl.analysis import compare as cmp
 from codl.analysis import interference_map as imap
 from codl.analysis import model as mdl
 from codl.analysis.advisor_config import advisor_settings, cores_per_rank
+from codl.analysis.figdata import arm_interval
 from codl.config import Plan, build_plan
 from codl.errors import CodlError
 from codl.spec import AUTO, Policy, RunSpec
@@ -226,14 +228,12 @@ def _measured_intervals(
     steps over the advice's (a ratio of means over runs, not a mean of per-run ratios)."""
     cols = ("measured_lo", "measured_hi", "advice_ratio", "advice_ratio_lo", "advice_ratio_hi")
     out = {c: np.full(len(table), np.nan) for c in cols}
-    rng = np.random.default_rng(seed)
     for i, groups in enumerate(runs_of):
-        if groups:
-            draws = cmp.draw_indices([len(a) for a in groups], boot, rng)
-            # Per run 1 / mean step, averaged over the picked runs: summarize's throughput.
-            rate = cmp.replicate(groups, draws, boot, lambda a, _s: 1 / np.mean(a, axis=-1))
-            thr = batches[i] * 1000 * rate
-            out["measured_lo"][i], out["measured_hi"][i] = np.percentile(thr, [2.5, 97.5])
+        # Per run batch x 1000 / mean step, averaged over the picked runs: summarize's throughput.
+        per_run = functools.partial(_throughput, batch=float(batches[i]))
+        out["measured_lo"][i], out["measured_hi"][i] = arm_interval(
+            groups, per_run, n=boot, seed=seed
+        )
     advised = np.flatnonzero(table["advised"].astype(bool).to_numpy())
     mine = runs_of[advised[0]] if len(advised) else []
     for i, groups in enumerate(runs_of):
@@ -245,6 +245,10 @@ def _measured_intervals(
             out["advice_ratio_lo"][i] = stats["ci_low"]
             out["advice_ratio_hi"][i] = stats["ci_high"]
     return out
+
+
+def _throughput(steps_ms: npt.NDArray[np.float64], *, batch: float) -> npt.NDArray[np.float64]:
+    return np.asarray(batch * 1000 / np.mean(steps_ms, axis=-1), dtype=np.float64)
 
 
 def prediction_summary(table: pd.DataFrame) -> dict[str, float]:

@@ -1115,12 +1115,16 @@ class Trace:
             f"{self._path}: {what} is unreadable ({e}); the file is corrupt or truncated"
         )
 
+    def _dataset(self, table: str, column: str) -> Any:
+        """The column's h5py dataset, opened once per trace."""
+        ds = self._datasets.get((table, column))
+        if ds is None:
+            ds = self._datasets[(table, column)] = self._file[table][column]
+        return ds
+
     def _read(self, table: str, column: str, sel: slice) -> npt.NDArray[Any]:
         try:
-            ds = self._datasets.get((table, column))
-            if ds is None:
-                ds = self._datasets[(table, column)] = self._file[table][column]
-            return np.asarray(ds[sel])
+            return np.asarray(self._dataset(table, column)[sel])
         except H5_ERRORS as e:
             raise self._corrupt(f"dataset /{table}/{column}", e) from e
 
@@ -1138,9 +1142,7 @@ class Trace:
         if hi == lo:
             return view
         try:
-            ds = self._datasets.get((table, column))
-            if ds is None:
-                ds = self._datasets[(table, column)] = self._file[table][column]
+            ds = self._dataset(table, column)
             dtype = ds.dtype
         except H5_ERRORS as e:
             raise self._corrupt(f"dataset /{table}/{column}", e) from e
@@ -1476,7 +1478,7 @@ class Trace:
                 )
         index = self.chunk_index(table)
         hashes = {c.name: hashlib.sha256() for c in schema}
-        bad: list[tuple[int, int]] = []  # (first row, count) of events ending before they start
+        bad: tuple[int, int] | None = None  # (first row, count) of events ending before start
         # With an index, block by block, so that each entry is checked against its rows.
         ranges = self._ranges(table, n, None, None) if index is None else index[:, :2].tolist()
 
@@ -1496,9 +1498,9 @@ class Trace:
                     hashing.result()
                 hashing = pool.submit(digest, block)
                 self._check_block(table, block, lo, hi, None if index is None else index[i])
-                if "start_ns" in block and not bad:
+                if "start_ns" in block and bad is None:
                     late = np.flatnonzero(block["end_ns"] < block["start_ns"])
-                    bad = [(lo + int(late[0]), int(late.size))] if late.size else []
+                    bad = (lo + int(late[0]), int(late.size)) if late.size else None
             if hashing is not None:
                 hashing.result()
         for c in schema:
@@ -1507,10 +1509,10 @@ class Trace:
                 raise TraceFormatError(
                     f"{self._path}: dataset /{table}/{c.name} does not match its sha256; corrupt"
                 )
-        if bad:
+        if bad is not None:
             raise TraceFormatError(
-                f"{self._path}: /{table} has {bad[0][1]}+ event(s) ending before they start "
-                f"(first at row {bad[0][0]}); corrupt"
+                f"{self._path}: /{table} has {bad[1]}+ event(s) ending before they start "
+                f"(first at row {bad[0]}); corrupt"
             )
 
     def _check_block(
