@@ -776,7 +776,12 @@ def interference_map(table: pd.DataFrame, outputs: Sequence[Path]) -> None:
         for j, (metric, title) in enumerate(imap.MAP_METRICS.items()):
             _map_panel(fig, axes[i, j], imap.map_grid(table, policy, metric), metric)
             axes[i, j].set_title(f"{title}\npolicy {policy}", fontsize=9)
-    fig.suptitle("Interference map: D = data-bound, L = launch-bound, unmarked = balanced")
+    # How many runs each cell's numbers rest on: inflation intervals are in the table, not here.
+    runs = ""
+    if "n_runs" in table and len(table):
+        lo, hi = int(table["n_runs"].min()), int(table["n_runs"].max())
+        runs = f"; {lo if lo == hi else f'{lo}-{hi}'} run(s) per cell, means and p95 of their steps"
+    fig.suptitle("Interference map: D = data-bound, L = launch-bound, unmarked = balanced" + runs)
     _save(fig, outputs)
 
 
@@ -878,8 +883,10 @@ def predicted_vs_measured(
             f"; advised / best other {summary['advised_vs_other']:.2f} "
             f"[{summary['advised_vs_other_lo']:.2f}, {summary['advised_vs_other_hi']:.2f}]"
         )
+    lo_n, hi_n = int(d["n_runs"].min()), int(d["n_runs"].max())
+    runs = f"{lo_n}" if lo_n == hi_n else f"{lo_n}-{hi_n}"
     ax.set_title(
-        f"{int(summary['settings'])} settings: |error| median "
+        f"{int(summary['settings'])} settings, {runs} runs each: |error| median "
         f"{summary['median_abs_error'] * 100:.0f} %, "
         f"worst {summary['worst_abs_error'] * 100:.0f} %;\n{versus}",
         fontsize=10,
