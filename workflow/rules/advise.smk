@@ -32,6 +32,8 @@ rule interference_map:
         pdf=PATHS.figure(MAP_FIGURE, "pdf"),
     log:
         PATHS.log("interference_map"),
+    conda:
+        CONDA_ENV
     threads: 1
     script:
         "../scripts/interference_map.py"
@@ -56,6 +58,8 @@ if ADVISOR.advise:
             predictions=PATHS.predictions_table,
         log:
             PATHS.log("advise"),
+        conda:
+            CONDA_ENV
         threads: 1
         script:
             "../scripts/advise.py"
@@ -81,6 +85,8 @@ if ADVISOR.predictions:
             pdf=PATHS.figure(PREDICTION_FIGURE, "pdf"),
         log:
             PATHS.log("predicted_vs_measured"),
+        conda:
+            CONDA_ENV
         threads: 1
         script:
             "../scripts/predicted_vs_measured.py"
@@ -108,6 +114,8 @@ if config.get("share", {}).get("jobs"):
             pdf=PATHS.figure(SHARE_FIGURE, "pdf"),
         log:
             PATHS.log("share"),
+        conda:
+            CONDA_ENV
         threads: workflow.cores
         resources:
             nodes=SHARE_RESOURCES["nodes"],

@@ -21,6 +21,8 @@ rule summarize:
         timeline=PATHS.timeline("{run_id}"),
     log:
         PATHS.summarize_log("{run_id}"),
+    conda:
+        CONDA_ENV
     threads: 1
     script:
         "../scripts/summarize.py"
@@ -56,6 +58,8 @@ rule compare:
         ),
     log:
         PATHS.log("compare"),
+    conda:
+        CONDA_ENV
     threads: 1
     script:
         "../scripts/compare.py"
@@ -152,6 +156,8 @@ rule figures:
         pdfs=[str(PATHS.figure(name, "pdf")) for name in ALL_FIGURES],
     log:
         PATHS.log("figures"),
+    conda:
+        CONDA_ENV
     threads: 1
     script:
         "../scripts/figures.py"

@@ -1,6 +1,7 @@
 # Every Python helper of the workflow lives here and delegates to the `codl` package: the plan
 # (config -> runs), the paths (codl.paths.ResultPaths) and the per-run resources.
 import json
+import os
 from pathlib import Path
 
 from codl.analysis.advisor_config import (
@@ -43,6 +44,10 @@ ADVISOR = advisor_settings(config)
 # Data sets of the shared-node jobs (config section `share`); empty without one.
 SHARE_INPUTS = share_inputs(config, PLAN, PATHS)
 SHARE_RESOURCES = share_resources(config, PLAN)
+# With --use-conda every rule runs in this environment (README, "Software environment");
+# without it, in the one that runs Snakemake. Its file installs this checkout from CODL_ROOT.
+CONDA_ENV = "../envs/codl.yaml"
+os.environ.setdefault("CODL_ROOT", str(Path(workflow.basedir).resolve()))
 
 
 wildcard_constraints:

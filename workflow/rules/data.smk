@@ -8,6 +8,8 @@ rule dataset:
         manifest=PATHS.dataset_manifest("{dataset}"),
     log:
         PATHS.log("dataset", "{dataset}"),
+    conda:
+        CONDA_ENV
     threads: 1
     params:
         spec=get_dataset_spec_json,
@@ -23,6 +25,8 @@ rule stage_dataset:
         marker=PATHS.staged_marker("{tier}", "{dataset}"),
     log:
         PATHS.log("stage", "{tier}-{dataset}"),
+    conda:
+        CONDA_ENV
     threads: 1
     params:
         target=get_tier_target,

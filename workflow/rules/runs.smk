@@ -12,6 +12,8 @@ rule spec:
         spec=PATHS.spec("{run_id}"),
     log:
         PATHS.log("spec", "{run_id}"),
+    conda:
+        CONDA_ENV
     params:
         spec=get_spec_json,
     shell:
@@ -26,6 +28,8 @@ rule run:
         trace=PATHS.trace("{run_id}"),
     log:
         PATHS.run_log("{run_id}"),
+    conda:
+        CONDA_ENV
     threads: workflow.cores
     resources:
         nodes=get_run_resource("nodes"),
