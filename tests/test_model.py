@@ -30,20 +30,27 @@ COMBINED_WORKERS = (4, 8, 16, 24, 32, 48)
 
 
 def planted_throughput(
-    w: int, policy: str, cores: int = CORES, k0: float = 0.0, handoff_ms: float = 0.0
+    w: int,
+    policy: str,
+    cores: int = CORES,
+    k0: float = 0.0,
+    handoff_ms: float = 0.0,
+    ceiling: float = math.inf,
 ) -> tuple[float, float]:
     """Combined throughput and compute inflation, solved in closed form (not by the model's
     bisection), so that a mistake in the model's solver cannot hide in the planted data."""
     c_l = cores - 3
-    x_l = RATE * min(w, KAPPA * c_l)
+    x_w = RATE * min(w, KAPPA * c_l)  # what the workers can deliver; runnable: w X / x_w
+    x_l = min(x_w, ceiling)
     c, k = COMPUTE[policy], K[policy]
     e = handoff_ms * c / (BATCH * 1000.0)  # the hand-off in units of the compute time alone
-    if x_l * (1 + k0 + e + k * max(0.0, w - c_l) / cores) <= c:
-        return x_l, 1 + k0 + k * max(0.0, w - c_l) / cores
-    if c / (1 + k0 + e) * w / x_l <= c_l:
+    over = max(0.0, w * x_l / x_w - c_l) / cores
+    if x_l * (1 + k0 + e + k * over) <= c:
+        return x_l, 1 + k0 + k * over
+    if c / (1 + k0 + e) * w / x_w <= c_l:
         return c / (1 + k0 + e), 1.0 + k0
-    # X * (1 + k0 + e + k * (w X / X_L - c_L) / c) = C: a quadratic in X.
-    a = k * w / (cores * x_l)
+    # X * (1 + k0 + e + k * (w X / X_W - c_L) / c) = C: a quadratic in X.
+    a = k * w / (cores * x_w)
     b = 1 + k0 + e - k * c_l / cores
     x = (-b + math.sqrt(b * b + 4 * a * c)) / (2 * a)
     return x, c / x - e
@@ -58,16 +65,22 @@ def planted_tables(
     repeats: int = 3,
     k0: dict[str, float] | None = None,
     handoff_ms: float = 0.0,
+    ceiling: float = math.inf,
+    small_budget: int | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """runs.csv and steps.csv.gz as the workflow writes them, for the planted parameters, with
-    2 % step-to-step and 0.5 % run-to-run noise."""
+    2 % step-to-step and 0.5 % run-to-run noise. ``ceiling``: the loader's per-process ceiling
+    ``M``; ``small_budget``: also the data runs on that many cores per rank, and a ``cpus``
+    column (the CPUs each run had) in runs.csv."""
     rng = np.random.default_rng(seed)
     runs: list[dict[str, object]] = []
     steps_rows: list[pd.DataFrame] = []
 
-    def add(mode: str, policy: str, w: int, x: float, compute_ms: float | None) -> None:
+    def add(
+        mode: str, policy: str, w: int, x: float, compute_ms: float | None, cpus: int = CORES
+    ) -> None:
         for rep in range(repeats):
-            run_id = f"{mode}-{policy}-{w}-{rep}"
+            run_id = f"{mode}-{policy}-{w}-{cpus}-{rep}"
             offset = 1 + 0.005 * rng.standard_normal()
             step = BATCH * 1000.0 / x * offset * (1 + 0.02 * rng.standard_normal(steps))
             comp = (
@@ -90,6 +103,7 @@ def planted_tables(
                     "world_size": 1,
                     "throughput_samples_s": BATCH * 1000.0 / step.mean(),
                     "loader_item_ms_mean": 1000.0 / RATE if mode == "data" else np.nan,
+                    **({"cpus": cpus} if small_budget else {}),
                 }
             )
             steps_rows.append(
@@ -105,14 +119,20 @@ def planted_tables(
                 )
             )
 
-    for w in data_workers:
-        add("data", "none", w, RATE * min(w, KAPPA * (CORES - 2)), None)
+    for budget in (CORES, small_budget) if small_budget else (CORES,):
+        for w in data_workers:
+            x = min(RATE * min(w, KAPPA * (budget - 2)), ceiling)
+            add("data", "none", w, x, None, budget)
     for policy, c in COMPUTE.items():
         add("compute", policy, 0, c, BATCH * 1000.0 / c)
         if combined:
             for w in COMBINED_WORKERS:
                 x, infl = planted_throughput(
-                    w, policy, k0=(k0 or {}).get(policy, 0.0), handoff_ms=handoff_ms
+                    w,
+                    policy,
+                    k0=(k0 or {}).get(policy, 0.0),
+                    handoff_ms=handoff_ms,
+                    ceiling=ceiling,
                 )
                 add("data+compute", policy, w, x, BATCH * 1000.0 / c * infl)
     return pd.DataFrame(runs), pd.concat(steps_rows, ignore_index=True)
@@ -170,6 +190,36 @@ def test_fit_recovers_a_planted_hand_off() -> None:
             {"none": 0.3, "isolated": 0.2}[policy], abs=0.02
         )
     assert mdl.check(fit, data)["error"].abs().max() < 0.03
+
+
+def test_two_core_budgets_separate_a_per_core_from_a_per_process_ceiling() -> None:
+    # The loader alone tops out at M = 3,600 samples/s on 16 cores although its 14 loader cores
+    # could feed 5,040: a ceiling no core adds to. At one core budget that plateau reads as
+    # cores running out (kappa = M / (r c_L)), and the model then predicts a third too little
+    # for a job on 8 cores; data runs on 8 cores as well tell the two ceilings apart.
+    ceiling = 3600.0
+    runs, steps = planted_tables(ceiling=ceiling, small_budget=8, steps=50)
+    fit = mdl.fit(mdl.run_data(runs, steps), cores=CORES, boot=20, seed=1)
+    p = fit.params
+    assert p.rate == pytest.approx(RATE, rel=0.05)
+    assert p.kappa == pytest.approx(KAPPA, rel=0.05)
+    assert p.ceiling == pytest.approx(ceiling, rel=0.05)
+    assert fit.cores == CORES and "runs at [8, 16] cores per rank" in fit.notes
+    row = fit.parameters().set_index("parameter").loc["ceiling"]
+    assert row["lo"] <= ceiling <= row["hi"]
+    one = runs[runs["cpus"] == CORES].drop(columns="cpus")
+    single = mdl.fit(mdl.run_data(one, steps), cores=CORES, boot=0)
+    assert single.params.ceiling == math.inf
+    assert single.params.kappa == pytest.approx(ceiling / (RATE * (CORES - 2)), rel=0.05)
+    # 5 workers on 8 cores (5 loader cores): the workers deliver r * min(5, kappa * 5).
+    setting = pd.DataFrame({"policy": ["none"], "workers": [5], "cores": [8]})
+    truth = RATE * min(5, KAPPA * 5)
+    two_budgets = mdl.predict(fit, setting)["loader_capacity"].iloc[0]
+    one_budget = mdl.predict(single, setting)["loader_capacity"].iloc[0]
+    assert two_budgets == pytest.approx(truth, rel=0.05)
+    assert one_budget < 0.8 * truth
+    # The combined runs at 16 cores are predicted as before: the ceiling binds none of them.
+    assert mdl.check(fit, mdl.run_data(runs, steps))["error"].abs().max() < 0.05
 
 
 def test_parameter_intervals_hold_the_planted_values(

@@ -123,6 +123,31 @@ def test_two_cpu_jobs_share_a_node(tmp_path: Path) -> None:
     assert np.allclose(report["total"], report["job-light"] + report["job-heavy"])
     assert report.set_index("split").loc["even", "mean_speedup_vs_even"] == pytest.approx(1.0)
 
+    # Run again (a rule rerun after a cut): every split is measured, so nothing runs and the
+    # rows are the same traces' (the harness refuses to overwrite a trace).
+    def no_run(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a measured split ran again")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(share, "run_together", no_run)
+        share.share_to(
+            cfg, paths=paths, rows_out=paths.share_rows, table_out=paths.share_table, figures=[]
+        )
+    pd.testing.assert_frame_equal(pd.read_csv(paths.share_rows), rows)
+    # A trace of other CPUs is not this split's: set aside (kept), not reused.
+    specs = share_specs(cfg, plan)
+    jobs = [
+        share.Job(name=n, spec=s, dataset_dir=None, trace=paths.share / "even" / "0" / f"{n}.h5")
+        for n, s in specs.items()
+    ]
+    assert share.measured(jobs, [first, second])
+    assert not share.measured(jobs, [second, first])
+    assert not any(j.trace.exists() for j in jobs)
+    assert sorted(p.name for p in (paths.share / "even" / "0").glob("*.stale-1.h5")) == [
+        "job-heavy.stale-1.h5",
+        "job-light.stale-1.h5",
+    ]
+
 
 def test_the_share_section_is_checked() -> None:
     cfg = load_yaml(CONFIG)

@@ -157,6 +157,33 @@ def run_together(
         raise CodlError("shared-node jobs failed: " + " | ".join(failures))
 
 
+def measured(jobs: Sequence[Job], shares: Sequence[tuple[int, ...]]) -> bool:
+    """Whether every job's trace is there, complete, of the job's spec and run on its share.
+
+    Where some are not, the ones there are set aside (``<name>.stale-<n>.h5``, never deleted:
+    they are measurements) so that the jobs can write theirs again."""
+    from codl.errors import TraceFormatError
+    from codl.trace.store import open_trace
+
+    def fits(job: Job, share: tuple[int, ...]) -> bool:
+        try:
+            with open_trace(job.trace) as t:
+                a = t.attrs
+        except TraceFormatError:
+            return False
+        return bool(a.get("run_id") == job.spec.run_id and a.get("allowed_cpus") == cpulist(share))
+
+    if all(fits(j, s) for j, s in zip(jobs, shares, strict=True)):
+        return True
+    for job in jobs:
+        if job.trace.exists():
+            n = 1 + len(list(job.trace.parent.glob(f"{job.trace.stem}.stale-*.h5")))
+            aside = job.trace.with_name(f"{job.trace.stem}.stale-{n}.h5")
+            job.trace.replace(aside)
+            _LOG.warning("%s: not of this split's spec or CPUs; set aside as %s", job.trace, aside)
+    return False
+
+
 def throughput_of(trace: Path, work: Path) -> float:
     """Per-rank throughput (samples/s) of one traced job, as ``summarize`` reports it."""
     from codl.analysis.pipeline import summarize_to
@@ -244,7 +271,9 @@ def run_shared(
 
     Repeat-major, the order of the splits rotated by one per repeat: a node's speed drifts over
     a session (docs/results-h200x2.md), and split-major order would read drift as a split's
-    effect."""
+    effect. A (split, repeat) whose traces are all there, complete, of the jobs' specs and on
+    their shares is not run again (``measured``): an experiment cut short (a lease's time limit,
+    a killed Snakemake job) resumes where it stopped."""
     allowed = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
     shares_of = {name: cpu_shares(allowed, c, jobs=len(jobs)) for name, c in splits.items()}
     names = list(splits)
@@ -254,7 +283,10 @@ def run_shared(
             shares = shares_of[split]
             where = Path(work) / split / str(rep)
             placed = [dataclasses.replace(j, trace=where / f"{j.name}.h5") for j in jobs]
-            run_together(placed, shares)
+            if measured(placed, shares):
+                _LOG.info("%s, repeat %d: traces already measured, reused", split, rep)
+            else:
+                run_together(placed, shares)
             for job, share in zip(placed, shares, strict=True):
                 rows.append(
                     {

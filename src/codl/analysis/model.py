@@ -5,7 +5,8 @@ plus a few combined runs (``data+compute`` or ``combined``) of one node; predict
 throughput and the compute inflation of any worker count, policy and core budget on that node.
 Pure functions: DataFrames in, dataclasses and DataFrames out; nothing here reads files or draws.
 
-Everything is per rank (a rank has its own loader and its own ``c`` cores); a run's throughput is
+Everything is per rank (a rank has its own loader and its own ``c`` cores: the CPUs its trace says
+it had, runs.csv ``cpus``, else the fit's ``cores``); a run's throughput is
 ``batch x 1000 / mean step_ms`` over all its measured steps (what ``summarize`` reports, divided
 by the world size).
 
@@ -19,15 +20,18 @@ Equations (docs/advisor.md explains the choices):
   ``isolated``, ``spread`` and ``numa``.
 - Cores left to the loader: ``c_L = c - max(a, n)``: the launch roles are busy whether or not
   they are pinned, so a loader never gets their cores' worth of CPU time.
-- Loader capacity (samples/s): ``X_L(w) = r * min(w, kappa * c_L)``: each worker delivers ``r``
-  samples/s until the loader's cores run out; ``kappa`` is the number of worker-equivalents one
-  core sustains (< 1 when collation, IPC and the consuming thread cost CPU beyond the workers'
-  per-item work, or workers contend for memory bandwidth). Fitted from ``data`` runs.
+- Loader capacity (samples/s): ``X_L(w) = min(X_W, M)`` with ``X_W = r * min(w, kappa * c_L)``:
+  each worker delivers ``r`` samples/s until the loader's cores run out; ``kappa`` is the number
+  of worker-equivalents one core sustains (< 1 when collation, IPC and the consuming thread cost
+  CPU beyond the workers' per-item work, or workers contend for memory bandwidth); ``M`` is a
+  ceiling no core adds to (the main process collating and consuming, the pin-memory thread).
+  Fitted from ``data`` runs; ``M`` only from runs at >= 2 core budgets (``inf`` otherwise: at
+  one budget the two plateaus predict the same runs, and the fit reads it as the cores').
 - Compute capacity (samples/s): ``C_p = batch * 1000 / mean step_ms`` of the policy's compute
   runs (``compute`` for ``data+compute``, ``compute+comm`` for ``combined``).
-- Runnable loader demand at throughput ``X``: ``D = w * X / X_L(w)`` (workers block when their
-  prefetch slots are full, so a loader delivering a fraction of its capacity keeps that fraction
-  of its workers runnable).
+- Runnable loader demand at throughput ``X``: ``D = w * X / X_W(w)`` (workers block when their
+  prefetch slots are full, so a loader delivering a fraction of what its workers can keeps that
+  fraction of its workers runnable; at the ceiling ``M`` they wait for the consumer).
 - Overload: ``O = max(0, D - c_L) / c``: runnable workers beyond the loader's cores, relative to
   the node's cores. Under ``none`` and ``shared`` they spill onto the launch roles' cores (the
   published preemption mechanism); under fenced policies they crowd their own cores and the
@@ -101,6 +105,8 @@ class Params:
     # policy -> ms per step a loading step spends outside its compute span beyond the twin's
     # (batch hand-off, H2D copy), from the compute-bound combined runs (none fitted: 0)
     handoff_ms: Mapping[str, float] = field(default_factory=dict)
+    # M, samples/s: a ceiling of the rank's loader that no core adds to (inf: none identified)
+    ceiling: float = math.inf
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,7 +139,7 @@ class Fit:
     params: Params
     boot: tuple[Params, ...]
     node: Node
-    cores: int  # cores per rank of the measured runs
+    cores: int  # cores per rank of the combined runs (the default budget of a prediction)
     run_cv: float  # relative run-to-run scatter of throughput between repeats
     loader_item_rate: float  # 1000 / loader_item_ms of the data runs: a worker's item rate
     measured_workers: tuple[int, ...]
@@ -149,6 +155,7 @@ class Fit:
         rows: list[tuple[str, str, float, npt.NDArray[np.float64]]] = [
             ("rate", "", self.params.rate, np.array([b.rate for b in self.boot])),
             ("kappa", "", self.params.kappa, np.array([b.kappa for b in self.boot])),
+            ("ceiling", "", self.params.ceiling, np.array([b.ceiling for b in self.boot])),
         ]
         for p in self.policies:
             for name, attr in (
@@ -163,8 +170,14 @@ class Fit:
                 rows.append((name, p, point[p], draws))
         out = []
         for name, policy, value, draws in rows:
-            finite = draws[np.isfinite(draws)]
-            lo, hi = np.percentile(finite, [2.5, 97.5]) if len(finite) else (np.nan, np.nan)
+            # A ceiling is inf in a replicate that places none: an order statistic keeps it.
+            known = draws[~np.isnan(draws)]
+            if not len(known):
+                lo, hi = np.nan, np.nan
+            elif np.isfinite(known).all():
+                lo, hi = np.percentile(known, [2.5, 97.5])
+            else:
+                lo, hi = np.percentile(known, [2.5, 97.5], method="nearest")
             out.append({"parameter": name, "policy": policy, "value": value, "lo": lo, "hi": hi})
         return pd.DataFrame(out)
 
@@ -183,7 +196,8 @@ def _require(df: pd.DataFrame, columns: Sequence[str], table: str) -> None:
 class RunData:
     """Per-run step arrays, grouped by configuration, that the fit and its bootstrap read."""
 
-    runs: pd.DataFrame  # one row per run: run_id, mode, policy, workers, launch_cores, group
+    # one row per run: run_id, mode, policy, workers, launch_cores, cores (NaN: unknown), group
+    runs: pd.DataFrame
     step_ms: Mapping[str, npt.NDArray[np.float64]]  # every measured step, all ranks
     compute_ms: Mapping[str, npt.NDArray[np.float64]]  # steady-state compute_eff_ms
     node: Node
@@ -248,6 +262,10 @@ def run_data(
     r = r[r["mode"].isin((LOADER_MODE, mode, COMPUTE_TWIN[mode]))].copy()
     r["launch_cores"] = r["launch_cores"].astype(str) if "launch_cores" in r else "auto"
     r["workers"] = r["workers"].fillna(0).astype(int)
+    # The CPUs each run had (summarize reads them off the trace); tables without the column
+    # leave it to the fit's ``cores``.
+    r["cores"] = pd.to_numeric(r["cpus"], errors="coerce") if "cpus" in r else np.nan
+    r.loc[~(r["cores"] >= 1), "cores"] = np.nan
     r["group"] = (
         r["mode"].astype(str)
         + "|"
@@ -256,6 +274,8 @@ def run_data(
         + r["workers"].astype(str)
         + "|"
         + r["launch_cores"]
+        + "|"
+        + r["cores"].map(lambda c: "" if pd.isna(c) else str(int(c)))
     )
     pin = combined["pin_memory"].iloc[0] if "pin_memory" in combined else False
     node = Node(
@@ -344,6 +364,7 @@ def group_stats(data: RunData, rng: np.random.Generator | None = None) -> pd.Dat
                 "policy": str(first["policy"]),
                 "workers": int(first["workers"]),
                 "launch_cores": _launch_cores(first["launch_cores"]),
+                "cores": float(first["cores"]),
                 "runs": len(ids),
                 "throughput": float(np.mean(thr)),
                 "throughput_sd": float(np.std(thr, ddof=1)) if len(thr) > 1 else np.nan,
@@ -355,16 +376,21 @@ def group_stats(data: RunData, rng: np.random.Generator | None = None) -> pd.Dat
 
 def fit_loader(
     workers: npt.ArrayLike, cores: npt.ArrayLike, throughput: npt.ArrayLike
-) -> tuple[float, float]:
-    """Least squares in log space (relative errors) of ``X = r * min(w, kappa * c_L)``.
+) -> tuple[float, float, float]:
+    """``(r, kappa, M)``: least squares in log space (relative errors) of
+    ``X = min(r * min(w, kappa * c_L), M)``.
 
-    For a given kappa the best ``log r`` is a mean, so only kappa is searched. Needs one
-    configuration below the loader's saturation and one above it: otherwise r and kappa are
-    not separately identified, and the error says which run to add.
+    ``M`` is a ceiling of the rank's loader that no core adds to (the main process collating,
+    the pin-memory thread): ``inf`` unless the data runs had >= 2 loader core budgets, because at
+    one budget a per-core and a per-process ceiling predict the same runs. For a given kappa the
+    points split at a threshold of ``min(w, kappa * c_L)`` into those on the ``r`` branch and
+    those on the ``M`` branch, and for each split ``log r`` and ``log M`` are means, so only
+    kappa is searched, and every split is scored with the full loss. Needs one configuration
+    below the loader's saturation and one at it; otherwise the error says which run to add.
     """
     w = np.asarray(workers, dtype=np.float64)
     cl = np.asarray(cores, dtype=np.float64)
-    x = np.asarray(throughput, dtype=np.float64)
+    y = np.log(np.asarray(throughput, dtype=np.float64))
     if len(np.unique(w)) < 2:
         raise ModelError(
             f"runs.csv: data-mode runs at {sorted(set(w.astype(int).tolist()))} worker(s) only; "
@@ -372,21 +398,32 @@ def fit_loader(
         )
     if np.any(cl < 1):
         raise ModelError("the launch roles take every core: no core is left to the loader")
+    splits = len(w) if len(np.unique(cl)) > 1 else 1
 
     def losses(kappas: npt.NDArray[np.float64]) -> tuple[npt.NDArray[np.float64], ...]:
         m = np.log(np.minimum(w[None, :], kappas[:, None] * cl[None, :]))
-        logr = np.mean(np.log(x)[None, :] - m, axis=1)
-        sse = np.sum((np.log(x)[None, :] - logr[:, None] - m) ** 2, axis=1)
-        return sse, logr
+        order = np.argsort(-m, axis=1, kind="stable")
+        ms, ys = np.take_along_axis(m, order, axis=1), y[order]
+        # Split j: the j points with the largest min(w, kappa c_L) sit on the ceiling.
+        best = np.full((len(kappas), 3), np.inf)
+        for j in range(splits):
+            logr = np.mean(ys[:, j:] - ms[:, j:], axis=1)
+            logm = np.mean(ys[:, :j], axis=1) if j else np.full(len(kappas), np.inf)
+            pred = np.minimum(logr[:, None] + m, logm[:, None])
+            sse = np.sum((y[None, :] - pred) ** 2, axis=1)
+            better = sse < best[:, 0] - 1e-12
+            best[better] = np.column_stack([sse, logr, logm])[better]
+        return best[:, 0], best[:, 1], best[:, 2]
 
     grid = np.geomspace(*_KAPPA_RANGE, _KAPPA_GRID)
-    sse, _ = losses(grid)
+    sse, _, _ = losses(grid)
     i = int(np.argmin(sse))
     fine = np.linspace(grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)], 801)
-    fsse, flogr = losses(fine)
+    fsse, flogr, flogm = losses(fine)
     j = int(np.argmin(fsse))
-    kappa, rate = float(fine[j]), float(np.exp(flogr[j]))
-    saturated = w > kappa * cl * (1 + 1e-9)
+    kappa, rate, ceiling = float(fine[j]), float(np.exp(flogr[j])), float(np.exp(flogm[j]))
+    x_w = rate * np.minimum(w, kappa * cl)
+    saturated = (w > kappa * cl * (1 + 1e-9)) | (x_w > ceiling * (1 + 1e-9))
     if saturated.all() or not saturated.any():
         where = "above" if saturated.all() else "below"
         need = "fewer" if saturated.all() else "more"
@@ -395,20 +432,32 @@ def fit_loader(
             f"per-worker rate and the per-core efficiency cannot be told apart; add a data run "
             f"with {need} workers (loader cores: {sorted(set(cl.astype(int).tolist()))})"
         )
-    return rate, kappa
+    return rate, kappa, ceiling
 
 
 def _fit_params(groups: pd.DataFrame, node: Node, cores: int) -> tuple[Params, list[str]]:
     notes: list[str] = []
+    groups = groups.assign(cores=groups["cores"].fillna(cores).astype(int))
     data = groups[groups["mode"] == LOADER_MODE]
     if data.empty:
         raise ModelError("runs.csv: no data-mode runs: the loader capacity is fitted from them")
     a_data = node.roles(LOADER_MODE)
-    cl = [
-        loader_cores(p, lc, cores=cores, roles=a_data)
-        for p, lc in zip(data["policy"], data["launch_cores"], strict=True)
-    ]
-    rate, kappa = fit_loader(data["workers"], cl, data["throughput"])
+    cl = _loader_cores_of(data, a_data)
+    rate, kappa, ceiling = fit_loader(data["workers"], cl, data["throughput"])
+    if len(set(cl)) == 1:
+        notes.append(
+            "ceiling: the data runs had one loader core budget, so the loader's plateau is read "
+            "as its cores'; data runs at a second budget (pinning.cpus) tell a ceiling no core "
+            "adds to from it"
+        )
+    if np.isfinite(ceiling) and not np.any(
+        (data["workers"].to_numpy() > kappa * cl * (1 + 1e-9))
+        & (rate * kappa * cl < ceiling * (1 - 1e-9))
+    ):
+        notes.append(
+            "kappa: no data run is bounded by its cores below the loader's ceiling; kappa is the "
+            "smallest value the runs allow"
+        )
     twin = groups[groups["mode"] == COMPUTE_TWIN[node.combined_mode]]
     if twin.empty:
         raise ModelError(
@@ -431,9 +480,9 @@ def _fit_params(groups: pd.DataFrame, node: Node, cores: int) -> tuple[Params, l
     k0, k, handoff = _fit_interference(
         comb,
         node,
-        cores,
         rate=rate,
         kappa=kappa,
+        ceiling=ceiling,
         compute=compute,
         compute_ms=compute_ms,
         outside=outside,
@@ -447,17 +496,38 @@ def _fit_params(groups: pd.DataFrame, node: Node, cores: int) -> tuple[Params, l
         k=k,
         k0=k0,
         handoff_ms=handoff,
+        ceiling=ceiling,
     )
     return params, notes
+
+
+def _loader_cores_of(rows: pd.DataFrame, roles: int) -> npt.NDArray[np.float64]:
+    """``c_L`` of each row (``policy``, ``launch_cores``, ``cores``)."""
+    return np.array(
+        [
+            loader_cores(p, lc, cores=int(c), roles=roles)
+            for p, lc, c in zip(rows["policy"], rows["launch_cores"], rows["cores"], strict=True)
+        ],
+        dtype=np.float64,
+    )
+
+
+def loader_capacity(
+    params: Params, w: npt.NDArray[np.float64], c_l: npt.NDArray[np.float64]
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """``(X_W, X_L)``: what the workers can deliver on their cores, ``r * min(w, kappa *
+    c_L)``, and the loader's capacity, that capped at the ceiling ``M``."""
+    x_w = params.rate * np.minimum(w, params.kappa * np.maximum(c_l, 0.0))
+    return x_w, np.minimum(x_w, params.ceiling)
 
 
 def _fit_interference(
     comb: pd.DataFrame,
     node: Node,
-    cores: int,
     *,
     rate: float,
     kappa: float,
+    ceiling: float,
     compute: Mapping[str, float],
     compute_ms: Mapping[str, float],
     outside: Mapping[str, float],
@@ -476,13 +546,8 @@ def _fit_interference(
     a = node.roles(node.combined_mode)
     policies = sorted(set(comb["policy"].astype(str)))
     w = comb["workers"].to_numpy(np.float64)
-    c_l = np.array(
-        [
-            loader_cores(p, lc, cores=cores, roles=a)
-            for p, lc in zip(comb["policy"], comb["launch_cores"], strict=True)
-        ],
-        dtype=np.float64,
-    )
+    c_l = _loader_cores_of(comb, a)
+    cores = comb["cores"].to_numpy(np.float64)
     # Plain arrays: this loop runs for every bootstrap replicate, and pandas' per-call cost
     # dominated the fit.
     pol = comb["policy"].astype(str).to_numpy()
@@ -492,7 +557,8 @@ def _fit_interference(
     excess = comb["compute_ms"].to_numpy(np.float64) / alone_ms - 1
     step_ms = node.batch * 1000.0 / comb["throughput"].to_numpy(np.float64)
     beyond = step_ms - comb["compute_ms"].to_numpy(np.float64) - _f64([outside[p] for p in pol])
-    x_l = rate * np.minimum(w, kappa * np.maximum(c_l, 0.0))
+    x_w = rate * np.minimum(w, kappa * np.maximum(c_l, 0.0))
+    x_l = np.minimum(x_w, ceiling)
     k0 = dict.fromkeys(policies, 0.0)
     k = dict.fromkeys(policies, 0.0)
     h = dict.fromkeys(policies, 0.0)
@@ -505,11 +571,12 @@ def _fit_interference(
             _f64([k[p] for p in pol]),
             w,
             c_l,
-            np.full_like(w, float(cores)),
+            cores,
             _f64([h[p] for p in pol]) / alone_ms,
+            x_w,
         )
         h_old, h = h, _handoff(beyond, masks, x < x_l * (1 - 1e-9))
-        over = np.maximum(0.0, w * x / x_l - c_l) / cores
+        over = np.maximum(0.0, w * x / x_w - c_l) / cores
         fitted = {p for p in policies if np.any(over[masks[p]] > 0)}
         new = {p: _line(over[masks[p]], excess[masks[p]]) for p in policies}
         # A policy none of whose runs overloads the cores identifies only k0; its k is the
@@ -572,6 +639,12 @@ def _line(over: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> tuple[fl
     return k0, k
 
 
+def run_cores(runs: pd.DataFrame, cores: int) -> pd.Series:
+    """Cores per rank of each run: its ``cores`` (the CPUs the trace says it had), else
+    ``cores``."""
+    return runs["cores"].fillna(cores).astype(int)
+
+
 def _run_cv(groups: pd.DataFrame) -> float:
     multi = groups[(groups["runs"] > 1) & groups["throughput_sd"].notna()]
     if multi.empty:
@@ -580,7 +653,8 @@ def _run_cv(groups: pd.DataFrame) -> float:
 
 
 def fit(data: RunData, *, cores: int, boot: int = 200, seed: int = 0) -> Fit:
-    """Fit the model on ``data`` measured with ``cores`` cores per rank; ``boot`` replicates."""
+    """Fit the model on ``data``; ``cores`` per rank for the runs whose table does not say
+    (no ``cpus`` column); ``boot`` replicates."""
     if cores < 1:
         raise ModelError(f"cores: got {cores}, expected >= 1")
     groups = group_stats(data)
@@ -605,15 +679,19 @@ def fit(data: RunData, *, cores: int, boot: int = 200, seed: int = 0) -> Fit:
     if failed:
         notes.append(f"{failed} of {boot} bootstrap replicates did not identify the loader")
     data_w = data.runs.loc[data.runs["mode"] == LOADER_MODE, "workers"]
-    comb_w = data.runs.loc[data.runs["mode"] == data.node.combined_mode, "workers"]
+    comb = data.runs[data.runs["mode"] == data.node.combined_mode]
+    budgets = sorted({*run_cores(data.runs, cores).astype(int)})
+    if len(budgets) > 1:
+        notes.append(f"runs at {budgets} cores per rank")
     return Fit(
         params=params,
         boot=tuple(reps),
         node=data.node,
-        cores=cores,
+        # Predictions default to the combined runs' budget: the interference was fitted there.
+        cores=int(run_cores(comb, cores).mode().max()),
         run_cv=_run_cv(groups),
         loader_item_rate=1000.0 / data.item_ms if np.isfinite(data.item_ms) else np.nan,
-        measured_workers=tuple(sorted({*data_w.astype(int), *comb_w.astype(int)})),
+        measured_workers=tuple(sorted({*data_w.astype(int), *comb["workers"].astype(int)})),
         notes=tuple(notes),
     )
 
@@ -631,13 +709,18 @@ def _solve(
     c_l: npt.NDArray[np.float64],
     cores: npt.NDArray[np.float64],
     handoff: npt.NDArray[np.float64] | None = None,
+    x_w: npt.NDArray[np.float64] | None = None,
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
     """The fixed point ``X = min(X_L, C / (I(D(X)) + e))`` and its compute inflation ``I``, by
-    bisection; ``e`` (``handoff``) is the hand-off's time in units of the compute time alone."""
+    bisection; ``e`` (``handoff``) is the hand-off's time in units of the compute time alone.
+
+    The runnable demand ``D = w * X / X_W`` is the workers' (``x_w``, default ``x_l``): at a
+    ceiling that no core adds to, the workers wait for the consumer and only ``X / r`` run."""
     e = np.zeros_like(x_l) if handoff is None else handoff
+    x_w = x_l if x_w is None else x_w
 
     def inflation(x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-        return 1.0 + k0 + k * np.maximum(0.0, w * x / x_l - c_l) / cores
+        return 1.0 + k0 + k * np.maximum(0.0, w * x / x_w - c_l) / cores
 
     lo = np.zeros_like(x_l)
     hi = x_l.copy()
@@ -657,15 +740,7 @@ def _evaluate(
     a = node.roles(node.combined_mode)
     w = settings["workers"].to_numpy(np.float64)
     cores = settings["cores"].to_numpy(np.float64)
-    c_l = np.array(
-        [
-            loader_cores(p, lc, cores=int(c), roles=a)
-            for p, lc, c in zip(
-                settings["policy"], settings["launch_cores"], settings["cores"], strict=True
-            )
-        ],
-        dtype=np.float64,
-    )
+    c_l = _loader_cores_of(settings, a)
     pol = settings["policy"].astype(str)
     cap = _f64(pol.map(params.compute))
     k = _f64(pol.map(params.k))
@@ -673,10 +748,10 @@ def _evaluate(
     handoff = _f64(pol.map(lambda p: params.handoff_ms.get(p, 0.0))) / _f64(
         pol.map(params.compute_ms)
     )
-    x_l = params.rate * np.minimum(w, params.kappa * np.maximum(c_l, 0.0))
+    x_w, x_l = loader_capacity(params, w, c_l)
     # A setting with no core for the loader delivers nothing (the harness refuses it anyway).
     x_l = np.where(c_l >= 1, x_l, np.nan)
-    x, infl = _solve(x_l, cap, k0, k, w, c_l, cores, handoff)
+    x, infl = _solve(x_l, cap, k0, k, w, c_l, cores, handoff, x_w)
     return {
         "loader_cores": c_l,
         "loader_capacity": x_l,
@@ -744,6 +819,7 @@ def check(fit: Fit, data: RunData) -> pd.DataFrame:
     runs = runs[runs["policy"].isin(fit.policies)]
     measured = [data.node.batch * 1000.0 / float(data.step_ms[r].mean()) for r in runs["run_id"]]
     settings = runs[["run_id", "policy", "workers", "launch_cores"]].reset_index(drop=True)
+    settings["cores"] = run_cores(runs, fit.cores).to_numpy()
     out = predict(fit, settings)
     out["measured"] = measured
     out["error"] = out["throughput"] / out["measured"] - 1
@@ -773,7 +849,10 @@ def cross_validate(
         note = ""
         try:
             fit_ = fit(run_data(keep, steps, combined_mode=mode), cores=cores, boot=0)
-            pred = predict(fit_, out[["policy", "workers", "launch_cores"]])["throughput"]
+            settings = out[["policy", "workers", "launch_cores"]].assign(
+                cores=run_cores(out, cores).to_numpy()
+            )
+            pred = predict(fit_, settings)["throughput"]
         except ModelError as exc:
             pred, note = pd.Series(np.nan, index=range(len(out))), str(exc)
         for (_, r), p in zip(out.iterrows(), pred.to_numpy(), strict=True):
