@@ -851,3 +851,35 @@ def test_real_trace_invariants(trace: Path) -> None:
         assert (
             per_step["attributed_wait_ns"].sum() <= per_step["launch_wait_ns"].first() + 1
         ).all()
+
+
+def test_cpus_per_rank_reads_rank_zeros_allowed_set_old_traces_included() -> None:
+    """runs.csv `cpus`: rank 0's `allowed_cpus` over ranks_per_node; a trace written before the
+    core budget existed (no `job_cpus`, no `pinning.cpus` in its spec) has the set too."""
+    old = {"allowed_cpus": "0-15", "spec": {"layout": {"ranks_per_node": 1}}}
+    assert sm.cpus_per_rank(old) == 16
+    assert sm.spec_columns(old["spec"])["pinning_cpus"] == 0
+    merged = {
+        "allowed_cpus": "0-7",
+        "spec": {"layout": {"ranks_per_node": 2}, "pinning": {"cpus": 4}},
+        "ranks": [{"rank": 0, "allowed_cpus": "0-7"}, {"rank": 1, "allowed_cpus": "0-7"}],
+    }
+    assert sm.cpus_per_rank(merged) == 4
+    assert sm.spec_columns(merged["spec"])["pinning_cpus"] == 4
+    # more ranks than CPUs still counts one; a trace that does not say gives NaN
+    assert sm.cpus_per_rank({"allowed_cpus": "3", "spec": {"layout": {"ranks_per_node": 2}}}) == 1
+    assert np.isnan(sm.cpus_per_rank({"spec": {}}))
+
+
+def test_with_cpus_fills_old_runs_tables_and_keeps_what_summarize_wrote() -> None:
+    old = pd.DataFrame({"run_id": ["a", "b"]})
+    filled = sm.with_cpus(old, 16)
+    assert filled["cpus"].tolist() == [16, 16]
+    assert filled["pinning_cpus"].tolist() == [0, 0]
+    assert "cpus" not in old
+    mixed = pd.DataFrame({"run_id": ["a", "b"], "cpus": [8, np.nan], "pinning_cpus": [8, np.nan]})
+    filled = sm.with_cpus(mixed, 16)
+    assert filled["cpus"].tolist() == [8, 16]
+    assert filled["pinning_cpus"].tolist() == [8, 0]
+    with pytest.raises(ValueError, match="cpus_per_rank"):
+        sm.with_cpus(old, 0)

@@ -231,3 +231,14 @@ def test_the_readme_shows_real_inspect_output(
     monkeypatch.chdir(tmp_path)
     assert main(["inspect", "trace.h5"]) == 0
     assert capsys.readouterr().out == block
+
+
+def test_workers_per_cpu_check_counts_the_core_budget(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 17 workers are within the limit of 16 per CPU on a machine of 2 CPUs, not on a budget of 1.
+    spec = tmp_path / "budget.json"
+    spec.write_text('{"mode": "data", "loader": {"workers": 17}, "pinning": {"cpus": 1}}')
+    assert main(["run", str(spec), "--trace", str(tmp_path / "t.h5")]) == 2
+    assert "(1 CPUs here: at most 16)" in capsys.readouterr().err
+    assert not (tmp_path / "t.h5").exists()

@@ -1051,3 +1051,19 @@ def test_dataloader_workers_are_pinned_through_worker_init_fn() -> None:
     )
     assert p.workers is not None
     assert set(loader) == {cpulist(p.workers[0])}
+
+
+def test_budget_cut_takes_the_first_cpus_of_the_sorted_set_per_local_rank() -> None:
+    from codl.pinning import budget_cut
+
+    job = [9, 3, 5, 1, 7, 11]
+    assert budget_cut(job, 0, 2) == frozenset(job)
+    assert budget_cut(job, 1, 1) == frozenset({1})
+    assert budget_cut(job, 2, 2) == frozenset({1, 3, 5, 7})
+    assert budget_cut(job, 3, 2) == frozenset(job)
+    with pytest.raises(PlacementError) as err:
+        budget_cut(job, 4, 2)
+    assert str(err.value) == (
+        "pinning.cpus: got 4 per rank x 2 local rank(s) = 8 CPUs, but the job has only 6 "
+        "allowed CPU(s) {1,3,5,7,9,11}"
+    )

@@ -78,3 +78,57 @@ def test_comm_beside_main_is_read_back_and_warned_in_trace_and_log(
         assert {parse_cpulist(c) for c in comm["cpus_actual"].astype(str)} == {
             frozenset({main_cpu})
         }
+
+
+def _budget_spec(cpus: int) -> RunSpec:
+    return RunSpec.from_dict(
+        {
+            "mode": "data",
+            "workload": {"batch_size": 4, "image_size": 32},
+            "dataset": {"samples": 32, "height": 40, "width": 48},
+            "loader": {"workers": 2},
+            "pinning": {"cpus": cpus},
+            "steps": {"warmup": 1, "measured": 3},
+        }
+    )
+
+
+@pytest.mark.slow
+def test_core_budget_confines_the_run_and_gives_the_job_set_back(tmp_path: Path) -> None:
+    """`pinning.cpus: 1` under policy `none` (which pins nothing itself): the trace says the run
+    had one CPU, every loader item ran on it, runs.csv's `cpus` is 1, and afterwards the
+    process has the job's whole set again."""
+    from codl.analysis.summarize import read_tables, summarize_tables
+    from codl.datasets import generate
+    from codl.spec import DatasetSpec
+
+    job = frozenset(os.sched_getaffinity(0))
+    if len(job) < 2:
+        pytest.skip(f"needs 2 allowed CPUs to cut the set to 1, has {len(job)}")
+    dataset = tmp_path / "jpeg"
+    generate(DatasetSpec(samples=32, height=40, width=48), dataset)
+    trace = tmp_path / "trace.h5"
+    launch(_budget_spec(1), trace_path=trace, dataset_dir=dataset)
+    assert frozenset(os.sched_getaffinity(0)) == job
+    tables, attrs = read_tables(trace)
+    cut = frozenset({min(job)})
+    assert parse_cpulist(attrs["allowed_cpus"]) == cut
+    assert parse_cpulist(attrs["job_cpus"]) == job
+    loader = tables["events/loader"]
+    assert len(loader) > 0
+    assert set(loader["cpu"].astype(int)) <= cut
+    _, summary, _ = summarize_tables(tables, attrs)
+    assert summary.loc[0, "cpus"] == 1
+    assert summary.loc[0, "pinning_cpus"] == 1
+
+
+def test_core_budget_larger_than_the_job_fails_before_measuring(tmp_path: Path) -> None:
+    from codl.errors import CodlError
+
+    job = frozenset(os.sched_getaffinity(0))
+    spec = _budget_spec(len(job) + 1)
+    trace = tmp_path / "trace.h5"
+    with pytest.raises(CodlError, match=rf"pinning\.cpus: got {len(job) + 1} per rank .* only "):
+        launch(spec, trace_path=trace, dataset_dir=tmp_path)
+    assert not list(tmp_path.glob("*.h5"))
+    assert frozenset(os.sched_getaffinity(0)) == job

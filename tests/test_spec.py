@@ -228,6 +228,7 @@ def test_canonical_json_is_sorted_and_compact() -> None:
     del expected["trace"]["sched_events"]  # likewise
     del expected["trace"]["compression"]  # likewise
     del expected["dataset"]["cost"]  # likewise
+    del expected["pinning"]["cpus"]  # likewise
     assert parsed == expected
     assert len(key_orders) == 1 + sum(
         1 for f in dataclasses.fields(RunSpec) if dataclasses.is_dataclass(f.default_factory)
@@ -482,3 +483,59 @@ def test_cuda_api_level_rejects_what_cannot_run(
 ) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         RunSpec.from_dict({"device": device, "trace": trace})
+
+
+# --- the core budget (pinning.cpus) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", [p.value for p in Policy])
+def test_core_budget_survives_normalization_and_a_round_trip(policy: str) -> None:
+    spec = RunSpec.from_dict({"mode": "data", "pinning": {"policy": policy, "cpus": 8}})
+    assert spec.normalized().pinning.cpus == 8
+    assert RunSpec.from_dict(spec.to_dict()) == spec
+    assert '"cpus":8' in spec.canonical_json()
+    unbudgeted = RunSpec.from_dict({"mode": "data", "pinning": {"policy": policy}})
+    assert spec.run_id != unbudgeted.run_id
+    assert RunSpec.from_dict({"mode": "data", "pinning": {"policy": policy, "cpus": 0}}).run_id == (
+        unbudgeted.run_id
+    )
+
+
+def test_published_ids_do_not_move_with_the_core_budget() -> None:
+    """Two runs of results/loop-h200 (a `data` run under `none`, a `compute` run under
+    `isolated`), their specs rebuilt from the committed config: the ids they were published
+    under, and a budget set on them gives new ones."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    from codl.config import load_plan
+
+    root = Path(__file__).resolve().parents[1] / "results" / "loop-h200"
+    runs = pd.read_csv(root / "tables" / "runs.csv").set_index("run_id")
+    specs = load_plan(root / "config.yaml").specs
+    for run_id, mode, policy in (
+        ("37099e0e4df8", "data", "none"),
+        ("21f83e93c3c7", "compute", "isolated"),
+    ):
+        assert (runs.loc[run_id, "mode"], runs.loc[run_id, "policy"]) == (mode, policy)
+        spec = specs[run_id]
+        assert spec.run_id == run_id
+        assert spec.pinning.cpus == 0
+        assert '"cpus"' not in spec.canonical_json()
+        budgeted = dataclasses.replace(spec, pinning=dataclasses.replace(spec.pinning, cpus=8))
+        assert budgeted.run_id != run_id
+
+
+def test_core_budget_is_a_factor_and_not_negative() -> None:
+    from codl.config import build_plan
+
+    plan = build_plan(
+        {"experiments": [{"name": "fit", "factors": {"mode": ["data"], "pinning.cpus": [8, 16]}}]}
+    )
+    assert sorted(s.pinning.cpus for s in plan.specs.values()) == [8, 16]
+    with pytest.raises(ConfigError) as err:
+        RunSpec.from_dict({"pinning": {"cpus": -1}})
+    assert err.value.problems == ("pinning.cpus: got -1, expected an integer >= 0",)
+    with pytest.raises(ConfigError, match=r"pinning\.cpus"):
+        build_plan({"experiments": [{"name": "fit", "factors": {"pinning.cpus": [-1]}}]})

@@ -85,8 +85,11 @@ def _check_run_args(args: argparse.Namespace, spec: Any) -> Path:
         from codl.spec import WORKERS_PER_CPU
 
         # Oversubscription is an experiment factor, a fork per worker far past the CPUs is not.
-        cpus = args.cpus_per_task or max(
-            1, len(os.sched_getaffinity(0)) // spec.layout.ranks_per_node
+        # A core budget (pinning.cpus) is the rank's CPUs; too large a one fails at run start.
+        cpus = (
+            spec.pinning.cpus
+            or args.cpus_per_task
+            or max(1, len(os.sched_getaffinity(0)) // spec.layout.ranks_per_node)
         )
         if spec.loader.workers > WORKERS_PER_CPU * cpus:
             raise CodlError(

@@ -343,6 +343,27 @@ def rank_share(allowed: Iterable[int], local_ranks: int, local_rank: int) -> fro
     return frozenset(ids[start : start + size])
 
 
+def budget_cut(allowed: Iterable[int], cpus: int, local_ranks: int) -> frozenset[int]:
+    """The CPUs a run with core budget ``cpus`` (``PinningSpec.cpus``) may use: the first
+    ``cpus x local_ranks`` of the sorted ``allowed`` set, or all of it when ``cpus`` is 0.
+
+    Taken before :func:`plan`, so every policy (``none`` too) places inside the budget and the
+    ranks' shares split it as they would a job of that size.
+    """
+    ids = sorted(set(allowed))
+    if cpus < 0:
+        raise PlacementError(f"pinning.cpus: got {cpus}, expected an integer >= 0")
+    if cpus == 0:
+        return frozenset(ids)
+    need = cpus * max(1, local_ranks)
+    if need > len(ids):
+        raise PlacementError(
+            f"pinning.cpus: got {cpus} per rank x {local_ranks} local rank(s) = {need} CPUs, but "
+            f"the job has only {len(ids)} allowed CPU(s) {_braced(ids)}"
+        )
+    return frozenset(ids[:need])
+
+
 def role_places(spec: PinningSpec) -> dict[Role, RolePlace]:
     """Where each helper role goes under ``spec``: its setting, or the loader's under
     ``isolated-main``, which isolates the main thread alone."""
@@ -682,7 +703,7 @@ def plan_for_process(
         gpu_cpus = gpu_local_cpus(gpu)
     return plan(
         spec,
-        allowed=os.sched_getaffinity(0),
+        allowed=budget_cut(os.sched_getaffinity(0), spec.cpus, local_ranks),
         workers=workers,
         local_ranks=local_ranks,
         local_rank=local_rank,

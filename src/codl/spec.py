@@ -36,6 +36,7 @@ _ID_OPTIONAL_DEFAULTS: dict[tuple[str, str], Any] = {
     ("pinning", "pin_memory"): "own",
     ("pinning", "comm"): "own",
     ("dataset", "cost"): "standard",
+    ("pinning", "cpus"): 0,
 }
 #: ``pinning.launch_cores: auto`` sizes the launch set from the roles it must hold.
 AUTO: Literal["auto"] = "auto"
@@ -214,6 +215,9 @@ class PinningSpec:
     leaves spare CPUs for the other threads, a smaller one is an error when the run starts.
     ``autograd``, ``pin_memory`` and ``comm`` place those threads (read by every pinned policy
     except ``isolated-main``, which puts them with the loader workers).
+    ``cpus`` is the run's core budget, read by every policy: the job's ranks on a node are
+    confined to the first ``cpus x ranks_per_node`` CPUs (sorted ids) of the job's allowed set
+    before anything is placed; 0 keeps the whole allowed set.
     """
 
     policy: Policy = Policy.NONE
@@ -221,13 +225,16 @@ class PinningSpec:
     autograd: RolePlace = RolePlace.OWN
     pin_memory: RolePlace = RolePlace.OWN
     comm: RolePlace = RolePlace.OWN
+    cpus: int = 0
 
     def normalized(self) -> PinningSpec:
         """This spec with the keys its policy never reads reset (they must not change ids)."""
         if self.policy is Policy.NONE:
-            return PinningSpec(policy=Policy.NONE, launch_cores=_UNREAD_LAUNCH_CORES)
+            return PinningSpec(
+                policy=Policy.NONE, launch_cores=_UNREAD_LAUNCH_CORES, cpus=self.cpus
+            )
         if self.policy is Policy.ISOLATED_MAIN:
-            return PinningSpec(policy=self.policy, launch_cores=self.launch_cores)
+            return PinningSpec(policy=self.policy, launch_cores=self.launch_cores, cpus=self.cpus)
         return self
 
 
@@ -354,6 +361,7 @@ class RunSpec:
         cores = self.pinning.launch_cores
         if isinstance(cores, int) and cores < 1:
             out.append(f"{p}pinning.launch_cores: got {cores}, expected 'auto' or an integer >= 1")
+        positive("pinning.cpus", self.pinning.cpus, 0)
         positive("layout.nodes", self.layout.nodes)
         positive("layout.ranks_per_node", self.layout.ranks_per_node)
         positive("layout.bucket_cap_mb", self.layout.bucket_cap_mb)

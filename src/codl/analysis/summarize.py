@@ -39,6 +39,7 @@ SPEC_COLUMNS = {
     "precision": ("workload", "precision"),
     "policy": ("pinning", "policy"),
     "launch_cores": ("pinning", "launch_cores"),
+    "pinning_cpus": ("pinning", "cpus"),
     "workers": ("loader", "workers"),
     "prefetch_factor": ("loader", "prefetch_factor"),
     "pin_memory": ("loader", "pin_memory"),
@@ -67,6 +68,8 @@ def spec_columns(spec: Mapping[str, Any]) -> dict[str, Any]:
     # Traces written before the level existed ran without it.
     out["cuda_api"] = bool(out["cuda_api"])
     out["sched_events"] = bool(out["sched_events"])
+    # The core budget: 0 (the whole allowed set) for traces written before it existed.
+    out["pinning_cpus"] = int(out["pinning_cpus"] or 0)
     if out["mode"] not in LOADING_MODES:
         # A mode without a loader never reads these settings; zeroing them is what lets
         # compare.py match a `compute` run with the `combined` runs of every worker count.
@@ -600,6 +603,33 @@ def ranks_per_node(attrs: Mapping[str, Any]) -> int:
     return int(rpn) if isinstance(rpn, int | np.integer) and rpn > 0 else 1
 
 
+def cpus_per_rank(attrs: Mapping[str, Any]) -> float:
+    """CPUs per rank the run had: the size of rank 0's ``allowed_cpus`` over ``ranks_per_node``,
+    at least 1; NaN when the trace does not say. ``allowed_cpus`` is the set after the
+    ``pinning.cpus`` cut, and traces written before the budget existed have it too."""
+    ranks = attrs.get("ranks")
+    first = ranks[0] if isinstance(ranks, list) and ranks and isinstance(ranks[0], Mapping) else {}
+    text = first.get("allowed_cpus", attrs.get("allowed_cpus"))
+    try:
+        cpus = parse_cpulist(text) if isinstance(text, str) else frozenset()
+    except ValueError:
+        cpus = frozenset()
+    return max(1, len(cpus) // ranks_per_node(attrs)) if cpus else np.nan
+
+
+def with_cpus(runs: pd.DataFrame, cpus_per_rank: int) -> pd.DataFrame:
+    """``runs`` with ``cpus`` and ``pinning_cpus`` filled where a runs table written before they
+    existed lacks them: such a run had no budget and the job's ``cpus_per_rank`` CPUs per rank
+    (``slurm.cpus_per_rank``, the value ``codl advise`` already takes for those runs). Values a
+    newer summarize wrote are kept."""
+    if cpus_per_rank < 1:
+        raise ValueError(f"cpus_per_rank: got {cpus_per_rank}, expected an integer >= 1")
+    out = runs.copy()
+    for col, fill in (("cpus", cpus_per_rank), ("pinning_cpus", 0)):
+        out[col] = out[col].fillna(fill).astype("int64") if col in out else fill
+    return out
+
+
 def summarize_tables(
     tables: Mapping[str, pd.DataFrame],
     attrs: Mapping[str, Any],
@@ -677,6 +707,7 @@ def _summary_row(
     row.update(
         {
             "world_size": world,
+            "cpus": cpus_per_rank(attrs),
             "host": attrs.get("host", ""),
             "steps": int(steps_all["step"].nunique()),
             "outlier_steps": int(steps_all["outlier"].sum()),

@@ -416,6 +416,7 @@ RANK_ATTRS = (
     "placement",
     "placement_mismatches",
     "allowed_cpus",
+    "job_cpus",
     "sleep_ns",
     "cupti_alignment_ns",
     "clock_sync",

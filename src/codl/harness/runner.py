@@ -318,7 +318,10 @@ class _Placed:
     """The rank's thread placement, and every reading of its threads' CPU masks."""
 
     placement: pinning.Placement
+    # The CPUs the run may use (the job's set cut to pinning.cpus), and the job's own set, which
+    # every thread gets back at the end.
     allowed: frozenset[int]
+    job: frozenset[int]
     # The intra-op pool size before the run, restored after it (CPU runs resize it).
     threads_before: int
     resized_pool: bool
@@ -346,7 +349,7 @@ class _Placed:
         self.rows += _stamped(pinning.record_threads(self.placement))
 
     def release(self) -> None:
-        _restore_affinity(self.allowed)
+        _restore_affinity(self.job)
         if self.resized_pool:
             torch.set_num_threads(self.threads_before)
 
@@ -631,10 +634,26 @@ def _open_trace_writer(rec: _TraceRecorder, trace_path: Path) -> None:
 
 def _place(spec: RunSpec, env: RankEnv) -> _Placed:
     """Plan this rank's CPUs, size the CPU intra-op pool, and pin the threads that exist now."""
-    allowed = frozenset(os.sched_getaffinity(0))
+    job = frozenset(os.sched_getaffinity(0))
+    allowed = pinning.budget_cut(job, spec.pinning.cpus, env.local_world_size)
     cuda = spec.device is DeviceKind.CUDA
     if cuda and not torch.cuda.is_available():
         raise CodlError("device 'cuda' requested but torch.cuda.is_available() is False")
+    if allowed != job:
+        # Every thread, not only the ones a policy pins: `none` pins nothing, and the loader
+        # workers inherit the forking thread's mask.
+        _restore_affinity(allowed)
+    try:
+        return _plan_and_pin(spec, env, allowed, job)
+    except BaseException:
+        _restore_affinity(job)
+        raise
+
+
+def _plan_and_pin(
+    spec: RunSpec, env: RankEnv, allowed: frozenset[int], job: frozenset[int]
+) -> _Placed:
+    cuda = spec.device is DeviceKind.CUDA
     numa = cuda and spec.pinning.policy is Policy.NUMA
     placement = pinning.plan(
         spec.pinning,
@@ -647,7 +666,9 @@ def _place(spec: RunSpec, env: RankEnv) -> _Placed:
         gpu_cpus=pinning.gpu_local_cpus(env.local_rank) if numa else None,
     )
     launch_cpus = placement.launch if placement.launch is not None else placement.rank_cpus
-    placed = _Placed(placement, allowed, torch.get_num_threads(), resized_pool=not cuda)
+    placed = _Placed(
+        placement, allowed, job, threads_before=torch.get_num_threads(), resized_pool=not cuda
+    )
     if not cuda:
         # On CPU the intra-op pool does the compute; size it to the launch role's cores so that
         # a policy's core budget means the same on CPU and GPU. Threads inherit the launch
@@ -976,6 +997,7 @@ def _run_attrs(
         "world_size": env.world_size,
         "clk_tck": os.sysconf("SC_CLK_TCK"),
         "allowed_cpus": pinning.cpulist(placed.allowed),
+        "job_cpus": pinning.cpulist(placed.job),
         "placement": {**placed.placement.to_dict(), "crowded": placed.crowded},
         "placement_mismatches": pinning.mismatches(r for _, r in placed.rows),
         "device_level": rec.dev.unavailable_reason or ("on" if rec.dev.rows["t_ns"] else "off"),
@@ -983,7 +1005,8 @@ def _run_attrs(
 
 
 def _restore_affinity(allowed: frozenset[int]) -> None:
-    """Give every thread of this process the job's CPU set back.
+    """Give every thread of this process the CPU set ``allowed``: the job's set back at the end,
+    the run's budget (``pinning.cpus``) at the start.
 
     A run may execute inside a longer-lived process (tests, benchmarks alternating runs); the
     next run must start from the set the job was given, not from this run's launch cores.
