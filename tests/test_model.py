@@ -222,6 +222,31 @@ def test_two_core_budgets_separate_a_per_core_from_a_per_process_ceiling() -> No
     assert mdl.check(fit, mdl.run_data(runs, steps))["error"].abs().max() < 0.05
 
 
+def test_a_window_that_drains_the_prefetched_batches_is_read_as_production() -> None:
+    # Workers that start together fill their prefetch slots during warm-up and then deliver in
+    # waves; a short window of many workers reads that store as throughput. Planted: the data
+    # runs' steps carry their workers' item times, and the over-subscribed ones (24 workers) spend
+    # half their window draining batches made before it (steps of 1 ms).
+    runs, steps = planted_tables(repeats=2, steps=60)
+    data = steps["run_id"].str.startswith("data-")
+    w = steps["run_id"].str.split("-").str[2].astype(int)
+    x = w.map(lambda n: RATE * min(n, KAPPA * (CORES - 2)))
+    steps["loader_items"] = np.where(data, BATCH, 0)
+    # Busy workers finish an item every w / X seconds each.
+    steps["loader_item_ms"] = np.where(data, w * 1000.0 / x, np.nan)
+    drain = data & (w == 24) & (steps["step"] < 30)
+    steps.loc[drain, "step_ms"] = 1.0
+    fitted = mdl.fit(mdl.run_data(runs, steps), cores=CORES, boot=0)
+    assert fitted.params.rate == pytest.approx(RATE, rel=0.05)
+    assert fitted.params.kappa == pytest.approx(KAPPA, rel=0.05)
+    assert any("data 24 workers" in n and "drained" in n for n in fitted.notes)
+    # Without the item times the drained window is taken at its word: 24 workers look twice as
+    # fast, as if the loader never saturated.
+    blind = mdl.run_data(runs, steps.drop(columns=["loader_items", "loader_item_ms"]))
+    with pytest.raises(mdl.ModelError, match="every data-mode run is below the loader's"):
+        mdl.fit(blind, cores=CORES, boot=0)
+
+
 def test_parameter_intervals_hold_the_planted_values(
     planted_fit: tuple[mdl.Fit, mdl.RunData],
 ) -> None:

@@ -203,7 +203,41 @@ class RunData:
     node: Node
     item_ms: float
     groups: Mapping[str, tuple[str, ...]]  # configuration -> its run ids
+    # Per loading run whose measured window delivered more than its workers produced (it drained
+    # batches made before the window), per step aligned with step_ms: the items the workers
+    # finished, the worker time they took (ms), and the workers. Its throughput is their
+    # production.
+    drained: Mapping[str, tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], int]] = field(
+        default_factory=dict
+    )
     first: Mapping[str, Mapping[str, Any]]  # configuration -> one of its runs' rows
+
+
+def _drained(
+    s: pd.DataFrame, workers: Mapping[str, int], batch: int
+) -> dict[str, tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], int]]:
+    """The loading runs (``workers``: run id -> loader workers) that delivered more than their
+    workers produced, with per step (those with a time, as ``_step_arrays`` keeps them) the
+    items the workers finished and their summed worker time, ms.
+
+    Busy all the time, ``w`` workers produce ``w`` over the mean worker time per item; less
+    when they wait for free prefetch slots. A delivered rate above that came from batches made
+    before the window: the prefetch slots the workers filled while the model started, or the
+    first of the waves in which workers that start together finish their batches (50 steps of
+    32 heavy-loader workers on one H200: 1.3-3x what they produced). A per-batch cost outside
+    the items (collation, IPC) makes the production an upper bound, so only a run above it is
+    replaced, and by it: such a run is bound by its loader, whose workers are then busy."""
+    if not {"loader_items", "loader_item_ms"} <= set(s.columns):
+        return {}
+    out = {}
+    timed = s[s["run_id"].astype(str).isin(set(workers)) & s["step_ms"].notna()]
+    for run_id, g in timed.groupby("run_id"):
+        n = g["loader_items"].fillna(0).to_numpy(np.float64)
+        busy = n * g["loader_item_ms"].fillna(0).to_numpy(np.float64)
+        w = workers[str(run_id)]
+        if _production(n, busy, w) < batch * 1000.0 / float(g["step_ms"].mean()):
+            out[str(run_id)] = (n, busy, w)
+    return out
 
 
 def _step_arrays(
@@ -298,6 +332,8 @@ def run_data(
     first = {
         str(k): {str(c): v for c, v in g.iloc[0].items()} for k, g in r.groupby("group", sort=True)
     }
+    loading = r[r["workers"] > 0]
+    workers = dict(zip(loading["run_id"].astype(str), loading["workers"].astype(int), strict=True))
     return RunData(
         groups=groups,
         first=first,
@@ -306,6 +342,9 @@ def run_data(
         compute_ms=compute_ms,
         node=node,
         item_ms=item_ms,
+        drained=_drained(
+            steps[steps["run_id"].astype(str).isin(set(workers))], workers, node.batch
+        ),
     )
 
 
@@ -347,17 +386,18 @@ def group_stats(data: RunData, rng: np.random.Generator | None = None) -> pd.Dat
         ids = np.array(members)
         if rng is not None:
             ids = ids[rng.integers(0, len(ids), len(ids))]
-        thr, comp = [], []
+        first = data.first[group]
+        thr, comp, drained = [], [], 0
         for rid in ids:
-            x = data.step_ms[rid]
+            n = len(data.step_ms[rid])
             c = data.compute_ms.get(rid, np.empty(0))
-            if rng is not None:
-                x = x[rng.integers(0, len(x), len(x))]
-                c = c[rng.integers(0, len(c), len(c))] if len(c) else c
-            thr.append(data.node.batch * 1000.0 / float(x.mean()))
+            pick = rng.integers(0, n, n) if rng is not None else slice(None)
+            if rng is not None and len(c):
+                c = c[rng.integers(0, len(c), len(c))]
+            thr.append(measured_throughput(data, rid, pick))
+            drained += rid in data.drained
             if len(c):
                 comp.append(float(c.mean()))
-        first = data.first[group]
         rows.append(
             {
                 "mode": str(first["mode"]),
@@ -369,9 +409,26 @@ def group_stats(data: RunData, rng: np.random.Generator | None = None) -> pd.Dat
                 "throughput": float(np.mean(thr)),
                 "throughput_sd": float(np.std(thr, ddof=1)) if len(thr) > 1 else np.nan,
                 "compute_ms": float(np.mean(comp)) if comp else np.nan,
+                "drained": drained,
             }
         )
     return pd.DataFrame(rows)
+
+
+def measured_throughput(data: RunData, run_id: str, pick: Any = slice(None)) -> float:
+    """Per-rank samples/s of a run over its steps ``pick`` (all, or a bootstrap draw): the
+    delivered rate, or the workers' production where the window drained batches made before it
+    (``RunData.drained``)."""
+    if run_id in data.drained:
+        n, busy, workers = data.drained[run_id]
+        return _production(n[pick], busy[pick], workers)
+    return data.node.batch * 1000.0 / float(data.step_ms[run_id][pick].mean())
+
+
+def _production(n: npt.NDArray[np.float64], busy: npt.NDArray[np.float64], workers: int) -> float:
+    """Samples/s ``workers`` busy workers produce: ``w`` over the mean worker time per item."""
+    total = float(busy.sum())
+    return workers * 1000.0 * float(n.sum()) / total if total > 0 else math.inf
 
 
 def fit_loader(
@@ -659,6 +716,18 @@ def fit(data: RunData, *, cores: int, boot: int = 200, seed: int = 0) -> Fit:
         raise ModelError(f"cores: got {cores}, expected >= 1")
     groups = group_stats(data)
     params, notes = _fit_params(groups, data.node, cores)
+    drained = groups[groups["drained"] > 0]
+    if len(drained):
+        which = ", ".join(
+            f"{m} {int(w)} workers" + ("" if math.isnan(c) else f" on {int(c)} cores")
+            for m, w, c in zip(
+                drained["mode"], drained["workers"], drained["cores"].astype(float), strict=True
+            )
+        )
+        notes.append(
+            f"runs at {which}: delivered faster than their workers produced (the window "
+            "drained batches made before it); their workers' production is used"
+        )
     if not set(params.compute) & set(params.k):
         mode = data.node.combined_mode
         combined = sorted(set(data.runs.loc[data.runs["mode"] == mode, "policy"]))
@@ -817,7 +886,7 @@ def check(fit: Fit, data: RunData) -> pd.DataFrame:
     ``error`` = predicted / measured - 1; ``inside``: the prediction interval holds the run."""
     runs = data.runs[data.runs["mode"] == data.node.combined_mode]
     runs = runs[runs["policy"].isin(fit.policies)]
-    measured = [data.node.batch * 1000.0 / float(data.step_ms[r].mean()) for r in runs["run_id"]]
+    measured = [measured_throughput(data, str(r)) for r in runs["run_id"]]
     settings = runs[["run_id", "policy", "workers", "launch_cores"]].reset_index(drop=True)
     settings["cores"] = run_cores(runs, fit.cores).to_numpy()
     out = predict(fit, settings)
@@ -856,7 +925,7 @@ def cross_validate(
         except ModelError as exc:
             pred, note = pd.Series(np.nan, index=range(len(out))), str(exc)
         for (_, r), p in zip(out.iterrows(), pred.to_numpy(), strict=True):
-            measured = data.node.batch * 1000.0 / float(data.step_ms[r["run_id"]].mean())
+            measured = measured_throughput(data, str(r["run_id"]))
             rows.append(
                 {
                     "held_workers": held,
