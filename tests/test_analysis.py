@@ -869,17 +869,3 @@ def test_cpus_per_rank_reads_rank_zeros_allowed_set_old_traces_included() -> Non
     # more ranks than CPUs still counts one; a trace that does not say gives NaN
     assert sm.cpus_per_rank({"allowed_cpus": "3", "spec": {"layout": {"ranks_per_node": 2}}}) == 1
     assert np.isnan(sm.cpus_per_rank({"spec": {}}))
-
-
-def test_with_cpus_fills_old_runs_tables_and_keeps_what_summarize_wrote() -> None:
-    old = pd.DataFrame({"run_id": ["a", "b"]})
-    filled = sm.with_cpus(old, 16)
-    assert filled["cpus"].tolist() == [16, 16]
-    assert filled["pinning_cpus"].tolist() == [0, 0]
-    assert "cpus" not in old
-    mixed = pd.DataFrame({"run_id": ["a", "b"], "cpus": [8, np.nan], "pinning_cpus": [8, np.nan]})
-    filled = sm.with_cpus(mixed, 16)
-    assert filled["cpus"].tolist() == [8, 16]
-    assert filled["pinning_cpus"].tolist() == [8, 0]
-    with pytest.raises(ValueError, match="cpus_per_rank"):
-        sm.with_cpus(old, 0)

@@ -449,7 +449,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--fit-cores",
         type=int,
-        help="cores per rank the runs had (default: slurm.cpus_per_rank of RESULTS/config.yaml)",
+        help="cores per rank of the runs whose runs.csv row has no `cpus` (summarized before "
+        "the column; default: slurm.cpus_per_rank of RESULTS/config.yaml)",
     )
     p.add_argument("--out", type=Path, help="write the verification config here")
     p.add_argument(

@@ -617,19 +617,6 @@ def cpus_per_rank(attrs: Mapping[str, Any]) -> float:
     return max(1, len(cpus) // ranks_per_node(attrs)) if cpus else np.nan
 
 
-def with_cpus(runs: pd.DataFrame, cpus_per_rank: int) -> pd.DataFrame:
-    """``runs`` with ``cpus`` and ``pinning_cpus`` filled where a runs table written before they
-    existed lacks them: such a run had no budget and the job's ``cpus_per_rank`` CPUs per rank
-    (``slurm.cpus_per_rank``, the value ``codl advise`` already takes for those runs). Values a
-    newer summarize wrote are kept."""
-    if cpus_per_rank < 1:
-        raise ValueError(f"cpus_per_rank: got {cpus_per_rank}, expected an integer >= 1")
-    out = runs.copy()
-    for col, fill in (("cpus", cpus_per_rank), ("pinning_cpus", 0)):
-        out[col] = out[col].fillna(fill).astype("int64") if col in out else fill
-    return out
-
-
 def summarize_tables(
     tables: Mapping[str, pd.DataFrame],
     attrs: Mapping[str, Any],
