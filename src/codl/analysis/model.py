@@ -294,23 +294,7 @@ def run_data(
     mode = str(modes[0])
     world = int(combined["world_size"].iloc[0]) if "world_size" in combined else 1
     r = r[r["mode"].isin((LOADER_MODE, mode, COMPUTE_TWIN[mode]))].copy()
-    r["launch_cores"] = r["launch_cores"].astype(str) if "launch_cores" in r else "auto"
-    r["workers"] = r["workers"].fillna(0).astype(int)
-    # The CPUs each run had (summarize reads them off the trace); tables without the column
-    # leave it to the fit's ``cores``.
-    r["cores"] = pd.to_numeric(r["cpus"], errors="coerce") if "cpus" in r else np.nan
-    r.loc[~(r["cores"] >= 1), "cores"] = np.nan
-    r["group"] = (
-        r["mode"].astype(str)
-        + "|"
-        + r["policy"].astype(str)
-        + "|"
-        + r["workers"].astype(str)
-        + "|"
-        + r["launch_cores"]
-        + "|"
-        + r["cores"].map(lambda c: "" if pd.isna(c) else str(int(c)))
-    )
+    r = _configurations(r)
     pin = combined["pin_memory"].iloc[0] if "pin_memory" in combined else False
     node = Node(
         device=str(combined["device"].iloc[0]) if "device" in combined else "cpu",
@@ -346,6 +330,28 @@ def run_data(
             steps[steps["run_id"].astype(str).isin(set(workers))], workers, node.batch
         ),
     )
+
+
+def _configurations(r: pd.DataFrame) -> pd.DataFrame:
+    """``r`` with ``launch_cores`` as text, ``workers`` as int, ``cores`` (the CPUs each run had,
+    which summarize reads off the trace; NaN for tables without the column: the fit's
+    ``cores``) and ``group``, the configuration the run repeats."""
+    r["launch_cores"] = r["launch_cores"].astype(str) if "launch_cores" in r else "auto"
+    r["workers"] = r["workers"].fillna(0).astype(int)
+    r["cores"] = pd.to_numeric(r["cpus"], errors="coerce") if "cpus" in r else np.nan
+    r.loc[~(r["cores"] >= 1), "cores"] = np.nan
+    r["group"] = (
+        r["mode"].astype(str)
+        + "|"
+        + r["policy"].astype(str)
+        + "|"
+        + r["workers"].astype(str)
+        + "|"
+        + r["launch_cores"]
+        + "|"
+        + r["cores"].map(lambda c: "" if pd.isna(c) else str(int(c)))
+    )
+    return r
 
 
 def _f64(values: Any) -> npt.NDArray[np.float64]:
