@@ -218,3 +218,12 @@ def test_runs_as_a_codl_subcommand(tmp_path: Path, capsys: pytest.CaptureFixture
         cli.main(["advise", "--help"])
     assert help_exit.value.code == 0
     assert "--cores" in capsys.readouterr().out
+
+
+def test_advice_below_the_fitted_budgets_says_it_is_pessimistic() -> None:
+    runs, steps = planted_tables(small_budget=8, repeats=1, steps=20)
+    two = mdl.fit(mdl.run_data(runs, steps), cores=CORES, boot=0)
+    assert two.budgets == (8, CORES)
+    below = adv.advise(two, cores=6)
+    assert any("6 cores is below every fitted budget (8)" in n for n in below.notes)
+    assert not any("below every fitted budget" in n for n in adv.advise(two, cores=8).notes)

@@ -103,6 +103,33 @@ def test_predicted_vs_measured_gives_the_planted_errors(
     assert summary["advised_vs_best"] == pytest.approx(expected)
 
 
+def test_settings_at_two_core_budgets_are_matched_by_their_cpus(
+    planted: tuple[mdl.Fit, adv.Advice, pd.DataFrame],
+) -> None:
+    fit = planted[0]
+    pred = mdl.predict(
+        fit, pd.DataFrame({"policy": ["none"] * 2, "workers": [8, 8], "cores": [8, 16]})
+    )
+    pred["launch_cores"] = "-"
+    pred["advised"] = [False, True]
+    runs = pd.DataFrame(
+        {
+            "mode": "data+compute",
+            "policy": "none",
+            "workers": 8,
+            "launch_cores": "1",
+            "world_size": 1,
+            "cpus": [8, 16],
+            "throughput_samples_s": [1000.0, 3000.0],
+        }
+    )
+    out = loop.predicted_vs_measured(pred, runs)
+    assert out["measured"].tolist() == [1000.0, 3000.0] and out["n_runs"].tolist() == [1, 1]
+    # One budget in the table: the setting alone matches, as before the column.
+    one = loop.predicted_vs_measured(pred.iloc[[1]], runs.iloc[[1]].assign(cpus=4))
+    assert one["measured"].tolist() == [3000.0]
+
+
 def test_the_verification_reruns_the_best_measured_setting_beside_the_advice() -> None:
     runs, steps = planted_tables(repeats=2, steps=40)
     data = mdl.run_data(runs, steps)

@@ -220,6 +220,14 @@ def test_two_core_budgets_separate_a_per_core_from_a_per_process_ceiling() -> No
     assert one_budget < 0.8 * truth
     # The combined runs at 16 cores are predicted as before: the ceiling binds none of them.
     assert mdl.check(fit, mdl.run_data(runs, steps))["error"].abs().max() < 0.05
+    # The loader alone counts a data run's two launch roles: 6 loader cores of 8, 14 of 16.
+    alone = mdl.predict_loader(
+        fit, pd.DataFrame({"policy": ["none"] * 3, "workers": [4, 24, 24], "cores": [8, 8, 16]})
+    )
+    truth = [RATE * 4, RATE * KAPPA * 6, ceiling]
+    assert alone["loader_capacity"].to_numpy() == pytest.approx(truth, rel=0.05)
+    assert (alone["loader_capacity_lo"] <= alone["loader_capacity"]).all()
+    assert (alone["pred_hi"] >= alone["loader_capacity_hi"]).all()
 
 
 def test_a_window_that_drains_the_prefetched_batches_is_read_as_production() -> None:

@@ -142,11 +142,13 @@ def test_two_cpu_jobs_share_a_node(tmp_path: Path) -> None:
     ]
     assert share.measured(jobs, [first, second])
     assert not share.measured(jobs, [second, first])
+    # Set aside, never overwritten: a later one takes the next free number.
+    (paths.share / "even" / "0" / "job-light.stale-2.h5").write_bytes(b"older")
+    share.set_aside(jobs)
     assert not any(j.trace.exists() for j in jobs)
-    assert sorted(p.name for p in (paths.share / "even" / "0").glob("*.stale-1.h5")) == [
-        "job-heavy.stale-1.h5",
-        "job-light.stale-1.h5",
-    ]
+    names = sorted(p.name for p in (paths.share / "even" / "0").glob("*.stale-*.h5"))
+    assert names == ["job-heavy.stale-1.h5", "job-light.stale-2.h5", "job-light.stale-3.h5"]
+    assert (paths.share / "even" / "0" / "job-light.stale-2.h5").read_bytes() == b"older"
 
 
 def test_the_share_section_is_checked() -> None:

@@ -21,6 +21,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -158,10 +159,7 @@ def run_together(
 
 
 def measured(jobs: Sequence[Job], shares: Sequence[tuple[int, ...]]) -> bool:
-    """Whether every job's trace is there, complete, of the job's spec and run on its share.
-
-    Where some are not, the ones there are set aside (``<name>.stale-<n>.h5``, never deleted:
-    they are measurements) so that the jobs can write theirs again."""
+    """Whether every job's trace is there, complete, of the job's spec and run on its share."""
     from codl.errors import TraceFormatError
     from codl.trace.store import open_trace
 
@@ -171,17 +169,31 @@ def measured(jobs: Sequence[Job], shares: Sequence[tuple[int, ...]]) -> bool:
                 a = t.attrs
         except TraceFormatError:
             return False
-        return bool(a.get("run_id") == job.spec.run_id and a.get("allowed_cpus") == cpulist(share))
+        # The job's set before a core budget (pinning.cpus) cut it; a merged multi-rank trace
+        # keeps it per rank.
+        first = (a.get("ranks") or [{}])[0]
+        cpus = next(
+            (d[k] for k in ("job_cpus", "allowed_cpus") for d in (a, first) if k in d), None
+        )
+        return bool(a.get("run_id") == job.spec.run_id and cpus == cpulist(share))
 
-    if all(fits(j, s) for j, s in zip(jobs, shares, strict=True)):
-        return True
+    return all(fits(j, s) for j, s in zip(jobs, shares, strict=True))
+
+
+def set_aside(jobs: Sequence[Job]) -> None:
+    """Move the jobs' traces out of the way (``<name>.stale-<n>.h5``, ``n`` one more than any
+    there) so that they can be written again; never deleted: they are measurements."""
     for job in jobs:
-        if job.trace.exists():
-            n = 1 + len(list(job.trace.parent.glob(f"{job.trace.stem}.stale-*.h5")))
-            aside = job.trace.with_name(f"{job.trace.stem}.stale-{n}.h5")
-            job.trace.replace(aside)
-            _LOG.warning("%s: not of this split's spec or CPUs; set aside as %s", job.trace, aside)
-    return False
+        if not job.trace.exists():
+            continue
+        taken = [
+            int(m.group(1))
+            for p in job.trace.parent.glob(f"{job.trace.stem}.stale-*.h5")
+            if (m := re.fullmatch(rf"{re.escape(job.trace.stem)}\.stale-(\d+)\.h5", p.name))
+        ]
+        aside = job.trace.with_name(f"{job.trace.stem}.stale-{max(taken, default=0) + 1}.h5")
+        job.trace.rename(aside)
+        _LOG.warning("%s: not of this split's spec or CPUs; set aside as %s", job.trace, aside)
 
 
 def throughput_of(trace: Path, work: Path) -> float:
@@ -286,6 +298,7 @@ def run_shared(
             if measured(placed, shares):
                 _LOG.info("%s, repeat %d: traces already measured, reused", split, rep)
             else:
+                set_aside(placed)
                 run_together(placed, shares)
             for job, share in zip(placed, shares, strict=True):
                 rows.append(

@@ -157,6 +157,12 @@ def advise(
         )
     if cores != fit.cores:
         notes.append(f"fitted on {fit.cores} cores per rank, advised for {cores}")
+    if fit.budgets and cores < min(fit.budgets):
+        # Measured on one H200 (docs/advisor.md, "Two core budgets"): 29-59 % low at 4-6 cores.
+        notes.append(
+            f"{cores} cores is below every fitted budget ({min(fit.budgets)}): the model charges "
+            "each launch role a whole core, which under-predicts a small budget"
+        )
     lc = pick["launch_cores"]
     return Advice(
         policy=str(pick["policy"]),

@@ -187,16 +187,13 @@ def predicted_vs_measured(
     r = runs[runs["mode"].isin(mdl.COMBINED_MODES)].copy()
     world = r["world_size"].fillna(1) if "world_size" in r else 1
     r["measured"] = r["throughput_samples_s"] / world
-    r["key"] = [
-        (str(p), int(w), _launch_key(str(p), lc))
-        for p, w, lc in zip(r["policy"], r["workers"], r["launch_cores"], strict=True)
-    ]
-    by_key = r.groupby("key")["measured"].agg(["mean", "count"])
     p = predictions.copy()
-    keys = [
-        (str(a), int(w), _launch_key(str(a), lc))
-        for a, w, lc in zip(p["policy"], p["workers"], p["launch_cores"], strict=True)
-    ]
+    # Runs at several core budgets (pinning.cpus) are told apart by the CPUs they had; a table
+    # of one budget matches on the setting alone, whatever budget the prediction was for.
+    budgets = "cpus" in r and "cores" in p and r["cpus"].nunique() > 1
+    r["key"] = _setting_keys(r, r["cpus"] if budgets else None)
+    by_key = r.groupby("key")["measured"].agg(["mean", "count"])
+    keys = _setting_keys(p, p["cores"] if budgets else None)
     p["measured"] = [by_key["mean"].get(k, np.nan) for k in keys]
     p["n_runs"] = [int(by_key["count"].get(k, 0)) for k in keys]
     p["error"] = p["throughput"] / p["measured"] - 1
@@ -212,6 +209,17 @@ def predicted_vs_measured(
         batches = np.array([batch.get(k, np.nan) for k in keys], dtype=np.float64)
         p = p.assign(**_measured_intervals(p, runs_of, batches, boot=boot, seed=seed))
     return p
+
+
+def _setting_keys(t: pd.DataFrame, cores: pd.Series | None) -> list[tuple[Any, ...]]:
+    """(policy, workers, launch key[, cores]) of each row of ``t``."""
+    keys = [
+        (str(p), int(w), _launch_key(str(p), lc))
+        for p, w, lc in zip(t["policy"], t["workers"], t["launch_cores"], strict=True)
+    ]
+    if cores is None:
+        return keys
+    return [(*k, int(c)) for k, c in zip(keys, cores, strict=True)]
 
 
 def _measured_intervals(

@@ -144,6 +144,7 @@ class Fit:
     loader_item_rate: float  # 1000 / loader_item_ms of the data runs: a worker's item rate
     measured_workers: tuple[int, ...]
     notes: tuple[str, ...] = field(default=())
+    budgets: tuple[int, ...] = field(default=())  # the cores per rank the runs had
 
     @property
     def policies(self) -> tuple[str, ...]:
@@ -155,8 +156,11 @@ class Fit:
         rows: list[tuple[str, str, float, npt.NDArray[np.float64]]] = [
             ("rate", "", self.params.rate, np.array([b.rate for b in self.boot])),
             ("kappa", "", self.params.kappa, np.array([b.kappa for b in self.boot])),
-            ("ceiling", "", self.params.ceiling, np.array([b.ceiling for b in self.boot])),
         ]
+        if math.isfinite(self.params.ceiling):
+            # inf: none fitted (one core budget; a note says so).
+            draws = np.array([b.ceiling for b in self.boot])
+            rows.append(("ceiling", "", self.params.ceiling, draws))
         for p in self.policies:
             for name, attr in (
                 ("compute", "compute"),
@@ -223,10 +227,11 @@ def _drained(
     Busy all the time, ``w`` workers produce ``w`` over the mean worker time per item; less
     when they wait for free prefetch slots. A delivered rate above that came from batches made
     before the window: the prefetch slots the workers filled while the model started, or the
-    first of the waves in which workers that start together finish their batches (50 steps of
-    32 heavy-loader workers on one H200: 1.3-3x what they produced). A per-batch cost outside
-    the items (collation, IPC) makes the production an upper bound, so only a run above it is
-    replaced, and by it: such a run is bound by its loader, whose workers are then busy."""
+    waves in which workers that start together finish their batches, which a window of a few
+    waves cuts at a phase (docs/advisor.md, "Two core budgets"). Such a run is bound by its
+    loader, so its workers are busy and their production is its rate; a run below it was not
+    (its workers waited for free slots) or paid a per-batch cost outside the items (collation,
+    IPC), and keeps its delivered rate."""
     if not {"loader_items", "loader_item_ms"} <= set(s.columns):
         return {}
     out = {}
@@ -339,6 +344,10 @@ def _configurations(r: pd.DataFrame) -> pd.DataFrame:
     r["launch_cores"] = r["launch_cores"].astype(str) if "launch_cores" in r else "auto"
     r["workers"] = r["workers"].fillna(0).astype(int)
     r["cores"] = pd.to_numeric(r["cpus"], errors="coerce") if "cpus" in r else np.nan
+    if "pinning_cpus" in r:
+        # A trace that does not say which CPUs it had still ran on the budget it asked for.
+        asked = pd.to_numeric(r["pinning_cpus"], errors="coerce")
+        r["cores"] = r["cores"].where(r["cores"] >= 1, asked)
     r.loc[~(r["cores"] >= 1), "cores"] = np.nan
     r["group"] = (
         r["mode"].astype(str)
@@ -438,14 +447,18 @@ def _production(n: npt.NDArray[np.float64], busy: npt.NDArray[np.float64], worke
 
 
 def fit_loader(
-    workers: npt.ArrayLike, cores: npt.ArrayLike, throughput: npt.ArrayLike
+    workers: npt.ArrayLike,
+    cores: npt.ArrayLike,
+    throughput: npt.ArrayLike,
+    *,
+    ceiling: bool = False,
 ) -> tuple[float, float, float]:
     """``(r, kappa, M)``: least squares in log space (relative errors) of
-    ``X = min(r * min(w, kappa * c_L), M)``.
+    ``X = min(r * min(w, kappa * c_L), M)``; ``cores`` are the loader's cores ``c_L``.
 
     ``M`` is a ceiling of the rank's loader that no core adds to (the main process collating,
-    the pin-memory thread): ``inf`` unless the data runs had >= 2 loader core budgets, because at
-    one budget a per-core and a per-process ceiling predict the same runs. For a given kappa the
+    the pin-memory thread), fitted only with ``ceiling`` (the runs had >= 2 core budgets: at one
+    a per-core and a per-process ceiling predict the same runs), else ``inf``. For a given kappa the
     points split at a threshold of ``min(w, kappa * c_L)`` into those on the ``r`` branch and
     those on the ``M`` branch, and for each split ``log r`` and ``log M`` are means, so only
     kappa is searched, and every split is scored with the full loss. Needs one configuration
@@ -461,7 +474,7 @@ def fit_loader(
         )
     if np.any(cl < 1):
         raise ModelError("the launch roles take every core: no core is left to the loader")
-    splits = len(w) if len(np.unique(cl)) > 1 else 1
+    splits = len(w) if ceiling else 1
 
     def losses(kappas: npt.NDArray[np.float64]) -> tuple[npt.NDArray[np.float64], ...]:
         m = np.log(np.minimum(w[None, :], kappas[:, None] * cl[None, :]))
@@ -484,9 +497,9 @@ def fit_loader(
     fine = np.linspace(grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)], 801)
     fsse, flogr, flogm = losses(fine)
     j = int(np.argmin(fsse))
-    kappa, rate, ceiling = float(fine[j]), float(np.exp(flogr[j])), float(np.exp(flogm[j]))
+    kappa, rate, top = float(fine[j]), float(np.exp(flogr[j])), float(np.exp(flogm[j]))
     x_w = rate * np.minimum(w, kappa * cl)
-    saturated = (w > kappa * cl * (1 + 1e-9)) | (x_w > ceiling * (1 + 1e-9))
+    saturated = (w > kappa * cl * (1 + 1e-9)) | (x_w > top * (1 + 1e-9))
     if saturated.all() or not saturated.any():
         where = "above" if saturated.all() else "below"
         need = "fewer" if saturated.all() else "more"
@@ -495,24 +508,27 @@ def fit_loader(
             f"per-worker rate and the per-core efficiency cannot be told apart; add a data run "
             f"with {need} workers (loader cores: {sorted(set(cl.astype(int).tolist()))})"
         )
-    return rate, kappa, ceiling
+    return rate, kappa, top
 
 
 def _fit_params(groups: pd.DataFrame, node: Node, cores: int) -> tuple[Params, list[str]]:
     notes: list[str] = []
-    groups = groups.assign(cores=groups["cores"].fillna(cores).astype(int))
+    groups = groups.assign(cores=run_cores(groups, cores))
     data = groups[groups["mode"] == LOADER_MODE]
     if data.empty:
         raise ModelError("runs.csv: no data-mode runs: the loader capacity is fitted from them")
-    a_data = node.roles(LOADER_MODE)
-    cl = _loader_cores_of(data, a_data)
-    rate, kappa, ceiling = fit_loader(data["workers"], cl, data["throughput"])
-    if len(set(cl)) == 1:
+    cl = _loader_cores_of(data, node.roles(LOADER_MODE))
+    budgets = data["cores"].nunique() > 1
+    rate, kappa, ceiling = fit_loader(data["workers"], cl, data["throughput"], ceiling=budgets)
+    on_ceiling = int(np.sum(rate * np.minimum(data["workers"], kappa * cl) > ceiling))
+    if not budgets:
         notes.append(
-            "ceiling: the data runs had one loader core budget, so the loader's plateau is read "
-            "as its cores'; data runs at a second budget (pinning.cpus) tell a ceiling no core "
-            "adds to from it"
+            "ceiling: the data runs had one core budget, so the loader's plateau is read as its "
+            "cores'; data runs at a second budget (pinning.cpus) tell a ceiling no core adds to "
+            "from it"
         )
+    elif on_ceiling == 1:
+        notes.append("ceiling: one data configuration sets it (its mean throughput)")
     if np.isfinite(ceiling) and not np.any(
         (data["workers"].to_numpy() > kappa * cl * (1 + 1e-9))
         & (rate * kappa * cl < ceiling * (1 - 1e-9))
@@ -576,12 +592,16 @@ def _loader_cores_of(rows: pd.DataFrame, roles: int) -> npt.NDArray[np.float64]:
 
 
 def loader_capacity(
-    params: Params, w: npt.NDArray[np.float64], c_l: npt.NDArray[np.float64]
+    rate: float,
+    kappa: float,
+    ceiling: float,
+    w: npt.NDArray[np.float64],
+    c_l: npt.NDArray[np.float64],
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
     """``(X_W, X_L)``: what the workers can deliver on their cores, ``r * min(w, kappa *
     c_L)``, and the loader's capacity, that capped at the ceiling ``M``."""
-    x_w = params.rate * np.minimum(w, params.kappa * np.maximum(c_l, 0.0))
-    return x_w, np.minimum(x_w, params.ceiling)
+    x_w = rate * np.minimum(w, kappa * np.maximum(c_l, 0.0))
+    return x_w, np.minimum(x_w, ceiling)
 
 
 def _fit_interference(
@@ -620,8 +640,7 @@ def _fit_interference(
     excess = comb["compute_ms"].to_numpy(np.float64) / alone_ms - 1
     step_ms = node.batch * 1000.0 / comb["throughput"].to_numpy(np.float64)
     beyond = step_ms - comb["compute_ms"].to_numpy(np.float64) - _f64([outside[p] for p in pol])
-    x_w = rate * np.minimum(w, kappa * np.maximum(c_l, 0.0))
-    x_l = np.minimum(x_w, ceiling)
+    x_w, x_l = loader_capacity(rate, kappa, ceiling, w, c_l)
     k0 = dict.fromkeys(policies, 0.0)
     k = dict.fromkeys(policies, 0.0)
     h = dict.fromkeys(policies, 0.0)
@@ -767,6 +786,7 @@ def fit(data: RunData, *, cores: int, boot: int = 200, seed: int = 0) -> Fit:
         run_cv=_run_cv(groups),
         loader_item_rate=1000.0 / data.item_ms if np.isfinite(data.item_ms) else np.nan,
         measured_workers=tuple(sorted({*data_w.astype(int), *comb["workers"].astype(int)})),
+        budgets=tuple(budgets),
         notes=tuple(notes),
     )
 
@@ -790,7 +810,7 @@ def _solve(
     bisection; ``e`` (``handoff``) is the hand-off's time in units of the compute time alone.
 
     The runnable demand ``D = w * X / X_W`` is the workers' (``x_w``, default ``x_l``): at a
-    ceiling that no core adds to, the workers wait for the consumer and only ``X / r`` run."""
+    ceiling that no core adds to, the workers wait for the consumer and ``w * M / X_W`` run."""
     e = np.zeros_like(x_l) if handoff is None else handoff
     x_w = x_l if x_w is None else x_w
 
@@ -823,7 +843,7 @@ def _evaluate(
     handoff = _f64(pol.map(lambda p: params.handoff_ms.get(p, 0.0))) / _f64(
         pol.map(params.compute_ms)
     )
-    x_w, x_l = loader_capacity(params, w, c_l)
+    x_w, x_l = loader_capacity(params.rate, params.kappa, params.ceiling, w, c_l)
     # A setting with no core for the loader delivers nothing (the harness refuses it anyway).
     x_l = np.where(c_l >= 1, x_l, np.nan)
     x, infl = _solve(x_l, cap, k0, k, w, c_l, cores, handoff, x_w)
@@ -877,6 +897,31 @@ def predict(fit: Fit, settings: pd.DataFrame, *, level: float = 0.95) -> pd.Data
     out["pred_hi"] = hi * (1 + z * fit.run_cv)
     out["total_throughput"] = out["throughput"] * fit.node.world
     return out
+
+
+def predict_loader(fit: Fit, settings: pd.DataFrame, *, level: float = 0.95) -> pd.DataFrame:
+    """The loader alone (``data`` runs): ``loader_capacity`` of each setting (``policy``,
+    ``workers``, ``cores``, optional ``launch_cores``) with its launch roles counted as a data
+    run has them, its confidence interval (``_lo``/``_hi``) and one run's (``pred_lo``/``_hi``)."""
+    _require(settings, ("policy", "workers", "cores"), "settings")
+    s = settings.reset_index(drop=True).copy()
+    if "launch_cores" not in s:
+        s["launch_cores"] = None
+    s["launch_cores"] = s["launch_cores"].map(_launch_cores).astype(object)
+    c_l = _loader_cores_of(s, fit.node.roles(LOADER_MODE))
+    w = s["workers"].to_numpy(np.float64)
+
+    def capacity(p: Params) -> npt.NDArray[np.float64]:
+        return loader_capacity(p.rate, p.kappa, p.ceiling, w, c_l)[1]
+
+    s["loader_capacity"] = capacity(fit.params)
+    tail = 100 * (1 - level) / 2
+    draws = np.array([capacity(b) for b in fit.boot]) if fit.boot else s[["loader_capacity"]].T
+    lo, hi = np.percentile(np.asarray(draws, dtype=np.float64), [tail, 100 - tail], axis=0)
+    z = float(np.sqrt(2) * _erfinv(level))
+    s["loader_capacity_lo"], s["loader_capacity_hi"] = lo, hi
+    s["pred_lo"], s["pred_hi"] = lo * max(0.0, 1 - z * fit.run_cv), hi * (1 + z * fit.run_cv)
+    return s
 
 
 def _erfinv(y: float) -> float:

@@ -556,9 +556,7 @@ def execute(
     warnings.filterwarnings("ignore", message="This DataLoader will create")
     anchor_start = take_anchor()
     t_begin = now_ns()
-    placed = _place(spec, env)
-    device = _seed_and_device(spec, env)
-    rec = _TraceRecorder.start(spec, env, placed)
+    placed, device, rec = _prepare(spec, env)
     _open_trace_writer(rec, trace_path)
     held = _Open()
     complete = False
@@ -606,9 +604,25 @@ def execute(
             rec.write(trace_path, complete=complete, reason=reason)
         finally:
             stop.restore(previous)
-        rec.close()
-        placed.release()
+            try:
+                rec.close()
+            finally:
+                # The process's CPUs back even when writing failed: a core budget
+                # (pinning.cpus) confined every thread, and the next run starts from the job's.
+                placed.release()
     return trace_path
+
+
+def _prepare(spec: RunSpec, env: RankEnv) -> tuple[_Placed, torch.device, _TraceRecorder]:
+    """Place the rank, pick its device and start its recorder; a failure after the placement
+    gives the process its CPUs back (a core budget confined every thread)."""
+    placed = _place(spec, env)
+    try:
+        device = _seed_and_device(spec, env)
+        return placed, device, _TraceRecorder.start(spec, env, placed)
+    except BaseException:
+        placed.release()
+        raise
 
 
 def _sync_clock_end(env: RankEnv, rec: _TraceRecorder, held: _Open) -> None:
