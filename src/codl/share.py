@@ -169,12 +169,9 @@ def measured(jobs: Sequence[Job], shares: Sequence[tuple[int, ...]]) -> bool:
                 a = t.attrs
         except TraceFormatError:
             return False
-        # The job's set before a core budget (pinning.cpus) cut it; a merged multi-rank trace
-        # keeps it per rank.
-        first = (a.get("ranks") or [{}])[0]
-        cpus = next(
-            (d[k] for k in ("job_cpus", "allowed_cpus") for d in (a, first) if k in d), None
-        )
+        # The job's set before a core budget (pinning.cpus) cut it (rank 0's in a merged trace,
+        # whose root attributes are rank 0's); traces written before the budget: allowed_cpus.
+        cpus = a.get("job_cpus", a.get("allowed_cpus"))
         return bool(a.get("run_id") == job.spec.run_id and cpus == cpulist(share))
 
     return all(fits(j, s) for j, s in zip(jobs, shares, strict=True))

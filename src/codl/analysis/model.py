@@ -217,12 +217,18 @@ class RunData:
     first: Mapping[str, Mapping[str, Any]]  # configuration -> one of its runs' rows
 
 
+Items = tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]
+
+
 def _drained(
-    s: pd.DataFrame, workers: Mapping[str, int], batch: int
+    items: Mapping[str, Items],
+    step_ms: Mapping[str, npt.NDArray[np.float64]],
+    workers: Mapping[str, int],
+    batch: int,
 ) -> dict[str, tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], int]]:
     """The loading runs (``workers``: run id -> loader workers) that delivered more than their
-    workers produced, with per step (those with a time, as ``_step_arrays`` keeps them) the
-    items the workers finished and their summed worker time, ms.
+    workers produced, with their ``items`` (per step: the items the workers finished and their
+    summed worker time, ms) and their workers.
 
     Busy all the time, ``w`` workers produce ``w`` over the mean worker time per item; less
     when they wait for free prefetch slots. A delivered rate above that came from batches made
@@ -232,23 +238,24 @@ def _drained(
     loader, so its workers are busy and their production is its rate; a run below it was not
     (its workers waited for free slots) or paid a per-batch cost outside the items (collation,
     IPC), and keeps its delivered rate."""
-    if not {"loader_items", "loader_item_ms"} <= set(s.columns):
-        return {}
     out = {}
-    timed = s[s["run_id"].astype(str).isin(set(workers)) & s["step_ms"].notna()]
-    for run_id, g in timed.groupby("run_id"):
-        n = g["loader_items"].fillna(0).to_numpy(np.float64)
-        busy = n * g["loader_item_ms"].fillna(0).to_numpy(np.float64)
-        w = workers[str(run_id)]
-        if _production(n, busy, w) < batch * 1000.0 / float(g["step_ms"].mean()):
-            out[str(run_id)] = (n, busy, w)
+    for run_id, w in workers.items():
+        if run_id not in items:
+            continue
+        n, busy = items[run_id]
+        if _production(n, busy, w) < batch * 1000.0 / float(step_ms[run_id].mean()):
+            out[run_id] = (n, busy, w)
     return out
 
 
 def _step_arrays(
     s: pd.DataFrame,
-) -> tuple[dict[str, npt.NDArray[np.float64]], dict[str, npt.NDArray[np.float64]]]:
-    """Per run: every step's time, and the compute time of its steady-state steps.
+) -> tuple[
+    dict[str, npt.NDArray[np.float64]], dict[str, npt.NDArray[np.float64]], dict[str, Items]
+]:
+    """Per run: every step's time, the compute time of its steady-state steps, and (where the
+    table has the loader's columns) per timed step the items the workers finished and their
+    summed worker time, ms, aligned with the step times.
 
     Compute time is compared on steady-state steps (the outlier rule of steady.py drops the
     deterministic GC-like pauses); throughput keeps every step, as summarize does: a pause
@@ -257,14 +264,20 @@ def _step_arrays(
     outlier = (
         s["outlier"].fillna(False).astype(bool) if "outlier" in s else pd.Series(False, s.index)
     )
+    loader = {"loader_items", "loader_item_ms"} <= set(s.columns)
     step_ms: dict[str, npt.NDArray[np.float64]] = {}
     compute_ms: dict[str, npt.NDArray[np.float64]] = {}
+    items: dict[str, Items] = {}
     for run_id, g in s.groupby("run_id"):
-        step_ms[str(run_id)] = g["step_ms"].dropna().to_numpy(np.float64)
+        timed = g[g["step_ms"].notna()]
+        step_ms[str(run_id)] = timed["step_ms"].to_numpy(np.float64)
+        if loader:
+            n = timed["loader_items"].fillna(0).to_numpy(np.float64)
+            items[str(run_id)] = (n, n * timed["loader_item_ms"].fillna(0).to_numpy(np.float64))
         if "compute_eff_ms" in g:
             steady = g.loc[~outlier[g.index], "compute_eff_ms"].dropna()
             compute_ms[str(run_id)] = steady.to_numpy(np.float64)
-    return step_ms, compute_ms
+    return step_ms, compute_ms, items
 
 
 def run_data(
@@ -308,7 +321,7 @@ def run_data(
         batch=int(combined["batch_size"].iloc[0]),
         pin_memory=bool(pin) if pd.notna(pin) else False,
     )
-    step_ms, compute_ms = _step_arrays(steps[steps["run_id"].isin(r["run_id"])])
+    step_ms, compute_ms, items = _step_arrays(steps[steps["run_id"].isin(r["run_id"])])
     r = r[r["run_id"].astype(str).map(lambda x: len(step_ms.get(x, ())) > 0)]
     item = (
         r.loc[r["mode"] == LOADER_MODE, "loader_item_ms_mean"]
@@ -331,9 +344,7 @@ def run_data(
         compute_ms=compute_ms,
         node=node,
         item_ms=item_ms,
-        drained=_drained(
-            steps[steps["run_id"].astype(str).isin(set(workers))], workers, node.batch
-        ),
+        drained=_drained(items, step_ms, workers, node.batch),
     )
 
 

@@ -604,12 +604,11 @@ def ranks_per_node(attrs: Mapping[str, Any]) -> int:
 
 
 def cpus_per_rank(attrs: Mapping[str, Any]) -> float:
-    """CPUs per rank the run had: the size of rank 0's ``allowed_cpus`` over ``ranks_per_node``,
-    at least 1; NaN when the trace does not say. ``allowed_cpus`` is the set after the
-    ``pinning.cpus`` cut, and traces written before the budget existed have it too."""
-    ranks = attrs.get("ranks")
-    first = ranks[0] if isinstance(ranks, list) and ranks and isinstance(ranks[0], Mapping) else {}
-    text = first.get("allowed_cpus", attrs.get("allowed_cpus"))
+    """CPUs per rank the run had: the size of ``allowed_cpus`` (rank 0's: a merged trace's root
+    attributes are rank 0's) over ``ranks_per_node``, at least 1; NaN when the trace does not
+    say. ``allowed_cpus`` is the set after the ``pinning.cpus`` cut, and traces written before
+    the budget existed have it too."""
+    text = attrs.get("allowed_cpus")
     try:
         cpus = parse_cpulist(text) if isinstance(text, str) else frozenset()
     except ValueError:

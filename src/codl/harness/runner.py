@@ -650,8 +650,7 @@ def _place(spec: RunSpec, env: RankEnv) -> _Placed:
     """Plan this rank's CPUs, size the CPU intra-op pool, and pin the threads that exist now."""
     job = frozenset(os.sched_getaffinity(0))
     allowed = pinning.budget_cut(job, spec.pinning.cpus, env.local_world_size)
-    cuda = spec.device is DeviceKind.CUDA
-    if cuda and not torch.cuda.is_available():
+    if spec.device is DeviceKind.CUDA and not torch.cuda.is_available():
         raise CodlError("device 'cuda' requested but torch.cuda.is_available() is False")
     if allowed != job:
         # Every thread, not only the ones a policy pins: `none` pins nothing, and the loader
