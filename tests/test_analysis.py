@@ -225,6 +225,42 @@ def test_launch_metrics_uses_each_ranks_launch_thread() -> None:
     assert by.loc[(0, 5), "launch_involuntary"] == 4
 
 
+def test_helper_metrics_sum_each_roles_threads_per_rank() -> None:
+    # Two comm threads of rank 0 add up; rank 1 has no pin-memory thread: 0 there, not NaN; a
+    # loader worker's time is nobody's helper time; rank 1's comm thread reuses rank 0's TID.
+    threads = frame(
+        "threads",
+        [
+            thread_row(0, 1, LAUNCH, "launch", "0"),
+            thread_row(0, 1, 11, "autograd", "1"),
+            thread_row(0, 1, 12, "pin_memory", "1"),
+            thread_row(0, 1, 13, "comm", "2"),
+            thread_row(0, 1, 14, "comm", "2"),
+            thread_row(0, WORKER_A, WORKER_A, "loader", "3"),
+            thread_row(1, 2, 13, "comm", "4"),
+        ],
+    )
+    rows = []
+    for step in range(-1, 5):
+        k = step + 1
+        rows.append(sched_row(0, 1, LAUNCH, step, run_ns=k * 10 * MS, wait_ns=0))
+        rows.append(sched_row(0, 1, 11, step, run_ns=k * 4 * MS, wait_ns=0))
+        rows.append(sched_row(0, 1, 12, step, run_ns=k * 3 * MS, wait_ns=0))
+        rows.append(sched_row(0, 1, 13, step, run_ns=k * 2 * MS, wait_ns=0))
+        rows.append(sched_row(0, 1, 14, step, run_ns=k * 1 * MS, wait_ns=0))
+        rows.append(sched_row(0, WORKER_A, WORKER_A, step, run_ns=k * 50 * MS, wait_ns=0))
+        rows.append(sched_row(1, 2, 13, step, run_ns=k * 5 * MS, wait_ns=0))
+    out = sm.helper_metrics(frame("samples/sched", rows), threads, warmup=WARMUP)
+    by = out.set_index(["rank", "step"])
+    assert sorted(by.index) == [(0, 2), (0, 3), (0, 4), (1, 2), (1, 3), (1, 4)]
+    assert by.loc[(0, 3), "autograd_run_ms"] == pytest.approx(4.0)
+    assert by.loc[(0, 3), "pin_memory_run_ms"] == pytest.approx(3.0)
+    assert by.loc[(0, 3), "comm_run_ms"] == pytest.approx(3.0)
+    assert by.loc[(1, 3), "comm_run_ms"] == pytest.approx(5.0)
+    assert by.loc[(1, 3), "pin_memory_run_ms"] == 0.0
+    assert by.loc[(1, 3), "autograd_run_ms"] == 0.0
+
+
 # --- mechanism attribution ----------------------------------------------------------------
 
 

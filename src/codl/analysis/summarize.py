@@ -254,6 +254,44 @@ def launch_metrics(sched: pd.DataFrame, threads: pd.DataFrame, *, warmup: int) -
     return pd.concat(rows, ignore_index=True).astype(LAUNCH_COLUMNS)
 
 
+#: The launch helpers whose on-CPU time per step the steps table carries beside the main
+#: thread's (``launch_run_ms``): together they are the CPU the launch path occupies, which the
+#: throughput model charges against the loader's cores (docs/advisor.md, "Equations").
+HELPER_ROLES = ("autograd", "pin_memory", "comm")
+HELPER_COLUMNS: dict[str, str] = {
+    "rank": "int64",
+    "step": "int64",
+    **{f"{role}_run_ms": "float64" for role in HELPER_ROLES},
+}
+
+
+def helper_metrics(sched: pd.DataFrame, threads: pd.DataFrame, *, warmup: int) -> pd.DataFrame:
+    """Per (rank, step): the on-CPU time of each launch helper role, summed over its threads
+    (a rank's NCCL/gloo threads are several). A role without threads in a rank that has
+    scheduler samples did no work there: 0, not NaN (no pin-memory thread: 0 copies)."""
+    d = _measured(sched_deltas(sched), warmup)
+    if d.empty or threads.empty:
+        return _empty(HELPER_COLUMNS)
+    t = threads.drop_duplicates(["rank", "tid"], keep="last")
+    roles = pd.DataFrame(
+        {
+            "rank": t["rank"].astype("int64").to_numpy(),
+            "tid": t["tid"].astype("int64").to_numpy(),
+            "role": t["role"].astype(str).to_numpy(),
+        }
+    )
+    d = d.merge(roles, on=["rank", "tid"], how="left")
+    per = d.assign(
+        run_ns=d["run_ns"].where(d["role"].isin(HELPER_ROLES), 0),
+        role=d["role"].where(d["role"].isin(HELPER_ROLES), HELPER_ROLES[0]),
+    )
+    sums = per.groupby([*KEYS, "role"])["run_ns"].sum().unstack("role", fill_value=0)
+    out = pd.DataFrame(index=sums.index)
+    for role in HELPER_ROLES:
+        out[f"{role}_run_ms"] = _ms(sums[role]) if role in sums else 0.0
+    return out.reset_index().astype(HELPER_COLUMNS)[list(HELPER_COLUMNS)]
+
+
 def _runtime_calls(cuda: pd.DataFrame, warmup: int) -> pd.DataFrame:
     """Measured CUDA runtime API calls with their name as str and duration in microseconds."""
     rt = _measured(cuda[cuda["kind"].astype(str) == "runtime"], warmup)
@@ -661,6 +699,7 @@ def _flagged_steps(
     steps = step_metrics(t[Table.APP], t[Table.COMM], warmup=warm)
     for extra in (
         launch_metrics(t[Table.SCHED], t[Table.THREADS], warmup=warm),
+        helper_metrics(t[Table.SCHED], t[Table.THREADS], warmup=warm),
         api_metrics(t[Table.CUDA], warmup=warm),
         loader_metrics(t[Table.LOADER], warmup=warm),
     ):
