@@ -11,6 +11,7 @@ only for an intended change of the analysis, and say which and why in the commit
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import shutil
 import sys
 import tempfile
@@ -178,3 +179,29 @@ if __name__ == "__main__":
         make_traces(TRACES)
     with tempfile.TemporaryDirectory() as tmp:
         make_tables(TRACES, TABLES, Path(tmp))
+
+
+def test_backfilled_helper_times_equal_the_summarized_ones(tmp_path: Path) -> None:
+    # scripts/backfill_role_cpu.py derives the helpers' on-CPU time of tables summarized before
+    # summarize had the columns from their attribution table; on the golden `none` runs (gloo's
+    # comm threads are their helpers) it must give what summarize gives.
+    script = GOLDEN.parent.parent / "scripts" / "backfill_role_cpu.py"
+    spec = importlib.util.spec_from_file_location("backfill_role_cpu", script)
+    assert spec is not None and spec.loader is not None
+    backfill = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(backfill)
+    steps = pd.read_csv(TABLES / "steps.csv")
+    columns = [f"{r}_run_ms" for r in sm.HELPER_ROLES]
+    tables = tmp_path / "tables"
+    tables.mkdir()
+    pd.read_csv(TABLES / "runs.csv").to_csv(tables / "runs.csv", index=False)
+    steps.drop(columns=columns).to_csv(tables / "steps.csv.gz", index=False)
+    pd.read_csv(TABLES / "attribution.csv").to_csv(tables / "attribution.csv.gz", index=False)
+    backfill.backfill(tmp_path)
+    got = pd.read_csv(tables / "steps.csv.gz").set_index(["run_id", "rank", "step"])
+    want = steps.set_index(["run_id", "rank", "step"])
+    assert (want["comm_run_ms"] > 0).any()
+    recorded = want["launch_run_ms"].notna()
+    np.testing.assert_allclose(
+        got.loc[recorded, columns].to_numpy(), want.loc[recorded, columns].to_numpy(), atol=1e-9
+    )

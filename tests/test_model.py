@@ -411,3 +411,133 @@ def test_cross_validation_predicts_each_held_out_worker_count() -> None:
     # Every planted run is predicted by a model that never saw its worker count.
     assert cv["error"].abs().max() < 0.05
     assert (cv["note"] == "").all()
+
+
+# Planted launch roles' CPU time, ms per sample: a data rank's main thread only consumes and its
+# pin-memory thread copies; a training rank's main thread also launches and autograd runs.
+ROLE_MS = {"data": {"launch": 0.05, "pin_memory": 0.25}}
+ROLE_MS["data+compute"] = {"launch": 0.17, "autograd": 0.09, "pin_memory": 0.25}
+ROLE_MS["compute"] = {"launch": 0.17, "autograd": 0.09}
+
+
+def occupied_loader(w: int, cores: int, tau: float) -> float:
+    """Closed form of ``X = r * min(w, kappa * (cores - tau * X / 1000))``: the loader bound
+    when unpinned launch roles take ``tau`` ms of CPU per sample from its cores."""
+    return min(RATE * w, RATE * KAPPA * cores / (1 + RATE * KAPPA * tau / 1000.0))
+
+
+def occupied_tables(
+    combined: tuple[tuple[int, int], ...], *, k0: float = 0.1, seed: int = 3
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """runs.csv and steps.csv.gz of a node whose launch roles' CPU time is in the steps table:
+    data runs on 16 cores, compute alone, and ``data+compute`` at (workers, cores) ``combined``,
+    policy ``none``, no overload term (k = 0), so each run is the closed form's minimum."""
+    rng = np.random.default_rng(seed)
+    runs: list[dict[str, object]] = []
+    steps: list[pd.DataFrame] = []
+    cap = COMPUTE["none"]
+
+    def add(mode: str, w: int, cpus: int, x: float, compute_ms: float | None) -> None:
+        for rep in range(3):
+            run_id = f"{mode}-{w}-{cpus}-{rep}"
+            n = 100
+            step = BATCH * 1000.0 / x * (1 + 0.005 * rng.standard_normal())
+            step = step * (1 + 0.02 * rng.standard_normal(n))
+            roles = {
+                f"{role}_run_ms": ms * BATCH * (1 + 0.02 * rng.standard_normal(n))
+                for role, ms in ROLE_MS[mode].items()
+            }
+            runs.append(
+                {
+                    "run_id": run_id,
+                    "mode": mode,
+                    "device": "cuda",
+                    "batch_size": BATCH,
+                    "policy": "none",
+                    "launch_cores": "auto",
+                    "workers": w,
+                    "pin_memory": True if mode != "compute" else None,
+                    "repeat": rep,
+                    "world_size": 1,
+                    "cpus": cpus,
+                }
+            )
+            steps.append(
+                pd.DataFrame(
+                    {
+                        "run_id": run_id,
+                        "rank": 0,
+                        "step": np.arange(n),
+                        "step_ms": step,
+                        "compute_eff_ms": np.full(n, np.nan) if compute_ms is None else compute_ms,
+                        "outlier": False,
+                        "launch_run_ms": roles.pop("launch_run_ms"),
+                        **{c: roles.get(c, np.zeros(n)) for c in mdl.HELPER_CPU_COLUMNS},
+                    }
+                )
+            )
+
+    tau = {m: sum(r.values()) for m, r in ROLE_MS.items()}
+    for w in DATA_WORKERS:
+        add("data", w, CORES, occupied_loader(w, CORES, tau["data"]), None)
+    add("compute", 0, CORES, cap, BATCH * 1000.0 / cap)
+    for w, cores in combined:
+        x = min(occupied_loader(w, cores, tau["data+compute"]), cap / (1 + k0))
+        add("data+compute", w, cores, x, BATCH * 1000.0 / cap * (1 + k0))
+    return pd.DataFrame(runs), pd.concat(steps, ignore_index=True)
+
+
+def test_the_launch_roles_measured_cpu_is_charged_at_the_operating_point() -> None:
+    fitted = ((4, 16), (8, 16), (16, 16), (4, 8), (8, 8), (16, 8))
+    held = ((4, 4), (8, 4), (8, 6), (16, 6))
+    runs, steps = occupied_tables(fitted + held)
+    keep = ~runs["run_id"].str.endswith(tuple(f"-{w}-{c}-{r}" for w, c in held for r in range(3)))
+    fit = mdl.fit(mdl.run_data(runs[keep], steps), cores=CORES, boot=0)
+    assert fit.params.rate == pytest.approx(RATE, rel=0.05)
+    assert fit.params.kappa == pytest.approx(KAPPA, rel=0.05)
+    for mode, roles in ROLE_MS.items():
+        if mode == "compute":
+            continue
+        assert fit.params.role_ms[mode] == pytest.approx(sum(roles.values()), rel=0.02)
+        helpers = sum(ms for role, ms in roles.items() if role != "launch")
+        assert fit.params.helper_ms[mode] == pytest.approx(helpers, rel=0.02)
+    assert any("ms CPU per sample" in n for n in fit.notes)
+    # The budgets below the fitted ones, never seen by the fit: loader-bound, each within 3 %.
+    settings = pd.DataFrame(
+        {"policy": "none", "workers": [w for w, _ in held], "cores": [c for _, c in held]}
+    )
+    pred = mdl.predict(fit, settings)
+    tau = sum(ROLE_MS["data+compute"].values())
+    planted = [occupied_loader(w, c, tau) for w, c in held]
+    assert (pred["bound"] == "loader").all()
+    np.testing.assert_allclose(pred["throughput"], planted, rtol=0.03)
+    # The operating point's loader cores are what the roles leave at that throughput.
+    np.testing.assert_allclose(
+        pred["loader_cores"],
+        settings["cores"] - fit.params.role_ms["data+compute"] * pred["throughput"] / 1000.0,
+        rtol=1e-9,
+    )
+    # Without the roles' columns each role is a whole core: 4 cores leave the loader 1, and the
+    # same tables predict less than half of the planted throughput there.
+    whole = mdl.fit(
+        mdl.run_data(runs[keep], steps.drop(columns=list(mdl.HELPER_CPU_COLUMNS))),
+        cores=CORES,
+        boot=0,
+    )
+    assert not whole.params.role_ms
+    assert any("each busy role counts a whole core" in n for n in whole.notes)
+    four = mdl.predict(whole, settings.iloc[:2])["throughput"].to_numpy()
+    assert (four < 0.5 * np.array(planted[:2])).all()
+
+
+def test_a_fenced_launch_set_is_the_loaders_loss_whatever_the_roles_use() -> None:
+    occ = (0.5, 0.34)
+    # Unpinned: the roles' CPU time; isolated-main: the helpers' beside the main thread's CPU;
+    # fenced: the launch set, one CPU per role (or launch_cores), nothing per sample.
+    assert mdl.loader_terms("none", None, cores=16, roles=3, occupancy=occ) == (16.0, 0.5)
+    assert mdl.loader_terms("isolated-main", 2, cores=16, roles=3, occupancy=occ) == (14.0, 0.34)
+    assert mdl.loader_terms("isolated", None, cores=16, roles=3, occupancy=occ) == (13.0, 0.0)
+    assert mdl.loader_terms("spread", 5, cores=16, roles=3, occupancy=occ) == (11.0, 0.0)
+    assert mdl.loader_terms("none", None, cores=16, roles=3) == (13.0, 0.0)
+    with pytest.raises(mdl.ModelError, match="policy 'bogus'"):
+        mdl.loader_terms("bogus", None, cores=16, roles=3, occupancy=occ)

@@ -157,11 +157,12 @@ def advise(
         )
     if cores != fit.cores:
         notes.append(f"fitted on {fit.cores} cores per rank, advised for {cores}")
-    if fit.budgets and cores < min(fit.budgets):
+    if fit.budgets and cores < min(fit.budgets) and not fit.params.role_ms:
         # Measured on one H200 (docs/advisor.md, "Two core budgets"): 29-59 % low at 4-6 cores.
         notes.append(
-            f"{cores} cores is below every fitted budget ({min(fit.budgets)}): the model charges "
-            "each launch role a whole core, which under-predicts a small budget"
+            f"{cores} cores is below every fitted budget ({min(fit.budgets)}): without the "
+            "launch roles' CPU time in the tables the model charges each a whole core, which "
+            "under-predicts a small budget"
         )
     lc = pick["launch_cores"]
     return Advice(
@@ -191,8 +192,11 @@ def best_setting(grid: pd.DataFrame, tie: float, prefer: Prefer = Prefer.HEADROO
     if prefer is Prefer.FEWEST_CORES:
         keys = ["cores_used", "workers", "launch_set", "throughput"]
     else:
-        # Cores of the loader's share a setting leaves without a worker: 0 at c_L and beyond.
-        near["headroom_gap"] = np.maximum(0, near["loader_cores"] - near["workers"])
+        # Whole cores of the loader's share a setting leaves without a worker: 0 at c_L and
+        # beyond. Whole: with the roles' measured CPU time c_L is fractional (14.5 of 16), and
+        # a worker for the half core would be one more than the cores (docs/advisor.md).
+        whole = np.floor(near["loader_cores"].astype(float) + 1e-9)
+        near["headroom_gap"] = np.maximum(0, whole - near["workers"])
         keys = ["launch_set", "headroom_gap", "workers", "throughput"]
     # Ascending but the last key: of equal settings, the higher prediction.
     return near.sort_values(keys, ascending=[True, True, True, False], kind="stable").iloc[0]

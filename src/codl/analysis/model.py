@@ -18,8 +18,14 @@ Equations (docs/advisor.md explains the choices):
 - Launch CPUs the policy reserves: ``n = 0`` under ``none`` and ``shared`` (workers may run
   anywhere), ``n = 1`` under ``isolated-main``, ``n = max(a, launch_cores)`` under
   ``isolated``, ``spread`` and ``numa``.
-- Cores left to the loader: ``c_L = c - max(a, n)``: the launch roles are busy whether or not
-  they are pinned, so a loader never gets their cores' worth of CPU time.
+- Cores left to the loader: where the steps table has the launch roles' on-CPU time per step
+  (``launch_run_ms`` and the helpers' ``*_run_ms``, from the scheduler samples), the roles
+  occupy ``u = tau * X / 1000`` cores at throughput ``X``, ``tau`` their CPU ms per sample
+  (fitted per mode: a ``data`` rank's main thread only consumes). Unpinned (``none``,
+  ``shared``) they take that from the loader's cores, ``c_L(X) = c - tau * X / 1000``; under
+  ``isolated-main`` the helpers do (``c_L = c - n - tau_helpers * X / 1000``); a fenced policy
+  reserves its launch set whatever the roles use (``c_L = c - n``). Without those columns each
+  role counts a whole core: ``c_L = c - max(a, n)``.
 - Loader capacity (samples/s): ``X_L(w) = min(X_W, M)`` with ``X_W = r * min(w, kappa * c_L)``:
   each worker delivers ``r`` samples/s until the loader's cores run out; ``kappa`` is the number
   of worker-equivalents one core sustains (< 1 when collation, IPC and the consuming thread cost
@@ -45,9 +51,9 @@ Equations (docs/advisor.md explains the choices):
 - Hand-off: a loading step also spends ``h_p`` ms outside its compute span beyond the twin's
   (handing the batch over, the H2D copy); the mean over the combined runs the model calls
   compute-bound, clipped at 0. In units of the compute time alone: ``e_p = h_p / T_p``.
-- Combined throughput: the fixed point ``X = min(X_L(w), C_p / (I(D(X)) + e_p))``.
-  ``X * (I(D(X)) + e_p)`` grows with ``X``, so the fixed point is unique; it is found by
-  bisection.
+- Combined throughput: the fixed point ``X = min(X_L(w, c_L(X)), C_p / (I(D(X)) + e_p))``.
+  ``X_L`` falls and ``X * (I(D(X)) + e_p)`` grows with ``X``, so the fixed point is unique; it
+  is found by bisection.
 
 Uncertainty: a two-level bootstrap (runs within each configuration, then steps within each run,
 as ``compare`` does) refits every parameter; the 2.5/97.5 % percentiles of the refitted
@@ -60,7 +66,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -78,6 +84,10 @@ FENCED_POLICIES = frozenset({"isolated", "spread", "numa"})
 UNFENCED_POLICIES = frozenset({"none", "shared"})
 RUN_COLUMNS = ("run_id", "mode", "policy", "workers", "batch_size")
 STEP_COLUMNS = ("run_id", "step_ms")
+#: The launch roles' on-CPU time per step (summarize: launch_metrics, helper_metrics): the main
+#: thread, then the helpers, whose sum ``isolated-main`` leaves on the loader's cores.
+MAIN_CPU_COLUMN = "launch_run_ms"
+HELPER_CPU_COLUMNS = ("autograd_run_ms", "pin_memory_run_ms", "comm_run_ms")
 # kappa is searched on a log grid, then refined around the best point: the loss is piecewise
 # smooth in kappa (a point switches between the two branches of the min), so a grid is robust
 # where a local optimiser would stall on a kink.
@@ -107,6 +117,16 @@ class Params:
     handoff_ms: Mapping[str, float] = field(default_factory=dict)
     # M, samples/s: a ceiling of the rank's loader that no core adds to (inf: none identified)
     ceiling: float = math.inf
+    # mode -> CPU ms per sample of the rank's launch roles (main + helpers), and of the helpers
+    # alone; empty when the tables do not have them (each role then counts a whole core)
+    role_ms: Mapping[str, float] = field(default_factory=dict)
+    helper_ms: Mapping[str, float] = field(default_factory=dict)
+
+    def occupancy(self, mode: str) -> tuple[float, float] | None:
+        """``(tau, tau_helpers)`` of ``mode``, ms of CPU per sample; None: not measured."""
+        if mode in self.role_ms and mode in self.helper_ms:
+            return self.role_ms[mode], self.helper_ms[mode]
+        return None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -215,6 +235,9 @@ class RunData:
         default_factory=dict
     )
     first: Mapping[str, Mapping[str, Any]]  # configuration -> one of its runs' rows
+    # Per run whose steps table has the launch roles' on-CPU time, per step aligned with step_ms
+    # (NaN where a step has no sample): ms of all the roles, and of the helpers alone.
+    roles: Mapping[str, Items] = field(default_factory=dict)
 
 
 Items = tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]
@@ -251,11 +274,15 @@ def _drained(
 def _step_arrays(
     s: pd.DataFrame,
 ) -> tuple[
-    dict[str, npt.NDArray[np.float64]], dict[str, npt.NDArray[np.float64]], dict[str, Items]
+    dict[str, npt.NDArray[np.float64]],
+    dict[str, npt.NDArray[np.float64]],
+    dict[str, Items],
+    dict[str, Items],
 ]:
-    """Per run: every step's time, the compute time of its steady-state steps, and (where the
-    table has the loader's columns) per timed step the items the workers finished and their
-    summed worker time, ms, aligned with the step times.
+    """Per run: every step's time, the compute time of its steady-state steps, and, aligned
+    with the step times, where the table has the loader's columns the items the workers
+    finished per timed step and their summed worker time (ms), where it has the launch roles'
+    on-CPU time the roles' and the helpers' ms per timed step.
 
     Compute time is compared on steady-state steps (the outlier rule of steady.py drops the
     deterministic GC-like pauses); throughput keeps every step, as summarize does: a pause
@@ -265,19 +292,30 @@ def _step_arrays(
         s["outlier"].fillna(False).astype(bool) if "outlier" in s else pd.Series(False, s.index)
     )
     loader = {"loader_items", "loader_item_ms"} <= set(s.columns)
+    # Tables summarized before the helpers' columns have the main thread's only: not enough to
+    # say what the roles occupy, so such runs have no role time at all.
+    cpu = {MAIN_CPU_COLUMN, *HELPER_CPU_COLUMNS} <= set(s.columns)
     step_ms: dict[str, npt.NDArray[np.float64]] = {}
     compute_ms: dict[str, npt.NDArray[np.float64]] = {}
     items: dict[str, Items] = {}
+    roles: dict[str, Items] = {}
     for run_id, g in s.groupby("run_id"):
         timed = g[g["step_ms"].notna()]
         step_ms[str(run_id)] = timed["step_ms"].to_numpy(np.float64)
         if loader:
             n = timed["loader_items"].fillna(0).to_numpy(np.float64)
             items[str(run_id)] = (n, n * timed["loader_item_ms"].fillna(0).to_numpy(np.float64))
+        if cpu and timed[MAIN_CPU_COLUMN].notna().any():
+            helpers = timed[list(HELPER_CPU_COLUMNS)].sum(axis=1, min_count=1)
+            main = timed[MAIN_CPU_COLUMN]
+            roles[str(run_id)] = (
+                (main + helpers).to_numpy(np.float64),
+                helpers.to_numpy(np.float64),
+            )
         if "compute_eff_ms" in g:
             steady = g.loc[~outlier[g.index], "compute_eff_ms"].dropna()
             compute_ms[str(run_id)] = steady.to_numpy(np.float64)
-    return step_ms, compute_ms, items
+    return step_ms, compute_ms, items, roles
 
 
 def run_data(
@@ -321,7 +359,7 @@ def run_data(
         batch=int(combined["batch_size"].iloc[0]),
         pin_memory=bool(pin) if pd.notna(pin) else False,
     )
-    step_ms, compute_ms, items = _step_arrays(steps[steps["run_id"].isin(r["run_id"])])
+    step_ms, compute_ms, items, roles = _step_arrays(steps[steps["run_id"].isin(r["run_id"])])
     r = r[r["run_id"].astype(str).map(lambda x: len(step_ms.get(x, ())) > 0)]
     item = (
         r.loc[r["mode"] == LOADER_MODE, "loader_item_ms_mean"]
@@ -345,6 +383,7 @@ def run_data(
         node=node,
         item_ms=item_ms,
         drained=_drained(items, step_ms, workers, node.batch),
+        roles=roles,
     )
 
 
@@ -387,18 +426,43 @@ def _launch_cores(value: Any) -> int | None:
         return None
 
 
-def loader_cores(policy: str, launch_cores: int | None, *, cores: int, roles: int) -> int:
-    """``c_L = c - max(a, n)``: the cores a rank's loader can turn into throughput."""
+def _reserved(policy: str, launch_cores: int | None, roles: int) -> int:
+    """``n``: the launch CPUs ``policy`` keeps from the loader."""
     if policy in UNFENCED_POLICIES:
-        reserved = 0
-    elif policy == "isolated-main":
-        reserved = max(1, launch_cores or 1)
-    elif policy in FENCED_POLICIES:
-        reserved = max(roles, launch_cores or roles)
-    else:
-        known = sorted({*UNFENCED_POLICIES, *FENCED_POLICIES, "isolated-main"})
-        raise ModelError(f"policy {policy!r}: unknown, expected one of {known}")
-    return cores - max(roles, reserved)
+        return 0
+    if policy == "isolated-main":
+        return max(1, launch_cores or 1)
+    if policy in FENCED_POLICIES:
+        return max(roles, launch_cores or roles)
+    known = sorted({*UNFENCED_POLICIES, *FENCED_POLICIES, "isolated-main"})
+    raise ModelError(f"policy {policy!r}: unknown, expected one of {known}")
+
+
+def loader_terms(
+    policy: str,
+    launch_cores: int | None,
+    *,
+    cores: int,
+    roles: int,
+    occupancy: tuple[float, float] | None = None,
+) -> tuple[float, float]:
+    """``(base, tau)`` of the loader's cores at throughput ``X``: ``c_L(X) = base - tau * X /
+    1000``.
+
+    ``occupancy`` is the launch roles' ``(tau, tau_helpers)``, CPU ms per sample
+    (``Params.occupancy``): unpinned roles take their CPU time from the loader's cores (all of
+    them under ``none``/``shared``, the helpers under ``isolated-main``); a fenced launch set is
+    the loader's loss whatever the roles use. Without it (``None``) each busy role counts a
+    whole core: ``c_L = c - max(a, n)``, ``tau = 0``."""
+    n = _reserved(policy, launch_cores, roles)
+    if occupancy is None:
+        return float(cores - max(roles, n)), 0.0
+    tau, tau_helpers = occupancy
+    if policy in UNFENCED_POLICIES:
+        return float(cores), tau
+    if policy == "isolated-main":
+        return float(cores - n), tau_helpers
+    return float(cores - n), 0.0
 
 
 def group_stats(data: RunData, rng: np.random.Generator | None = None) -> pd.DataFrame:
@@ -414,6 +478,8 @@ def group_stats(data: RunData, rng: np.random.Generator | None = None) -> pd.Dat
             ids = ids[rng.integers(0, len(ids), len(ids))]
         first = data.first[group]
         thr, comp, drained = [], [], 0
+        role: list[float] = []
+        helper: list[float] = []
         for rid in ids:
             n = len(data.step_ms[rid])
             c = data.compute_ms.get(rid, np.empty(0))
@@ -424,6 +490,11 @@ def group_stats(data: RunData, rng: np.random.Generator | None = None) -> pd.Dat
             drained += rid in data.drained
             if len(c):
                 comp.append(float(c.mean()))
+            if rid in data.roles:
+                # Per sample of the steps drawn: the roles work per batch handed over.
+                r_all, r_helpers = (x[pick] for x in data.roles[rid])
+                role.append(_per_sample(r_all, data.node.batch))
+                helper.append(_per_sample(r_helpers, data.node.batch))
         rows.append(
             {
                 "mode": str(first["mode"]),
@@ -436,9 +507,22 @@ def group_stats(data: RunData, rng: np.random.Generator | None = None) -> pd.Dat
                 "throughput_sd": float(np.std(thr, ddof=1)) if len(thr) > 1 else np.nan,
                 "compute_ms": float(np.mean(comp)) if comp else np.nan,
                 "drained": drained,
+                "role_ms": _nanmean(role),
+                "helper_ms": _nanmean(helper),
             }
         )
     return pd.DataFrame(rows)
+
+
+def _per_sample(ms: npt.NDArray[np.float64], batch: int) -> float:
+    """CPU ms per sample of per-step ``ms`` (NaN steps had no scheduler sample)."""
+    known = ms[np.isfinite(ms)]
+    return float(known.mean()) / batch if len(known) else np.nan
+
+
+def _nanmean(values: Sequence[float]) -> float:
+    known = [v for v in values if np.isfinite(v)]
+    return float(np.mean(known)) if known else np.nan
 
 
 def measured_throughput(data: RunData, run_id: str, pick: Any = slice(None)) -> float:
@@ -528,7 +612,23 @@ def _fit_params(groups: pd.DataFrame, node: Node, cores: int) -> tuple[Params, l
     data = groups[groups["mode"] == LOADER_MODE]
     if data.empty:
         raise ModelError("runs.csv: no data-mode runs: the loader capacity is fitted from them")
-    cl = _loader_cores_of(data, node.roles(LOADER_MODE))
+    occupancy = _occupancy(groups, node)
+    if occupancy:
+        notes.append(
+            "launch roles: "
+            + ", ".join(f"{m} {t:.3f} ms CPU per sample" for m, (t, _) in occupancy.items())
+            + " (scheduler samples), charged against the loader's cores at the operating point"
+        )
+    else:
+        notes.append(
+            "launch roles: no CPU time per step in the tables (launch_run_ms and "
+            + ", ".join(HELPER_CPU_COLUMNS)
+            + " for data and combined runs): each busy role counts a whole core"
+        )
+    occ = occupancy.get(LOADER_MODE)
+    base, tau = _loader_terms_of(data, node.roles(LOADER_MODE), occ)
+    # The data runs' roles occupied what they did at the throughput each run measured.
+    cl = base - tau * data["throughput"].to_numpy(np.float64) / 1000.0
     budgets = data["cores"].nunique() > 1
     rate, kappa, ceiling = fit_loader(data["workers"], cl, data["throughput"], ceiling=budgets)
     on_ceiling = int(np.sum(rate * np.minimum(data["workers"], kappa * cl) > ceiling))
@@ -567,39 +667,48 @@ def _fit_params(groups: pd.DataFrame, node: Node, cores: int) -> tuple[Params, l
         twin["policy"]
     )
     outside = {str(p): float(v) for p, v in twin_outside.mean().items()}
-    k0, k, handoff = _fit_interference(
-        comb,
-        node,
-        rate=rate,
-        kappa=kappa,
-        ceiling=ceiling,
-        compute=compute,
-        compute_ms=compute_ms,
-        outside=outside,
-        notes=notes,
-    )
-    params = Params(
+    loader = Params(
         rate=rate,
         kappa=kappa,
         compute=compute,
         compute_ms=compute_ms,
-        k=k,
-        k0=k0,
-        handoff_ms=handoff,
+        k={},
         ceiling=ceiling,
+        role_ms={m: t for m, (t, _) in occupancy.items()},
+        helper_ms={m: h for m, (_, h) in occupancy.items()},
     )
-    return params, notes
+    k0, k, handoff = _fit_interference(comb, node, loader, outside=outside, notes=notes)
+    return replace(loader, k=k, k0=k0, handoff_ms=handoff), notes
 
 
-def _loader_cores_of(rows: pd.DataFrame, roles: int) -> npt.NDArray[np.float64]:
-    """``c_L`` of each row (``policy``, ``launch_cores``, ``cores``)."""
-    return np.array(
-        [
-            loader_cores(p, lc, cores=int(c), roles=roles)
-            for p, lc, c in zip(rows["policy"], rows["launch_cores"], rows["cores"], strict=True)
-        ],
-        dtype=np.float64,
-    )
+def _occupancy(groups: pd.DataFrame, node: Node) -> dict[str, tuple[float, float]]:
+    """Mode -> the launch roles' ``(tau, tau_helpers)``, CPU ms per sample, the mean over the
+    mode's configurations; empty unless both the data runs and the combined runs have them (a
+    model that charged measured CPU time in one and whole cores in the other would compare the
+    loader's fit with the combined runs on different scales)."""
+    if "role_ms" not in groups:
+        return {}
+    out = {}
+    for mode in (LOADER_MODE, node.combined_mode):
+        g = groups[(groups["mode"] == mode) & np.isfinite(groups["role_ms"])]
+        if g.empty:
+            return {}
+        out[mode] = (float(g["role_ms"].mean()), float(g["helper_ms"].mean()))
+    return out
+
+
+def _loader_terms_of(
+    rows: pd.DataFrame, roles: int, occupancy: tuple[float, float] | None
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """``(base, tau)`` of each row (``policy``, ``launch_cores``, ``cores``): ``loader_terms``."""
+    terms = [
+        loader_terms(p, lc, cores=int(c), roles=roles, occupancy=occupancy)
+        for p, lc, c in zip(rows["policy"], rows["launch_cores"], rows["cores"], strict=True)
+    ]
+    if not terms:
+        return np.empty(0), np.empty(0)
+    base, tau = zip(*terms, strict=True)
+    return _f64(base), _f64(tau)
 
 
 def loader_capacity(
@@ -618,12 +727,8 @@ def loader_capacity(
 def _fit_interference(
     comb: pd.DataFrame,
     node: Node,
+    params: Params,
     *,
-    rate: float,
-    kappa: float,
-    ceiling: float,
-    compute: Mapping[str, float],
-    compute_ms: Mapping[str, float],
     outside: Mapping[str, float],
     notes: list[str],
 ) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
@@ -636,40 +741,40 @@ def _fit_interference(
     when its measured throughput falls short of the fitted capacity, and reading ``D`` off the
     measurement would make the fit and the prediction disagree about the same run. The
     operating point depends on the coefficients, so they and ``D`` are iterated to a fixed point.
+    ``params`` holds the loader's and the compute's fitted parameters.
     """
     a = node.roles(node.combined_mode)
     policies = sorted(set(comb["policy"].astype(str)))
     w = comb["workers"].to_numpy(np.float64)
-    c_l = _loader_cores_of(comb, a)
+    base, tau = _loader_terms_of(comb, a, params.occupancy(node.combined_mode))
     cores = comb["cores"].to_numpy(np.float64)
     # Plain arrays: this loop runs for every bootstrap replicate, and pandas' per-call cost
     # dominated the fit.
     pol = comb["policy"].astype(str).to_numpy()
     masks = {p: pol == p for p in policies}
-    cap = _f64([compute[p] for p in pol])
-    alone_ms = _f64([compute_ms[p] for p in pol])
+    cap = _f64([params.compute[p] for p in pol])
+    alone_ms = _f64([params.compute_ms[p] for p in pol])
     excess = comb["compute_ms"].to_numpy(np.float64) / alone_ms - 1
     step_ms = node.batch * 1000.0 / comb["throughput"].to_numpy(np.float64)
     beyond = step_ms - comb["compute_ms"].to_numpy(np.float64) - _f64([outside[p] for p in pol])
-    x_w, x_l = loader_capacity(rate, kappa, ceiling, w, c_l)
     k0 = dict.fromkeys(policies, 0.0)
     k = dict.fromkeys(policies, 0.0)
     h = dict.fromkeys(policies, 0.0)
     fitted: set[str] = set()
     for _ in range(_K_ITERATIONS):
-        x, _ = _solve(
-            x_l,
+        op = _solve(
+            params,
+            w,
+            base,
+            tau,
             cap,
             _f64([k0[p] for p in pol]),
             _f64([k[p] for p in pol]),
-            w,
-            c_l,
             cores,
             _f64([h[p] for p in pol]) / alone_ms,
-            x_w,
         )
-        h_old, h = h, _handoff(beyond, masks, x < x_l * (1 - 1e-9))
-        over = np.maximum(0.0, w * x / x_w - c_l) / cores
+        h_old, h = h, _handoff(beyond, masks, op.x < op.x_l * (1 - 1e-9))
+        over = np.maximum(0.0, op.demand - op.c_l) / cores
         fitted = {p for p in policies if np.any(over[masks[p]] > 0)}
         new = {p: _line(over[masks[p]], excess[masks[p]]) for p in policies}
         # A policy none of whose runs overloads the cores identifies only k0; its k is the
@@ -806,38 +911,75 @@ def fit(data: RunData, *, cores: int, boot: int = 200, seed: int = 0) -> Fit:
 # Prediction
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Operating:
+    """A setting's operating point: throughput, compute inflation, the loader's cores, the
+    workers' rate on them and the loader's capacity there, and the runnable demand."""
+
+    x: npt.NDArray[np.float64]
+    inflation: npt.NDArray[np.float64]
+    c_l: npt.NDArray[np.float64]
+    x_w: npt.NDArray[np.float64]
+    x_l: npt.NDArray[np.float64]
+    demand: npt.NDArray[np.float64]
+
+
+def _at(
+    params: Params,
+    x: npt.NDArray[np.float64],
+    w: npt.NDArray[np.float64],
+    base: npt.NDArray[np.float64],
+    tau: npt.NDArray[np.float64],
+    k0: npt.NDArray[np.float64],
+    k: npt.NDArray[np.float64],
+    cores: npt.NDArray[np.float64],
+) -> _Operating:
+    c_l = base - tau * x / 1000.0
+    x_w, x_l = loader_capacity(params.rate, params.kappa, params.ceiling, w, c_l)
+    # Workers with no core left are all runnable (and deliver nothing).
+    demand = np.where(x_w > 0, w * x / np.where(x_w > 0, x_w, 1.0), w)
+    infl = 1.0 + k0 + k * np.maximum(0.0, demand - c_l) / cores
+    return _Operating(x=x, inflation=infl, c_l=c_l, x_w=x_w, x_l=x_l, demand=demand)
+
+
 def _solve(
-    x_l: npt.NDArray[np.float64],
+    params: Params,
+    w: npt.NDArray[np.float64],
+    base: npt.NDArray[np.float64],
+    tau: npt.NDArray[np.float64],
     cap: npt.NDArray[np.float64],
     k0: npt.NDArray[np.float64],
     k: npt.NDArray[np.float64],
-    w: npt.NDArray[np.float64],
-    c_l: npt.NDArray[np.float64],
     cores: npt.NDArray[np.float64],
     handoff: npt.NDArray[np.float64] | None = None,
-    x_w: npt.NDArray[np.float64] | None = None,
-) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-    """The fixed point ``X = min(X_L, C / (I(D(X)) + e))`` and its compute inflation ``I``, by
-    bisection; ``e`` (``handoff``) is the hand-off's time in units of the compute time alone.
+) -> _Operating:
+    """The fixed point ``X = min(X_L(c_L(X)), C / (I(D(X)) + e))`` of each setting, by
+    bisection; ``c_L(X) = base - tau * X / 1000`` (``loader_terms``), ``e`` (``handoff``) is the
+    hand-off's time in units of the compute time alone.
 
-    The runnable demand ``D = w * X / X_W`` is the workers' (``x_w``, default ``x_l``): at a
-    ceiling that no core adds to, the workers wait for the consumer and ``w * M / X_W`` run."""
-    e = np.zeros_like(x_l) if handoff is None else handoff
-    x_w = x_l if x_w is None else x_w
+    The runnable demand ``D = w * X / X_W`` is the workers' (not the capped ``X_L``): at a
+    ceiling that no core adds to, the workers wait for the consumer and ``w * M / X_W`` run.
+    ``X_L(c_L(X)) - X`` falls and ``X * (I + e)`` grows with ``X``, so the settings that meet
+    both bounds are an interval from 0 and the fixed point is its end."""
+    e = np.zeros_like(cap) if handoff is None else handoff
 
-    def inflation(x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-        return 1.0 + k0 + k * np.maximum(0.0, w * x / x_w - c_l) / cores
+    def feasible(x: npt.NDArray[np.float64]) -> tuple[npt.NDArray[np.bool_], _Operating]:
+        op = _at(params, x, w, base, tau, k0, k, cores)
+        return (x <= op.x_l) & (x * (op.inflation + e) <= cap), op
 
-    lo = np.zeros_like(x_l)
-    hi = x_l.copy()
-    loader_bound = hi * (inflation(hi) + e) <= cap
+    top = _at(params, np.zeros_like(cap), w, base, tau, k0, k, cores).x_l
+    at_top, _ = feasible(top)
+    lo = np.zeros_like(cap)
+    hi = top.copy()
     for _ in range(_BISECTION_STEPS):
         mid = 0.5 * (lo + hi)
-        over = mid * (inflation(mid) + e) > cap
-        hi = np.where(over, mid, hi)
-        lo = np.where(over, lo, mid)
-    x = np.where(loader_bound, x_l, 0.5 * (lo + hi))
-    return x, inflation(x)
+        ok, _ = feasible(mid)
+        hi = np.where(ok, hi, mid)
+        lo = np.where(ok, mid, lo)
+    # Roles that take no loader core (tau = 0) leave X_L constant: a loader-bound setting is
+    # exactly at it, not a bisection's width below.
+    x = np.where(at_top, top, 0.5 * (lo + hi))
+    return _at(params, x, w, base, tau, k0, k, cores)
 
 
 def _evaluate(
@@ -846,7 +988,7 @@ def _evaluate(
     a = node.roles(node.combined_mode)
     w = settings["workers"].to_numpy(np.float64)
     cores = settings["cores"].to_numpy(np.float64)
-    c_l = _loader_cores_of(settings, a)
+    base, tau = _loader_terms_of(settings, a, params.occupancy(node.combined_mode))
     pol = settings["policy"].astype(str)
     cap = _f64(pol.map(params.compute))
     k = _f64(pol.map(params.k))
@@ -854,16 +996,15 @@ def _evaluate(
     handoff = _f64(pol.map(lambda p: params.handoff_ms.get(p, 0.0))) / _f64(
         pol.map(params.compute_ms)
     )
-    x_w, x_l = loader_capacity(params.rate, params.kappa, params.ceiling, w, c_l)
+    op = _solve(params, w, base, tau, cap, k0, k, cores, handoff)
     # A setting with no core for the loader delivers nothing (the harness refuses it anyway).
-    x_l = np.where(c_l >= 1, x_l, np.nan)
-    x, infl = _solve(x_l, cap, k0, k, w, c_l, cores, handoff, x_w)
+    none = base < 1
     return {
-        "loader_cores": c_l,
-        "loader_capacity": x_l,
+        "loader_cores": np.where(none, np.nan, op.c_l),
+        "loader_capacity": np.where(none, np.nan, op.x_l),
         "compute_capacity": cap,
-        "inflation": infl,
-        "throughput": x,
+        "inflation": np.where(none, np.nan, op.inflation),
+        "throughput": np.where(none, np.nan, op.x),
     }
 
 
@@ -919,11 +1060,14 @@ def predict_loader(fit: Fit, settings: pd.DataFrame, *, level: float = 0.95) -> 
     if "launch_cores" not in s:
         s["launch_cores"] = None
     s["launch_cores"] = s["launch_cores"].map(_launch_cores).astype(object)
-    c_l = _loader_cores_of(s, fit.node.roles(LOADER_MODE))
     w = s["workers"].to_numpy(np.float64)
+    cores = s["cores"].to_numpy(np.float64)
+    zero = np.zeros(len(s))
 
     def capacity(p: Params) -> npt.NDArray[np.float64]:
-        return loader_capacity(p.rate, p.kappa, p.ceiling, w, c_l)[1]
+        base, tau = _loader_terms_of(s, fit.node.roles(LOADER_MODE), p.occupancy(LOADER_MODE))
+        # Alone, the loader runs until its cores or its ceiling hold it: no compute bound.
+        return _solve(p, w, base, tau, np.full(len(s), np.inf), zero, zero, cores).x
 
     s["loader_capacity"] = capacity(fit.params)
     tail = 100 * (1 - level) / 2
