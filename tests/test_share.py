@@ -76,6 +76,16 @@ def test_cpu_shares_are_contiguous_and_checked() -> None:
         share.even_counts(2, 3)
 
 
+def test_the_pool_is_the_first_cpus_of_the_allowed_set() -> None:
+    # share.cpus: a smaller pool on a big node, where the jobs' needs decide the split.
+    assert share.share_pool({7, 3, 5, 1}, 0) == [1, 3, 5, 7]
+    assert share.share_pool({7, 3, 5, 1}, 3) == [1, 3, 5]
+    with pytest.raises(CodlError, match=r"share.cpus: got 5, but this process may use only 4"):
+        share.share_pool({7, 3, 5, 1}, 5)
+    assert share_settings({"share": {"jobs": ["a", "b"], "cpus": 24}}).cpus == 24
+    assert share_settings({"share": {"jobs": ["a", "b"]}}).cpus == 0
+
+
 def test_the_report_totals_and_compares_with_the_even_split() -> None:
     rows = pd.DataFrame(
         [

@@ -1,7 +1,8 @@
 """Sharing a node (A-Dloader's setting): training jobs started together, each confined to its
 share of the node's CPUs, each traced; per-job and total throughput per way of splitting.
 
-Splits of the CPUs ``os.sched_getaffinity(0)`` allows:
+Splits of the CPUs ``os.sched_getaffinity(0)`` allows (or of its first ``share.cpus``, the
+pool):
 
 - ``none``: every job may run on every CPU (the OS scheduler decides, as on an unmanaged node);
 - ``even``: equal contiguous shares (the remainder to the first jobs);
@@ -24,7 +25,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,18 @@ def cpu_shares(
         out.append(ordered[start : start + c])
         start += c
     return out
+
+
+def share_pool(allowed: Iterable[int], cpus: int) -> list[int]:
+    """The CPUs the jobs share (``share.cpus``): the first ``cpus`` of the sorted ``allowed``
+    set, or all of it for 0."""
+    ordered = sorted(allowed)
+    if cpus > len(ordered):
+        raise CodlError(
+            f"share.cpus: got {cpus}, but this process may use only {len(ordered)} CPU(s) "
+            f"({cpulist(ordered)}); expected at most that, or 0 for all of them"
+        )
+    return ordered[:cpus] if cpus else ordered
 
 
 def even_counts(n_cpus: int, n_jobs: int) -> list[int]:
@@ -398,8 +411,9 @@ def share_to(
         )
         for (name, spec), gpu in zip(specs.items(), gpus, strict=True)
     ]
-    splits, advised_as = splits_for(settings, len(os.sched_getaffinity(0)), len(jobs), paths.share)
-    rows = run_shared(jobs, splits, work=paths.share, repeats=settings.repeats)
+    pool = share_pool(os.sched_getaffinity(0), settings.cpus)
+    splits, advised_as = splits_for(settings, len(pool), len(jobs), paths.share)
+    rows = run_shared(jobs, splits, work=paths.share, cpus=pool, repeats=settings.repeats)
     report = share_report(rows, advised=advised_as)
     for out, df in ((rows_out, rows), (table_out, report)):
         Path(out).parent.mkdir(parents=True, exist_ok=True)

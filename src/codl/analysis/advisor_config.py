@@ -76,6 +76,7 @@ class ShareSettings:
     advise_from: tuple[str, ...] = ()  # results directory per job: fit, then advise_split
     fixed: tuple[tuple[str, tuple[int, ...]], ...] = ()  # named splits: CPUs per job
     repeats: int = 1
+    cpus: int = 0  # the pool: the first this many CPUs the rule may use; 0 = all
 
 
 def share_settings(cfg: Mapping[str, Any]) -> ShareSettings:
@@ -91,6 +92,7 @@ def share_settings(cfg: Mapping[str, Any]) -> ShareSettings:
             for name, counts in (section.get("fixed") or {}).items()
         ),
         repeats=int(section.get("repeats", 1)),
+        cpus=int(section.get("cpus", 0)),
     )
     if s.advised and s.advise_from:
         raise CodlError(
