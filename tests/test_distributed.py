@@ -87,6 +87,9 @@ def test_two_rank_modes_do_exactly_their_components(
         n_params = sum(p.numel() for p in model.parameters())
         assert step0["bytes"].sum() == 4 * n_params
     assert len(t["attrs"]["ranks"]) == 2
+    # Locally spawned ranks share the launcher's set; the merged trace keeps it per rank.
+    assert [r["cpus_split"] for r in t["attrs"]["ranks"]] == [2, 2]
+    assert t["attrs"]["cpus_split"] == 2
     assert not list(tmp_path.glob("trace.rank*"))
     check_phase_counters(app, t["events/phase_sched"], t["threads"])
 
@@ -159,3 +162,5 @@ def test_submitit_local_executor_runs_both_ranks(tmp_path: Path, dataset: Path) 
     assert set(t["events/app"]["rank"].unique()) == {0, 1}
     assert set(t["events/comm"]["rank"].unique()) == {0, 1}
     assert t["attrs"]["world_size"] == 2
+    # The local executor's tasks are one process's children: they share its set.
+    assert [r["cpus_split"] for r in t["attrs"]["ranks"]] == [2, 2]

@@ -1067,3 +1067,191 @@ def test_budget_cut_takes_the_first_cpus_of_the_sorted_set_per_local_rank() -> N
         "pinning.cpus: got 4 per rank x 2 local rank(s) = 8 CPUs, but the job has only 6 "
         "allowed CPU(s) {1,3,5,7,9,11}"
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Slurm tasks bound to their own CPUs
+
+# The environment of task 1 of `srun --ntasks=2 --cpus-per-task=1` on the project's test cluster
+# (Slurm 22.05, task/affinity): auto-binding reported as mask_cpu, one mask per local task.
+SLURM_BOUND_TASK = {
+    "SLURM_JOB_ID": "11",
+    "SLURM_STEP_ID": "0",
+    "SLURM_STEPID": "0",
+    "SLURM_LOCALID": "1",
+    "SLURM_PROCID": "1",
+    "SLURM_NTASKS": "2",
+    "SLURM_CPUS_PER_TASK": "1",
+    "SLURM_CPU_BIND": "quiet,mask_cpu:0x1,0x2",
+    "SLURM_CPU_BIND_LIST": "0x1,0x2",
+    "SLURM_CPU_BIND_TYPE": "mask_cpu:",
+    "SLURM_CPU_BIND_VERBOSE": "quiet",
+}
+# The same step with --cpu-bind=none: both tasks see the job's whole set.
+SLURM_UNBOUND_TASK = {
+    **SLURM_BOUND_TASK,
+    "SLURM_CPU_BIND": "quiet,none",
+    "SLURM_CPU_BIND_LIST": "",
+    "SLURM_CPU_BIND_TYPE": "none",
+}
+# An sbatch script: SLURM_LOCALID=0, but no step, no binding variables.
+SLURM_BATCH_SCRIPT = {"SLURM_JOB_ID": "15", "SLURM_LOCALID": "0", "SLURM_NTASKS": "2"}
+
+
+def _without(env: dict[str, str], *keys: str) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k not in keys}
+
+
+@pytest.mark.parametrize(
+    ("environ", "bound"),
+    [
+        pytest.param(SLURM_BOUND_TASK, True, id="srun-mask_cpu"),
+        pytest.param(SLURM_UNBOUND_TASK, False, id="srun-cpu-bind-none"),
+        pytest.param(SLURM_BATCH_SCRIPT, False, id="batch-script"),
+        pytest.param({}, False, id="not-under-slurm"),
+        pytest.param({"HOME": "/root", "PATH": "/usr/bin"}, False, id="plain-shell"),
+        # older Slurm names the step SLURM_STEPID only
+        pytest.param(_without(SLURM_BOUND_TASK, "SLURM_STEP_ID"), True, id="stepid-only"),
+        pytest.param(_without(SLURM_BOUND_TASK, "SLURM_LOCALID"), False, id="no-localid"),
+        # the binding variables of a task, inherited by a process that is no task
+        pytest.param(
+            _without(SLURM_BOUND_TASK, "SLURM_STEP_ID", "SLURM_STEPID"), False, id="no-step"
+        ),
+        # without the _TYPE output variable, SLURM_CPU_BIND alone decides
+        pytest.param(
+            _without(SLURM_BOUND_TASK, "SLURM_CPU_BIND_TYPE"), True, id="cpu-bind-only-mask"
+        ),
+        pytest.param(
+            {**SLURM_BOUND_TASK, "SLURM_CPU_BIND_TYPE": "", "SLURM_CPU_BIND": "verbose,cores"},
+            True,
+            id="cpu-bind-only-cores",
+        ),
+        pytest.param(
+            _without(SLURM_UNBOUND_TASK, "SLURM_CPU_BIND_TYPE"), False, id="cpu-bind-only-none"
+        ),
+        # a user's SLURM_CPU_BIND=verbose asks for reports, not for a binding
+        pytest.param(
+            {**_without(SLURM_BOUND_TASK, "SLURM_CPU_BIND_TYPE"), "SLURM_CPU_BIND": "verbose"},
+            False,
+            id="cpu-bind-verbose-only",
+        ),
+        pytest.param(
+            {**SLURM_BOUND_TASK, "SLURM_CPU_BIND_TYPE": "map_cpu:", "SLURM_CPU_BIND": ""},
+            True,
+            id="map_cpu",
+        ),
+        pytest.param(
+            {**SLURM_BOUND_TASK, "SLURM_CPU_BIND_TYPE": "threads,rank_ldom"}, True, id="rank_ldom"
+        ),
+        pytest.param(
+            {**_without(SLURM_BOUND_TASK, "SLURM_CPU_BIND_TYPE", "SLURM_CPU_BIND")},
+            False,
+            id="no-bind-variables",
+        ),
+        # the override, both ways, wherever it is set
+        pytest.param({"CODL_TASK_BOUND": "1"}, True, id="override-1-outside-slurm"),
+        pytest.param({**SLURM_BOUND_TASK, "CODL_TASK_BOUND": "0"}, False, id="override-0"),
+        pytest.param({**SLURM_UNBOUND_TASK, "CODL_TASK_BOUND": " 1 "}, True, id="override-1"),
+        pytest.param({**SLURM_BOUND_TASK, "CODL_TASK_BOUND": ""}, True, id="override-empty"),
+    ],
+)
+def test_task_bound_reads_slurm_binding_from_the_environment(
+    environ: dict[str, str], bound: bool
+) -> None:
+    from codl.pinning import task_bound
+
+    assert task_bound(environ) is bound
+
+
+@pytest.mark.parametrize("value", ["yes", "true", "2", "-1"])
+def test_task_bound_override_other_than_0_or_1_is_an_error_naming_the_variable(
+    value: str,
+) -> None:
+    from codl.pinning import task_bound
+
+    with pytest.raises(PlacementError) as err:
+        task_bound({**SLURM_BOUND_TASK, "CODL_TASK_BOUND": value})
+    assert str(err.value).startswith(f"CODL_TASK_BOUND: got {value!r}, expected 1 ")
+    assert " or 0 " in str(err.value)
+
+
+# Two tasks of one node, each bound by Slurm to its own 4 CPUs of the job's 8 (mask_cpu 0xf,0xf0).
+TASK_CPUS = (frozenset(range(4)), frozenset(range(4, 8)))
+
+
+@pytest.mark.parametrize("local_rank", [0, 1])
+def test_a_bound_task_keeps_its_whole_set_and_its_gpu(
+    local_rank: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each rank reads only its task's CPUs; splitting them again between the two local ranks
+    took half of them (and rank 1 kept the second half of its own set)."""
+    own = TASK_CPUS[local_rank]
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(own))
+    # GPU i's NUMA node holds task i's CPUs: the numa policy must look at the rank's own GPU.
+    monkeypatch.setattr("codl.pinning.gpu_local_cpus", lambda gpu, **_: TASK_CPUS[gpu])
+    spec = PinningSpec(policy=Policy.NUMA)
+    args: dict[str, Any] = {"workers": 2, "local_ranks": 2, "local_rank": local_rank}
+    split = plan_for_process(spec, **args, gpu=local_rank, bound=False)
+    bound = plan_for_process(spec, **args, gpu=local_rank, bound=True)
+    assert split.rank_cpus == rank_share(own, 2, local_rank)  # a shared set: split as before
+    assert len(split.rank_cpus) == 2
+    assert bound.allowed == bound.rank_cpus == own
+    assert bound.main == frozenset({min(own)})
+    assert bound.workers == (own,) * 2  # numa: the loader on the GPU's node, all of it
+    assert bound.warnings == ()  # the rank's own GPU's node was found inside its set
+    # From the environment, as a rank started by srun reads it, and with the binding off.
+    monkeypatch.delenv("CODL_TASK_BOUND", raising=False)
+    for key, value in {**SLURM_BOUND_TASK, "SLURM_LOCALID": str(local_rank)}.items():
+        monkeypatch.setenv(key, value)
+    assert plan_for_process(spec, **args, gpu=local_rank) == bound
+    monkeypatch.setenv("SLURM_CPU_BIND_TYPE", "none")
+    assert plan_for_process(spec, **args, gpu=local_rank) == split
+
+
+def test_a_bound_tasks_core_budget_is_counted_in_its_own_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """pinning.cpus: 4 fits a task bound to 4 CPUs; it asked for 4 x 2 local ranks before."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(TASK_CPUS[1]))
+    spec = PinningSpec(policy=Policy.ISOLATED, cpus=4)
+    p = plan_for_process(spec, workers=1, local_ranks=2, local_rank=1, bound=True)
+    assert p.allowed == p.rank_cpus == TASK_CPUS[1]
+    with pytest.raises(PlacementError, match=r"got 4 per rank x 2 local rank\(s\) = 8 CPUs"):
+        plan_for_process(spec, workers=1, local_ranks=2, local_rank=1, bound=False)
+    small = plan_for_process(
+        dataclasses.replace(spec, cpus=3), workers=1, local_ranks=2, local_rank=1, bound=True
+    )
+    assert small.allowed == small.rank_cpus == frozenset({4, 5, 6})
+
+
+def test_rank_split_is_the_identity_unless_bound() -> None:
+    from codl.pinning import rank_split
+
+    assert rank_split(4, 3, bound=False) == (4, 3)
+    assert rank_split(4, 3, bound=True) == (1, 0)
+    assert rank_split(1, 0, bound=False) == (1, 0)
+
+
+def test_a_bound_ranks_messages_name_it_by_its_local_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its set is split index 0 of 1, but the run log must not call every bound rank "rank 0"."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(TASK_CPUS[1]))
+    with pytest.raises(PlacementError) as err:
+        plan_for_process(
+            PinningSpec(policy=Policy.ISOLATED, launch_cores=4),
+            workers=1,
+            local_ranks=2,
+            local_rank=1,
+            bound=True,
+        )
+    assert str(err.value) == (
+        "isolated: launch_cores=4 but rank 1 has only 4 CPUs {4,5,6,7}, its own set, leaving no "
+        "CPU for 1 loader worker(s)"
+    )
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {5})
+    p = plan_for_process(
+        PinningSpec(policy=Policy.SHARED), workers=0, local_ranks=2, local_rank=1, bound=True
+    )
+    assert p.warnings == (
+        "shared: rank 1's launch set {5} is its whole share: the other threads run on the main "
+        "thread's CPU",
+    )

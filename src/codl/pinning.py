@@ -12,8 +12,13 @@ a shared node the CPUs outside it belong to somebody else's job. The allowed set
 the local ranks of a node: rank ``r`` of ``R`` gets the ``r``-th contiguous chunk of the *sorted*
 allowed set, the first ``len(allowed) % R`` ranks one CPU more (its *share* ``S``). Contiguous
 chunks of the sorted ids keep a rank on one socket on machines that number CPUs socket by socket.
-If the launcher already bound each rank to its own CPUs (``srun --cpu-bind``), pass
-``local_ranks=1``: the split would otherwise subdivide a set that is already the rank's.
+The split is right when every rank of a node sees the node's whole set: ranks spawned locally
+from one process, or Slurm tasks that Slurm did not bind. When Slurm's task/affinity plugin bound
+each task to its own CPUs (``srun --cpus-per-task`` auto-binds to ``mask_cpu``, or an explicit
+``--cpu-bind``), the set a rank reads is already its own: :func:`task_bound` says so from the
+environment, and :func:`rank_split` then makes the rank the only one sharing its set
+(``local_ranks=1, local_rank=0``), so it keeps all of its CPUs and a core budget is counted in
+them alone; the rank keeps its GPU. ``CODL_TASK_BOUND=1``/``0`` overrides the detection.
 
 Roles are placed one by one (docs/design.md sect. 7): the *main* thread (role ``launch``) launches
 nearly every kernel, the *autograd* thread runs the whole backward, the *pin-memory* thread copies
@@ -107,7 +112,7 @@ import enum
 import os
 import re
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -364,6 +369,74 @@ def budget_cut(allowed: Iterable[int], cpus: int, local_ranks: int) -> frozenset
     return frozenset(ids[:need])
 
 
+#: Environment variable that overrides :func:`task_bound`: ``1`` (this process's CPU set is its
+#: rank's own), ``0`` (it is shared by the node's local ranks).
+TASK_BOUND_ENV = "CODL_TASK_BOUND"
+
+# Words of Slurm's --cpu-bind that set only how loudly it binds, not how.
+_BIND_VERBOSITY = frozenset({"q", "quiet", "v", "verbose"})
+_BIND_NONE = frozenset({"no", "none"})
+
+
+def task_bound(environ: Mapping[str, str]) -> bool:
+    """Whether the CPU set of a process with environment ``environ`` is already its rank's own.
+
+    True for a Slurm task (``SLURM_STEP_ID`` or ``SLURM_STEPID``, and ``SLURM_LOCALID``, which
+    srun sets in every task; a batch script has ``SLURM_LOCALID`` but no step id) that Slurm
+    bound to CPUs: ``SLURM_CPU_BIND_TYPE``, srun's output variable (``none``, ``rank``,
+    ``map_cpu:``, ``mask_cpu:``, ``rank_ldom``, ``map_ldom:``, ``mask_ldom:``, and the unit
+    words ``sockets``, ``cores``, ``threads``, ``ldoms``), names any binding but ``none``;
+    where it is absent or empty, ``SLURM_CPU_BIND`` (``quiet,mask_cpu:0x1,0x2``) is read the
+    same way, its verbosity words and list elements skipped. On Slurm 22.05 the auto-binding of
+    ``--cpus-per-task`` and ``--cpu-bind=cores`` both show up as ``mask_cpu:``,
+    ``--cpu-bind=none`` as ``none``. ``SLURM_CPU_BIND_LIST`` is not read: its entries are
+    Slurm's abstract CPU ids, which need not be the kernel's.
+
+    ``CODL_TASK_BOUND`` (:data:`TASK_BOUND_ENV`) overrides the detection: ``1`` or ``0``; any
+    other non-empty value raises :class:`PlacementError`. Pure: reads only ``environ``.
+    """
+    override = environ.get(TASK_BOUND_ENV, "").strip()
+    if override:
+        if override not in ("0", "1"):
+            raise PlacementError(
+                f"{TASK_BOUND_ENV}: got {override!r}, expected 1 (each rank's CPU set is its "
+                "own: do not split it between local ranks) or 0 (the local ranks share it)"
+            )
+        return override == "1"
+    in_task = "SLURM_LOCALID" in environ and (
+        "SLURM_STEP_ID" in environ or "SLURM_STEPID" in environ
+    )
+    if not in_task:
+        return False
+    words = _bind_words(environ.get("SLURM_CPU_BIND_TYPE", ""))
+    if not words:
+        words = _bind_words(environ.get("SLURM_CPU_BIND", ""))
+    return bool(words) and not words & _BIND_NONE
+
+
+def _bind_words(text: str) -> frozenset[str]:
+    """The binding words of a --cpu-bind value: ``quiet,mask_cpu:0x1,0x2`` -> ``{mask_cpu}``."""
+    words: set[str] = set()
+    for part in text.split(","):
+        word = part.split(":", 1)[0].strip().lower()
+        # Skipped: verbosity, and the elements of a map/mask list after its first
+        # ("0x2", "3", "0xf0*4"), which a comma-split separates from their type.
+        if word and word not in _BIND_VERBOSITY and not word[0].isdigit():
+            words.add(word)
+    return frozenset(words)
+
+
+def rank_split(local_ranks: int, local_rank: int, *, bound: bool) -> tuple[int, int]:
+    """(ranks that share the CPU set this rank reads, this rank's index among them).
+
+    ``(local_ranks, local_rank)`` when every local rank sees the node's whole set; ``(1, 0)``
+    when the set is already the rank's own (``bound``, :func:`task_bound`), which splitting it
+    again would take from the rank. The first is what :func:`budget_cut` multiplies the budget
+    by and what :func:`plan` splits by; the trace records it as ``cpus_split``.
+    """
+    return (1, 0) if bound else (local_ranks, local_rank)
+
+
 def role_places(spec: PinningSpec) -> dict[Role, RolePlace]:
     """Where each helper role goes under ``spec``: its setting, or the loader's under
     ``isolated-main``, which isolates the main thread alone."""
@@ -396,6 +469,7 @@ def plan(
     local_rank: int = 0,
     gpu: int | None = None,
     gpu_cpus: frozenset[int] | None = None,
+    rank: int | None = None,
 ) -> Placement:
     """The placement of one rank under ``spec``; pure: nothing is read from or done to the machine.
 
@@ -403,8 +477,10 @@ def plan(
     number of loader workers of this rank, ``roles`` the helper roles (of :data:`HELPER_ROLES`)
     whose threads the rank will have (:func:`roles_for`), ``gpu`` the rank's GPU index (``None``
     on CPU runs) and ``gpu_cpus`` the CPUs local to that GPU (:func:`gpu_local_cpus`; ``None`` if
-    unknown), read only by policy ``numa``. Raises :class:`PlacementError` for impossible
-    requests, with the numbers.
+    unknown), read only by policy ``numa``. ``local_ranks`` ranks share ``allowed`` and this one
+    takes share ``local_rank``; ``rank`` is given when ``allowed`` is the rank's own set
+    (:func:`rank_split`: ``local_ranks=1, local_rank=0``) and names the rank, by its local rank,
+    in messages. Raises :class:`PlacementError` for impossible requests, with the numbers.
     """
     allowed_set = frozenset(allowed)
     helpers = frozenset(roles)
@@ -414,13 +490,23 @@ def plan(
         # recorded masks will show, and an impossible split is no reason to refuse a no-op.
         return _unpinned(spec.policy, allowed_set, helpers)
     share = rank_share(allowed_set, local_ranks, local_rank)
+    # Messages name the rank by its local rank: a rank whose set is its own is split index 0
+    # of 1, which would call every such rank "rank 0".
+    label = local_rank if rank is None else rank
+    if rank is None:
+        where = (
+            f"rank {local_rank} of {local_ranks} has only {_cpus(share)} {_braced(share)} "
+            f"of the job's {len(allowed_set)} allowed"
+        )
+    else:
+        where = f"rank {rank} has only {_cpus(share)} {_braced(share)}, its own set"
     places = role_places(spec)
     own = [r for r in HELPER_ROLES if r in helpers and places[r] is RolePlace.OWN]
     need = launch_need(spec, helpers)
     k, asked = _launch_size(spec, own, need)
     warnings: list[str] = []
     pool, loader_wide, head, where = _launch_pool(
-        spec.policy, share, len(allowed_set), local_ranks, local_rank, gpu, gpu_cpus, warnings
+        spec.policy, share, label, where, gpu, gpu_cpus, warnings
     )
     if k > len(pool):
         raise PlacementError(f"{head}: {asked} but {where}")
@@ -441,7 +527,7 @@ def plan(
     if not other:
         other = main
         warnings.append(
-            f"{spec.policy.value}: rank {local_rank}'s launch set {_braced(main)} is its whole "
+            f"{spec.policy.value}: rank {label}'s launch set {_braced(main)} is its whole "
             "share: the other threads run on the main thread's CPU"
         )
 
@@ -487,20 +573,16 @@ def _unpinned(policy: Policy, allowed: frozenset[int], helpers: frozenset[Role])
 def _launch_pool(
     policy: Policy,
     share: frozenset[int],
-    n_allowed: int,
-    local_ranks: int,
     local_rank: int,
+    where: str,
     gpu: int | None,
     gpu_cpus: frozenset[int] | None,
     warnings: list[str],
 ) -> tuple[frozenset[int], bool, str, str]:
     """The CPUs the launch set is taken from; whether the workers may share them; and the
-    head and "where" of the error raised when they are too few. ``numa`` narrows the pool to
-    the GPU's node, or falls back to ``isolated`` with a warning appended to ``warnings``."""
-    where = (
-        f"rank {local_rank} of {local_ranks} has only {_cpus(share)} {_braced(share)} "
-        f"of the job's {n_allowed} allowed"
-    )
+    head and "where" of the error raised when they are too few (``where``: the share's, unless
+    ``numa`` narrows it). ``numa`` narrows the pool to the GPU's node, or falls back to
+    ``isolated`` with a warning appended to ``warnings``."""
     if policy is not Policy.NUMA:
         return share, policy is Policy.SHARED, policy.value, where
     local = share & gpu_cpus if gpu_cpus is not None else frozenset()
@@ -693,22 +775,30 @@ def plan_for_process(
     local_ranks: int = 1,
     local_rank: int = 0,
     gpu: int | None = None,
+    bound: bool | None = None,
 ) -> Placement:
     """:func:`plan` for the calling process: its current mask as ``allowed``, sysfs topology.
 
     Call it at start, before any pinning, so that ``allowed`` is the set the job was given.
+    ``bound`` says whether that set is already this rank's own (:func:`task_bound`; ``None``:
+    read from ``os.environ``); if so it is neither cut for nor split between the other local
+    ranks. ``gpu`` is the rank's GPU either way.
     """
+    if bound is None:
+        bound = task_bound(os.environ)
+    split, index = rank_split(local_ranks, local_rank, bound=bound)
     gpu_cpus = None
     if spec.policy is Policy.NUMA and gpu is not None:
         gpu_cpus = gpu_local_cpus(gpu)
     return plan(
         spec,
-        allowed=budget_cut(os.sched_getaffinity(0), spec.cpus, local_ranks),
+        allowed=budget_cut(os.sched_getaffinity(0), spec.cpus, split),
         workers=workers,
-        local_ranks=local_ranks,
-        local_rank=local_rank,
+        local_ranks=split,
+        local_rank=index,
         gpu=gpu,
         gpu_cpus=gpu_cpus,
+        rank=local_rank if bound else None,
     )
 
 

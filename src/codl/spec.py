@@ -217,7 +217,8 @@ class PinningSpec:
     except ``isolated-main``, which puts them with the loader workers).
     ``cpus`` is the run's core budget, read by every policy: the job's ranks on a node are
     confined to the first ``cpus x ranks_per_node`` CPUs (sorted ids) of the job's allowed set
-    before anything is placed; 0 keeps the whole allowed set.
+    before anything is placed (a rank whose Slurm task is bound to its own CPUs: to the first
+    ``cpus`` of those, ``codl.pinning.task_bound``); 0 keeps the whole allowed set.
     """
 
     policy: Policy = Policy.NONE

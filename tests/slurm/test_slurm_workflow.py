@@ -30,6 +30,7 @@ import yaml
 from codl.config import build_plan
 from codl.errors import TraceFormatError
 from codl.paths import FIGURE_FORMATS, FIGURES
+from codl.pinning import parse_cpulist
 from codl.trace.store import open_trace
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -250,6 +251,13 @@ def test_two_rank_run_starts_one_srun_task_per_rank(matrix) -> None:
     with open_trace(workdir / "results" / "runs" / ddp / "trace.h5") as t:
         assert sorted(int(r) for r in t.table("events/app")["rank"].unique()) == [0, 1]
         assert int(t.attrs["world_size"]) == 2
+        ranks = t.attrs["ranks"]
+    # Slurm bound each task to its own cpus_per_rank CPU (task/affinity, mask_cpu): each rank
+    # took that set whole, shared by no other rank, instead of splitting it again.
+    assert [int(r["cpus_split"]) for r in ranks] == [1, 1], ranks
+    sets = [parse_cpulist(r["allowed_cpus"]) for r in ranks]
+    assert [len(s) for s in sets] == [SLURM["cpus_per_rank"]] * 2, sets
+    assert not sets[0] & sets[1], sets
     # Every other run: a complete trace of one rank.
     for rid in specs:
         if rid == ddp:

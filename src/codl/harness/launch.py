@@ -94,6 +94,9 @@ def cluster_env() -> RankEnv | None:
         local_world_size=dist_env.local_world_size,
         master_addr=dist_env.master_addr,
         master_port=dist_env.master_port,
+        # submitit's local executor starts its tasks as children of one process, which share its
+        # CPU set even inside a Slurm task that was bound to it.
+        spawned=os.environ.get("SUBMITIT_EXECUTOR") == "local",
     )
 
 
@@ -114,6 +117,7 @@ def _rank_main(
         world_size=n,
         local_world_size=n,
         master_port=port,
+        spawned=True,
     )
     execute(
         spec,
@@ -129,8 +133,11 @@ def srun_command(spec: RunSpec, argv: list[str], *, cpus_per_task: int) -> list[
 
     Snakemake's Slurm jobstep strips the SLURM_* task variables before running a rule's command,
     so a bare ``srun`` would start one task: the layout is passed explicitly. CPU binding stays
-    Slurm's (each task gets its ``cpus_per_task`` cores); the CPU-set policy then splits those
-    inside each task and never widens them.
+    Slurm's: with task/affinity each task is bound to its own ``cpus_per_task`` cores, which the
+    rank sees (``SLURM_CPU_BIND_TYPE``, :func:`codl.pinning.task_bound`) and takes whole, as a
+    set shared by no other rank (trace attribute ``cpus_split`` = 1; ``pinning.cpus`` counted in
+    it); without a binding every task sees the node's job set and the ranks split it. The
+    CPU-set policy then places the rank's threads inside its CPUs and never widens them.
     """
     cmd = [
         "srun",
@@ -417,6 +424,7 @@ RANK_ATTRS = (
     "placement_mismatches",
     "allowed_cpus",
     "job_cpus",
+    "cpus_split",
     "sleep_ns",
     "cupti_alignment_ns",
     "clock_sync",

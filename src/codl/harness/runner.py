@@ -66,6 +66,9 @@ class RankEnv:
     local_world_size: int = 1
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
+    # Started by the local launcher from one process: the local ranks share its CPU set, so it
+    # is split between them even where Slurm bound that process (pinning.task_bound).
+    spawned: bool = False
 
 
 @dataclass
@@ -322,6 +325,8 @@ class _Placed:
     # every thread gets back at the end.
     allowed: frozenset[int]
     job: frozenset[int]
+    # Local ranks that share `allowed`: 1 where Slurm bound the task to its own CPUs.
+    cpus_split: int
     # The intra-op pool size before the run, restored after it (CPU runs resize it).
     threads_before: int
     resized_pool: bool
@@ -649,7 +654,10 @@ def _open_trace_writer(rec: _TraceRecorder, trace_path: Path) -> None:
 def _place(spec: RunSpec, env: RankEnv) -> _Placed:
     """Plan this rank's CPUs, size the CPU intra-op pool, and pin the threads that exist now."""
     job = frozenset(os.sched_getaffinity(0))
-    allowed = pinning.budget_cut(job, spec.pinning.cpus, env.local_world_size)
+    # A Slurm task bound to its own CPUs reads only those: cut and split for one rank there.
+    bound = not env.spawned and pinning.task_bound(os.environ)
+    split, _ = pinning.rank_split(env.local_world_size, env.local_rank, bound=bound)
+    allowed = pinning.budget_cut(job, spec.pinning.cpus, split)
     if spec.device is DeviceKind.CUDA and not torch.cuda.is_available():
         raise CodlError("device 'cuda' requested but torch.cuda.is_available() is False")
     if allowed != job:
@@ -657,30 +665,38 @@ def _place(spec: RunSpec, env: RankEnv) -> _Placed:
         # workers inherit the forking thread's mask.
         _restore_affinity(allowed)
     try:
-        return _plan_and_pin(spec, env, allowed, job)
+        return _plan_and_pin(spec, env, allowed, job, bound=bound)
     except BaseException:
         _restore_affinity(job)
         raise
 
 
 def _plan_and_pin(
-    spec: RunSpec, env: RankEnv, allowed: frozenset[int], job: frozenset[int]
+    spec: RunSpec, env: RankEnv, allowed: frozenset[int], job: frozenset[int], *, bound: bool
 ) -> _Placed:
     cuda = spec.device is DeviceKind.CUDA
     numa = cuda and spec.pinning.policy is Policy.NUMA
+    split, index = pinning.rank_split(env.local_world_size, env.local_rank, bound=bound)
+    # The GPU stays the rank's own (local_rank) even when its CPU set is not split.
     placement = pinning.plan(
         spec.pinning,
         allowed=allowed,
-        local_ranks=env.local_world_size,
-        local_rank=env.local_rank,
+        local_ranks=split,
+        local_rank=index,
         workers=spec.loader.workers if spec.mode.loads else 0,
         roles=pinning.roles_for(spec),
         gpu=env.local_rank if cuda else None,
         gpu_cpus=pinning.gpu_local_cpus(env.local_rank) if numa else None,
+        rank=env.local_rank if bound else None,
     )
     launch_cpus = placement.launch if placement.launch is not None else placement.rank_cpus
     placed = _Placed(
-        placement, allowed, job, threads_before=torch.get_num_threads(), resized_pool=not cuda
+        placement,
+        allowed,
+        job,
+        split,
+        threads_before=torch.get_num_threads(),
+        resized_pool=not cuda,
     )
     if not cuda:
         # On CPU the intra-op pool does the compute; size it to the launch role's cores so that
@@ -1011,6 +1027,7 @@ def _run_attrs(
         "clk_tck": os.sysconf("SC_CLK_TCK"),
         "allowed_cpus": pinning.cpulist(placed.allowed),
         "job_cpus": pinning.cpulist(placed.job),
+        "cpus_split": placed.cpus_split,
         "placement": {**placed.placement.to_dict(), "crowded": placed.crowded},
         "placement_mismatches": pinning.mismatches(r for _, r in placed.rows),
         "device_level": rec.dev.unavailable_reason or ("on" if rec.dev.rows["t_ns"] else "off"),
