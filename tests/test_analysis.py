@@ -890,8 +890,9 @@ def test_real_trace_invariants(trace: Path) -> None:
 
 
 def test_cpus_per_rank_reads_rank_zeros_allowed_set_old_traces_included() -> None:
-    """runs.csv `cpus`: rank 0's `allowed_cpus` over ranks_per_node; a trace written before the
-    core budget existed (no `job_cpus`, no `pinning.cpus` in its spec) has the set too."""
+    """runs.csv `cpus`: rank 0's `allowed_cpus` over cpus_split (else ranks_per_node); a trace
+    written before the core budget existed (no `job_cpus`, no `pinning.cpus` in its spec) has
+    the set too."""
     old = {"allowed_cpus": "0-15", "spec": {"layout": {"ranks_per_node": 1}}}
     assert sm.cpus_per_rank(old) == 16
     assert sm.spec_columns(old["spec"])["pinning_cpus"] == 0
@@ -902,6 +903,10 @@ def test_cpus_per_rank_reads_rank_zeros_allowed_set_old_traces_included() -> Non
     }
     assert sm.cpus_per_rank(merged) == 4
     assert sm.spec_columns(merged["spec"])["pinning_cpus"] == 4
+    # A Slurm task bound to its own CPUs recorded them unshared (cpus_split 1): all are its.
+    bound = {"allowed_cpus": "0-7", "cpus_split": 1, "spec": {"layout": {"ranks_per_node": 2}}}
+    assert sm.cpus_per_rank(bound) == 8
+    assert sm.cpus_per_rank({**bound, "cpus_split": np.int64(2)}) == 4
     # more ranks than CPUs still counts one; a trace that does not say gives NaN
     assert sm.cpus_per_rank({"allowed_cpus": "3", "spec": {"layout": {"ranks_per_node": 2}}}) == 1
     assert np.isnan(sm.cpus_per_rank({"spec": {}}))

@@ -82,14 +82,17 @@ def _check_run_args(args: argparse.Namespace, spec: Any) -> Path:
     if args.kineto_dir and Path(args.kineto_dir).exists() and not Path(args.kineto_dir).is_dir():
         raise CodlError(f"--kineto-dir {args.kineto_dir} exists and is not a directory")
     if spec.mode.loads:
+        from codl.pinning import rank_split, task_bound
         from codl.spec import WORKERS_PER_CPU
 
         # Oversubscription is an experiment factor, a fork per worker far past the CPUs is not.
         # A core budget (pinning.cpus) is the rank's CPUs; too large a one fails at run start.
+        # A Slurm task bound to its own CPUs does not share them with the node's other ranks.
+        sharing, _ = rank_split(spec.layout.ranks_per_node, 0, bound=task_bound(os.environ))
         cpus = (
             spec.pinning.cpus
             or args.cpus_per_task
-            or max(1, len(os.sched_getaffinity(0)) // spec.layout.ranks_per_node)
+            or max(1, len(os.sched_getaffinity(0)) // sharing)
         )
         if spec.loader.workers > WORKERS_PER_CPU * cpus:
             raise CodlError(

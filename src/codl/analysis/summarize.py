@@ -643,15 +643,23 @@ def ranks_per_node(attrs: Mapping[str, Any]) -> int:
 
 def cpus_per_rank(attrs: Mapping[str, Any]) -> float:
     """CPUs per rank the run had: the size of ``allowed_cpus`` (rank 0's: a merged trace's root
-    attributes are rank 0's) over ``ranks_per_node``, at least 1; NaN when the trace does not
-    say. ``allowed_cpus`` is the set after the ``pinning.cpus`` cut, and traces written before
-    the budget existed have it too."""
+    attributes are rank 0's) over ``cpus_split``, the ranks that shared it (1 for a Slurm task
+    bound to its own CPUs), or ``ranks_per_node`` for traces written before that attribute
+    (which always split by it); at least 1; NaN when the trace does not say. ``allowed_cpus``
+    is the set after the ``pinning.cpus`` cut, and traces written before the budget existed
+    have it too."""
     text = attrs.get("allowed_cpus")
     try:
         cpus = parse_cpulist(text) if isinstance(text, str) else frozenset()
     except ValueError:
         cpus = frozenset()
-    return max(1, len(cpus) // ranks_per_node(attrs)) if cpus else np.nan
+    split = attrs.get("cpus_split")
+    sharing = (
+        int(split)
+        if isinstance(split, int | np.integer) and not isinstance(split, bool) and split > 0
+        else ranks_per_node(attrs)
+    )
+    return max(1, len(cpus) // sharing) if cpus else np.nan
 
 
 def summarize_tables(
