@@ -42,7 +42,7 @@ def helper_times(runs: pd.DataFrame, attribution: pd.DataFrame) -> pd.DataFrame:
     ]
     if a.empty:
         return pd.DataFrame(columns=[*KEYS, *(f"{r}_run_ms" for r in HELPER_ROLES)])
-    per = a.groupby([*KEYS, "role"])["share_ns"].sum().unstack("role", fill_value=0.0) / 1e6
+    per = a.groupby([*KEYS, "role"])["share_ns"].sum().unstack("role", fill_value=0) / 1e6
     out = pd.DataFrame(index=per.index)
     for role in HELPER_ROLES:
         out[f"{role}_run_ms"] = per.get(role, 0.0)

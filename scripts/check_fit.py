@@ -16,6 +16,13 @@ run, then set the predictions against the measured runs.
         fit whose data runs had only the combined runs' budget
     python scripts/check_fit.py splits CORES OUT.csv FIT_RESULTS...
         the advisor's split of CORES cores between the fitted jobs, every split scored
+    python scripts/check_fit.py lease FIT.yaml CHECK.yaml SECONDS OUT_DIR
+        on one machine, without Snakemake: FIT's runs, the model fitted on them, CHECK's
+        settings predicted (OUT_DIR/predicted.csv) before CHECK's runs start, then those runs
+        and the comparison; no run starts after SECONDS
+    python scripts/check_fit.py share SHARE_CONFIG.yaml OUT.csv
+        each job of a share config at its configured setting, predicted on its share of the
+        even and of the advised split of the pool, before the experiment runs
 
 Made results/fit-h200-check/predicted.csv, its tables/predicted_vs_measured.csv and
 tables/advised_splits.csv, and results/fit-h200-light/tables/held_out_8_cores.csv
@@ -31,8 +38,10 @@ import pandas as pd
 
 from codl.analysis import advise as adv
 from codl.analysis import model as mdl
+from codl.analysis.advisor_config import share_settings, share_specs
 from codl.config import build_plan, load_yaml
 from codl.paths import ResultPaths
+from codl.share import even_counts
 
 KEY = ["experiment", "mode", "dataset", "policy", "workers", "cores"]
 
@@ -148,6 +157,96 @@ def splits(fits: list[Path], cores: int, out: Path) -> None:
     print(table.to_string())
 
 
+def share_plan(config: Path, out: Path) -> None:
+    """Each job of CONFIG's ``share`` section at its configured workers and policy, predicted
+    by its fit (``share.advise_from``) on its share of the even and of the advised split of the
+    pool (``share.cpus``, else ``slurm.cpus_per_rank``); per job, advised over even."""
+    cfg = load_yaml(config)
+    settings = share_settings(cfg)
+    specs = share_specs(cfg, build_plan(cfg))
+    fits = [adv.fit_results(Path(d), boot=200).fit for d in settings.advise_from]
+    pool = settings.cpus or int(cfg["slurm"]["cpus_per_rank"])
+    advised, _ = adv.advise_split(fits, cores=pool)
+    rows = []
+    for split, counts in (("even", even_counts(pool, len(fits))), ("advised", advised)):
+        for (job, spec), fit, cores in zip(specs.items(), fits, counts, strict=True):
+            setting = pd.DataFrame(
+                {"policy": [spec.pinning.policy.value], "workers": [spec.loader.workers]}
+            ).assign(cores=cores)
+            p = mdl.predict(fit, setting).iloc[0]
+            rows.append(
+                {
+                    "pool": pool,
+                    "split": split,
+                    "job": job,
+                    "cores": cores,
+                    "workers": spec.loader.workers,
+                    **{c: p[c] for c in ("throughput", "throughput_lo", "throughput_hi")},
+                    **{c: p[c] for c in ("pred_lo", "pred_hi", "bound")},
+                }
+            )
+    table = pd.DataFrame(rows)
+    even = table[table["split"] == "even"].set_index("job")["throughput"]
+    table["vs_even"] = table["throughput"] / table["job"].map(even) - 1
+    table.to_csv(out, index=False, float_format="%.4g")
+    print(table.to_string())
+
+
+def run_config(config: Path, results: Path, deadline: float) -> int:
+    """Every run of ``config`` in plan order, without Snakemake (a GPU node may not have it),
+    into ``results`` as the workflow lays it out: ``config.yaml`` and ``tables/runs.csv``,
+    ``tables/steps.csv.gz``; no run starts after ``deadline`` (``time.time()``). The data sets
+    are generated once per machine under $TMPDIR. Returns the runs measured."""
+    import shutil
+    import tempfile
+    import time
+
+    from codl.analysis.summarize import summarize_trace
+    from codl.datasets import generate
+    from codl.harness.launch import launch
+
+    plan = build_plan(load_yaml(config))
+    tables = results / "tables"
+    tables.mkdir(parents=True, exist_ok=True)
+    shutil.copy(config, results / "config.yaml")
+    work = Path(tempfile.gettempdir()) / "codl-check-fit"
+    runs, steps = [], []
+    for run_id, spec in plan.specs.items():
+        if time.time() > deadline:
+            print(f"{config}: deadline reached before {run_id}", flush=True)
+            break
+        data = work / "data" / spec.dataset.name
+        if spec.mode.loads and not data.exists():
+            generate(spec.dataset, data)
+        trace = work / "runs" / run_id / "trace.h5"
+        trace.parent.mkdir(parents=True, exist_ok=True)
+        launch(spec, trace_path=trace, dataset_dir=data if spec.mode.loads else None)
+        st, summary, _ = summarize_trace(trace)
+        runs.append(summary)
+        steps.append(st)
+        print(f"{run_id}: {summary['throughput_samples_s'].iloc[0]:.0f} samples/s", flush=True)
+        # Written after each run: a call cut at its limit keeps what it measured.
+        pd.concat(runs).to_csv(tables / "runs.csv", index=False)
+        pd.concat(steps).to_csv(tables / "steps.csv.gz", index=False)
+    return len(runs)
+
+
+def lease(fit_config: Path, check: Path, seconds: float, out: Path) -> None:
+    """On a machine of its own (a GPU lease): the fit's runs, the model fitted on them, the
+    check's settings predicted and written (``out/predicted.csv``) before the check's runs
+    start, then those runs and the comparison (``out/predicted_vs_measured.csv``). A fit and a
+    check on one machine: the interference and the CPU's speed belong to the machine
+    (docs/advisor.md, "The tie rule")."""
+    import time
+
+    deadline = time.time() + seconds
+    run_config(fit_config, out / "fit", deadline)
+    predict(check, out / "predicted.csv", [out / "fit"])
+    print(pd.read_csv(out / "predicted.csv").to_string(), flush=True)
+    if run_config(check, out / "check", deadline):
+        compare(out / "predicted.csv", check, out / "check", out / "predicted_vs_measured.csv")
+
+
 if __name__ == "__main__":
     cmd, *args = sys.argv[1:]
     if cmd == "predict":
@@ -158,9 +257,14 @@ if __name__ == "__main__":
         holdout(Path(args[0]), int(args[1]), Path(args[2]))
     elif cmd == "splits":
         splits([Path(a) for a in args[2:]], int(args[0]), Path(args[1]))
+    elif cmd == "share":
+        share_plan(Path(args[0]), Path(args[1]))
+    elif cmd == "lease":
+        lease(Path(args[0]), Path(args[1]), float(args[2]), Path(args[3]))
     else:
         sys.exit(
             f"usage: {sys.argv[0]} predict CHECK.yaml OUT.csv FIT... | "
             "compare PREDICTED.csv CHECK.yaml CHECK_RESULTS OUT.csv | "
-            "holdout RESULTS CORES OUT.csv | splits CORES OUT.csv FIT..."
+            "holdout RESULTS CORES OUT.csv | splits CORES OUT.csv FIT... | "
+            "share SHARE_CONFIG.yaml OUT.csv | lease FIT.yaml CHECK.yaml SECONDS OUT_DIR"
         )
