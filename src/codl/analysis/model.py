@@ -764,14 +764,16 @@ def _fit_interference(
     for _ in range(_K_ITERATIONS):
         op = _solve(
             params,
-            w,
-            base,
-            tau,
-            cap,
-            _f64([k0[p] for p in pol]),
-            _f64([k[p] for p in pol]),
-            cores,
-            _f64([h[p] for p in pol]) / alone_ms,
+            _Settings(
+                w=w,
+                base=base,
+                tau=tau,
+                cap=cap,
+                k0=_f64([k0[p] for p in pol]),
+                k=_f64([k[p] for p in pol]),
+                cores=cores,
+                handoff=_f64([h[p] for p in pol]) / alone_ms,
+            ),
         )
         h_old, h = h, _handoff(beyond, masks, op.x < op.x_l * (1 - 1e-9))
         over = np.maximum(0.0, op.demand - op.c_l) / cores
@@ -924,35 +926,32 @@ class _Operating:
     demand: npt.NDArray[np.float64]
 
 
-def _at(
-    params: Params,
-    x: npt.NDArray[np.float64],
-    w: npt.NDArray[np.float64],
-    base: npt.NDArray[np.float64],
-    tau: npt.NDArray[np.float64],
-    k0: npt.NDArray[np.float64],
-    k: npt.NDArray[np.float64],
-    cores: npt.NDArray[np.float64],
-) -> _Operating:
-    c_l = base - tau * x / 1000.0
-    x_w, x_l = loader_capacity(params.rate, params.kappa, params.ceiling, w, c_l)
+@dataclass(frozen=True, kw_only=True)
+class _Settings:
+    """Per-setting arrays of a prediction: workers, the loader's core terms (``c_L(X) = base -
+    tau * X / 1000``), compute capacity, interference coefficients, cores and the hand-off in
+    units of the compute time alone."""
+
+    w: npt.NDArray[np.float64]
+    base: npt.NDArray[np.float64]
+    tau: npt.NDArray[np.float64]
+    cap: npt.NDArray[np.float64]
+    k0: npt.NDArray[np.float64]
+    k: npt.NDArray[np.float64]
+    cores: npt.NDArray[np.float64]
+    handoff: npt.NDArray[np.float64]
+
+
+def _at(params: Params, s: _Settings, x: npt.NDArray[np.float64]) -> _Operating:
+    c_l = s.base - s.tau * x / 1000.0
+    x_w, x_l = loader_capacity(params.rate, params.kappa, params.ceiling, s.w, c_l)
     # Workers with no core left are all runnable (and deliver nothing).
-    demand = np.where(x_w > 0, w * x / np.where(x_w > 0, x_w, 1.0), w)
-    infl = 1.0 + k0 + k * np.maximum(0.0, demand - c_l) / cores
+    demand = np.where(x_w > 0, s.w * x / np.where(x_w > 0, x_w, 1.0), s.w)
+    infl = 1.0 + s.k0 + s.k * np.maximum(0.0, demand - c_l) / s.cores
     return _Operating(x=x, inflation=infl, c_l=c_l, x_w=x_w, x_l=x_l, demand=demand)
 
 
-def _solve(
-    params: Params,
-    w: npt.NDArray[np.float64],
-    base: npt.NDArray[np.float64],
-    tau: npt.NDArray[np.float64],
-    cap: npt.NDArray[np.float64],
-    k0: npt.NDArray[np.float64],
-    k: npt.NDArray[np.float64],
-    cores: npt.NDArray[np.float64],
-    handoff: npt.NDArray[np.float64] | None = None,
-) -> _Operating:
+def _solve(params: Params, s: _Settings) -> _Operating:
     """The fixed point ``X = min(X_L(c_L(X)), C / (I(D(X)) + e))`` of each setting, by
     bisection; ``c_L(X) = base - tau * X / 1000`` (``loader_terms``), ``e`` (``handoff``) is the
     hand-off's time in units of the compute time alone.
@@ -961,42 +960,46 @@ def _solve(
     ceiling that no core adds to, the workers wait for the consumer and ``w * M / X_W`` run.
     ``X_L(c_L(X)) - X`` falls and ``X * (I + e)`` grows with ``X``, so the settings that meet
     both bounds are an interval from 0 and the fixed point is its end."""
-    e = np.zeros_like(cap) if handoff is None else handoff
 
-    def feasible(x: npt.NDArray[np.float64]) -> tuple[npt.NDArray[np.bool_], _Operating]:
-        op = _at(params, x, w, base, tau, k0, k, cores)
-        return (x <= op.x_l) & (x * (op.inflation + e) <= cap), op
+    def feasible(x: npt.NDArray[np.float64]) -> npt.NDArray[np.bool_]:
+        op = _at(params, s, x)
+        return (x <= op.x_l) & (x * (op.inflation + s.handoff) <= s.cap)
 
-    top = _at(params, np.zeros_like(cap), w, base, tau, k0, k, cores).x_l
-    at_top, _ = feasible(top)
-    lo = np.zeros_like(cap)
+    top = _at(params, s, np.zeros_like(s.cap)).x_l
+    at_top = feasible(top)
+    lo = np.zeros_like(s.cap)
     hi = top.copy()
     for _ in range(_BISECTION_STEPS):
         mid = 0.5 * (lo + hi)
-        ok, _ = feasible(mid)
+        ok = feasible(mid)
         hi = np.where(ok, hi, mid)
         lo = np.where(ok, mid, lo)
     # Roles that take no loader core (tau = 0) leave X_L constant: a loader-bound setting is
     # exactly at it, not a bisection's width below.
-    x = np.where(at_top, top, 0.5 * (lo + hi))
-    return _at(params, x, w, base, tau, k0, k, cores)
+    return _at(params, s, np.where(at_top, top, 0.5 * (lo + hi)))
 
 
 def _evaluate(
     params: Params, node: Node, settings: pd.DataFrame
 ) -> dict[str, npt.NDArray[np.float64]]:
     a = node.roles(node.combined_mode)
-    w = settings["workers"].to_numpy(np.float64)
-    cores = settings["cores"].to_numpy(np.float64)
     base, tau = _loader_terms_of(settings, a, params.occupancy(node.combined_mode))
     pol = settings["policy"].astype(str)
     cap = _f64(pol.map(params.compute))
-    k = _f64(pol.map(params.k))
-    k0 = _f64(pol.map(lambda p: params.k0.get(p, 0.0)))
-    handoff = _f64(pol.map(lambda p: params.handoff_ms.get(p, 0.0))) / _f64(
-        pol.map(params.compute_ms)
+    op = _solve(
+        params,
+        _Settings(
+            w=settings["workers"].to_numpy(np.float64),
+            base=base,
+            tau=tau,
+            cap=cap,
+            k0=_f64(pol.map(lambda p: params.k0.get(p, 0.0))),
+            k=_f64(pol.map(params.k)),
+            cores=settings["cores"].to_numpy(np.float64),
+            handoff=_f64(pol.map(lambda p: params.handoff_ms.get(p, 0.0)))
+            / _f64(pol.map(params.compute_ms)),
+        ),
     )
-    op = _solve(params, w, base, tau, cap, k0, k, cores, handoff)
     # A setting with no core for the loader delivers nothing (the harness refuses it anyway).
     none = base < 1
     return {
@@ -1060,14 +1063,22 @@ def predict_loader(fit: Fit, settings: pd.DataFrame, *, level: float = 0.95) -> 
     if "launch_cores" not in s:
         s["launch_cores"] = None
     s["launch_cores"] = s["launch_cores"].map(_launch_cores).astype(object)
-    w = s["workers"].to_numpy(np.float64)
-    cores = s["cores"].to_numpy(np.float64)
     zero = np.zeros(len(s))
 
     def capacity(p: Params) -> npt.NDArray[np.float64]:
         base, tau = _loader_terms_of(s, fit.node.roles(LOADER_MODE), p.occupancy(LOADER_MODE))
         # Alone, the loader runs until its cores or its ceiling hold it: no compute bound.
-        return _solve(p, w, base, tau, np.full(len(s), np.inf), zero, zero, cores).x
+        alone = _Settings(
+            w=s["workers"].to_numpy(np.float64),
+            base=base,
+            tau=tau,
+            cap=np.full(len(s), np.inf),
+            k0=zero,
+            k=zero,
+            cores=s["cores"].to_numpy(np.float64),
+            handoff=zero,
+        )
+        return _solve(p, alone).x
 
     s["loader_capacity"] = capacity(fit.params)
     tail = 100 * (1 - level) / 2
