@@ -237,6 +237,7 @@ def lease(fit_config: Path, check: Path, seconds: float, out: Path) -> None:
     start, then those runs and the comparison (``out/predicted_vs_measured.csv``). A fit and a
     check on one machine: the interference and the CPU's speed belong to the machine
     (docs/advisor.md, "The tie rule")."""
+    import shutil
     import time
 
     deadline = time.time() + seconds
@@ -245,6 +246,12 @@ def lease(fit_config: Path, check: Path, seconds: float, out: Path) -> None:
     print(pd.read_csv(out / "predicted.csv").to_string(), flush=True)
     if run_config(check, out / "check", deadline):
         compare(out / "predicted.csv", check, out / "check", out / "predicted_vs_measured.csv")
+    # Flat copies of the tables: a device machine may return only files near the top of its
+    # output folder (lease B's tables/ did not come back).
+    for part in ("fit", "check"):
+        for table in ("runs.csv", "steps.csv.gz"):
+            if (out / part / "tables" / table).exists():
+                shutil.copy(out / part / "tables" / table, out / f"{part}-{table}")
 
 
 if __name__ == "__main__":
