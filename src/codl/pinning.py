@@ -477,10 +477,9 @@ def plan(
     number of loader workers of this rank, ``roles`` the helper roles (of :data:`HELPER_ROLES`)
     whose threads the rank will have (:func:`roles_for`), ``gpu`` the rank's GPU index (``None``
     on CPU runs) and ``gpu_cpus`` the CPUs local to that GPU (:func:`gpu_local_cpus`; ``None`` if
-    unknown), read only by policy ``numa``. ``local_ranks`` ranks share ``allowed`` and this one
-    takes share ``local_rank``; ``rank`` is given when ``allowed`` is the rank's own set
-    (:func:`rank_split`: ``local_ranks=1, local_rank=0``) and names the rank, by its local rank,
-    in messages. Raises :class:`PlacementError` for impossible requests, with the numbers.
+    unknown), read only by policy ``numa``. ``local_ranks`` ranks share ``allowed``, this one
+    takes share ``local_rank``; ``rank``, the local rank, when ``allowed`` is the rank's own set
+    (:func:`rank_split`). Raises :class:`PlacementError` for impossible requests, with numbers.
     """
     allowed_set = frozenset(allowed)
     helpers = frozenset(roles)
@@ -490,16 +489,8 @@ def plan(
         # recorded masks will show, and an impossible split is no reason to refuse a no-op.
         return _unpinned(spec.policy, allowed_set, helpers)
     share = rank_share(allowed_set, local_ranks, local_rank)
-    # Messages name the rank by its local rank: a rank whose set is its own is split index 0
-    # of 1, which would call every such rank "rank 0".
     label = local_rank if rank is None else rank
-    if rank is None:
-        where = (
-            f"rank {local_rank} of {local_ranks} has only {_cpus(share)} {_braced(share)} "
-            f"of the job's {len(allowed_set)} allowed"
-        )
-    else:
-        where = f"rank {rank} has only {_cpus(share)} {_braced(share)}, its own set"
+    where = _share_text(share, len(allowed_set), local_ranks, local_rank, rank)
     places = role_places(spec)
     own = [r for r in HELPER_ROLES if r in helpers and places[r] is RolePlace.OWN]
     need = launch_need(spec, helpers)
@@ -526,31 +517,65 @@ def plan(
     other = frozenset(ordered[need:k]) or (pool - launch) or frozenset(rest) or (launch - main)
     if not other:
         other = main
-        warnings.append(
-            f"{spec.policy.value}: rank {label}'s launch set {_braced(main)} is its whole "
-            "share: the other threads run on the main thread's CPU"
-        )
-
-    def cpus_of(role: Role) -> frozenset[int]:
-        if role not in helpers:
-            return other
-        if places[role] is RolePlace.OWN:
-            return own_cpus[role]
-        return main if places[role] is RolePlace.MAIN else loader_cpus
-
+        warnings.append(_pile_up(spec.policy, label, main))
+    cpus_of = _helper_cpus(helpers, places, own_cpus, main=main, loader=loader_cpus, other=other)
     return Placement(
         policy=spec.policy,
         allowed=allowed_set,
         rank_cpus=share,
         launch=launch,
         main=main,
-        autograd=cpus_of(Role.AUTOGRAD),
-        pin_memory=cpus_of(Role.PIN_MEMORY),
-        comm=cpus_of(Role.COMM),
+        autograd=cpus_of[Role.AUTOGRAD],
+        pin_memory=cpus_of[Role.PIN_MEMORY],
+        comm=cpus_of[Role.COMM],
         other=other,
         workers=worker_cpus,
         roles=helpers,
         warnings=tuple(warnings),
+    )
+
+
+def _helper_cpus(
+    helpers: frozenset[Role],
+    places: dict[Role, RolePlace],
+    own_cpus: dict[Role, frozenset[int]],
+    *,
+    main: frozenset[int],
+    loader: frozenset[int],
+    other: frozenset[int],
+) -> dict[Role, frozenset[int]]:
+    """Each helper role's CPUs: its own, the main thread's or the loader's, as placed; a role
+    the rank has no thread of goes with the other threads."""
+    out = {}
+    for role in HELPER_ROLES:
+        if role not in helpers:
+            out[role] = other
+        elif places[role] is RolePlace.OWN:
+            out[role] = own_cpus[role]
+        else:
+            out[role] = main if places[role] is RolePlace.MAIN else loader
+    return out
+
+
+def _share_text(
+    share: frozenset[int], allowed: int, local_ranks: int, local_rank: int, rank: int | None
+) -> str:
+    """What a rank has, for messages: its share of the job's set, or (``rank`` given) its own.
+
+    A rank whose set is its own is split index 0 of 1; its message names it by ``rank``, its
+    local rank, or every such rank would be "rank 0"."""
+    if rank is None:
+        return (
+            f"rank {local_rank} of {local_ranks} has only {_cpus(share)} {_braced(share)} "
+            f"of the job's {allowed} allowed"
+        )
+    return f"rank {rank} has only {_cpus(share)} {_braced(share)}, its own set"
+
+
+def _pile_up(policy: Policy, label: int, main: frozenset[int]) -> str:
+    return (
+        f"{policy.value}: rank {label}'s launch set {_braced(main)} is its whole "
+        "share: the other threads run on the main thread's CPU"
     )
 
 
