@@ -261,6 +261,48 @@ def test_helper_metrics_sum_each_roles_threads_per_rank() -> None:
     assert by.loc[(1, 3), "autograd_run_ms"] == 0.0
 
 
+def test_backfilled_cuda_helper_times_equal_the_summarized_ones() -> None:
+    # scripts/backfill_role_cpu.py reads an unpinned run's autograd and pin-memory time off the
+    # launch-wait attribution; it must be what helper_metrics measures from the same samples,
+    # also where the launch thread never waited (share 0 weight: none; the threads still ran).
+    import importlib.util
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "backfill_role_cpu.py"
+    spec = importlib.util.spec_from_file_location("backfill_role_cpu", script)
+    assert spec is not None and spec.loader is not None
+    backfill = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(backfill)
+    every = "0-7"  # policy none: every thread's mask is the whole set
+    threads = frame(
+        "threads",
+        [
+            thread_row(0, 1, LAUNCH, "launch", every),
+            thread_row(0, 1, AUTOGRAD, "autograd", every),
+            thread_row(0, 1, 102, "pin_memory", every),
+            thread_row(0, WORKER_A, WORKER_A, "loader", every),
+        ],
+    )
+    rows = []
+    for step in range(-1, 6):
+        k = step + 1
+        wait = (step % 2) * k * MS  # the launch thread waits in odd steps only
+        rows.append(sched_row(0, 1, LAUNCH, step, run_ns=k * 20 * MS, wait_ns=wait))
+        rows.append(sched_row(0, 1, AUTOGRAD, step, run_ns=k * 11 * MS, wait_ns=0))
+        rows.append(sched_row(0, 1, 102, step, run_ns=k * k * MS, wait_ns=0))
+        rows.append(sched_row(0, WORKER_A, WORKER_A, step, run_ns=k * 90 * MS, wait_ns=0))
+    sched = frame("samples/sched", rows)
+    attribution = sm.attribute_launch_wait(sched, threads, warmup=WARMUP).assign(run_id="r")
+    runs = pd.DataFrame({"run_id": ["r"], "policy": ["none"]})
+    got = backfill.helper_times(runs, attribution).set_index(["rank", "step"])
+    want = sm.helper_metrics(sched, threads, warmup=WARMUP).set_index(["rank", "step"])
+    columns = ["autograd_run_ms", "pin_memory_run_ms"]
+    assert (want[columns] > 0).all().all()
+    pd.testing.assert_frame_equal(got[columns], want[columns], check_exact=False)
+    # A pinned run's attribution is weighted by the masks: it is not backfilled.
+    pinned = backfill.helper_times(runs.assign(policy="isolated"), attribution)
+    assert pinned.empty
+
+
 # --- mechanism attribution ----------------------------------------------------------------
 
 

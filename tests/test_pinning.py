@@ -1140,9 +1140,16 @@ def _without(env: dict[str, str], *keys: str) -> dict[str, str]:
             True,
             id="map_cpu",
         ),
+        # a socket or locality domain can be several tasks': split as a job's set
         pytest.param(
-            {**SLURM_BOUND_TASK, "SLURM_CPU_BIND_TYPE": "threads,rank_ldom"}, True, id="rank_ldom"
+            {**SLURM_BOUND_TASK, "SLURM_CPU_BIND_TYPE": "threads,rank_ldom"}, False, id="rank_ldom"
         ),
+        pytest.param(
+            {**SLURM_BOUND_TASK, "SLURM_CPU_BIND_TYPE": "sockets", "SLURM_CPU_BIND": "sockets"},
+            False,
+            id="sockets",
+        ),
+        pytest.param({**SLURM_BOUND_TASK, "SLURM_CPU_BIND_TYPE": "rank"}, True, id="rank"),
         pytest.param(
             {**_without(SLURM_BOUND_TASK, "SLURM_CPU_BIND_TYPE", "SLURM_CPU_BIND")},
             False,

@@ -376,6 +376,10 @@ TASK_BOUND_ENV = "CODL_TASK_BOUND"
 # Words of Slurm's --cpu-bind that set only how loudly it binds, not how.
 _BIND_VERBOSITY = frozenset({"q", "quiet", "v", "verbose"})
 _BIND_NONE = frozenset({"no", "none"})
+# Bindings that give a task CPUs of its own, and bindings to a socket or locality domain, which
+# several tasks of a node can share (more tasks than sockets): such a set is split as a job's.
+_BIND_OWN = frozenset({"mask_cpu", "map_cpu", "rank", "cores", "threads"})
+_BIND_DOMAIN = frozenset({"sockets", "ldoms", "rank_ldom", "map_ldom", "mask_ldom", "boards"})
 
 
 def task_bound(environ: Mapping[str, str]) -> bool:
@@ -383,11 +387,13 @@ def task_bound(environ: Mapping[str, str]) -> bool:
 
     True for a Slurm task (``SLURM_STEP_ID`` or ``SLURM_STEPID``, and ``SLURM_LOCALID``, which
     srun sets in every task; a batch script has ``SLURM_LOCALID`` but no step id) that Slurm
-    bound to CPUs: ``SLURM_CPU_BIND_TYPE``, srun's output variable (``none``, ``rank``,
-    ``map_cpu:``, ``mask_cpu:``, ``rank_ldom``, ``map_ldom:``, ``mask_ldom:``, and the unit
-    words ``sockets``, ``cores``, ``threads``, ``ldoms``), names any binding but ``none``;
-    where it is absent or empty, ``SLURM_CPU_BIND`` (``quiet,mask_cpu:0x1,0x2``) is read the
-    same way, its verbosity words and list elements skipped. On Slurm 22.05 the auto-binding of
+    bound to CPUs of its own: ``SLURM_CPU_BIND_TYPE``, srun's output variable, names
+    ``mask_cpu:``, ``map_cpu:``, ``rank``, ``cores`` or ``threads`` and no binding to a socket
+    or locality domain (``sockets``, ``ldoms``, ``rank_ldom``, ``map_ldom:``, ``mask_ldom:``),
+    which several tasks can share and which is therefore split as a job's set (one task per
+    domain: ``CODL_TASK_BOUND=1``); where it is absent or empty, ``SLURM_CPU_BIND``
+    (``quiet,mask_cpu:0x1,0x2``) is read the same way, its verbosity words and list elements
+    skipped. On Slurm 22.05 the auto-binding of
     ``--cpus-per-task`` and ``--cpu-bind=cores`` both show up as ``mask_cpu:``,
     ``--cpu-bind=none`` as ``none``. ``SLURM_CPU_BIND_LIST`` is not read: its entries are
     Slurm's abstract CPU ids, which need not be the kernel's.
@@ -411,7 +417,9 @@ def task_bound(environ: Mapping[str, str]) -> bool:
     words = _bind_words(environ.get("SLURM_CPU_BIND_TYPE", ""))
     if not words:
         words = _bind_words(environ.get("SLURM_CPU_BIND", ""))
-    return bool(words) and not words & _BIND_NONE
+    if words & (_BIND_NONE | _BIND_DOMAIN):
+        return False
+    return bool(words & _BIND_OWN)
 
 
 def _bind_words(text: str) -> frozenset[str]:

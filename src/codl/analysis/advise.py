@@ -157,13 +157,17 @@ def advise(
         )
     if cores != fit.cores:
         notes.append(f"fitted on {fit.cores} cores per rank, advised for {cores}")
-    if fit.budgets and cores < min(fit.budgets) and not fit.params.role_ms:
-        # Measured on one H200 (docs/advisor.md, "Two core budgets"): 29-59 % low at 4-6 cores.
-        notes.append(
-            f"{cores} cores is below every fitted budget ({min(fit.budgets)}): without the "
-            "launch roles' CPU time in the tables the model charges each a whole core, which "
-            "under-predicts a small budget"
+    if fit.budgets and cores < min(fit.budgets):
+        # Measured on one H200 (docs/advisor.md, "Two core budgets", "Launch roles by their CPU
+        # time"): whole cores 29-59 % low at 4-6 cores, CPU time still 10-15 % low at 3-5.
+        why = (
+            "with the launch roles' measured CPU time the model was still 10-15 % low at 3-5 "
+            "cores on one H200 (its flat per-core loader rate)"
+            if fit.params.role_ms
+            else "without the launch roles' CPU time in the tables the model charges each a "
+            "whole core, which under-predicts a small budget"
         )
+        notes.append(f"{cores} cores is below every fitted budget ({min(fit.budgets)}): {why}")
     lc = pick["launch_cores"]
     return Advice(
         policy=str(pick["policy"]),

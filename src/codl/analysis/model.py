@@ -567,8 +567,12 @@ def fit_loader(
             f"runs.csv: data-mode runs at {sorted(set(w.astype(int).tolist()))} worker(s) only; "
             "the loader fit needs >= 2 worker counts, one below and one above the loader's cores"
         )
-    if np.any(cl < 1):
-        raise ModelError("the launch roles take every core: no core is left to the loader")
+    # Whole-core roles leave whole cores; roles charged their CPU time can leave a fraction.
+    if np.any(cl <= 0):
+        raise ModelError(
+            f"a data run's launch roles took every core (loader cores {_cores_text(cl)}): no "
+            "core is left to the loader"
+        )
     splits = len(w) if ceiling else 1
 
     def losses(kappas: npt.NDArray[np.float64]) -> tuple[npt.NDArray[np.float64], ...]:
@@ -601,9 +605,14 @@ def fit_loader(
         raise ModelError(
             f"runs.csv: every data-mode run is {where} the loader's saturation point, so the "
             f"per-worker rate and the per-core efficiency cannot be told apart; add a data run "
-            f"with {need} workers (loader cores: {sorted(set(cl.astype(int).tolist()))})"
+            f"with {need} workers (loader cores: {_cores_text(cl)})"
         )
     return rate, kappa, top
+
+
+def _cores_text(cl: npt.NDArray[np.float64]) -> str:
+    """Loader cores for a message: whole, or to a tenth where the roles left a fraction."""
+    return "[" + ", ".join(f"{c:g}" for c in sorted(set(np.round(cl, 1).tolist()))) + "]"
 
 
 def _fit_params(groups: pd.DataFrame, node: Node, cores: int) -> tuple[Params, list[str]]:
@@ -627,7 +636,9 @@ def _fit_params(groups: pd.DataFrame, node: Node, cores: int) -> tuple[Params, l
         )
     occ = occupancy.get(LOADER_MODE)
     base, tau = _loader_terms_of(data, node.roles(LOADER_MODE), occ)
-    # The data runs' roles occupied what they did at the throughput each run measured.
+    # The data runs' roles occupy their CPU per sample times the throughput the fit reads: a
+    # drained window's is its workers' production, the steady rate the roles would serve (the
+    # window's burst of prefetched batches is not what the loader's cores sustain).
     cl = base - tau * data["throughput"].to_numpy(np.float64) / 1000.0
     budgets = data["cores"].nunique() > 1
     rate, kappa, ceiling = fit_loader(data["workers"], cl, data["throughput"], ceiling=budgets)
