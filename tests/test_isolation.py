@@ -80,11 +80,14 @@ def _own_boosted_autogroup() -> bool:
     return True
 
 
-def _hog(placement: Placement, index: int, ready: Any, stop: Any, out: Any) -> None:
+def _hog(placement: Placement, index: int, ready: Any, go: Any, stop: Any, out: Any) -> None:
     apply_worker(placement, index)
     getcpu = ctypes.CDLL(None).sched_getcpu
     seen: Counter[int] = Counter()
     ready.put(_boost(0))
+    # Spin only once every hog is up: boosted spinners starve a hog still starting (nice 0
+    # against nice -20 on 2 CPUs), which then never reports ready.
+    go.wait()
     while not stop.is_set():
         for _ in range(5000):
             seen[getcpu()] += 1
@@ -162,12 +165,15 @@ def _measure_here(policy: Policy, allowed: frozenset[int], hogs: int, boost: boo
     assert placement.main is not None
     (main_cpu,) = placement.main
     ctx: Any = multiprocessing.get_context("spawn")  # no fork of a threaded pytest process
-    ready, out, stop = ctx.Queue(), ctx.Queue(), ctx.Event()
-    procs = [ctx.Process(target=_hog, args=(placement, i, ready, stop, out)) for i in range(hogs)]
+    ready, out, go, stop = ctx.Queue(), ctx.Queue(), ctx.Event(), ctx.Event()
+    procs = [
+        ctx.Process(target=_hog, args=(placement, i, ready, go, stop, out)) for i in range(hogs)
+    ]
     for p in procs:
         p.start()
     try:
         hogs_boosted = all([ready.get(timeout=60) for _ in procs])
+        go.set()
         rows = apply_threads(placement)
         # the mask read back after pinning, as the harness records it
         main_mask = next(parse_cpulist(r.cpus_actual) for r in rows if r.tid == os.getpid())
@@ -186,6 +192,7 @@ def _measure_here(policy: Policy, allowed: frozenset[int], hogs: int, boost: boo
         for _ in procs:
             seen.update(out.get(timeout=60))
     finally:
+        go.set()
         stop.set()
         for p in procs:
             p.join(timeout=30)
