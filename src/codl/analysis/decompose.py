@@ -65,7 +65,7 @@ import pandas as pd
 from codl.analysis import compare as cmp
 from codl.analysis import offcpu
 from codl.analysis.steady import steady
-from codl.analysis.summarize import KEYS, interval_union, sched_deltas
+from codl.analysis.summarize import KEYS, interval_union, role_times, sched_deltas, thread_roles
 from codl.spec import Mode
 from codl.trace.schema import Table
 
@@ -136,29 +136,14 @@ def _ms(x: Any) -> npt.NDArray[np.float64]:
     return np.asarray(x, dtype=np.float64) / 1e6
 
 
-def _roles(threads: pd.DataFrame) -> pd.DataFrame:
-    """(rank, tid, role) of every thread, the latest row per thread."""
-    return threads.drop_duplicates(["rank", "tid"], keep="last").assign(
-        rank=lambda t: t["rank"].astype("int64"),
-        tid=lambda t: t["tid"].astype("int64"),
-        role=lambda t: t["role"].astype(str),
-    )[["rank", "tid", "role"]]
-
-
 def _host_columns(d: pd.DataFrame) -> pd.DataFrame:
     """Per (rank, step) from per-thread (run_ns, wait_ns) rows with a ``role``: the launch
     roles' columns and their sum ``host_ms``. A role that did no work (no autograd thread: no
     backward, or CPU autograd on the main thread) has 0 there, not NaN."""
-    d = d[d["role"].isin(LAUNCH_ROLES)]
-    cols = [*HOST_COLUMNS, "host_ms"]
-    if d.empty:
+    out = role_times(d, LAUNCH_ROLES, ("run", "wait"))
+    if out.empty:
+        cols = [*HOST_COLUMNS, "host_ms"]
         return _empty({"rank": "int64", "step": "int64", **dict.fromkeys(cols, "float64")})
-    per = d.groupby([*KEYS, "role"])[["run_ns", "wait_ns"]].sum().unstack("role", fill_value=0)
-    out = pd.DataFrame(index=per.index)
-    for role in LAUNCH_ROLES:
-        for kind in ("run", "wait"):
-            col = (f"{kind}_ns", role)
-            out[f"{role}_{kind}_ms"] = _ms(per[col]) if col in per else 0.0
     out["host_ms"] = out[HOST_COLUMNS].sum(axis=1)
     return out.reset_index().astype({"rank": "int64", "step": "int64"})
 
@@ -181,7 +166,7 @@ def host_parts(
     ).assign(host_source=pd.Series(dtype="object"))
     if threads.empty:
         return empty
-    roles = _roles(threads)
+    roles = thread_roles(threads)
     ps = phase_sched if phase_sched is not None else pd.DataFrame()
     if len(ps):
         ps = ps[(ps["phase"].astype(str) == "compute") & (ps["step"] >= warmup)]
@@ -407,7 +392,7 @@ def blocked_parts(
     empty = _empty({"rank": "int64", "step": "int64", "blocked_ms": "float64"})
     if switch is None or waking is None or switch.empty or threads.empty:
         return empty
-    roles = _roles(threads)
+    roles = thread_roles(threads)
     spans = app[(app["phase"].astype(str) == "compute") & (app["step"] >= warmup)]
     frames = []
     for rank, win in spans.groupby(spans["rank"].astype("int64")):

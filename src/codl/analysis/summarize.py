@@ -9,7 +9,7 @@ nothing here compares timestamps across ranks.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -265,6 +265,35 @@ HELPER_COLUMNS: dict[str, str] = {
 }
 
 
+def thread_roles(threads: pd.DataFrame) -> pd.DataFrame:
+    """(rank, tid, role) of every thread, the latest row per thread."""
+    return threads.drop_duplicates(["rank", "tid"], keep="last").assign(
+        rank=lambda t: t["rank"].astype("int64"),
+        tid=lambda t: t["tid"].astype("int64"),
+        role=lambda t: t["role"].astype(str),
+    )[["rank", "tid", "role"]]
+
+
+def role_times(
+    d: pd.DataFrame, roles: Sequence[str], kinds: Sequence[str] = ("run",)
+) -> pd.DataFrame:
+    """Per (rank, step) of per-thread scheduler deltas ``d`` with a ``role``: each role's
+    summed ``<kind>_ns`` as ``<role>_<kind>_ms``, over the (rank, step)s where one of ``roles``
+    has a row; a role without a thread there did no work: 0, not NaN."""
+    d = d[d["role"].isin(roles)]
+    cols = [f"{role}_{kind}_ms" for role in roles for kind in kinds]
+    if d.empty:
+        index = pd.MultiIndex.from_arrays([[], []], names=KEYS)
+        return pd.DataFrame({c: pd.Series(dtype="float64") for c in cols}, index=index)
+    per = d.groupby([*KEYS, "role"])[[f"{k}_ns" for k in kinds]].sum().unstack("role", fill_value=0)
+    out = pd.DataFrame(index=per.index)
+    for role in roles:
+        for kind in kinds:
+            col = (f"{kind}_ns", role)
+            out[f"{role}_{kind}_ms"] = _ms(per[col]) if col in per else 0.0
+    return out
+
+
 def helper_metrics(sched: pd.DataFrame, threads: pd.DataFrame, *, warmup: int) -> pd.DataFrame:
     """Per (rank, step): the on-CPU time of each launch helper role, summed over its threads
     (a rank's NCCL/gloo threads are several). A role without threads in a rank that has
@@ -272,23 +301,9 @@ def helper_metrics(sched: pd.DataFrame, threads: pd.DataFrame, *, warmup: int) -
     d = _measured(sched_deltas(sched), warmup)
     if d.empty or threads.empty:
         return _empty(HELPER_COLUMNS)
-    t = threads.drop_duplicates(["rank", "tid"], keep="last")
-    roles = pd.DataFrame(
-        {
-            "rank": t["rank"].astype("int64").to_numpy(),
-            "tid": t["tid"].astype("int64").to_numpy(),
-            "role": t["role"].astype(str).to_numpy(),
-        }
-    )
-    d = d.merge(roles, on=["rank", "tid"], how="left")
-    per = d.assign(
-        run_ns=d["run_ns"].where(d["role"].isin(HELPER_ROLES), 0),
-        role=d["role"].where(d["role"].isin(HELPER_ROLES), HELPER_ROLES[0]),
-    )
-    sums = per.groupby([*KEYS, "role"])["run_ns"].sum().unstack("role", fill_value=0)
-    out = pd.DataFrame(index=sums.index)
-    for role in HELPER_ROLES:
-        out[f"{role}_run_ms"] = _ms(sums[role]) if role in sums else 0.0
+    d = d.merge(thread_roles(threads), on=["rank", "tid"], how="left")
+    every = pd.MultiIndex.from_frame(d[KEYS].drop_duplicates().sort_values(KEYS))
+    out = role_times(d, HELPER_ROLES).reindex(every, fill_value=0.0)
     return out.reset_index().astype(HELPER_COLUMNS)[list(HELPER_COLUMNS)]
 
 
