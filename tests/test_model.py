@@ -498,9 +498,10 @@ def test_the_launch_roles_measured_cpu_is_charged_at_the_operating_point() -> No
     for mode, roles in ROLE_MS.items():
         if mode == "compute":
             continue
-        assert fit.params.role_ms[mode] == pytest.approx(sum(roles.values()), rel=0.02)
+        tau, tau_helpers = fit.params.occupancy[mode]
+        assert tau == pytest.approx(sum(roles.values()), rel=0.02)
         helpers = sum(ms for role, ms in roles.items() if role != "launch")
-        assert fit.params.helper_ms[mode] == pytest.approx(helpers, rel=0.02)
+        assert tau_helpers == pytest.approx(helpers, rel=0.02)
     assert any("ms CPU per sample" in n for n in fit.notes)
     # The budgets below the fitted ones, never seen by the fit: loader-bound, each within 3 %.
     settings = pd.DataFrame(
@@ -514,7 +515,7 @@ def test_the_launch_roles_measured_cpu_is_charged_at_the_operating_point() -> No
     # The operating point's loader cores are what the roles leave at that throughput.
     np.testing.assert_allclose(
         pred["loader_cores"],
-        settings["cores"] - fit.params.role_ms["data+compute"] * pred["throughput"] / 1000.0,
+        settings["cores"] - fit.params.occupancy["data+compute"][0] * pred["throughput"] / 1000.0,
         rtol=1e-9,
     )
     # Without the roles' columns each role is a whole core: 4 cores leave the loader 1, and the
@@ -524,7 +525,7 @@ def test_the_launch_roles_measured_cpu_is_charged_at_the_operating_point() -> No
         cores=CORES,
         boot=0,
     )
-    assert not whole.params.role_ms
+    assert not whole.params.occupancy
     assert any("each busy role counts a whole core" in n for n in whole.notes)
     four = mdl.predict(whole, settings.iloc[:2])["throughput"].to_numpy()
     assert (four < 0.5 * np.array(planted[:2])).all()

@@ -163,7 +163,7 @@ def advise(
         why = (
             "with the launch roles' measured CPU time the model was still 10-15 % low at 3-5 "
             "cores on one H200 (its flat per-core loader rate)"
-            if fit.params.role_ms
+            if fit.params.occupancy
             else "without the launch roles' CPU time in the tables the model charges each a "
             "whole core, which under-predicts a small budget"
         )

@@ -117,16 +117,10 @@ class Params:
     handoff_ms: Mapping[str, float] = field(default_factory=dict)
     # M, samples/s: a ceiling of the rank's loader that no core adds to (inf: none identified)
     ceiling: float = math.inf
-    # mode -> CPU ms per sample of the rank's launch roles (main + helpers), and of the helpers
-    # alone; empty when the tables do not have them (each role then counts a whole core)
-    role_ms: Mapping[str, float] = field(default_factory=dict)
-    helper_ms: Mapping[str, float] = field(default_factory=dict)
-
-    def occupancy(self, mode: str) -> tuple[float, float] | None:
-        """``(tau, tau_helpers)`` of ``mode``, ms of CPU per sample; None: not measured."""
-        if mode in self.role_ms and mode in self.helper_ms:
-            return self.role_ms[mode], self.helper_ms[mode]
-        return None
+    # mode -> (tau, tau_helpers): CPU ms per sample of the rank's launch roles (main +
+    # helpers) and of the helpers alone; empty when the tables do not have them (each role
+    # then counts a whole core)
+    occupancy: Mapping[str, tuple[float, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -449,8 +443,8 @@ def loader_terms(
     """``(base, tau)`` of the loader's cores at throughput ``X``: ``c_L(X) = base - tau * X /
     1000``.
 
-    ``occupancy`` is the launch roles' ``(tau, tau_helpers)``, CPU ms per sample
-    (``Params.occupancy``): unpinned roles take their CPU time from the loader's cores (all of
+    ``occupancy`` is the launch roles' ``(tau, tau_helpers)``, CPU ms per sample (a mode's
+    ``Params.occupancy``): unpinned roles take their CPU time from the loader's cores (all of
     them under ``none``/``shared``, the helpers under ``isolated-main``); a fenced launch set is
     the loader's loss whatever the roles use. Without it (``None``) each busy role counts a
     whole core: ``c_L = c - max(a, n)``, ``tau = 0``."""
@@ -685,8 +679,7 @@ def _fit_params(groups: pd.DataFrame, node: Node, cores: int) -> tuple[Params, l
         compute_ms=compute_ms,
         k={},
         ceiling=ceiling,
-        role_ms={m: t for m, (t, _) in occupancy.items()},
-        helper_ms={m: h for m, (_, h) in occupancy.items()},
+        occupancy=occupancy,
     )
     k0, k, handoff = _fit_interference(comb, node, loader, outside=outside, notes=notes)
     return replace(loader, k=k, k0=k0, handoff_ms=handoff), notes
@@ -757,7 +750,7 @@ def _fit_interference(
     a = node.roles(node.combined_mode)
     policies = sorted(set(comb["policy"].astype(str)))
     w = comb["workers"].to_numpy(np.float64)
-    base, tau = _loader_terms_of(comb, a, params.occupancy(node.combined_mode))
+    base, tau = _loader_terms_of(comb, a, params.occupancy.get(node.combined_mode))
     cores = comb["cores"].to_numpy(np.float64)
     # Plain arrays: this loop runs for every bootstrap replicate, and pandas' per-call cost
     # dominated the fit.
@@ -994,7 +987,7 @@ def _evaluate(
     params: Params, node: Node, settings: pd.DataFrame
 ) -> dict[str, npt.NDArray[np.float64]]:
     a = node.roles(node.combined_mode)
-    base, tau = _loader_terms_of(settings, a, params.occupancy(node.combined_mode))
+    base, tau = _loader_terms_of(settings, a, params.occupancy.get(node.combined_mode))
     pol = settings["policy"].astype(str)
     cap = _f64(pol.map(params.compute))
     op = _solve(
@@ -1077,7 +1070,7 @@ def predict_loader(fit: Fit, settings: pd.DataFrame, *, level: float = 0.95) -> 
     zero = np.zeros(len(s))
 
     def capacity(p: Params) -> npt.NDArray[np.float64]:
-        base, tau = _loader_terms_of(s, fit.node.roles(LOADER_MODE), p.occupancy(LOADER_MODE))
+        base, tau = _loader_terms_of(s, fit.node.roles(LOADER_MODE), p.occupancy.get(LOADER_MODE))
         # Alone, the loader runs until its cores or its ceiling hold it: no compute bound.
         alone = _Settings(
             w=s["workers"].to_numpy(np.float64),
