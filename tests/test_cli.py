@@ -220,11 +220,12 @@ def test_summarize_writes_every_table_of_the_rule_and_logs_them(
         assert f"wrote {path} (" in captured.err
 
 
-def test_the_readme_shows_real_inspect_output(
+def test_the_docs_show_real_inspect_output(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    readme = (REPO / "README.md").read_text()
-    block = readme.split("$ codl inspect trace.h5\n", 1)[1].split("```", 1)[0]
+    # docs/outputs.md, "Looking at one run" (moved there from the README).
+    page = (REPO / "docs" / "outputs.md").read_text()
+    block = page.split("$ codl inspect trace.h5\n", 1)[1].split("```", 1)[0]
     trace = tmp_path / "trace.h5"
     with gzip.open(REPO / "tests" / "golden" / "traces" / "r2_combined.h5.gz", "rb") as src:
         trace.write_bytes(src.read())

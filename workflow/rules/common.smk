@@ -44,8 +44,9 @@ ADVISOR = advisor_settings(config)
 # Data sets of the shared-node jobs (config section `share`); empty without one.
 SHARE_INPUTS = share_inputs(config, PLAN, PATHS)
 SHARE_RESOURCES = share_resources(config, PLAN)
-# With --use-conda every rule runs in this environment (README, "Software environment");
-# without it, in the one that runs Snakemake. Its file installs this checkout from CODL_ROOT.
+# With --use-conda every rule runs in this environment (docs/running.md, "Software
+# environment"); without it, in the one that runs Snakemake. Its file installs this checkout from
+# CODL_ROOT.
 CONDA_ENV = "../envs/codl.yaml"
 os.environ.setdefault("CODL_ROOT", str(Path(workflow.basedir).resolve()))
 
