@@ -28,8 +28,9 @@ from typing import Any
 import yaml
 
 from codl.config import load_plan
-from codl.paths import ALL_FIGURES, FIGURE_FORMATS, ResultPaths
-from codl.workflow import dataset_input
+from codl.figures import RUN_FIGURES
+from codl.paths import FIGURE_FORMATS, ResultPaths
+from codl.steps.workflow import dataset_input
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CSV = Path(__file__).parent / "results" / "dag_cost.csv"
@@ -65,7 +66,7 @@ def minimal_snakefile(config: Path) -> str:
     ids = sorted(specs)
     datasets = sorted({name for name, _tier in plan.datasets()})
     inputs = {i: dataset_input(p, specs[i]) for i in ids}
-    figures = [str(p.figure(n, f)) for n in ALL_FIGURES for f in FIGURE_FORMATS]
+    figures = [str(p.figure(n, f)) for n in RUN_FIGURES for f in FIGURE_FORMATS]
     tables = [str(p.runs_table), str(p.comparison_table), str(p.decomposition_table)]
 
     per_run_outputs = [

@@ -22,10 +22,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from codl.analysis.summarize import LOADER_ITEM_STAGES
+from codl.analysis.columns import LOADER_STAGES
 from codl.trace.store import COMPRESSIONS, Compression, TraceWriter, open_trace
-
-LOADER_STAGES = (*LOADER_ITEM_STAGES, "collate")
 
 DEFAULT_CSV = Path(__file__).parent / "results" / "trace_store.csv"
 

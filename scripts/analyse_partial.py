@@ -21,9 +21,9 @@ from pathlib import Path
 import pandas as pd
 
 from codl.analysis import calls
-from codl.analysis.pipeline import compare_to, figures_to, summarize_to
 from codl.paths import RunFiles
 from codl.spec import Mode, RunSpec
+from codl.steps.analysis import compare_to, figures_to, summarize_to
 
 
 def main(root: Path, out: Path) -> None:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from codl.analysis.summarize import HELPER_ROLES
+from codl.analysis.columns import HELPER_ROLES
 
 KEYS = ["run_id", "rank", "step"]
 

@@ -36,12 +36,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from codl.analysis import advise as adv
-from codl.analysis import model as mdl
-from codl.analysis.advisor_config import share_settings, share_specs
+from codl.advisor import advise as adv
+from codl.advisor import model as mdl
+from codl.advisor.settings import share_settings, share_specs
 from codl.config import build_plan, load_yaml
 from codl.paths import ResultPaths
-from codl.share import even_counts
+from codl.steps.advisor import fit_results
+from codl.steps.share import even_counts
 
 KEY = ["experiment", "mode", "dataset", "policy", "workers", "cores"]
 
@@ -73,7 +74,7 @@ def predict(check: Path, out: Path, fits: list[Path]) -> None:
     by_dataset = {}
     for d in fits:
         name = load_yaml(d / "config.yaml")["defaults"]["dataset"]["name"]
-        by_dataset[name] = adv.fit_results(d, boot=200).fit
+        by_dataset[name] = fit_results(d, boot=200).fit
     settings = settings_of(check).drop(columns="run_id").drop_duplicates()
     rows = []
     for (dataset, mode), s in settings.groupby(["dataset", "mode"], sort=False):
@@ -112,7 +113,7 @@ def holdout(results: Path, cores: int, out: Path) -> None:
     """The combined runs on ``cores`` cores held out, predicted by the fit on every other run
     (the data runs at all their budgets) and by the fit on the data runs at the combined runs'
     budget only (what a one-budget config would have had)."""
-    fitted = adv.fit_results(results, boot=0)
+    fitted = fit_results(results, boot=0)
     runs, steps, fit_cores = fitted.runs, fitted.steps, fitted.fit.cores
     held = runs[(runs["mode"] != mdl.LOADER_MODE) & (runs["cpus"] == cores) & (runs["workers"] > 0)]
     rest = runs[~runs["run_id"].isin(held["run_id"])]
@@ -150,7 +151,7 @@ def holdout(results: Path, cores: int, out: Path) -> None:
 
 def splits(fits: list[Path], cores: int, out: Path) -> None:
     """``advise.advise_split`` of ``cores`` between the fitted jobs, every split scored."""
-    counts, table = adv.advise_split([adv.fit_results(d, boot=200).fit for d in fits], cores=cores)
+    counts, table = adv.advise_split([fit_results(d, boot=200).fit for d in fits], cores=cores)
     table = table.assign(split=[" / ".join(map(str, x)) for x in table["split"]])
     table.to_csv(out, index=False, float_format="%.4g")
     print("advised:", counts)
@@ -164,7 +165,7 @@ def share_plan(config: Path, out: Path) -> None:
     cfg = load_yaml(config)
     settings = share_settings(cfg)
     specs = share_specs(cfg, build_plan(cfg))
-    fits = [adv.fit_results(Path(d), boot=200).fit for d in settings.advise_from]
+    fits = [fit_results(Path(d), boot=200).fit for d in settings.advise_from]
     pool = settings.cpus or int(cfg["slurm"]["cpus_per_rank"])
     advised, _ = adv.advise_split(fits, cores=pool)
     rows = []

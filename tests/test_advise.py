@@ -10,8 +10,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from codl.analysis import advise as adv
-from codl.analysis import model as mdl
+from codl.advisor import advise as adv
+from codl.advisor import model as mdl
+from codl.cli import advise as advise_cli
 from codl.config import build_plan, load_plan, load_yaml
 from test_model import BATCH, COMPUTE, CORES, RATE, planted_tables
 
@@ -128,7 +129,7 @@ def test_main_end_to_end(tmp_path: Path, name: str, capsys: pytest.CaptureFixtur
     runs, steps = planted_tables(repeats=2, steps=20)
     results = _write_results(tmp_path / name, runs, steps, config=True)
     out = tmp_path / name / "verify.yaml"
-    assert adv.main([str(results), "--out", str(out), "--boot", "4", "--steps", "200"]) == 0
+    assert advise_cli.main([str(results), "--out", str(out), "--boot", "4", "--steps", "200"]) == 0
     printed = capsys.readouterr().out
     assert "policy none, 13 workers" in printed
     plan = load_plan(out)
@@ -146,7 +147,7 @@ def test_main_cross_validates_and_writes_the_held_out_errors(
     runs, steps = planted_tables(repeats=2, steps=20)
     results = _write_results(tmp_path / "r", runs, steps, config=True)
     cv = tmp_path / "out" / "cv.csv"
-    assert adv.main([str(results), "--boot", "0", "--cross-validate", str(cv)]) == 0
+    assert advise_cli.main([str(results), "--boot", "0", "--cross-validate", str(cv)]) == 0
     printed = capsys.readouterr().out
     assert "in sample (the " in printed and "out of sample (each combined worker count" in printed
     table = pd.read_csv(cv)
@@ -162,10 +163,12 @@ def test_main_without_config_rebuilds_defaults(
     runs, steps = planted_tables(repeats=1, steps=20)
     results = _write_results(tmp_path / "r", runs, steps, config=False)
     out = tmp_path / "verify.yaml"
-    assert adv.main([str(results), "--out", str(out), "--boot", "0"]) == 2
+    assert advise_cli.main([str(results), "--out", str(out), "--boot", "0"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--fit-cores" in err
-    assert adv.main([str(results), "--fit-cores", "16", "--out", str(out), "--boot", "0"]) == 0
+    assert (
+        advise_cli.main([str(results), "--fit-cores", "16", "--out", str(out), "--boot", "0"]) == 0
+    )
     spec = next(iter(load_plan(out).specs.values()))
     assert spec.workload.batch_size == BATCH
 
@@ -202,7 +205,7 @@ def test_main_errors_are_one_line(
         cfg["defaults"]["loader"]["no_such_key"] = 1
         (root / "config.yaml").write_text(yaml.safe_dump(cfg))
         out = ["--out", str(tmp_path / "verify.yaml")]
-    assert adv.main([str(root), "--boot", "0", *out]) == 2
+    assert advise_cli.main([str(root), "--boot", "0", *out]) == 2
     err = capsys.readouterr().err
     assert err.startswith("codl advise: error: ") and message in err
     assert err.count("\n") == 1 and "Traceback" not in err

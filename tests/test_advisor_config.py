@@ -10,12 +10,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from codl.analysis import advise as adv
-from codl.analysis import loop
-from codl.analysis import model as mdl
-from codl.analysis.advisor_config import AdvisorSettings, advisor_settings, advisor_targets
+from codl.advisor import advise as adv
+from codl.advisor import model as mdl
+from codl.advisor import verify
+from codl.advisor.settings import AdvisorSettings, advisor_settings
 from codl.config import build_plan, schema
 from codl.paths import ResultPaths
+from codl.steps.workflow import advisor_targets
 from test_model import CORES, planted_tables
 
 
@@ -53,7 +54,7 @@ def test_predictions_cover_every_verification_setting(
         advice, fit, defaults={"device": "cuda", "workload": {"model": "resnet50"}}
     )
     plan = build_plan(cfg)
-    table = loop.verification_predictions(fit, advice, plan)
+    table = verify.verification_predictions(fit, advice, plan)
     combined = {
         (s.pinning.policy.value, s.loader.workers)
         for s in plan.specs.values()
@@ -88,11 +89,11 @@ def test_predicted_vs_measured_gives_the_planted_errors(
         }
     )
     runs = runs[~(runs["policy"] == "isolated")]  # one setting not run
-    out = loop.predicted_vs_measured(pred, runs)
+    out = verify.score_predictions(pred, runs)
     assert out["error"].iloc[0] == pytest.approx(0.1)
     assert out["error"].iloc[1] == pytest.approx(0.0)
     assert out["n_runs"].tolist() == [2, 2, 0] and np.isnan(out["measured"].iloc[2])
-    summary = loop.prediction_summary(out)
+    summary = verify.prediction_summary(out)
     assert summary["settings"] == 2
     assert summary["median_abs_error"] == pytest.approx(0.05)
     assert summary["worst_abs_error"] == pytest.approx(0.1)
@@ -123,10 +124,10 @@ def test_settings_at_two_core_budgets_are_matched_by_their_cpus(
             "throughput_samples_s": [1000.0, 3000.0],
         }
     )
-    out = loop.predicted_vs_measured(pred, runs)
+    out = verify.score_predictions(pred, runs)
     assert out["measured"].tolist() == [1000.0, 3000.0] and out["n_runs"].tolist() == [1, 1]
     # One budget in the table: the setting alone matches, as before the column.
-    one = loop.predicted_vs_measured(pred.iloc[[1]], runs.iloc[[1]].assign(cpus=4))
+    one = verify.score_predictions(pred.iloc[[1]], runs.iloc[[1]].assign(cpus=4))
     assert one["measured"].tolist() == [3000.0]
 
 
@@ -191,7 +192,7 @@ def test_the_advice_ratio_has_a_bootstrap_interval_around_the_planted_one() -> N
                     "throughput_samples_s": 128 * 1000 / steps.mean(),
                 }
             )
-    out = loop.predicted_vs_measured(
+    out = verify.score_predictions(
         pred, pd.DataFrame(run_rows), pd.concat(step_rows), boot=400, seed=1
     )
     mine, other = out.iloc[0], out.iloc[1]
@@ -206,7 +207,7 @@ def test_the_advice_ratio_has_a_bootstrap_interval_around_the_planted_one() -> N
     for _, r in out.iterrows():
         assert r["measured_lo"] < r["measured"] < r["measured_hi"]
         assert r["measured"] == pytest.approx((r["measured_lo"] + r["measured_hi"]) / 2, rel=0.03)
-    summary = loop.prediction_summary(out)
+    summary = verify.prediction_summary(out)
     assert summary["advised_vs_best"] == 0.0
     assert summary["advised_vs_other"] == pytest.approx(other["advice_ratio"])
     assert summary["advised_vs_other_lo"] == pytest.approx(other["advice_ratio_lo"])

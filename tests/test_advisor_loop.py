@@ -9,14 +9,16 @@ from typing import NoReturn
 import pandas as pd
 import pytest
 
-from codl.analysis import loop
-from codl.analysis import model as mdl
-from codl.analysis.advisor_config import advisor_targets
-from codl.analysis.pipeline import compare_to, summarize_to
+from codl.advisor import model as mdl
 from codl.config import Plan, build_plan, load_yaml
 from codl.datasets import generate
+from codl.figures import FigureName
 from codl.harness.launch import launch
-from codl.paths import MAP_FIGURE, PREDICTION_FIGURE, ResultPaths
+from codl.paths import ResultPaths
+from codl.advisor import verify
+from codl.steps import advisor as advisor_steps
+from codl.steps.analysis import compare_to, summarize_to
+from codl.steps.workflow import advisor_targets
 
 CONFIG = Path(__file__).resolve().parents[1] / "config" / "loop-cpu.yaml"
 
@@ -73,8 +75,8 @@ def test_the_loop_closes_on_cpu(tmp_path: Path) -> None:
     assert set(advisor_targets(cfg, paths)) >= {str(paths.verify_config), str(paths.map_table)}
 
     # The map of the fitting runs: every data+compute setting, with a regime.
-    fig = paths.figure(MAP_FIGURE)
-    table = loop.map_to(
+    fig = paths.figure(FigureName.INTERFERENCE_MAP)
+    table = advisor_steps.map_to(
         runs=paths.runs_table,
         steps=paths.steps_table,
         cfg=cfg,
@@ -85,7 +87,7 @@ def test_the_loop_closes_on_cpu(tmp_path: Path) -> None:
     assert table["inflation_mean"].notna().all() and fig.stat().st_size > 0
 
     try:
-        advice = loop.advise_to(
+        advice = advisor_steps.advise_to(
             runs=paths.runs_table,
             steps=paths.steps_table,
             cfg=cfg,
@@ -97,18 +99,18 @@ def test_the_loop_closes_on_cpu(tmp_path: Path) -> None:
     except mdl.ModelError as exc:
         skip_if_the_loader_did_not_scale(paths, exc)
     assert f"{advice.workers} workers" in paths.advice_text.read_text()
-    verify = load_yaml(paths.verify_config)
-    assert verify["advisor"] == {"predictions": str(paths.predictions_table)}
+    verify_cfg = load_yaml(paths.verify_config)
+    assert verify_cfg["advisor"] == {"predictions": str(paths.predictions_table)}
     predictions = pd.read_csv(paths.predictions_table)
     assert predictions["advised"].sum() == 1
 
     # The verification runs (new measurements: none is a fitting run again), then predicted
     # vs measured.
-    verify_plan = build_plan(verify)
+    verify_plan = build_plan(verify_cfg)
     assert not set(verify_plan.specs) & set(plan.specs)
     run_plan(verify_plan, paths)
-    out = paths.figure(PREDICTION_FIGURE)
-    result = loop.predicted_vs_measured_to(
+    out = paths.figure(FigureName.PREDICTED_VS_MEASURED)
+    result = advisor_steps.predicted_vs_measured_to(
         predictions=paths.predictions_table,
         runs=paths.runs_table,
         table=paths.predicted_vs_measured_table,
@@ -120,7 +122,7 @@ def test_the_loop_closes_on_cpu(tmp_path: Path) -> None:
     assert (result["n_runs"] >= 1).all() and result["measured"].gt(0).all()
     advised = result[result["advised"]].iloc[0]
     assert advised["error"] == pytest.approx(advised["throughput"] / advised["measured"] - 1)
-    summary = loop.prediction_summary(result)
+    summary = verify.prediction_summary(result)
     assert summary["settings"] == len(result) and summary["worst_abs_error"] >= 0
     # Intervals from the runs' steps: around each measured mean, and the advice's ratio to
     # every other setting (not to itself).

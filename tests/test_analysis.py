@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from codl.analysis import columns, intervals
 from codl.analysis import compare as cmp
 from codl.analysis import summarize as sm
 from codl.spec import Mode, RunSpec
@@ -394,14 +395,14 @@ def test_attribution_empty_inputs() -> None:
 
 
 def test_interval_union_and_overlap() -> None:
-    u = sm.interval_union(np.array([10, 0, 5, 30, 40]), np.array([20, 5, 12, 35, 40]))
+    u = intervals.interval_union(np.array([10, 0, 5, 30, 40]), np.array([20, 5, 12, 35, 40]))
     # [0,5) and [5,12) touch -> merge; [10,20) overlaps; the empty [40,40) is dropped.
     assert u.tolist() == [[0, 20], [30, 35]]
-    assert sm.interval_union(np.array([]), np.array([])).shape == (0, 2)
-    b = sm.interval_union(np.array([15, 33]), np.array([31, 50]))
-    assert sm.overlap_ns(u, b) == 5 + 1 + 2
-    assert sm.overlap_ns(b, u) == 8
-    assert sm.overlap_ns(u, np.empty((0, 2), dtype=np.int64)) == 0
+    assert intervals.interval_union(np.array([]), np.array([])).shape == (0, 2)
+    b = intervals.interval_union(np.array([15, 33]), np.array([31, 50]))
+    assert intervals.overlap_ns(u, b) == 5 + 1 + 2
+    assert intervals.overlap_ns(b, u) == 8
+    assert intervals.overlap_ns(u, np.empty((0, 2), dtype=np.int64)) == 0
 
 
 def loader_item(
@@ -556,7 +557,7 @@ SPEC = {
 def run_frames(
     run_id: str, mode: str, values: dict[str, list[float]], **spec: Any
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    loads = mode in sm.LOADING_MODES
+    loads = mode in columns.LOADING_MODES
     summary = {
         "run_id": run_id,
         "mode": mode,
@@ -919,7 +920,7 @@ def test_real_trace_invariants(trace: Path) -> None:
     assert (steps["launch_wait_ms"].dropna() >= 0).all()
     row = summary.iloc[0]
     assert row["step_ms_p50"] <= row["step_ms_p95"] <= row["step_ms_p99"]
-    if row["mode"] in sm.LOADING_MODES:
+    if row["mode"] in columns.LOADING_MODES:
         assert (steps["loader_item_ms"].dropna() > 0).all()
         assert row["loader_items_per_s"] > 0
     for frac in ("loader_compute_overlap", "kernel_loader_overlap"):

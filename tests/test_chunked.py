@@ -10,9 +10,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from codl.analysis import chunked, figdata, figtables
+from codl.analysis import chunked, columns
 from codl.analysis import decompose as dec
 from codl.analysis import summarize as sm
+from codl.figures import data as figdata
+from codl.figures import run_tables
 from codl.trace import store
 from codl.trace.store import TraceWriter, block_rows, open_trace
 
@@ -20,8 +22,8 @@ GOLDEN = Path(__file__).resolve().parent / "golden" / "traces"
 
 
 def _compare(got: pd.DataFrame, want: pd.DataFrame) -> None:
-    got = got.sort_values(sm.KEYS).reset_index(drop=True)
-    want = want.sort_values(sm.KEYS).reset_index(drop=True)
+    got = got.sort_values(columns.KEYS).reset_index(drop=True)
+    want = want.sort_values(columns.KEYS).reset_index(drop=True)
     pd.testing.assert_frame_equal(got, want, check_exact=False, rtol=1e-12, atol=0)
 
 
@@ -38,7 +40,7 @@ def test_golden_traces_give_the_same_per_step_metrics(name: str, tmp_path: Path)
     with gzip.open(GOLDEN / name, "rb") as src, trace.open("wb") as dst:
         shutil.copyfileobj(src, dst)
     with open_trace(trace) as t:
-        warmup = sm.warmup_steps(t.attrs)
+        warmup = columns.warmup_steps(t.attrs)
     loader, api = _whole_table(trace, warmup)
     _compare(chunked.loader_stage_sums(trace, warmup=warmup), loader)
     _compare(chunked.api_step_metrics(trace, warmup=warmup), api)
@@ -184,10 +186,10 @@ def test_summarize_trace_reading_blocks_equals_the_whole_tables(name: str, tmp_p
     # the decomposition's inputs and the figure tables are those of the whole tables.
     pruned, _ = chunked.read_summary_tables(trace, warmup_rows=True)
     _assert_same_frames(sm.summarize_tables(pruned, attrs), want)
-    kw = {"warmup": sm.warmup_steps(attrs), "ranks_per_node": sm.ranks_per_node(attrs)}
+    kw = {"warmup": columns.warmup_steps(attrs), "ranks_per_node": sm.ranks_per_node(attrs)}
     _assert_same_frames((dec.step_parts(pruned, **kw),), (dec.step_parts(whole, **kw),))
     spec = attrs["spec"]
-    for table in (figtables.api_calls, figtables.timeline):
+    for table in (run_tables.api_calls, run_tables.timeline):
         _assert_same_frames((table(pruned, attrs, spec),), (table(whole, attrs, spec),))
 
 

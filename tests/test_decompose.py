@@ -13,10 +13,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from codl.analysis import columns, steady
 from codl.analysis import compare as cmp
 from codl.analysis import decompose as dec
-from codl.analysis import figdata, plots, steady
 from codl.analysis import summarize as sm
+from codl.figures import data as figdata
+from codl.figures import draw as plots
 from codl.trace.store import empty_frame
 from test_analysis import SPEC, frame
 
@@ -117,7 +119,7 @@ def summaries(*steps: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for s in steps:
         r = s.iloc[0]
-        loads = r["mode"] in sm.LOADING_MODES
+        loads = r["mode"] in columns.LOADING_MODES
         rows.append(
             {
                 "run_id": r["run_id"],
@@ -573,7 +575,7 @@ def ddp_run(
         "samples/sched": frame("samples/sched", sched),
         "threads": frame("threads", threads),
     }
-    return {n: tables.get(n, empty_frame(n)) for n in sm.SUMMARY_TABLES}
+    return {n: tables.get(n, empty_frame(n)) for n in columns.SUMMARY_TABLES}
 
 
 def ddp_decomposition(
@@ -698,11 +700,11 @@ def test_bucket_gpu_starts_are_placed_on_the_host_clock_by_the_step_event() -> N
 
 def test_step_timeline_draws_each_off_cpu_interval_where_it_fell(tmp_path: Path) -> None:
     def complete(t: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
-        return {n: empty_frame(n) for n in sm.SUMMARY_TABLES} | t
+        return {n: empty_frame(n) for n in columns.SUMMARY_TABLES} | t
 
     tables = complete(with_gil_sleeps(traced_run(loaded=True), block_ms=BLOCK_MS))
     step = WARMUP + 3
-    bars = figdata.step_timeline(tables, step=step)
+    bars = figdata.timeline_bars(tables, step=step)
     off = bars[bars["kind"] == "offcpu"]
     t0 = BASE + step * 100 * MS
     start = (t0 + 2 * MS) + MS  # the compute span opens 2 ms into the step; sleeps 1 ms later
@@ -722,7 +724,7 @@ def test_step_timeline_draws_each_off_cpu_interval_where_it_fell(tmp_path: Path)
     # After each wake-up the thread queued 1 us before it ran: drawn as run-queue time.
     assert (off["label"] == "runnable").sum() == 4
     # Without the record nothing is placed (schedstat totals only).
-    plain = figdata.step_timeline(complete(traced_run(loaded=True)), step=step)
+    plain = figdata.timeline_bars(complete(traced_run(loaded=True)), step=step)
     assert not (plain["kind"] == "offcpu").any()
     out = [tmp_path / "timeline.png"]
     plots.step_timeline(bars, out)

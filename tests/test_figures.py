@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from codl.analysis import figdata, plots
+from codl.figures import data as figdata
+from codl.figures import draw as plots
 from codl.trace.store import empty_frame
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -265,14 +266,14 @@ def test_step_timeline_from_trace_tables(tmp_path: Path) -> None:
         "samples/sched": empty_frame("samples/sched"),
         "threads": empty_frame("threads"),
     }
-    tl = figdata.step_timeline(tables, step=3)
+    tl = figdata.timeline_bars(tables, step=3)
     launch = tl[tl["track"] == "launch thread"]
     assert list(launch["phase"]) == ["data_wait", "forward", "backward"]
     gpu = tl[tl["track"] == "GPU (events)"].iloc[0]
     assert (gpu["start_ms"], gpu["end_ms"]) == (2.0, 5.0)
     plots.step_timeline(tl, outputs(tmp_path, "x"), title="t")
     check(outputs(tmp_path, "x"))
-    assert figdata.step_timeline(tables, step=99).empty
+    assert figdata.timeline_bars(tables, step=99).empty
 
 
 def _drawn(monkeypatch: pytest.MonkeyPatch) -> list[Any]:

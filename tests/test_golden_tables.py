@@ -21,12 +21,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from codl.analysis import columns
 from codl.analysis import compare as cmp
-from codl.analysis import summarize as sm
-from codl.analysis.pipeline import compare_to, summarize_to
 from codl.datasets import generate
 from codl.harness.launch import launch
 from codl.spec import DatasetSpec, RunSpec
+from codl.steps.analysis import compare_to, summarize_to
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 TRACES = GOLDEN / "traces"
@@ -170,7 +170,7 @@ def test_mode_vocabulary_derived_from_spec_is_the_one_compare_used() -> None:
     assert {"data", "compute", "comm"} == cmp.ISOLATION_MODES
     loading = {"data", "data+compute", "combined", "data+sleep"}
     assert loading == cmp.LOADING_MODES
-    assert loading == sm.LOADING_MODES
+    assert loading == columns.LOADING_MODES
 
 
 if __name__ == "__main__":
@@ -191,11 +191,11 @@ def test_backfilled_helper_times_equal_the_summarized_ones(tmp_path: Path) -> No
     backfill = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(backfill)
     steps = pd.read_csv(TABLES / "steps.csv")
-    columns = [f"{r}_run_ms" for r in sm.HELPER_ROLES]
+    helper_columns = [f"{r}_run_ms" for r in columns.HELPER_ROLES]
     tables = tmp_path / "tables"
     tables.mkdir()
     pd.read_csv(TABLES / "runs.csv").to_csv(tables / "runs.csv", index=False)
-    steps.drop(columns=columns).to_csv(tables / "steps.csv.gz", index=False)
+    steps.drop(columns=helper_columns).to_csv(tables / "steps.csv.gz", index=False)
     pd.read_csv(TABLES / "attribution.csv").to_csv(tables / "attribution.csv.gz", index=False)
     backfill.backfill(tmp_path)
     got = pd.read_csv(tables / "steps.csv.gz").set_index(["run_id", "rank", "step"])
@@ -203,5 +203,7 @@ def test_backfilled_helper_times_equal_the_summarized_ones(tmp_path: Path) -> No
     assert (want["comm_run_ms"] > 0).any()
     recorded = want["launch_run_ms"].notna()
     np.testing.assert_allclose(
-        got.loc[recorded, columns].to_numpy(), want.loc[recorded, columns].to_numpy(), atol=1e-9
+        got.loc[recorded, helper_columns].to_numpy(),
+        want.loc[recorded, helper_columns].to_numpy(),
+        atol=1e-9,
     )

@@ -9,11 +9,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from codl.advisor import interference_map as imap
 from codl.analysis import compare as cmp
-from codl.analysis import interference_map as imap
-from codl.analysis import plots
 from codl.config import build_plan
 from codl.errors import CodlError
+from codl.figures import draw as plots
 
 BATCH = 8
 COMPUTE_MS = 100.0

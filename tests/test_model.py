@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from codl.analysis import model as mdl
+from codl.advisor import model as mdl
 
 REPO = Path(__file__).resolve().parent.parent
 # The first one-H200 tables (30 steps, finite sampler; replaced in results/h200 by the 200-step

@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 import yaml
 
-from codl.paths import ALL_FIGURES, ResultPaths
+from codl.figures import RUN_FIGURES
+from codl.paths import ResultPaths
 from test_workflow import CONFIG, snakemake
 
 pytestmark = pytest.mark.slow
@@ -230,7 +231,7 @@ def test_every_figure_loads_in_chromium_with_its_own_caption(
         browser.close()
 
     # Each figure once, as a PNG: the PDFs stay on disk, out of the report.
-    assert sorted(Path(f["path"]).name for f in shown) == sorted(f"{n}.png" for n in ALL_FIGURES)
+    assert sorted(Path(f["path"]).name for f in shown) == sorted(f"{n}.png" for n in RUN_FIGURES)
     assert {f["mime"] for f in shown} == {"image/png"}
     assert {f["subcategory"] for f in shown} == {"Interference", "Mechanism"}
     captions = [plain(f["caption"]) for f in shown]
@@ -248,7 +249,7 @@ def test_every_figure_has_a_report_entry_and_a_caption_file() -> None:
     codl.paths without a rule output and a caption would silently miss the report."""
     rules = (REPO / "workflow" / "rules" / "analysis.smk").read_text()
     entries = re.findall(r'PATHS\.figure\("(\w+)"\),\s*caption="\.\./report/(\w+)\.rst"', rules)
-    assert sorted(n for n, _ in entries) == sorted(ALL_FIGURES)
+    assert sorted(n for n, _ in entries) == sorted(RUN_FIGURES)
     for name, caption in entries:
         assert caption == name
         text = (REPO / "workflow" / "report" / f"{caption}.rst").read_text()

@@ -256,7 +256,7 @@ def test_exact_events_replace_the_counter_split_of_slow_calls() -> None:
 
 
 def test_a_missing_switch_in_ends_the_interval_at_the_wakeup_and_is_counted() -> None:
-    from codl.analysis.offcpu import missing_switch_ins
+    from codl.trace.ftrace import missing_switch_ins
 
     switch = _switch(
         [

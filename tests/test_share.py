@@ -11,16 +11,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from codl import share
-from codl.analysis import advise as adv
-from codl.analysis import model as mdl
-from codl.analysis.advisor_config import share_settings, share_specs
+from codl.advisor import advise as adv
+from codl.advisor import model as mdl
+from codl.advisor.settings import share_settings, share_specs
 from codl.config import build_plan, load_yaml
 from codl.datasets import generate
 from codl.errors import CodlError
-from codl.paths import ResultPaths
+from codl.paths import ResultPaths, ShareFiles
 from codl.pinning import cpulist
 from codl.spec import DeviceKind
+from codl.steps import share
+from codl.steps.advisor import fit_results
 from codl.trace.store import open_trace
 
 NODE = 16
@@ -229,7 +230,7 @@ def test_splits_run_repeat_major_in_rotated_order(
         order.append(jobs[0].trace.parent.parent.name)
 
     monkeypatch.setattr(share, "run_together", fake_together)
-    monkeypatch.setattr(share, "throughput_of", lambda trace, work: 1.0)
+    monkeypatch.setattr(share, "throughput_of", lambda trace: 1.0)
     cfg = load_yaml(CONFIG)
     specs = share_specs(cfg, build_plan(cfg))
     jobs = [
@@ -273,9 +274,9 @@ def test_the_advised_split_is_fitted_from_results_directories(tmp_path: Path) ->
         dirs.append(str(d))
     # The split reads the point fit; a few bootstrap replicates keep the test short.
     counts = share.advised_split(dirs, 24, tmp_path / "work", boot=4)
-    fits = [adv.fit_results(Path(d), boot=4).fit for d in dirs]
+    fits = [fit_results(Path(d), boot=4).fit for d in dirs]
     assert counts == adv.advise_split(fits, cores=24)[0]
-    scored = pd.read_csv(tmp_path / "work" / share.ADVISED_SPLITS)
+    scored = pd.read_csv(ShareFiles(tmp_path / "work").advised_splits)
     assert len(scored) == 23 and {"score", "rel_0", "rel_1"} <= set(scored.columns)
     with pytest.raises(CodlError, match=r"share\.advise_from: .*missing table"):
         share.advised_split([dirs[0], str(tmp_path / "nowhere")], 24, tmp_path / "work", boot=4)

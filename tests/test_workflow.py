@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from codl.config import build_plan
-from codl.paths import ALL_FIGURES, FIGURE_FORMATS, ResultPaths
+from codl.figures import RUN_FIGURES
+from codl.paths import FIGURE_FORMATS, ResultPaths
 
 pytestmark = pytest.mark.slow
 
@@ -87,7 +88,7 @@ def test_workflow_runs_once_and_reruns_only_changed_specs(tmp_path: Path) -> Non
     assert first["run"] == 3
     assert first["summarize"] == 3
     assert first["dataset"] == 1
-    for name in ALL_FIGURES:
+    for name in RUN_FIGURES:
         for fmt in FIGURE_FORMATS:
             assert (workdir / "results" / "figures" / f"{name}.{fmt}").stat().st_size > 1000
     runs = pd.read_csv(workdir / "results" / "tables" / "runs.csv")

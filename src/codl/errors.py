@@ -40,6 +40,10 @@ class ConfigError(CodlError):
             lines += f"\n  ... and {more} more"
         super().__init__(f"{len(self.problems)} problem(s){where}:\n{lines}")
 
+    def one_line(self) -> str:
+        """Every problem on one line, for a message that names the file it came from."""
+        return "; ".join(self.problems)
+
 
 class PlacementError(CodlError):
     """A CPU-set policy cannot be satisfied inside the CPUs the job was given."""

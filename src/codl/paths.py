@@ -9,23 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-FIGURES = (
-    "component_durations",
-    "api_latency_cdf",
-    "launch_wait_vs_compute",
-    "step_timeline",
-    "policy_heatmap",
-    "step_time_distributions",
-)
-# Every figure is drawn from tables (codl.analysis.figtables.FIGURES) and has its own report
-# entry and caption (analysis.smk).
-DECOMPOSITION_FIGURE = "decomposition"
-ALL_FIGURES = (*FIGURES, DECOMPOSITION_FIGURE)
+# Every figure is written in each format; its name is codl.figures.FigureName's.
 FIGURE_FORMATS = ("png", "pdf")
-# The advisor's figures, drawn only when the config's `advisor` section asks for them.
-MAP_FIGURE = "interference_map"
-PREDICTION_FIGURE = "predicted_vs_measured"
-SHARE_FIGURE = "share"
 
 
 @dataclass(frozen=True)
@@ -66,12 +51,12 @@ class RunFiles:
 
     @property
     def api_calls(self) -> Path:
-        """Every measured CUDA runtime API call, for the latency CDF (codl.analysis.figtables)."""
+        """Every measured CUDA runtime API call, for the latency CDF (codl.figures.run_tables)."""
         return self.dir / "api_calls.parquet"
 
     @property
     def timeline(self) -> Path:
-        """The run's representative step as step-timeline bars (codl.analysis.figtables)."""
+        """The run's representative step as step-timeline bars (codl.figures.run_tables)."""
         return self.dir / "timeline.parquet"
 
     def tables(self) -> dict[str, Path]:
@@ -84,6 +69,30 @@ class RunFiles:
             "api_calls": self.api_calls,
             "timeline": self.timeline,
         }
+
+
+@dataclass(frozen=True)
+class ShareFiles:
+    """The files of one shared-node experiment (``codl.steps.share``) under its directory: per
+    split and repeat a directory of the jobs' traces, each trace's summarize tables beside it."""
+
+    dir: Path
+
+    @property
+    def advised_splits(self) -> Path:
+        """Every split ``advise_split`` scored for ``share.advise_from``."""
+        return self.dir / "advised_splits.csv"
+
+    def trace(self, job: str, split: str | None = None, repeat: int = 0) -> Path:
+        """Job ``job``'s trace in ``split``'s ``repeat`` (at the top without a split)."""
+        where = self.dir if split is None else self.dir / split / str(repeat)
+        return where / f"{job}.h5"
+
+    @staticmethod
+    def job_tables(trace: Path) -> dict[str, Path]:
+        """The summarize tables of one job's trace, beside it, by summarize_to's keywords."""
+        kinds = ("steps", "summary", "attribution", "parts")
+        return {k: trace.with_name(f"{trace.stem}.{k}.parquet") for k in kinds}
 
 
 @dataclass(frozen=True)
@@ -232,6 +241,10 @@ class ResultPaths:
     @property
     def share(self) -> Path:
         return self.results / "share"
+
+    @property
+    def share_files(self) -> ShareFiles:
+        return ShareFiles(self.share)
 
     @property
     def share_rows(self) -> Path:

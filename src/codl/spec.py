@@ -95,6 +95,15 @@ class Mode(enum.StrEnum):
     def is_isolation(self) -> bool:
         return self in {Mode.DATA, Mode.COMPUTE, Mode.COMM}
 
+    @property
+    def compute_twin(self) -> Mode | None:
+        """A training mode with a loader without it: the twin the advisor and the interference
+        map hold its compute against (data+compute -> compute, combined -> compute+comm);
+        None for a mode that does not both load and compute."""
+        if not (self.loads and self.computes):
+            return None
+        return Mode.COMPUTE_COMM if self.communicates else Mode.COMPUTE
+
 
 class Policy(enum.StrEnum):
     """CPU-set policy for loader workers and launch threads (docs/design.md sect. 7; table in

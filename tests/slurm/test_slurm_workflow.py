@@ -29,7 +29,8 @@ import yaml
 
 from codl.config import build_plan
 from codl.errors import TraceFormatError
-from codl.paths import FIGURE_FORMATS, FIGURES
+from codl.figures import RUN_FIGURES
+from codl.paths import FIGURE_FORMATS
 from codl.pinning import parse_cpulist
 from codl.trace.store import open_trace
 
@@ -273,7 +274,7 @@ def test_tables_and_figures_exist(matrix) -> None:
     tables = workdir / "results" / "tables"
     assert (tables / "runs.csv").stat().st_size > 0
     assert (tables / "comparison.csv").stat().st_size > 0
-    for name in FIGURES:
+    for name in RUN_FIGURES:
         for fmt in FIGURE_FORMATS:
             assert (workdir / "results" / "figures" / f"{name}.{fmt}").stat().st_size > 0
 

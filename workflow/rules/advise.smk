@@ -25,11 +25,11 @@ rule interference_map:
             category="Advisor",
         ),
         png=report(
-            PATHS.figure(MAP_FIGURE),
+            PATHS.figure(FigureName.INTERFERENCE_MAP),
             caption="../report/interference_map.rst",
             category="Advisor",
         ),
-        pdf=PATHS.figure(MAP_FIGURE, "pdf"),
+        pdf=PATHS.figure(FigureName.INTERFERENCE_MAP, "pdf"),
     log:
         PATHS.log("interference_map"),
     conda:
@@ -78,11 +78,11 @@ if ADVISOR.predictions:
         output:
             table=PATHS.predicted_vs_measured_table,
             png=report(
-                PATHS.figure(PREDICTION_FIGURE),
+                PATHS.figure(FigureName.PREDICTED_VS_MEASURED),
                 caption="../report/predicted_vs_measured.rst",
                 category="Advisor",
             ),
-            pdf=PATHS.figure(PREDICTION_FIGURE, "pdf"),
+            pdf=PATHS.figure(FigureName.PREDICTED_VS_MEASURED, "pdf"),
         log:
             PATHS.log("predicted_vs_measured"),
         conda:
@@ -107,11 +107,11 @@ if config.get("share", {}).get("jobs"):
                 category="Advisor",
             ),
             png=report(
-                PATHS.figure(SHARE_FIGURE),
+                PATHS.figure(FigureName.SHARE),
                 caption="../report/share.rst",
                 category="Advisor",
             ),
-            pdf=PATHS.figure(SHARE_FIGURE, "pdf"),
+            pdf=PATHS.figure(FigureName.SHARE, "pdf"),
         log:
             PATHS.log("share"),
         conda:

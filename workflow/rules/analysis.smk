@@ -153,7 +153,7 @@ rule figures:
                 "statistic": "empirical CDF",
             },
         ),
-        pdfs=[str(PATHS.figure(name, "pdf")) for name in ALL_FIGURES],
+        pdfs=[str(PATHS.figure(name, "pdf")) for name in RUN_FIGURES],
     log:
         PATHS.log("figures"),
     conda:

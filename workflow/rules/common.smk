@@ -4,24 +4,14 @@ import json
 import os
 from pathlib import Path
 
-from codl.analysis.advisor_config import (
-    advisor_settings,
+from codl.advisor.settings import advisor_settings
+from codl.config import build_plan, check_config_files
+from codl.figures import RUN_FIGURES, FigureName
+from codl.paths import FIGURE_FORMATS, ResultPaths
+from codl.steps.workflow import (
     advisor_targets,
     share_inputs,
     share_resources,
-)
-from codl.config import build_plan, check_config_files
-from codl.paths import (
-    ALL_FIGURES,
-    DECOMPOSITION_FIGURE,
-    FIGURES,
-    FIGURE_FORMATS,
-    MAP_FIGURE,
-    PREDICTION_FIGURE,
-    SHARE_FIGURE,
-    ResultPaths,
-)
-from codl.workflow import (
     dataset_arg,
     dataset_dir,
     dataset_input,
@@ -99,7 +89,7 @@ def all_of(kind):
 
 
 def get_final_outputs():
-    figures = [str(PATHS.figure(n, fmt)) for n in ALL_FIGURES for fmt in FIGURE_FORMATS]
+    figures = [str(PATHS.figure(n, fmt)) for n in RUN_FIGURES for fmt in FIGURE_FORMATS]
     tables = [
         str(PATHS.runs_table),
         str(PATHS.comparison_table),

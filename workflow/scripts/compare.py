@@ -7,7 +7,7 @@ from codl.log import configure
 
 configure()
 
-from codl.analysis.pipeline import compare_to
+from codl.steps.analysis import compare_to
 
 compare_to(
     summaries=[Path(p) for p in snakemake.input.summaries],

@@ -7,7 +7,7 @@ from codl.log import configure
 
 configure()
 
-from codl.analysis.pipeline import figures_to
+from codl.steps.analysis import figures_to
 
 figures_to(
     runs_table=Path(snakemake.input.runs),

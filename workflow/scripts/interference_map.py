@@ -7,7 +7,7 @@ from codl.log import configure
 
 configure()
 
-from codl.analysis.loop import map_to
+from codl.advisor.verify import map_to
 
 map_to(
     runs=Path(snakemake.input.runs),

@@ -7,7 +7,7 @@ from codl.log import configure
 
 configure()
 
-from codl.analysis.loop import predicted_vs_measured_to
+from codl.advisor.verify import predicted_vs_measured_to
 
 predicted_vs_measured_to(
     predictions=Path(snakemake.input.predictions),

@@ -8,7 +8,7 @@ from codl.log import configure
 configure()
 
 from codl.paths import ResultPaths
-from codl.share import share_to
+from codl.steps.share import share_to
 
 share_to(
     snakemake.config,

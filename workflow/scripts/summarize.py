@@ -7,7 +7,7 @@ from codl.log import configure
 
 configure()
 
-from codl.analysis.pipeline import summarize_to
+from codl.steps.analysis import summarize_to
 
 summarize_to(
     Path(snakemake.input.trace),

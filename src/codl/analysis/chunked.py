@@ -21,17 +21,16 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from codl.analysis.summarize import (
+from codl.analysis.columns import (
     API_STEP_COLUMNS,
     KEYS,
-    LOADER_ITEM_STAGES,
+    LOADER_STAGES,
     SUMMARY_TABLES,
     warmup_steps,
 )
 from codl.trace.schema import TABLES
 from codl.trace.store import Trace, empty_frame, open_trace
 
-LOADER_STAGES = (*LOADER_ITEM_STAGES, "collate")
 LOADER_SUM_COLUMNS: dict[str, str] = {
     "rank": "int64",
     "step": "int64",

@@ -29,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from codl.analysis.columns import LOADING_MODES
 from codl.errors import ConfigError
 from codl.spec import Mode, RunSpec
 
@@ -73,7 +74,6 @@ def _compared_components(mode: Mode) -> tuple[str, ...]:
 # the tables, so these are its string views.
 MODE_COMPONENTS: dict[str, tuple[str, ...]] = {m.value: _compared_components(m) for m in Mode}
 ISOLATION_MODES = frozenset(m.value for m in Mode if m.is_isolation)
-LOADING_MODES = frozenset(m.value for m in Mode if m.loads)
 # Spec columns that identify a group of repeats.
 GROUP_COLUMNS = (
     "device",
@@ -277,6 +277,26 @@ def bootstrap_ratio(
     if r is None or not np.isfinite(r["ratio"]):
         return (np.nan, np.nan, np.nan)
     return (r["ratio"], r["ci_low"], r["ci_high"])
+
+
+def arm_interval(
+    groups: list[np.ndarray],
+    stat: str | Callable[[np.ndarray], np.ndarray],
+    *,
+    n: int = BOOTSTRAP,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """95 % two-level bootstrap interval (runs, then steps) of the mean over runs of a per-run
+    statistic (a ``compare`` statistic's name, or a function of the steps along the last axis):
+    the same resampling ``compare`` uses for the ratio, applied to one arm."""
+    if not groups:
+        return (np.nan, np.nan)
+    rng = np.random.default_rng(seed)
+    f = run_statistic(stat) if isinstance(stat, str) else stat
+    draws = draw_indices([len(a) for a in groups], n, rng)
+    reps = replicate(groups, draws, n, lambda a, _sel: f(a))
+    lo, hi = np.percentile(reps, [2.5, 97.5])
+    return (float(lo), float(hi))
 
 
 def compare_stats(

@@ -64,8 +64,10 @@ import pandas as pd
 
 from codl.analysis import compare as cmp
 from codl.analysis import offcpu
+from codl.analysis.columns import KEYS
+from codl.analysis.intervals import interval_union
 from codl.analysis.steady import steady
-from codl.analysis.summarize import KEYS, interval_union, role_times, sched_deltas, thread_roles
+from codl.analysis.summarize import role_times, sched_deltas, thread_roles
 from codl.spec import Mode
 from codl.trace.schema import Table
 

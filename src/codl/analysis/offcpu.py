@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from codl.analysis.summarize import interval_union
+from codl.analysis.intervals import interval_union
 
 COLUMNS = (
     "tid",
@@ -109,7 +109,7 @@ def _one_thread(tid: int, switch: pd.DataFrame, waking: pd.DataFrame) -> pd.Data
     cpu_back = np.append(back["cpu"].to_numpy(np.int64), -1)
     nxt = np.searchsorted(t_back, t_out, side="left")
     next_out = np.append(t_out[1:], never)
-    # A switch-in missing from the record (it happens: missing_switch_ins) must not join two
+    # A switch-in missing from the record (it happens: ftrace.missing_switch_ins) must not join two
     # off-CPU intervals into one that spans time the thread ran. Such an interval ends at the
     # thread's wake-up when one was recorded before its next switch-out (the time asleep and
     # the waker are still exact; the run-queue wait after it is unknown and counted 0), and
@@ -197,22 +197,6 @@ def _window(g: pd.DataFrame | None, lo: int, hi: int, label: object) -> tuple[ob
     blk = ~pre
     waker = int(g["waker_tid"].to_numpy()[blk][np.argmax(blocked[blk])]) if blk.any() else -1
     return (label, int(runnable.sum()), int(blocked.sum()), by, waker)
-
-
-def missing_switch_ins(switch: pd.DataFrame) -> int:
-    """Switch-ins the record lacks: a thread switched out twice with no switch-in between.
-    (On the Firecracker test VM the kernel's record lacked about one idle-to-task switch in
-    ten runs of the planted test; intervals that span such a gap are dropped, not stretched.)"""
-    if switch.empty:
-        return 0
-    outs = switch[["t_ns", "prev_tid"]].rename(columns={"prev_tid": "tid"}).assign(d=-1)
-    ins = switch[["t_ns", "next_tid"]].rename(columns={"next_tid": "tid"}).assign(d=1)
-    ev = pd.concat([outs, ins], ignore_index=True)
-    ev = ev[ev["tid"] != 0].sort_values(["tid", "t_ns", "d"], kind="stable")
-    same = ev["tid"].to_numpy() == np.roll(ev["tid"].to_numpy(), 1)
-    same[0] = False  # np.roll wraps the last event round to the first
-    twice_out = (ev["d"].to_numpy() == -1) & (np.roll(ev["d"].to_numpy(), 1) == -1) & same
-    return int(twice_out.sum())
 
 
 def blocked_by_in_windows(

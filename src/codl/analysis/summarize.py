@@ -17,19 +17,25 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from codl.analysis import chunked
+from codl.analysis.columns import (
+    API_STEP_COLUMNS,
+    APP_ALLREDUCE,
+    HELPER_ROLES,
+    KEYS,
+    LOADER_STAGES,
+    LOADING_MODES,
+    STEP_PHASES,
+    SUMMARY_TABLES,
+    warmup_steps,
+)
 from codl.analysis.compare import twin_ids
+from codl.analysis.intervals import interval_union, overlap_ns
 from codl.analysis.steady import flag_outliers, steady
 from codl.pinning import parse_cpulist
-from codl.spec import Mode
-from codl.trace.schema import Table
+from codl.trace.schema import LOADER_ITEM_STAGES, Table
 from codl.trace.store import empty_frame, open_trace
 
-STEP_PHASES = ("step", "data_wait", "h2d", "forward", "backward", "optimizer", "compute", "sleep")
-# The app's own `allreduce` span (comm mode) is named apart from `allreduce_ms`, which sums the
-# per-bucket rows of events/comm and is what the comm component is compared on.
-APP_ALLREDUCE = "allreduce_wall"
-LOADER_ITEM_STAGES = ("fetch", "decode", "transform")
-KEYS = ["rank", "step"]
 SPEC_COLUMNS = {
     "mode": ("mode",),
     "device": ("device",),
@@ -53,8 +59,6 @@ SPEC_COLUMNS = {
     "sched_events": ("trace", "sched_events"),
     "repeat": ("repeat",),
 }
-# Modes that read a data set, as the strings the tables hold; spec.Mode owns the vocabulary.
-LOADING_MODES = frozenset(m.value for m in Mode if m.loads)
 SCHED_COUNTERS = ("run_ns", "wait_ns", "timeslices", "voluntary", "involuntary")
 
 
@@ -254,10 +258,6 @@ def launch_metrics(sched: pd.DataFrame, threads: pd.DataFrame, *, warmup: int) -
     return pd.concat(rows, ignore_index=True).astype(LAUNCH_COLUMNS)
 
 
-#: The launch helpers whose on-CPU time per step the steps table carries beside the main
-#: thread's (``launch_run_ms``): together they are the CPU the launch path occupies, which the
-#: throughput model charges against the loader's cores (docs/advisor.md, "Equations").
-HELPER_ROLES = ("autograd", "pin_memory", "comm")
 HELPER_COLUMNS: dict[str, str] = {
     "rank": "int64",
     "step": "int64",
@@ -321,16 +321,6 @@ def _is_launch_kernel(names: pd.Series) -> pd.Series:
     return names.str.contains("LaunchKernel", regex=False)
 
 
-API_STEP_COLUMNS: dict[str, str] = {
-    "rank": "int64",
-    "step": "int64",
-    "api_calls": "int64",
-    "api_us_mean": "float64",
-    "launch_kernel_calls": "int64",
-    "launch_kernel_us_mean": "float64",
-}
-
-
 def api_metrics(cuda: pd.DataFrame, *, warmup: int) -> pd.DataFrame:
     """Per-step CUDA runtime API latency (all runtime calls, and cudaLaunchKernel alone)."""
     rt = _runtime_calls(cuda, warmup)
@@ -385,7 +375,7 @@ def _latency_stats(us: pd.Series, prefix: str) -> dict[str, float | int]:
 LOADER_COLUMNS: dict[str, str] = {
     "rank": "int64",
     "step": "int64",
-    **{f"loader_{s}_ms": "float64" for s in (*LOADER_ITEM_STAGES, "collate")},
+    **{f"loader_{s}_ms": "float64" for s in LOADER_STAGES},
     "loader_items": "int64",
     "loader_item_ms": "float64",
 }
@@ -416,45 +406,6 @@ def loader_metrics(loader: pd.DataFrame, *, warmup: int) -> pd.DataFrame:
             out[col] = 0 if dtype == "int64" else np.nan
     out["loader_items"] = out["loader_items"].fillna(0)
     return _keys_int64(out).astype(LOADER_COLUMNS)[list(LOADER_COLUMNS)]
-
-
-def interval_union(starts: npt.ArrayLike, ends: npt.ArrayLike) -> npt.NDArray[np.int64]:
-    """Merge intervals; returns an (n, 2) array of disjoint sorted intervals.
-
-    Touching intervals ([0, 5) and [5, 9)) merge; empty or reversed ones are dropped.
-    """
-    s = np.asarray(starts, dtype=np.int64)
-    e = np.asarray(ends, dtype=np.int64)
-    keep = e > s
-    s, e = s[keep], e[keep]
-    if len(s) == 0:
-        return np.empty((0, 2), dtype=np.int64)
-    order = np.argsort(s, kind="stable")
-    s, e = s[order], e[order]
-    reach = np.maximum.accumulate(e)
-    # A new interval starts wherever the start lies beyond everything seen so far.
-    new = np.empty(len(s), dtype=bool)
-    new[0] = True
-    new[1:] = s[1:] > reach[:-1]
-    first = np.flatnonzero(new)
-    last = np.append(first[1:] - 1, len(s) - 1)
-    return np.column_stack([s[first], reach[last]]).astype(np.int64)
-
-
-def overlap_ns(a: npt.NDArray[np.int64], b: npt.NDArray[np.int64]) -> int:
-    """Total overlap of two disjoint sorted interval sets (as from ``interval_union``)."""
-    i = j = 0
-    total = 0
-    while i < len(a) and j < len(b):
-        lo = max(a[i, 0], b[j, 0])
-        hi = min(a[i, 1], b[j, 1])
-        if hi > lo:
-            total += int(hi - lo)
-        if a[i, 1] < b[j, 1]:
-            i += 1
-        else:
-            j += 1
-    return total
 
 
 def _overlap_fraction(target: pd.DataFrame, busy: pd.DataFrame, ranks: npt.NDArray[Any]) -> float:
@@ -606,18 +557,6 @@ SUMMARY_STEP_COLUMNS = (
     "loader_item_ms",
     "loader_items",
 )
-# The trace tables summarize reads (schema.TABLES is every table the store knows, with columns).
-SUMMARY_TABLES: tuple[str, ...] = (
-    Table.APP,
-    Table.COMM,
-    Table.LOADER,
-    Table.CUDA,
-    Table.SCHED,
-    Table.THREADS,
-)
-# Read for analysis.decompose only (phase-boundary schedstat, GPU arrivals of the buckets, the
-# kernel's scheduler record); optional: older traces lack them and read as empty.
-SUMMARY_TABLES += (Table.PHASE_SCHED, Table.COMM_GPU, Table.SCHED_SWITCH, Table.SCHED_WAKING)
 
 
 def _spec(attrs: Mapping[str, Any]) -> dict[str, Any]:
@@ -644,10 +583,6 @@ def _per_rank_rate(steps: pd.DataFrame, col: str) -> float:
             continue
         rate += float(g[col].sum()) / (float(span) / 1e9)
     return rate if rate > 0 else np.nan
-
-
-def warmup_steps(attrs: Mapping[str, Any]) -> int:
-    return int(attrs.get("warmup_steps", 0))
 
 
 def ranks_per_node(attrs: Mapping[str, Any]) -> int:
@@ -809,8 +744,5 @@ def read_tables(path: Path) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
 def summarize_trace(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """``summarize_tables`` of a verified trace, whose big event tables are read block by
     block and only in the rows and columns the summary uses (``chunked.read_summary_tables``)."""
-    # Imported here: analysis.chunked builds on this module's constants.
-    from codl.analysis import chunked
-
     tables, attrs = chunked.read_summary_tables(path)
     return summarize_tables(tables, attrs)

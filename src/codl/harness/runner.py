@@ -51,8 +51,8 @@ from codl.spec import DeviceKind, Mode, Policy, Precision, RunSpec
 from codl.trace import clock, cuda_api, ftrace, kineto
 from codl.trace.clock import Anchor, now_ns, take_anchor
 from codl.trace.device import DeviceSampler
-from codl.trace.sched import SAMPLED_PHASES, PhaseSched, SchedSampler
-from codl.trace.schema import Table, empty_columns
+from codl.trace.sched import PhaseSched, SchedSampler
+from codl.trace.schema import SAMPLED_PHASES, Table, empty_columns
 from codl.trace.store import DEFAULT_COMPRESSION, TraceWriter, signals_deferred
 
 

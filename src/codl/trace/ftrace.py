@@ -44,9 +44,12 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from codl.trace.schema import Table, empty_columns
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 SWITCH_TABLE = Table.SCHED_SWITCH
 WAKING_TABLE = Table.SCHED_WAKING
@@ -331,6 +334,24 @@ def _append(
 def _missing(tables: dict[str, dict[str, list[Any]]]) -> int:
     import pandas as pd
 
-    from codl.analysis.offcpu import missing_switch_ins
-
     return missing_switch_ins(pd.DataFrame(tables[SWITCH_TABLE]))
+
+
+def missing_switch_ins(switch: pd.DataFrame) -> int:
+    """Switch-ins the record lacks: a thread switched out twice with no switch-in between.
+    (On the Firecracker test VM the kernel's record lacked about one idle-to-task switch in
+    ten runs of the planted test; intervals that span such a gap are dropped, not stretched.)"""
+    # Imported here, as in _missing: the harness imports this module at every run's start.
+    import numpy as np
+    import pandas as pd
+
+    if switch.empty:
+        return 0
+    outs = switch[["t_ns", "prev_tid"]].rename(columns={"prev_tid": "tid"}).assign(d=-1)
+    ins = switch[["t_ns", "next_tid"]].rename(columns={"next_tid": "tid"}).assign(d=1)
+    ev = pd.concat([outs, ins], ignore_index=True)
+    ev = ev[ev["tid"] != 0].sort_values(["tid", "t_ns", "d"], kind="stable")
+    same = ev["tid"].to_numpy() == np.roll(ev["tid"].to_numpy(), 1)
+    same[0] = False  # np.roll wraps the last event round to the first
+    twice_out = (ev["d"].to_numpy() == -1) & (np.roll(ev["d"].to_numpy(), 1) == -1) & same
+    return int(twice_out.sum())

@@ -165,10 +165,6 @@ class SchedSampler:
             self._proc_stat = None
 
 
-# Phases whose launch-role counters are read at their boundaries (PhaseSched).
-SAMPLED_PHASES = frozenset({"compute", "data_wait", "allreduce"})
-
-
 @dataclass
 class PhaseSched:
     """The launch roles' scheduler counters at phase boundaries, as ``events/phase_sched`` rows.

@@ -16,6 +16,40 @@ from typing import Any
 SCHEMA_VERSION = 1
 
 
+class Phase(enum.StrEnum):
+    """The application spans of ``events/app`` (its ``phase`` column), in the order the docs
+    list them. The harness writes them and the analysis reads them: one spelling for both."""
+
+    STEP = "step"
+    DATA_WAIT = "data_wait"
+    H2D = "h2d"
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OPTIMIZER = "optimizer"
+    COMPUTE = "compute"
+    ALLREDUCE = "allreduce"
+    SLEEP = "sleep"
+
+
+class LoaderStage(enum.StrEnum):
+    """The stages of ``events/loader`` (its ``stage`` column): per item, then per batch."""
+
+    FETCH = "fetch"
+    DECODE = "decode"
+    TRANSFORM = "transform"
+    COLLATE = "collate"
+
+
+# Phases whose launch-role counters are read at their boundaries (events/phase_sched).
+SAMPLED_PHASES: tuple[str, ...] = tuple(
+    p.value for p in (Phase.COMPUTE, Phase.DATA_WAIT, Phase.ALLREDUCE)
+)
+# Stages timed per data-set item (rows with item >= 0); collate is timed per batch.
+LOADER_ITEM_STAGES: tuple[str, ...] = tuple(
+    s.value for s in (LoaderStage.FETCH, LoaderStage.DECODE, LoaderStage.TRANSFORM)
+)
+
+
 @dataclass(frozen=True)
 class Column:
     name: str
@@ -44,7 +78,7 @@ TABLES: dict[str, tuple[Column, ...]] = {
         _c(
             "phase",
             "sym",
-            doc="step, data_wait, h2d, forward, backward, optimizer, compute, allreduce, sleep",
+            doc=", ".join(p.value for p in Phase),
         ),
         _c("tid", "i8", doc="native thread id that ran the span"),
         _c("start_ns", "i8", "ns"),
@@ -61,7 +95,7 @@ TABLES: dict[str, tuple[Column, ...]] = {
         _c("tid", "i8"),
         _c("cpu", "i2", doc="CPU the worker ran on at the end of the stage (sched_getcpu)"),
         _c("item", "i8", doc="data set index; -1 for batch-level stages"),
-        _c("stage", "sym", doc="fetch, decode, transform, collate"),
+        _c("stage", "sym", doc=", ".join(s.value for s in LoaderStage)),
         _c("start_ns", "i8", "ns"),
         _c("end_ns", "i8", "ns"),
     ),
@@ -170,7 +204,7 @@ TABLES: dict[str, tuple[Column, ...]] = {
     "events/phase_sched": (
         _c("rank", "i2"),
         _c("step", "i4"),
-        _c("phase", "sym", doc="compute, data_wait, allreduce"),
+        _c("phase", "sym", doc=", ".join(SAMPLED_PHASES)),
         _c("tid", "i8", doc="thread whose counters these are (role in /threads)"),
         _c("start_ns", "i8", "ns", "start of the phase span"),
         _c("end_ns", "i8", "ns", "end of the phase span"),

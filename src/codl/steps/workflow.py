@@ -1,4 +1,5 @@
-"""What the Snakemake rules need beyond paths: data-set locations and per-run resources."""
+"""What the Snakemake rules need beyond paths: data-set locations, per-run resources, and the
+files and resources of the optional `advisor` and `share` sections."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from codl.advisor.settings import advisor_settings, share_settings, share_specs
 from codl.config import Plan
-from codl.paths import ResultPaths
+from codl.figures import FigureName
+from codl.paths import FIGURE_FORMATS, ResultPaths
 from codl.spec import DeviceKind, RunSpec, to_dict
 
 
@@ -72,3 +75,59 @@ def run_resources(spec: RunSpec, slurm: Mapping[str, Any], attempt: int) -> dict
         out["gpu"] = gpus * spec.layout.world_size
         out["tasks_per_gpu"] = 1
     return out
+
+
+def advisor_targets(cfg: Mapping[str, Any], paths: ResultPaths) -> list[str]:
+    """The files the workflow makes for the ``advisor`` section (none without one)."""
+    s = advisor_settings(cfg)
+    out: list[Path] = []
+    if s.map:
+        out += [
+            paths.map_table,
+            *(paths.figure(FigureName.INTERFERENCE_MAP, f) for f in FIGURE_FORMATS),
+        ]
+    if s.advise:
+        out += [paths.advice_text, paths.verify_config, paths.predictions_table]
+    if s.predictions:
+        out += [paths.predicted_vs_measured_table]
+        out += [paths.figure(FigureName.PREDICTED_VS_MEASURED, f) for f in FIGURE_FORMATS]
+    if share_settings(cfg).jobs:
+        out += [paths.share_rows, paths.share_table]
+        out += [paths.figure(FigureName.SHARE, f) for f in FIGURE_FORMATS]
+    return [str(p) for p in out]
+
+
+def share_inputs(cfg: Mapping[str, Any], plan: Plan, paths: ResultPaths) -> list[str]:
+    """The data sets the shared-node jobs read, and the tables the advised split is fitted on:
+    the `share` rule waits for them and reruns when they change."""
+    out = {f for s in share_specs(cfg, plan).values() for f in dataset_input(paths, s)}
+    for d in share_settings(cfg).advise_from:
+        out |= {str(t) for t in ResultPaths.merged_tables_of(Path(d))}
+    return sorted(out)
+
+
+def share_resources(cfg: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
+    """Slurm resources of the `share` rule: one task on one node held alone (``--exclusive``:
+    a job of somebody else on the node's cores would be part of the experiment), the
+    ``slurm.cpus_per_rank`` CPUs the jobs split, one GPU per CUDA job, the jobs' memory, and a
+    time limit for every split and repeat. Without a `share` section: {}."""
+    settings = share_settings(cfg)
+    if not settings.jobs:
+        return {}
+    specs = list(share_specs(cfg, plan).values())
+    slurm = cfg.get("slurm") or {}
+    splits = len(settings.splits) + bool(settings.advised or settings.advise_from)
+    splits += len(settings.fixed)
+    gpus = sum(1 for s in specs if s.device is DeviceKind.CUDA)
+    return {
+        "nodes": 1,
+        "tasks": 1,
+        "cpus_per_task": int(slurm.get("cpus_per_rank", 2)),
+        "mem_mb": int(slurm.get("mem_mb_per_rank", 4000)) * len(specs),
+        "runtime": int(slurm.get("runtime_min", 30)) * splits * settings.repeats,
+        # sbatch --gpus=N for one task; 0 tasks per GPU leaves --ntasks-per-gpu unset (the
+        # plugin would otherwise tie it to `tasks` and start a task per GPU).
+        "gpu": gpus,
+        "tasks_per_gpu": 0,
+        "slurm_extra": "--exclusive",
+    }

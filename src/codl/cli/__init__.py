@@ -229,7 +229,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
 
 
 def cmd_summarize(args: argparse.Namespace) -> int:
-    from codl.analysis.pipeline import summarize_to
+    from codl.steps.analysis import summarize_to
 
     out = Path(args.out_dir)
     files = RunFiles(out)
@@ -308,7 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out-dir", required=True)
     s.set_defaults(func=cmd_summarize)
 
-    # Its own parser (codl.analysis.advise), handed the rest of the line: importing it here would
+    # Its own parser (codl.cli.advise), handed the rest of the line: importing it here would
     # load pandas for every `codl run`, whose start-up is part of the measured job.
     a = sub.add_parser(
         "advise",
@@ -323,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["advise"]:
         # Handed over whole (its options, --help included), imported only now: see build_parser.
-        from codl.analysis import advise
+        from codl.cli import advise
 
         return advise.main(argv[1:])
     args = build_parser().parse_args(argv)

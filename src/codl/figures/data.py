@@ -1,22 +1,13 @@
-"""Pure preparation of figure data: trace tables -> the frames plots.py draws."""
+"""Pure preparation of figure data: trace tables -> the frames ``figures.draw`` draws."""
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
 
 from codl.analysis import decompose as dec
 from codl.analysis import offcpu
-from codl.analysis.compare import (
-    BOOTSTRAP,
-    HEADLINE_STAT,
-    QUANTILES,
-    draw_indices,
-    replicate,
-    run_statistic,
-)
+from codl.analysis.compare import HEADLINE_STAT, QUANTILES, arm_interval
 from codl.analysis.summarize import sched_deltas
 from codl.spec import Mode, Policy
 from codl.trace.schema import Table
@@ -45,7 +36,7 @@ def api_latencies(cuda: pd.DataFrame, label: str, *, warmup: int, run_id: str = 
 Row = dict[str, object]
 
 
-def step_timeline(tables: dict[str, pd.DataFrame], *, step: int, rank: int = 0) -> pd.DataFrame:
+def timeline_bars(tables: dict[str, pd.DataFrame], *, step: int, rank: int = 0) -> pd.DataFrame:
     """Bars of one step: app phases on the launch track, loader stages per worker, GPU phase
     durations (CUDA events) on a GPU track, AllReduce buckets, and the threads with the most
     run-queue wait during the step (``kind`` "wait").
@@ -309,26 +300,6 @@ def _steady_values(steps: pd.DataFrame, run_ids: list[str], metric: str) -> list
         if len(v):
             out.append(v)
     return out
-
-
-def arm_interval(
-    groups: list[np.ndarray],
-    stat: str | Callable[[np.ndarray], np.ndarray],
-    *,
-    n: int = BOOTSTRAP,
-    seed: int = 0,
-) -> tuple[float, float]:
-    """95 % two-level bootstrap interval (runs, then steps) of the mean over runs of a per-run
-    statistic (a ``compare`` statistic's name, or a function of the steps along the last axis):
-    the same resampling ``compare`` uses for the ratio, applied to one arm."""
-    if not groups:
-        return (np.nan, np.nan)
-    rng = np.random.default_rng(seed)
-    f = run_statistic(stat) if isinstance(stat, str) else stat
-    draws = draw_indices([len(a) for a in groups], n, rng)
-    reps = replicate(groups, draws, n, lambda a, _sel: f(a))
-    lo, hi = np.percentile(reps, [2.5, 97.5])
-    return (float(lo), float(hi))
 
 
 def with_arm_intervals(headline: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:

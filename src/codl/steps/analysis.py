@@ -13,13 +13,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from codl.analysis import chunked
+from codl.analysis import chunked, columns
 from codl.analysis import compare as cmp
 from codl.analysis import decompose as dec
 from codl.analysis import summarize as sm
-from codl.analysis.figtables import FIGURES, FigureInputs, write_run_tables
 from codl.analysis.steady import flag_outliers
 from codl.errors import CodlError
+from codl.figures import RUN_FIGURES
+from codl.figures.registry import FIGURES, FigureInputs, draw_figure
+from codl.figures.run_tables import write_run_tables
 from codl.paths import FIGURE_FORMATS
 from codl.trace.clock import rank_bounds
 
@@ -55,7 +57,7 @@ def summarize_to(
     )
     pt = dec.step_parts(
         tables,
-        warmup=sm.warmup_steps(attrs),
+        warmup=columns.warmup_steps(attrs),
         ranks_per_node=sm.ranks_per_node(attrs),
         clock_bound_ns=rank_bounds(attrs),
     )
@@ -120,13 +122,6 @@ def compare_to(
     return comparison
 
 
-def _outs(figdir: Path, name: str) -> list[Path]:
-    outs = [figdir / f"{name}.{fmt}" for fmt in FIGURE_FORMATS]
-    # Logged before drawing: a figure that fails names itself as the last line of the log.
-    log.info("drawing %s", ", ".join(str(p) for p in outs))
-    return outs
-
-
 def _read_csv(path: Path) -> pd.DataFrame:
     # Whole-file type inference: read in pieces, a column that is empty in the first rows
     # (outlier_reason of the steps table) is guessed once per piece and comes back mixed.
@@ -159,9 +154,10 @@ def recompare_tables(
     return comparison
 
 
-def _merged_inputs(
-    runs_table: Path, steps_table: Path, comparison_table: Path, decomposition_table: Path
+def merged_inputs(
+    *, runs_table: Path, steps_table: Path, comparison_table: Path, decomposition_table: Path
 ) -> FigureInputs:
+    """The merged tables as figure inputs (no per-run tables)."""
     return FigureInputs(
         runs=_read_csv(runs_table),
         steps=_read_csv(steps_table),
@@ -171,11 +167,11 @@ def _merged_inputs(
 
 
 def draw_figures(inputs: FigureInputs, figdir: Path, *, merged_only: bool = False) -> None:
-    """Every registered figure (only those the merged tables suffice for, if ``merged_only``)."""
+    """Every run figure (only those the merged tables suffice for, if ``merged_only``)."""
     for fig in FIGURES:
-        if merged_only and not fig.merged_only:
+        if fig.name not in RUN_FIGURES or (merged_only and not fig.merged_only):
             continue
-        fig.draw(fig.prepare(inputs), _outs(figdir, fig.name), **fig.options(inputs))
+        draw_figure(fig.name, inputs, [figdir / f"{fig.name}.{fmt}" for fmt in FIGURE_FORMATS])
 
 
 def table_figures_to(
@@ -187,7 +183,12 @@ def table_figures_to(
     figdir: Path,
 ) -> None:
     """The figures drawn from the merged tables alone."""
-    inputs = _merged_inputs(runs_table, steps_table, comparison_table, decomposition_table)
+    inputs = merged_inputs(
+        runs_table=runs_table,
+        steps_table=steps_table,
+        comparison_table=comparison_table,
+        decomposition_table=decomposition_table,
+    )
     draw_figures(inputs, figdir, merged_only=True)
 
 
@@ -202,7 +203,12 @@ def figures_to(
     figdir: Path,
 ) -> None:
     """Every figure, from the merged tables and the runs' figure tables (never the traces)."""
-    merged = _merged_inputs(runs_table, steps_table, comparison_table, decomposition_table)
+    merged = merged_inputs(
+        runs_table=runs_table,
+        steps_table=steps_table,
+        comparison_table=comparison_table,
+        decomposition_table=decomposition_table,
+    )
     inputs = dataclasses.replace(
         merged,
         api_calls=_read_all(api_calls, "api_calls"),

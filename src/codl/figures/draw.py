@@ -20,7 +20,10 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from codl.analysis import figdata
+from codl.advisor import interference_map as imap
+from codl.advisor.interference_map import REGIME_MARKS
+from codl.figures import data as figdata
+from codl.figures.data import OFFCPU_CAUSES
 
 ISO_COLOR = "#4c72b0"
 COMB_COLOR = "#dd8452"
@@ -438,7 +441,6 @@ def _offcpu_bar(
     ax: Any, r: pd.Series, ypos: dict[str, int], width: float, legend: dict[str, Any]
 ) -> None:
     """A thin hatched bar under the track's spans: where its thread was off its CPU, and why."""
-    from codl.analysis.figdata import OFFCPU_CAUSES
 
     cause = str(r["label"])
     bar = ax.barh(
@@ -758,7 +760,6 @@ def interference_map(table: pd.DataFrame, outputs: Sequence[Path]) -> None:
     ``interference_map.MAP_METRICS``; in a panel, loader workers across and (loader cost, batch
     size) down. Inflation is diverging around 1, lost throughput sequential. Cells carry the
     value and the regime's mark: D data-bound (dashed outline), L launch-bound (amber outline)."""
-    from codl.analysis import interference_map as imap
 
     policies = sorted(table["policy"].astype(str).unique()) if len(table) else []
     n_rows = max(1, len(policies))
@@ -786,7 +787,6 @@ def interference_map(table: pd.DataFrame, outputs: Sequence[Path]) -> None:
 
 
 def _map_panel(fig: Any, ax: Any, grid: Any, metric: str) -> None:
-    from codl.analysis.interference_map import REGIME_MARKS
 
     finite = grid.values[np.isfinite(grid.values)]
     norm: Any
@@ -833,11 +833,12 @@ def _map_panel(fig: Any, ax: Any, grid: Any, metric: str) -> None:
 
 
 def predicted_vs_measured(
-    table: pd.DataFrame, summary: dict[str, float], outputs: Sequence[Path]
+    table: pd.DataFrame, outputs: Sequence[Path], *, summary: dict[str, float]
 ) -> None:
     """The advisor's check (issue 17): predicted vs measured per-rank throughput of every
     verification setting, with the model's one-run interval; the diagonal and a +-10 % band;
-    the advised setting as a star. ``summary`` is ``loop.prediction_summary`` of the table."""
+    the advised setting as a star. ``summary`` is ``advisor.verify.prediction_summary`` of the
+    table."""
     fig, ax = plt.subplots(figsize=(6.5, 5.5), layout="constrained")
     d = table.dropna(subset=["measured"])
     if d.empty:
@@ -853,7 +854,7 @@ def predicted_vs_measured(
         yerr = _yerr(_column(g, "throughput"), _column(g, "pred_lo"), _column(g, "pred_hi"))
         xerr = None
         if "measured_lo" in g and g["measured_lo"].notna().any():
-            # 95 % bootstrap interval of the measured mean (loop.predicted_vs_measured).
+            # 95 % bootstrap interval of the measured mean (advisor.verify.score_predictions).
             xerr = _yerr(
                 _column(g, "measured"), _column(g, "measured_lo"), _column(g, "measured_hi")
             )
@@ -895,7 +896,7 @@ def predicted_vs_measured(
     _save(fig, outputs)
 
 
-def share_throughput(report: pd.DataFrame, jobs: Sequence[str], outputs: Sequence[Path]) -> None:
+def share_throughput(report: pd.DataFrame, outputs: Sequence[Path], *, jobs: Sequence[str]) -> None:
     """Sharing a node: per split, each job's throughput (bars, samples/s per rank) and the
     jobs' sum (outlined bar), with the report's intervals; the CPUs each job had under the bar
     labels, the split that ran the advised shares marked."""

@@ -8,14 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from codl.config import Plan
 from codl.errors import CodlError
-from codl.paths import FIGURE_FORMATS, MAP_FIGURE, PREDICTION_FIGURE, SHARE_FIGURE, ResultPaths
-from codl.spec import DeviceKind, RunSpec
-from codl.workflow import dataset_input
+from codl.spec import RunSpec
 
 # slurm.cpus_per_rank's default in the config schema: the cores per rank runs were given.
 DEFAULT_CORES = 2
@@ -49,26 +46,9 @@ def cores_per_rank(cfg: Mapping[str, Any]) -> int:
     return int((cfg.get("slurm") or {}).get("cpus_per_rank", DEFAULT_CORES))
 
 
-def advisor_targets(cfg: Mapping[str, Any], paths: ResultPaths) -> list[str]:
-    """The files the workflow makes for the ``advisor`` section (none without one)."""
-    s = advisor_settings(cfg)
-    out: list[Path] = []
-    if s.map:
-        out += [paths.map_table, *(paths.figure(MAP_FIGURE, f) for f in FIGURE_FORMATS)]
-    if s.advise:
-        out += [paths.advice_text, paths.verify_config, paths.predictions_table]
-    if s.predictions:
-        out += [paths.predicted_vs_measured_table]
-        out += [paths.figure(PREDICTION_FIGURE, f) for f in FIGURE_FORMATS]
-    if share_settings(cfg).jobs:
-        out += [paths.share_rows, paths.share_table]
-        out += [paths.figure(SHARE_FIGURE, f) for f in FIGURE_FORMATS]
-    return [str(p) for p in out]
-
-
 @dataclass(frozen=True, kw_only=True)
 class ShareSettings:
-    """The config's ``share`` section: jobs that share a node (``codl.share``)."""
+    """The config's ``share`` section: jobs that share a node (``codl.steps.share``)."""
 
     jobs: tuple[str, ...] = ()
     splits: tuple[str, ...] = ("none", "even")
@@ -131,39 +111,3 @@ def share_specs(cfg: Mapping[str, Any], plan: Plan) -> dict[str, RunSpec]:
             )
         out[name] = specs[ids[0]]
     return out
-
-
-def share_inputs(cfg: Mapping[str, Any], plan: Plan, paths: ResultPaths) -> list[str]:
-    """The data sets the shared-node jobs read, and the tables the advised split is fitted on:
-    the `share` rule waits for them and reruns when they change."""
-    out = {f for s in share_specs(cfg, plan).values() for f in dataset_input(paths, s)}
-    for d in share_settings(cfg).advise_from:
-        out |= {str(t) for t in ResultPaths.merged_tables_of(Path(d))}
-    return sorted(out)
-
-
-def share_resources(cfg: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
-    """Slurm resources of the `share` rule: one task on one node held alone (``--exclusive``:
-    a job of somebody else on the node's cores would be part of the experiment), the
-    ``slurm.cpus_per_rank`` CPUs the jobs split, one GPU per CUDA job, the jobs' memory, and a
-    time limit for every split and repeat. Without a `share` section: {}."""
-    settings = share_settings(cfg)
-    if not settings.jobs:
-        return {}
-    specs = list(share_specs(cfg, plan).values())
-    slurm = cfg.get("slurm") or {}
-    splits = len(settings.splits) + bool(settings.advised or settings.advise_from)
-    splits += len(settings.fixed)
-    gpus = sum(1 for s in specs if s.device is DeviceKind.CUDA)
-    return {
-        "nodes": 1,
-        "tasks": 1,
-        "cpus_per_task": int(slurm.get("cpus_per_rank", 2)),
-        "mem_mb": int(slurm.get("mem_mb_per_rank", 4000)) * len(specs),
-        "runtime": int(slurm.get("runtime_min", 30)) * splits * settings.repeats,
-        # sbatch --gpus=N for one task; 0 tasks per GPU leaves --ntasks-per-gpu unset (the
-        # plugin would otherwise tie it to `tasks` and start a task per GPU).
-        "gpu": gpus,
-        "tasks_per_gpu": 0,
-        "slurm_extra": "--exclusive",
-    }

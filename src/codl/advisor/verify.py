@@ -1,39 +1,26 @@
-"""The advisor in the workflow: interference map, advice with its verification config and
-predictions, and predicted vs measured once the verification runs are in (docs/advisor.md).
+"""The advisor's verification, pure: the model's prediction for every setting of a verification
+config, and predictions against what the verification runs measured (docs/advisor.md).
 
-These functions read the merged tables and the config, and write tables, configs and figures;
-the statistics live in ``interference_map``, ``model`` and ``advise`` (pure), the drawing in
-``plots``. The config's optional ``advisor`` section switches them on (``advisor_targets``).
-
-The loop: a config with ``advisor: {advise: true}`` -> runs -> ``advise_to`` fits the model and
-writes ``advice/verify.yaml`` (the advice and its neighbours, with ``advisor.predictions``
-pointing at ``advice/predictions.csv``, the model's prediction for every verification
-setting) -> the verification runs (``--configfile results/advice/verify.yaml``) ->
-``predicted_vs_measured_to`` compares the predictions with what those runs measured.
+The loop around it (fit, advise, write the verification config, run it, compare) is the
+workflow's: ``codl.steps.advisor`` reads and writes the files and calls these functions.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import io
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from codl.analysis import advise as adv
+from codl.advisor import advise as adv
+from codl.advisor import model as mdl
 from codl.analysis import compare as cmp
-from codl.analysis import interference_map as imap
-from codl.analysis import model as mdl
-from codl.analysis.advisor_config import advisor_settings, cores_per_rank
-from codl.analysis.figdata import arm_interval
-from codl.config import Plan, build_plan
-from codl.errors import CodlError
-from codl.spec import AUTO, Policy, RunSpec
+from codl.analysis.compare import arm_interval
+from codl.config import Plan
+from codl.spec import AUTO, Policy
 
 PREDICTION_COLUMNS = (
     "policy",
@@ -48,87 +35,6 @@ PREDICTION_COLUMNS = (
     "inflation",
     "advised",
 )
-
-
-def _read(path: Path) -> pd.DataFrame:
-    if not Path(path).is_file():
-        raise CodlError(f"{path}: no such table")
-    return pd.read_csv(path)
-
-
-def map_to(
-    *,
-    runs: Path,
-    steps: Path,
-    cfg: Mapping[str, Any],
-    table: Path,
-    figures: Sequence[Path],
-    boot: int = 2000,
-) -> pd.DataFrame:
-    """The interference map of the config's runs: ``table`` (csv) and its figure."""
-    from codl.analysis import plots
-
-    plan = build_plan(cfg, source="the config")
-    t = imap.build_map(imap.with_costs(_read(runs), plan.specs), _read(steps), boot=boot)
-    Path(table).parent.mkdir(parents=True, exist_ok=True)
-    t.to_csv(table, index=False)
-    plots.interference_map(t, figures)
-    return t
-
-
-def _one_workload(runs: pd.DataFrame, specs: Mapping[str, RunSpec]) -> None:
-    """The model describes one workload on one node: refuse a sweep over batch or cost."""
-    r = imap.with_costs(runs, specs)
-    r = r[r["mode"].isin(mdl.COMBINED_MODES)]
-    varied = [c for c in ("model", "batch_size", "image_size", "cost") if r[c].nunique() > 1]
-    if varied:
-        raise CodlError(
-            f"advise: the combined runs vary {varied}; the model fits one workload (one "
-            "model, batch size and loader cost): advise on one slice of the sweep"
-        )
-
-
-def advise_to(
-    *,
-    runs: Path,
-    steps: Path,
-    cfg: Mapping[str, Any],
-    text: Path,
-    verify: Path,
-    predictions: Path,
-    boot: int = 200,
-    seed: int = 0,
-) -> adv.Advice:
-    """Fit, advise for ``advisor.cores`` (default: the measured cores per rank), and write the
-    printed advice, the verification config and the predictions of its settings."""
-    run_table, step_table = _read(runs), _read(steps)
-    _one_workload(run_table, build_plan(cfg, source="the config").specs)
-    fit_cores = cores_per_rank(cfg)
-    data = mdl.run_data(run_table, step_table)
-    fit = mdl.fit(data, cores=fit_cores, boot=boot, seed=seed)
-    settings = advisor_settings(cfg)
-    advice = adv.advise(fit, cores=settings.cores or fit_cores, prefer=adv.Prefer(settings.prefer))
-    vcfg = adv.verification_config(
-        advice,
-        fit,
-        defaults=cfg.get("defaults") or {},
-        slurm=cfg.get("slurm"),
-        repeats=settings.repeats,
-        best=adv.best_measured(data),
-    )
-    vcfg["advisor"] = {"predictions": str(predictions)}
-    plan = build_plan(vcfg, source="the verification config")
-    table = verification_predictions(fit, advice, plan)
-    for path in (text, verify, predictions):
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-    table.to_csv(predictions, index=False)
-    # The results directory the tables are in, as `codl advise RESULTS` names it.
-    Path(verify).write_text(adv.render_config(vcfg, advice, str(Path(runs).parent.parent)))
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        adv.print_advice(advice, fit, Path(verify), 0.01, adv.Prefer(settings.prefer))
-    Path(text).write_text(printed.getvalue())
-    return advice
 
 
 def _launch_key(policy: str, launch_cores: Any) -> str:
@@ -167,7 +73,7 @@ def verification_predictions(fit: mdl.Fit, advice: adv.Advice, plan: Plan) -> pd
     return out[list(PREDICTION_COLUMNS)]
 
 
-def predicted_vs_measured(
+def score_predictions(
     predictions: pd.DataFrame,
     runs: pd.DataFrame,
     steps: pd.DataFrame | None = None,
@@ -261,7 +167,7 @@ def _throughput(steps_ms: npt.NDArray[np.float64], *, batch: float) -> npt.NDArr
 
 def prediction_summary(table: pd.DataFrame) -> dict[str, float]:
     """Median and worst |error| over the measured settings, the advice against the best
-    measured setting, and (with ``predicted_vs_measured``'s intervals) the advice's throughput
+    measured setting, and (with ``score_predictions``'s intervals) the advice's throughput
     ratio to the best measured *other* setting with its 95 % interval (``advised_vs_other``)."""
     err = table["error"].abs().dropna()
     advised = table.loc[table["advised"].astype(bool), "vs_best"].dropna()
@@ -281,26 +187,3 @@ def prediction_summary(table: pd.DataFrame) -> dict[str, float]:
         out["advised_vs_other_lo"] = float(best["advice_ratio_lo"])
         out["advised_vs_other_hi"] = float(best["advice_ratio_hi"])
     return out
-
-
-def predicted_vs_measured_to(
-    *,
-    predictions: Path,
-    runs: Path,
-    table: Path,
-    figures: Sequence[Path],
-    steps: Path | None = None,
-) -> pd.DataFrame:
-    from codl.analysis import plots
-
-    t = predicted_vs_measured(
-        _read(predictions), _read(runs), _read(steps) if steps is not None else None
-    )
-    if not t["n_runs"].any():
-        raise CodlError(
-            f"{runs}: no run matches a setting of {predictions}; run the verification config"
-        )
-    Path(table).parent.mkdir(parents=True, exist_ok=True)
-    t.to_csv(table, index=False)
-    plots.predicted_vs_measured(t, prediction_summary(t), figures)
-    return t

@@ -1,24 +1,20 @@
 """Loader advisor: the setting (workers, policy, launch cores per rank) with the highest predicted
 throughput for a core budget, and a config that verifies it by re-running it and its neighbours.
 
-``advise`` evaluates the fitted model (``codl.analysis.model``) over a grid: every fitted policy,
+``advise`` evaluates the fitted model (``codl.advisor.model``) over a grid: every fitted policy,
 1 .. ``max_workers`` loader workers, and for the pinned policies the launch set ``auto`` plus a
 few CPUs more. It picks the highest predicted throughput; settings within ``tie`` of it count as
 equal, and ``Prefer`` says which of them wins: by default the fewest launch CPUs, then loader
 headroom (workers up to the loader's cores), or the fewest cores occupied.
 
-``main`` is ``codl advise RESULTS_DIR [--cores N] [--out verify.yaml]``; RESULTS_DIR holds the
-merged tables as the workflow writes them (``tables/runs.csv``, ``tables/steps.csv.gz``) and,
-when the workflow made it, the ``config.yaml`` the runs came from (its ``defaults`` and
-``slurm.cpus_per_rank`` are reused).
+The command ``codl advise RESULTS_DIR`` is ``codl.cli.advise``; fitting on a results directory
+is ``codl.steps.advisor.fit_results``.
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import enum
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,13 +24,9 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from codl.analysis import model as mdl
-from codl.config import build_plan, load_yaml
-from codl.errors import CodlError, ConfigError
-from codl.paths import ResultPaths
+from codl.advisor import model as mdl
+from codl.spec import Policy
 
-#: Table paths relative to a results directory, from the one object that owns them.
-CONFIG_NAME = "config.yaml"
 #: Added to the fitted runs' seed in a verification config (see ``verification_config``).
 VERIFY_SEED_OFFSET = 1
 #: How many launch CPUs beyond ``auto`` the grid tries for the pinned policies.
@@ -82,9 +74,9 @@ class Advice:
 
 def launch_set_size(policy: str, launch_cores: int | None, *, roles: int) -> int:
     """CPUs the policy reserves for the launch roles (``pinning``'s launch set ``L``)."""
-    if policy == "none":
+    if policy == Policy.NONE.value:
         return 0
-    if policy == "isolated-main":
+    if policy == Policy.ISOLATED_MAIN.value:
         return max(1, launch_cores or 1)
     return max(roles, launch_cores or roles)
 
@@ -110,7 +102,7 @@ def candidate_grid(
     rows = []
     for p in chosen:
         launch: list[int | None] = [None]
-        if p != "none":
+        if p != Policy.NONE.value:
             base = launch_set_size(p, None, roles=roles)
             launch += [base + i for i in range(1, EXTRA_LAUNCH_CORES + 1)]
         for lc in launch:
@@ -284,7 +276,7 @@ def best_measured(data: mdl.RunData) -> MeasuredSetting:
         policy=policy,
         workers=int(top["workers"]),
         # `none` stores a launch_cores it never reads; the advice has None there, as for auto.
-        launch_cores=None if policy == "none" or pd.isna(launch) else int(launch),
+        launch_cores=None if policy == Policy.NONE.value or pd.isna(launch) else int(launch),
         throughput=float(top["throughput"]),
         runs=int(top["runs"]),
     )
@@ -313,7 +305,7 @@ def _is_advice(best: MeasuredSetting, advice: Advice, workers: Sequence[int]) ->
 
 def _pinning(policy: str, launch_cores: int | None) -> dict[str, Any]:
     out: dict[str, Any] = {"policy": policy}
-    if launch_cores is not None and policy != "none":
+    if launch_cores is not None and policy != Policy.NONE.value:
         out["launch_cores"] = launch_cores
     return out
 
@@ -385,7 +377,11 @@ def verification_config(
     experiments.append(
         {
             "name": "loader",
-            "factors": {"mode": ["data"], "pinning.policy": ["none"], "loader.workers": workers},
+            "factors": {
+                "mode": [mdl.LOADER_MODE],
+                "pinning.policy": [Policy.NONE.value],
+                "loader.workers": workers,
+            },
             "repeats": repeats,
         }
     )
@@ -424,7 +420,7 @@ class _NoAliasDumper(yaml.SafeDumper):
         return True
 
 
-def _defaults_from_runs(runs: pd.DataFrame, mode: str) -> dict[str, Any]:
+def defaults_from_runs(runs: pd.DataFrame, mode: str) -> dict[str, Any]:
     """Run-spec defaults rebuilt from the runs table, for a results dir without its config."""
     row = runs[runs["mode"] == mode].iloc[0]
 
@@ -450,59 +446,6 @@ def _defaults_from_runs(runs: pd.DataFrame, mode: str) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------------
 # CLI
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="codl advise",
-        description="Fit the throughput model on a results directory and advise loader workers, "
-        "CPU-set policy and launch cores per rank; write a verification config.",
-    )
-    p.add_argument("results", type=Path, help="results directory with tables/runs.csv")
-    p.add_argument("--cores", type=int, help="core budget per rank (default: the measured one)")
-    p.add_argument(
-        "--fit-cores",
-        type=int,
-        help="cores per rank of the runs whose runs.csv row has no `cpus` (summarized before "
-        "the column; default: slurm.cpus_per_rank of RESULTS/config.yaml)",
-    )
-    p.add_argument("--out", type=Path, help="write the verification config here")
-    p.add_argument(
-        "--mode",
-        choices=mdl.COMBINED_MODES,
-        help="the combined mode to fit when the tables hold both",
-    )
-    p.add_argument("--max-workers", type=int, help="largest worker count tried (default 2 x cores)")
-    p.add_argument("--worker-step", type=int, default=2, help="neighbours: workers +- this")
-    p.add_argument("--repeats", type=int, default=3, help="repeats of each verification run")
-    p.add_argument(
-        "--steps", type=int, help="measured steps of the verification runs (default: as measured)"
-    )
-    p.add_argument("--tie", type=float, default=0.01, help="relative tie tolerance (see --prefer)")
-    p.add_argument(
-        "--prefer",
-        type=Prefer,
-        choices=list(Prefer),
-        default=Prefer.HEADROOM,
-        help="which setting wins among those within --tie of the best: headroom (fewest launch "
-        "CPUs, then workers up to the loader's cores; default) or fewest-cores",
-    )
-    p.add_argument(
-        "--cross-validate",
-        type=Path,
-        metavar="CSV",
-        help="also refit without each combined worker count in turn, predict it, print the "
-        "out-of-sample error and write it here",
-    )
-    p.add_argument("--boot", type=int, default=200, help="bootstrap replicates")
-    p.add_argument("--seed", type=int, default=0)
-    return p
-
-
-def _read_table(path: Path, results: Path) -> pd.DataFrame:
-    if not path.is_file():
-        raise CodlError(f"{path}: missing table ({results} must hold the workflow's tables/)")
-    return pd.read_csv(path)
 
 
 def print_advice(
@@ -532,144 +475,3 @@ def print_advice(
         print(f"note: {note}")
     if out is not None:
         print(f"\nverification config: {out}")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``codl advise RESULTS_DIR [--cores N] [--out verify.yaml]``: 0, or 2 with a one-line
-    error on stderr."""
-    return run(build_parser().parse_args(argv))
-
-
-def _one_line(exc: ConfigError) -> str:
-    return "; ".join(exc.problems)
-
-
-def _source_config(results: Path) -> dict[str, Any]:
-    """RESULTS/config.yaml, the config the runs came from, or {} when the workflow left none."""
-    path = results / CONFIG_NAME
-    if not path.is_file():
-        return {}
-    try:
-        return load_yaml(path)
-    except ConfigError as exc:
-        raise CodlError(f"{path}: {_one_line(exc)}") from None
-
-
-def _write_verification(
-    args: argparse.Namespace,
-    advice: Advice,
-    fit: mdl.Fit,
-    runs: pd.DataFrame,
-    data: mdl.RunData,
-    source_cfg: Mapping[str, Any],
-) -> None:
-    defaults = source_cfg.get("defaults") or _defaults_from_runs(runs, fit.node.combined_mode)
-    cfg = verification_config(
-        advice,
-        fit,
-        defaults=defaults,
-        slurm=source_cfg.get("slurm"),
-        worker_step=args.worker_step,
-        repeats=args.repeats,
-        measured_steps=args.steps,
-        best=best_measured(data),
-    )
-    try:
-        build_plan(cfg, source=str(args.out))
-    except ConfigError as exc:
-        # The defaults come from the results' config, which may predate today's schema.
-        raise CodlError(f"verification config invalid: {_one_line(exc)}") from None
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(render_config(cfg, advice, str(args.results)))
-
-
-def _cross_validate(
-    args: argparse.Namespace,
-    runs: pd.DataFrame,
-    steps: pd.DataFrame,
-    fit: mdl.Fit,
-    data: mdl.RunData,
-) -> None:
-    inside = mdl.check(fit, data)["error"].abs()
-    print(
-        f"\nin sample (the {len(inside)} combined runs fitted on): |error| median "
-        f"{100 * inside.median():.1f} %, worst {100 * inside.max():.1f} %"
-    )
-    cv = mdl.cross_validate(runs, steps, cores=fit.cores, combined_mode=fit.node.combined_mode)
-    args.cross_validate.parent.mkdir(parents=True, exist_ok=True)
-    cv.to_csv(args.cross_validate, index=False)
-    err = cv["error"].abs().dropna()
-    counts = ", ".join(str(w) for w in sorted(cv["held_workers"].unique()))
-    print(
-        f"out of sample (each combined worker count held out in turn: {counts}): "
-        f"|error| median {100 * err.median():.1f} %, worst {100 * err.max():.1f} % over "
-        f"{len(err)} runs; mean error {100 * cv['error'].mean():+.1f} % "
-        f"({args.cross_validate})"
-    )
-    for note in sorted(set(cv["note"]) - {""}):
-        print(f"note: a fold was not fitted: {note}")
-
-
-@dataclass(frozen=True, kw_only=True)
-class FittedResults:
-    """A results directory's tables and the model fitted on them (``fit_results``)."""
-
-    runs: pd.DataFrame
-    steps: pd.DataFrame
-    data: mdl.RunData
-    fit: mdl.Fit
-    source_cfg: Mapping[str, Any]
-
-
-def fit_results(
-    results: Path,
-    *,
-    fit_cores: int | None = None,
-    mode: str | None = None,
-    boot: int = 200,
-    seed: int = 0,
-) -> FittedResults:
-    """Fit the model on RESULTS/tables/{runs.csv,steps.csv.gz}; the cores per rank of the runs
-    are ``fit_cores`` or RESULTS/config.yaml's ``slurm.cpus_per_rank``."""
-    runs_table, steps_table = ResultPaths.merged_tables_of(results)
-    runs = _read_table(runs_table, results)
-    steps = _read_table(steps_table, results)
-    source_cfg = _source_config(results)
-    cores = fit_cores or (source_cfg.get("slurm") or {}).get("cpus_per_rank")
-    if cores is None:
-        raise CodlError(
-            f"cores per rank of the measured runs unknown: {results / CONFIG_NAME} has no "
-            "slurm.cpus_per_rank; pass --fit-cores"
-        )
-    data = mdl.run_data(runs, steps, combined_mode=mode)
-    fit = mdl.fit(data, cores=int(cores), boot=boot, seed=seed)
-    return FittedResults(runs=runs, steps=steps, data=data, fit=fit, source_cfg=source_cfg)
-
-
-def run(args: argparse.Namespace) -> int:
-    """The command on parsed arguments, so that ``cli.py`` can mount ``build_parser()`` as a
-    parent of its ``advise`` subcommand and dispatch here."""
-    results: Path = args.results
-    try:
-        fitted = fit_results(
-            results, fit_cores=args.fit_cores, mode=args.mode, boot=args.boot, seed=args.seed
-        )
-        runs, steps, data, fit = fitted.runs, fitted.steps, fitted.data, fitted.fit
-        source_cfg = fitted.source_cfg
-        cores = args.cores if args.cores is not None else fit.cores
-        advice = advise(
-            fit, cores=cores, max_workers=args.max_workers, tie=args.tie, prefer=args.prefer
-        )
-        if args.out is not None:
-            _write_verification(args, advice, fit, runs, data, source_cfg)
-        print_advice(advice, fit, args.out, args.tie, args.prefer)
-        if args.cross_validate is not None:
-            _cross_validate(args, runs, steps, fit, data)
-    except CodlError as exc:
-        print(f"codl advise: error: {exc}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -33,12 +33,11 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from codl.advisor.model import COMPUTE_TWIN
 from codl.analysis import compare as cmp
 from codl.errors import CodlError
 from codl.spec import DatasetCost, RunSpec
 
-#: Combined mode -> the mode of its compute twin (as ``model.COMPUTE_TWIN``).
-COMPUTE_TWIN = {"data+compute": "compute", "combined": "compute+comm"}
 #: Spec columns that do not split the sweep into slices: the settings the advisor chooses.
 CHOSEN = ("policy", "launch_cores", "workers")
 REGIMES = ("data-bound", "balanced", "launch-bound")

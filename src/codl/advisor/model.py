@@ -74,14 +74,17 @@ import numpy.typing as npt
 import pandas as pd
 
 from codl.errors import CodlError
+from codl.spec import Mode, Policy
 
-LOADER_MODE = "data"
-#: Combined mode -> the isolation mode of its compute twin.
-COMPUTE_TWIN = {"data+compute": "compute", "combined": "compute+comm"}
+LOADER_MODE = Mode.DATA.value
+#: Combined mode -> the mode of its compute twin (``Mode.compute_twin``), as the tables spell them.
+COMPUTE_TWIN: dict[str, str] = {
+    m.value: twin.value for m in Mode if (twin := m.compute_twin) is not None
+}
 COMBINED_MODES = tuple(COMPUTE_TWIN)
 #: Policies whose launch set is the roles' own CPUs (or ``launch_cores`` of them).
-FENCED_POLICIES = frozenset({"isolated", "spread", "numa"})
-UNFENCED_POLICIES = frozenset({"none", "shared"})
+FENCED_POLICIES = frozenset(p.value for p in (Policy.ISOLATED, Policy.SPREAD, Policy.NUMA))
+UNFENCED_POLICIES = frozenset(p.value for p in (Policy.NONE, Policy.SHARED))
 RUN_COLUMNS = ("run_id", "mode", "policy", "workers", "batch_size")
 STEP_COLUMNS = ("run_id", "step_ms")
 #: The launch roles' on-CPU time per step (summarize: launch_metrics, helper_metrics): the main
@@ -424,11 +427,11 @@ def _reserved(policy: str, launch_cores: int | None, roles: int) -> int:
     """``n``: the launch CPUs ``policy`` keeps from the loader."""
     if policy in UNFENCED_POLICIES:
         return 0
-    if policy == "isolated-main":
+    if policy == Policy.ISOLATED_MAIN.value:
         return max(1, launch_cores or 1)
     if policy in FENCED_POLICIES:
         return max(roles, launch_cores or roles)
-    known = sorted({*UNFENCED_POLICIES, *FENCED_POLICIES, "isolated-main"})
+    known = sorted({*UNFENCED_POLICIES, *FENCED_POLICIES, Policy.ISOLATED_MAIN.value})
     raise ModelError(f"policy {policy!r}: unknown, expected one of {known}")
 
 
@@ -454,7 +457,7 @@ def loader_terms(
     tau, tau_helpers = occupancy
     if policy in UNFENCED_POLICIES:
         return float(cores), tau
-    if policy == "isolated-main":
+    if policy == Policy.ISOLATED_MAIN.value:
         return float(cores - n), tau_helpers
     return float(cores - n), 0.0
 

@@ -1,32 +1,23 @@
-"""The figures' own tables, and every figure as one registered (prepare, draw) pair.
+"""The figures' own per-run tables, written by the summarize rule beside the run's other tables.
 
 Two figures need more than the merged runs/steps/comparison/decomposition tables: the API-latency
 CDF (every measured CUDA runtime call) and the step timeline (one step's spans, every thread).
-Their per-run tables are written by the summarize rule next to the run's other tables
-(``api_calls.parquet``, ``timeline.parquet``), so the figures rule reads tables only and never
-reopens a trace.
-
-A figure is a :class:`Figure`: ``prepare`` turns the tables (:class:`FigureInputs`) into the frame
-the figure shows (pure, DataFrames in and out), ``draw`` is the plotting function of
-``codl.analysis.plots`` that takes it. :data:`FIGURES` lists them in drawing order.
+Their tables (``api_calls.parquet``, ``timeline.parquet``) are made here from the trace's tables,
+so the figures rule reads tables only and never reopens a trace.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from codl.analysis import compare as cmp
-from codl.analysis import decompose as dec
-from codl.analysis import figdata, plots
-from codl.paths import DECOMPOSITION_FIGURE
+from codl.figures import data as figdata
 from codl.spec import Mode
-from codl.trace.schema import Table
+from codl.trace.schema import Phase, Table
 
 # What a timeline table says about the step it shows, on every row (the title is built from it).
 TIMELINE_KEYS = ("run_id", "mode", "policy", "workers", "step", "measured_steps")
@@ -55,13 +46,15 @@ def timeline(
     each row carrying :data:`TIMELINE_KEYS`; empty when the run has no measured step."""
     warm = int(attrs.get("warmup_steps", 0))
     app = tables[Table.APP]
-    st = app[(app["phase"].astype(str) == "step") & (app["step"] >= warm) & (app["rank"] == 0)]
+    st = app[
+        (app["phase"].astype(str) == Phase.STEP.value) & (app["step"] >= warm) & (app["rank"] == 0)
+    ]
     if st.empty:
         return pd.DataFrame(columns=[*figdata.TIMELINE_COLUMNS, *TIMELINE_KEYS])
     dur = (st["end_ns"] - st["start_ns"]).to_numpy()
     pick = int(np.argmin(np.abs(dur - np.median(dur))))
     step = int(st["step"].to_numpy()[pick])
-    bars = figdata.step_timeline(dict(tables), step=step)
+    bars = figdata.timeline_bars(dict(tables), step=step)
     keys: dict[str, Any] = {
         "run_id": str(attrs.get("run_id", "")),
         "mode": str(spec.get("mode")),
@@ -104,71 +97,3 @@ def write_run_tables(
         path.parent.mkdir(parents=True, exist_ok=True)
         df.to_parquet(path, index=False)
     return out
-
-
-@dataclass(frozen=True)
-class FigureInputs:
-    """The tables figures are drawn from: the merged tables and the per-run figure tables."""
-
-    runs: pd.DataFrame
-    steps: pd.DataFrame
-    comparison: pd.DataFrame
-    decomposition: pd.DataFrame
-    api_calls: pd.DataFrame = field(default_factory=pd.DataFrame)
-    timelines: pd.DataFrame = field(default_factory=pd.DataFrame)
-
-
-@dataclass(frozen=True)
-class Figure:
-    name: str
-    prepare: Callable[[FigureInputs], pd.DataFrame]
-    draw: Callable[..., None]
-    # Keyword arguments of ``draw`` beyond the frame and the outputs, from the same inputs.
-    options: Callable[[FigureInputs], dict[str, Any]] = lambda _: {}
-    # Whether the merged tables alone suffice (result sets without per-run tables).
-    merged_only: bool = True
-
-
-def _chosen_timeline(t: FigureInputs) -> pd.DataFrame:
-    chosen = figdata.timeline_run(t.runs)
-    bars = t.timelines
-    if bars.empty or not chosen:
-        return pd.DataFrame(columns=figdata.TIMELINE_COLUMNS)
-    return bars[bars["run_id"] == chosen].reset_index(drop=True)
-
-
-FIGURES: tuple[Figure, ...] = (
-    Figure(
-        "component_durations",
-        lambda t: figdata.with_arm_intervals(cmp.headline(t.comparison), t.steps),
-        plots.component_durations,
-    ),
-    Figure("launch_wait_vs_compute", lambda t: t.steps, plots.launch_wait_vs_compute),
-    Figure("step_time_distributions", lambda t: t.steps, plots.step_time_distributions),
-    Figure(
-        "policy_heatmap",
-        lambda t: figdata.heatmap_table(t.runs, t.comparison),
-        plots.policy_heatmap,
-    ),
-    Figure(
-        DECOMPOSITION_FIGURE,
-        lambda t: figdata.decomposition_runs(
-            dec.decomposition_means(t.decomposition), t.decomposition
-        ),
-        plots.decomposition,
-    ),
-    Figure("api_latency_cdf", lambda t: t.api_calls, plots.api_latency_cdf, merged_only=False),
-    Figure(
-        "step_timeline",
-        _chosen_timeline,
-        plots.step_timeline,
-        options=lambda t: {"title": timeline_title(_chosen_timeline(t))},
-        merged_only=False,
-    ),
-)
-
-
-def concat(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
-    """Per-run tables as one; runs without rows add nothing (and no column dtype of theirs)."""
-    kept = [f for f in frames if len(f)]
-    return pd.concat(kept, ignore_index=True) if kept else pd.DataFrame()

@@ -34,18 +34,17 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from codl.analysis.advisor_config import ShareSettings, share_settings, share_specs
+from codl.advisor.settings import ShareSettings, share_settings, share_specs
 from codl.config import build_plan
 from codl.errors import CodlError
-from codl.paths import ResultPaths
+from codl.figures import FigureName
+from codl.paths import ResultPaths, ShareFiles
 from codl.pinning import cpulist
 from codl.spec import DeviceKind, RunSpec
-from codl.workflow import dataset_dir
+from codl.steps.workflow import dataset_dir
 
 _LOG = logging.getLogger(__name__)
 SPLITS = ("none", "even", "advised")
-#: Under the share work directory: every split ``advise_split`` scored for ``advise_from``.
-ADVISED_SPLITS = "advised_splits.csv"
 _CONFINE = (
     "import os, sys; os.sched_setaffinity(0, [int(c) for c in sys.argv[1].split(',')]); "
     "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])"
@@ -206,13 +205,11 @@ def set_aside(jobs: Sequence[Job]) -> None:
         _LOG.warning("%s: not of this split's spec or CPUs; set aside as %s", job.trace, aside)
 
 
-def throughput_of(trace: Path, work: Path) -> float:
+def throughput_of(trace: Path) -> float:
     """Per-rank throughput (samples/s) of one traced job, as ``summarize`` reports it."""
-    from codl.analysis.pipeline import summarize_to
+    from codl.steps.analysis import summarize_to
 
-    parts = {
-        k: work / f"{trace.stem}.{k}.parquet" for k in ("steps", "summary", "attribution", "parts")
-    }
+    parts = ShareFiles.job_tables(trace)
     summarize_to(trace, **parts)
     summary = pd.read_parquet(parts["summary"])
     world = float(summary["world_size"].iloc[0]) if "world_size" in summary else 1.0
@@ -299,12 +296,12 @@ def run_shared(
     allowed = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
     shares_of = {name: cpu_shares(allowed, c, jobs=len(jobs)) for name, c in splits.items()}
     names = list(splits)
+    files = ShareFiles(Path(work))
     rows = []
     for rep in range(repeats):
         for split in names[rep % len(names) :] + names[: rep % len(names)]:
             shares = shares_of[split]
-            where = Path(work) / split / str(rep)
-            placed = [dataclasses.replace(j, trace=where / f"{j.name}.h5") for j in jobs]
+            placed = [dataclasses.replace(j, trace=files.trace(j.name, split, rep)) for j in jobs]
             if measured(placed, shares):
                 _LOG.info("%s, repeat %d: traces already measured, reused", split, rep)
             else:
@@ -317,7 +314,7 @@ def run_shared(
                         "repeat": rep,
                         "job": job.name,
                         "cpus": cpulist(share),
-                        "throughput": throughput_of(job.trace, where),
+                        "throughput": throughput_of(job.trace),
                     }
                 )
     return pd.DataFrame(rows)
@@ -327,13 +324,14 @@ def advised_split(results: Sequence[str], n_cpus: int, work: Path, *, boot: int 
     """CPUs per job: each job's model fitted on its results directory (as ``codl advise``
     does), then ``advise_split`` for this machine's ``n_cpus``; every split it scored goes to
     ``work/advised_splits.csv``."""
-    from codl.analysis import advise as adv
-    from codl.analysis import model as mdl
+    from codl.advisor import advise as adv
+    from codl.advisor import model as mdl
+    from codl.steps.advisor import fit_results
 
     fits = []
     for d in results:
         try:
-            fits.append(adv.fit_results(Path(d), boot=boot).fit)
+            fits.append(fit_results(Path(d), boot=boot).fit)
         except CodlError as exc:
             raise CodlError(f"share.advise_from: {d}: {exc}") from None
     try:
@@ -342,7 +340,7 @@ def advised_split(results: Sequence[str], n_cpus: int, work: Path, *, boot: int 
         raise CodlError(f"share.advise_from: {exc}") from None
     work.mkdir(parents=True, exist_ok=True)
     table.assign(split=[" / ".join(map(str, x)) for x in table["split"]]).to_csv(
-        work / ADVISED_SPLITS, index=False
+        ShareFiles(work).advised_splits, index=False
     )
     return counts
 
@@ -393,7 +391,7 @@ def share_to(
     figures: Sequence[Path],
 ) -> pd.DataFrame:
     """The config's ``share`` section, run: every split, the rows, the report and its figure."""
-    from codl.analysis import plots
+    from codl.figures.registry import FigureInputs, draw_figure
 
     settings = share_settings(cfg)
     plan = build_plan(cfg, source="the config")
@@ -406,7 +404,7 @@ def share_to(
             dataset_dir=dataset_dir(paths, plan.tiers, spec.dataset.name, spec.dataset.tier)
             if spec.mode.loads
             else None,
-            trace=paths.share / f"{name}.h5",
+            trace=paths.share_files.trace(name),
             gpu=gpu,
         )
         for (name, spec), gpu in zip(specs.items(), gpus, strict=True)
@@ -418,5 +416,6 @@ def share_to(
     for out, df in ((rows_out, rows), (table_out, report)):
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         df.to_csv(out, index=False)
-    plots.share_throughput(report, [str(j.name) for j in jobs], figures)
+    inputs = FigureInputs(share=report, share_jobs=tuple(str(j.name) for j in jobs))
+    draw_figure(FigureName.SHARE, inputs, figures)
     return report

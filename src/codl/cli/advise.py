@@ -1,0 +1,168 @@
+"""``codl advise RESULTS_DIR [--cores N] [--out verify.yaml] [--cross-validate CSV]``.
+
+RESULTS_DIR holds the merged tables as the workflow writes them (``tables/runs.csv``,
+``tables/steps.csv.gz``) and, when the workflow made it, the ``config.yaml`` the runs came from
+(its ``defaults`` and ``slurm.cpus_per_rank`` are reused). Exit 0, or 2 with a one-line error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from codl.advisor import model as mdl
+from codl.advisor.advise import (
+    Advice,
+    Prefer,
+    advise,
+    best_measured,
+    defaults_from_runs,
+    print_advice,
+    render_config,
+    verification_config,
+)
+from codl.config import build_plan
+from codl.errors import CodlError, ConfigError
+from codl.steps.advisor import fit_results
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="codl advise",
+        description="Fit the throughput model on a results directory and advise loader workers, "
+        "CPU-set policy and launch cores per rank; write a verification config.",
+    )
+    p.add_argument("results", type=Path, help="results directory with tables/runs.csv")
+    p.add_argument("--cores", type=int, help="core budget per rank (default: the measured one)")
+    p.add_argument(
+        "--fit-cores",
+        type=int,
+        help="cores per rank of the runs whose runs.csv row has no `cpus` (summarized before "
+        "the column; default: slurm.cpus_per_rank of RESULTS/config.yaml)",
+    )
+    p.add_argument("--out", type=Path, help="write the verification config here")
+    p.add_argument(
+        "--mode",
+        choices=mdl.COMBINED_MODES,
+        help="the combined mode to fit when the tables hold both",
+    )
+    p.add_argument("--max-workers", type=int, help="largest worker count tried (default 2 x cores)")
+    p.add_argument("--worker-step", type=int, default=2, help="neighbours: workers +- this")
+    p.add_argument("--repeats", type=int, default=3, help="repeats of each verification run")
+    p.add_argument(
+        "--steps", type=int, help="measured steps of the verification runs (default: as measured)"
+    )
+    p.add_argument("--tie", type=float, default=0.01, help="relative tie tolerance (see --prefer)")
+    p.add_argument(
+        "--prefer",
+        type=Prefer,
+        choices=list(Prefer),
+        default=Prefer.HEADROOM,
+        help="which setting wins among those within --tie of the best: headroom (fewest launch "
+        "CPUs, then workers up to the loader's cores; default) or fewest-cores",
+    )
+    p.add_argument(
+        "--cross-validate",
+        type=Path,
+        metavar="CSV",
+        help="also refit without each combined worker count in turn, predict it, print the "
+        "out-of-sample error and write it here",
+    )
+    p.add_argument("--boot", type=int, default=200, help="bootstrap replicates")
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``codl advise RESULTS_DIR [--cores N] [--out verify.yaml]``: 0, or 2 with a one-line
+    error on stderr."""
+    return run(build_parser().parse_args(argv))
+
+
+def _write_verification(
+    args: argparse.Namespace,
+    advice: Advice,
+    fit: mdl.Fit,
+    runs: pd.DataFrame,
+    data: mdl.RunData,
+    source_cfg: Mapping[str, Any],
+) -> None:
+    defaults = source_cfg.get("defaults") or defaults_from_runs(runs, fit.node.combined_mode)
+    cfg = verification_config(
+        advice,
+        fit,
+        defaults=defaults,
+        slurm=source_cfg.get("slurm"),
+        worker_step=args.worker_step,
+        repeats=args.repeats,
+        measured_steps=args.steps,
+        best=best_measured(data),
+    )
+    try:
+        build_plan(cfg, source=str(args.out))
+    except ConfigError as exc:
+        # The defaults come from the results' config, which may predate today's schema.
+        raise CodlError(f"verification config invalid: {exc.one_line()}") from None
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(render_config(cfg, advice, str(args.results)))
+
+
+def _cross_validate(
+    args: argparse.Namespace,
+    runs: pd.DataFrame,
+    steps: pd.DataFrame,
+    fit: mdl.Fit,
+    data: mdl.RunData,
+) -> None:
+    inside = mdl.check(fit, data)["error"].abs()
+    print(
+        f"\nin sample (the {len(inside)} combined runs fitted on): |error| median "
+        f"{100 * inside.median():.1f} %, worst {100 * inside.max():.1f} %"
+    )
+    cv = mdl.cross_validate(runs, steps, cores=fit.cores, combined_mode=fit.node.combined_mode)
+    args.cross_validate.parent.mkdir(parents=True, exist_ok=True)
+    cv.to_csv(args.cross_validate, index=False)
+    err = cv["error"].abs().dropna()
+    counts = ", ".join(str(w) for w in sorted(cv["held_workers"].unique()))
+    print(
+        f"out of sample (each combined worker count held out in turn: {counts}): "
+        f"|error| median {100 * err.median():.1f} %, worst {100 * err.max():.1f} % over "
+        f"{len(err)} runs; mean error {100 * cv['error'].mean():+.1f} % "
+        f"({args.cross_validate})"
+    )
+    for note in sorted(set(cv["note"]) - {""}):
+        print(f"note: a fold was not fitted: {note}")
+
+
+def run(args: argparse.Namespace) -> int:
+    """The command on parsed arguments, so that ``cli.py`` can mount ``build_parser()`` as a
+    parent of its ``advise`` subcommand and dispatch here."""
+    results: Path = args.results
+    try:
+        fitted = fit_results(
+            results, fit_cores=args.fit_cores, mode=args.mode, boot=args.boot, seed=args.seed
+        )
+        runs, steps, data, fit = fitted.runs, fitted.steps, fitted.data, fitted.fit
+        source_cfg = fitted.source_cfg
+        cores = args.cores if args.cores is not None else fit.cores
+        advice = advise(
+            fit, cores=cores, max_workers=args.max_workers, tie=args.tie, prefer=args.prefer
+        )
+        if args.out is not None:
+            _write_verification(args, advice, fit, runs, data, source_cfg)
+        print_advice(advice, fit, args.out, args.tie, args.prefer)
+        if args.cross_validate is not None:
+            _cross_validate(args, runs, steps, fit, data)
+    except CodlError as exc:
+        print(f"codl advise: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""The advisor's file steps: what the workflow's advisor rules and ``codl advise`` call.
+
+They read the merged tables and the config, call the pure advisor (``codl.advisor``: model,
+advice, interference map, verification) and write tables, configs and figures. The config's
+optional ``advisor`` section switches them on (``codl.steps.workflow.advisor_targets``).
+
+The loop: a config with ``advisor: {advise: true}`` -> runs -> ``advise_to`` fits the model and
+writes ``advice/verify.yaml`` (the advice and its neighbours, with ``advisor.predictions``
+pointing at ``advice/predictions.csv``, the model's prediction for every verification
+setting) -> the verification runs (``--configfile results/advice/verify.yaml``) ->
+``predicted_vs_measured_to`` compares the predictions with what those runs measured.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from codl.advisor import advise as adv
+from codl.advisor import interference_map as imap
+from codl.advisor import model as mdl
+from codl.advisor.settings import advisor_settings, cores_per_rank
+from codl.advisor.verify import score_predictions, verification_predictions
+from codl.config import build_plan, load_yaml
+from codl.errors import CodlError, ConfigError
+from codl.figures import FigureName
+from codl.paths import ResultPaths
+from codl.spec import RunSpec
+
+#: Table paths relative to a results directory, from the one object that owns them.
+CONFIG_NAME = "config.yaml"
+
+
+def _read_table(path: Path, results: Path) -> pd.DataFrame:
+    if not path.is_file():
+        raise CodlError(f"{path}: missing table ({results} must hold the workflow's tables/)")
+    return pd.read_csv(path)
+
+
+def _source_config(results: Path) -> dict[str, Any]:
+    """RESULTS/config.yaml, the config the runs came from, or {} when the workflow left none."""
+    path = results / CONFIG_NAME
+    if not path.is_file():
+        return {}
+    try:
+        return load_yaml(path)
+    except ConfigError as exc:
+        raise CodlError(f"{path}: {exc.one_line()}") from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class FittedResults:
+    """A results directory's tables and the model fitted on them (``fit_results``)."""
+
+    runs: pd.DataFrame
+    steps: pd.DataFrame
+    data: mdl.RunData
+    fit: mdl.Fit
+    source_cfg: Mapping[str, Any]
+
+
+def fit_results(
+    results: Path,
+    *,
+    fit_cores: int | None = None,
+    mode: str | None = None,
+    boot: int = 200,
+    seed: int = 0,
+) -> FittedResults:
+    """Fit the model on RESULTS/tables/{runs.csv,steps.csv.gz}; the cores per rank of the runs
+    are ``fit_cores`` or RESULTS/config.yaml's ``slurm.cpus_per_rank``."""
+    runs_table, steps_table = ResultPaths.merged_tables_of(results)
+    runs = _read_table(runs_table, results)
+    steps = _read_table(steps_table, results)
+    source_cfg = _source_config(results)
+    cores = fit_cores or (source_cfg.get("slurm") or {}).get("cpus_per_rank")
+    if cores is None:
+        raise CodlError(
+            f"cores per rank of the measured runs unknown: {results / CONFIG_NAME} has no "
+            "slurm.cpus_per_rank; pass --fit-cores"
+        )
+    data = mdl.run_data(runs, steps, combined_mode=mode)
+    fit = mdl.fit(data, cores=int(cores), boot=boot, seed=seed)
+    return FittedResults(runs=runs, steps=steps, data=data, fit=fit, source_cfg=source_cfg)
+
+
+def _read(path: Path) -> pd.DataFrame:
+    if not Path(path).is_file():
+        raise CodlError(f"{path}: no such table")
+    return pd.read_csv(path)
+
+
+def map_to(
+    *,
+    runs: Path,
+    steps: Path,
+    cfg: Mapping[str, Any],
+    table: Path,
+    figures: Sequence[Path],
+    boot: int = 2000,
+) -> pd.DataFrame:
+    """The interference map of the config's runs: ``table`` (csv) and its figure."""
+    from codl.figures.registry import FigureInputs, draw_figure
+
+    plan = build_plan(cfg, source="the config")
+    t = imap.build_map(imap.with_costs(_read(runs), plan.specs), _read(steps), boot=boot)
+    Path(table).parent.mkdir(parents=True, exist_ok=True)
+    t.to_csv(table, index=False)
+    draw_figure(FigureName.INTERFERENCE_MAP, FigureInputs(interference_map=t), figures)
+    return t
+
+
+def _one_workload(runs: pd.DataFrame, specs: Mapping[str, RunSpec]) -> None:
+    """The model describes one workload on one node: refuse a sweep over batch or cost."""
+    r = imap.with_costs(runs, specs)
+    r = r[r["mode"].isin(mdl.COMBINED_MODES)]
+    varied = [c for c in ("model", "batch_size", "image_size", "cost") if r[c].nunique() > 1]
+    if varied:
+        raise CodlError(
+            f"advise: the combined runs vary {varied}; the model fits one workload (one "
+            "model, batch size and loader cost): advise on one slice of the sweep"
+        )
+
+
+def advise_to(
+    *,
+    runs: Path,
+    steps: Path,
+    cfg: Mapping[str, Any],
+    text: Path,
+    verify: Path,
+    predictions: Path,
+    boot: int = 200,
+    seed: int = 0,
+) -> adv.Advice:
+    """Fit, advise for ``advisor.cores`` (default: the measured cores per rank), and write the
+    printed advice, the verification config and the predictions of its settings."""
+    run_table, step_table = _read(runs), _read(steps)
+    _one_workload(run_table, build_plan(cfg, source="the config").specs)
+    fit_cores = cores_per_rank(cfg)
+    data = mdl.run_data(run_table, step_table)
+    fit = mdl.fit(data, cores=fit_cores, boot=boot, seed=seed)
+    settings = advisor_settings(cfg)
+    advice = adv.advise(fit, cores=settings.cores or fit_cores, prefer=adv.Prefer(settings.prefer))
+    vcfg = adv.verification_config(
+        advice,
+        fit,
+        defaults=cfg.get("defaults") or {},
+        slurm=cfg.get("slurm"),
+        repeats=settings.repeats,
+        best=adv.best_measured(data),
+    )
+    vcfg["advisor"] = {"predictions": str(predictions)}
+    plan = build_plan(vcfg, source="the verification config")
+    table = verification_predictions(fit, advice, plan)
+    for path in (text, verify, predictions):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    table.to_csv(predictions, index=False)
+    # The results directory the tables are in, as `codl advise RESULTS` names it.
+    Path(verify).write_text(adv.render_config(vcfg, advice, str(Path(runs).parent.parent)))
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        adv.print_advice(advice, fit, Path(verify), 0.01, adv.Prefer(settings.prefer))
+    Path(text).write_text(printed.getvalue())
+    return advice
+
+
+def predicted_vs_measured_to(
+    *,
+    predictions: Path,
+    runs: Path,
+    table: Path,
+    figures: Sequence[Path],
+    steps: Path | None = None,
+) -> pd.DataFrame:
+    from codl.figures.registry import FigureInputs, draw_figure
+
+    t = score_predictions(
+        _read(predictions), _read(runs), _read(steps) if steps is not None else None
+    )
+    if not t["n_runs"].any():
+        raise CodlError(
+            f"{runs}: no run matches a setting of {predictions}; run the verification config"
+        )
+    Path(table).parent.mkdir(parents=True, exist_ok=True)
+    t.to_csv(table, index=False)
+    draw_figure(FigureName.PREDICTED_VS_MEASURED, FigureInputs(predictions=t), figures)
+    return t
