@@ -13,8 +13,7 @@ import pytest
 from codl.analysis import chunked, figdata, figtables
 from codl.analysis import decompose as dec
 from codl.analysis import summarize as sm
-from codl.trace import store
-from codl.trace.store import TraceWriter, block_rows, open_trace
+from codl.trace.store import TraceWriter, block_rows, open_trace, reader
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "traces"
 
@@ -127,7 +126,8 @@ def test_a_long_multi_block_trace_gives_the_same_per_step_metrics(
 ) -> None:
     # Blocks of at most 100 K rows (1 Mi by default): the 274 K-row tables come in 3 ranges, so
     # steps straddle blocks, the process pool and the alternating read buffers all run.
-    monkeypatch.setattr(store, "_VERIFY_BLOCK_ROWS", 100_000)
+    # The reader owns the block size: patched there, where _ranges looks it up.
+    monkeypatch.setattr(reader, "_VERIFY_BLOCK_ROWS", 100_000)
     trace = _synthetic(tmp_path / "t.h5", compression, by_rank)
     with open_trace(trace) as t:
         assert len(t.block_ranges("events/loader")) >= 3
