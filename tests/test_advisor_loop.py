@@ -10,12 +10,12 @@ import pandas as pd
 import pytest
 
 from codl.advisor import model as mdl
+from codl.advisor import verify
 from codl.config import Plan, build_plan, load_yaml
 from codl.datasets import generate
 from codl.figures import FigureName
 from codl.harness.launch import launch
 from codl.paths import ResultPaths
-from codl.advisor import verify
 from codl.steps import advisor as advisor_steps
 from codl.steps.analysis import compare_to, summarize_to
 from codl.steps.workflow import advisor_targets

@@ -15,8 +15,7 @@ from codl.analysis import decompose as dec
 from codl.analysis import summarize as sm
 from codl.figures import data as figdata
 from codl.figures import run_tables
-from codl.trace import store
-from codl.trace.store import TraceWriter, block_rows, open_trace
+from codl.trace.store import TraceWriter, block_rows, open_trace, reader
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "traces"
 
@@ -129,7 +128,8 @@ def test_a_long_multi_block_trace_gives_the_same_per_step_metrics(
 ) -> None:
     # Blocks of at most 100 K rows (1 Mi by default): the 274 K-row tables come in 3 ranges, so
     # steps straddle blocks, the process pool and the alternating read buffers all run.
-    monkeypatch.setattr(store, "_VERIFY_BLOCK_ROWS", 100_000)
+    # The reader owns the block size: patched there, where _ranges looks it up.
+    monkeypatch.setattr(reader, "_VERIFY_BLOCK_ROWS", 100_000)
     trace = _synthetic(tmp_path / "t.h5", compression, by_rank)
     with open_trace(trace) as t:
         assert len(t.block_ranges("events/loader")) >= 3
@@ -182,7 +182,7 @@ def test_summarize_trace_reading_blocks_equals_the_whole_tables(name: str, tmp_p
     whole, attrs = sm.read_tables(trace)
     want = sm.summarize_tables(whole, attrs)
     _assert_same_frames(sm.summarize_trace(trace), want)
-    # The workflow's reading (pipeline.summarize_to): warm-up rows kept for the step timeline;
+    # The workflow's reading (steps.analysis.summarize_to): warm-up rows kept for the step timeline;
     # the decomposition's inputs and the figure tables are those of the whole tables.
     pruned, _ = chunked.read_summary_tables(trace, warmup_rows=True)
     _assert_same_frames(sm.summarize_tables(pruned, attrs), want)

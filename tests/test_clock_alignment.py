@@ -24,7 +24,6 @@ import pytest
 
 from codl.analysis import decompose as dec
 from codl.analysis.inspect import describe, render
-from codl.harness.launch import merge_rank_traces
 from codl.spec import RunSpec
 from codl.trace.clock import (
     TIME_COLUMNS,
@@ -35,6 +34,7 @@ from codl.trace.clock import (
     rank_bounds,
 )
 from codl.trace.store import open_trace
+from codl.trace.store.merge import merge_rank_traces
 
 US = 1_000
 
@@ -149,7 +149,7 @@ import json
 import sys
 from pathlib import Path
 from codl.harness.runner import RankEnv, execute
-from codl.harness.launch import rank_trace_path
+from codl.trace.store.merge import rank_trace_path
 from codl.spec import RunSpec
 spec = RunSpec.from_dict(json.loads(Path(sys.argv[1]).read_text()))
 rank, port, trace = int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])

@@ -245,7 +245,7 @@ def test_step_timeline_legend_names_phases(tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_step_timeline_from_trace_tables(tmp_path: Path) -> None:
-    """figdata.step_timeline -> plots.step_timeline, phases carried for colouring."""
+    """figures.data.timeline_bars -> figures.draw.step_timeline, phases carried for colouring."""
     base = 5_000_000_000_000
     ms = 1_000_000
     app = pd.DataFrame(

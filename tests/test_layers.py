@@ -79,7 +79,7 @@ def import_graph(root: Path = SRC) -> dict[str, set[str]]:
 def room_of(module: str) -> str:
     """The longest room of :data:`LAYERS` that holds ``module``."""
     rooms = [r for _, floor in LAYERS for r in floor]
-    holding = [r for r in rooms if module == r or module.startswith(r + ".") and r != "codl"]
+    holding = [r for r in rooms if module == r or (module.startswith(r + ".") and r != "codl")]
     if not holding and module == "codl":
         return "codl"
     if not holding:

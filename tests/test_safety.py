@@ -840,9 +840,9 @@ def test_snakemake_and_codl_plan_refuse_the_same_files_alike(
 def fake_rank(
     trace: Path, rank: int, world: int, run_id: str, *, job: str = "", complete: bool = True
 ) -> Path:
-    from codl.harness.launch import rank_trace_path
     from codl.trace.schema import TABLES
     from codl.trace.store import TraceWriter
+    from codl.trace.store.merge import rank_trace_path
 
     path = rank_trace_path(trace, rank)
     with TraceWriter(path) as w:
@@ -865,8 +865,8 @@ def fake_rank(
 
 
 def test_ranks_of_one_run_merge_into_one_complete_trace(tmp_path: Path) -> None:
-    from codl.harness.launch import merge_rank_traces
     from codl.trace.store import open_trace
+    from codl.trace.store.merge import merge_rank_traces
 
     trace = tmp_path / "trace.h5"
     parts = [fake_rank(trace, r, 2, "a" * 12) for r in range(2)]
@@ -891,7 +891,7 @@ def test_ranks_of_one_run_merge_into_one_complete_trace(tmp_path: Path) -> None:
 def test_merge_refuses_ranks_that_are_not_one_attempt_of_one_run(
     tmp_path: Path, fault: str
 ) -> None:
-    from codl.harness.launch import merge_rank_traces, rank_trace_path
+    from codl.trace.store.merge import merge_rank_traces, rank_trace_path
 
     trace = tmp_path / "trace.h5"
     rid, other = "a" * 12, "b" * 12
@@ -920,8 +920,7 @@ def test_a_rank_part_is_not_taken_for_the_run_trace(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from codl.errors import TraceFormatError
-    from codl.harness.launch import set_aside_stale
-    from codl.trace.store import open_trace
+    from codl.trace.store import open_trace, set_aside_stale
 
     part = fake_rank(tmp_path / "trace.h5", 1, 2, "a" * 12)
     with pytest.raises(TraceFormatError, match="merge did not finish"):
@@ -1255,7 +1254,8 @@ def test_edited_metadata_is_refused(trace_copy: Path, edit: str) -> None:
     import numpy as np
 
     from codl.errors import TraceFormatError
-    from codl.trace.store import DIGEST_ATTR, _metadata_digest, open_trace
+    from codl.trace.store import DIGEST_ATTR, open_trace
+    from codl.trace.store._format import _metadata_digest
 
     with h5py.File(trace_copy, "r+") as f:
         if edit.startswith("spec edited"):

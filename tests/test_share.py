@@ -153,13 +153,17 @@ def test_two_cpu_jobs_share_a_node(tmp_path: Path) -> None:
     ]
     assert share.measured(jobs, [first, second])
     assert not share.measured(jobs, [second, first])
-    # Set aside, never overwritten: a later one takes the next free number.
-    (paths.share / "even" / "0" / "job-light.stale-2.h5").write_bytes(b"older")
+    # Set aside as <job>.stale-<mtime_ns>.h5, never over an older one of the same name.
+    light = jobs[0].trace if jobs[0].name == "job-light" else jobs[1].trace
+    taken = light.with_name(f"job-light.stale-{light.stat().st_mtime_ns}.h5")
+    taken.write_bytes(b"older")
+    want = {j.name: j.trace.read_bytes() for j in jobs}
     share.set_aside(jobs)
     assert not any(j.trace.exists() for j in jobs)
-    names = sorted(p.name for p in (paths.share / "even" / "0").glob("*.stale-*.h5"))
-    assert names == ["job-heavy.stale-1.h5", "job-light.stale-2.h5", "job-light.stale-3.h5"]
-    assert (paths.share / "even" / "0" / "job-light.stale-2.h5").read_bytes() == b"older"
+    kept = sorted((paths.share / "even" / "0").glob("*.stale-*.h5"))
+    assert len(kept) == 3 and taken.read_bytes() == b"older"
+    for name, data in want.items():
+        assert [p for p in kept if p.name.startswith(f"{name}.") and p.read_bytes() == data]
 
 
 def test_the_share_section_is_checked() -> None:

@@ -22,7 +22,6 @@ import dataclasses
 import json
 import logging
 import os
-import re
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -42,6 +41,7 @@ from codl.paths import ResultPaths, ShareFiles
 from codl.pinning import cpulist
 from codl.spec import DeviceKind, RunSpec
 from codl.steps.workflow import dataset_dir
+from codl.trace.store import set_aside_stale
 
 _LOG = logging.getLogger(__name__)
 SPLITS = ("none", "even", "advised")
@@ -190,19 +190,12 @@ def measured(jobs: Sequence[Job], shares: Sequence[tuple[int, ...]]) -> bool:
 
 
 def set_aside(jobs: Sequence[Job]) -> None:
-    """Move the jobs' traces out of the way (``<name>.stale-<n>.h5``, ``n`` one more than any
-    there) so that they can be written again; never deleted: they are measurements."""
+    """Move the jobs' traces out of the way (``trace.store.set_aside_stale``) so that they can be
+    written again; never deleted: they are measurements."""
     for job in jobs:
-        if not job.trace.exists():
-            continue
-        taken = [
-            int(m.group(1))
-            for p in job.trace.parent.glob(f"{job.trace.stem}.stale-*.h5")
-            if (m := re.fullmatch(rf"{re.escape(job.trace.stem)}\.stale-(\d+)\.h5", p.name))
-        ]
-        aside = job.trace.with_name(f"{job.trace.stem}.stale-{max(taken, default=0) + 1}.h5")
-        job.trace.rename(aside)
-        _LOG.warning("%s: not of this split's spec or CPUs; set aside as %s", job.trace, aside)
+        aside = set_aside_stale(job.trace)
+        if aside is not None:
+            _LOG.warning("%s: not of this split's spec or CPUs; set aside as %s", job.trace, aside)
 
 
 def throughput_of(trace: Path) -> float:

@@ -1,0 +1,145 @@
+"""What the writer and the reader of a trace share: names in the file, digests, the schema.
+
+The metadata digest is computed by the writer when it seals a file and again by the reader that
+opens it, so both must run this one function.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any, Final
+
+import h5py
+import numpy as np
+import numpy.typing as npt
+
+from codl.trace.schema import SCHEMA_VERSION, TABLES, Column
+
+STRINGS: Final = "strings"
+# Group of the chunk index: /chunks/<table> is an int64 (blocks, 4) dataset.
+CHUNK_INDEX: Final = "chunks"
+
+# Root attributes that always hold JSON text, whatever type they were given as.
+JSON_ATTRS: Final[tuple[str, ...]] = ("spec", "versions", "anchors_start", "anchors_end")
+# Root attribute holding the sha256 of every root attribute, every table's row count, column
+# digests, and every column's shape and dtype (see _metadata_digest). Written last.
+DIGEST_ATTR: Final = "attrs_sha256"
+# Group attribute of a table: JSON {column: sha256 of its first `rows` values}.
+COLUMN_DIGESTS: Final = "sha256"
+# What h5py raises on a damaged file, besides OSError: a flipped bit in a header can surface as
+# any of these, and each must become a TraceFormatError naming the file.
+H5_ERRORS: Final = (
+    OSError,
+    KeyError,
+    RuntimeError,
+    ValueError,
+    TypeError,
+    OverflowError,
+    IndexError,
+    AttributeError,
+    UnicodeError,
+)
+
+
+def _strings_digest(strings: list[str]) -> str:
+    # intern() rejects NUL, so joining on it is unambiguous.
+    return hashlib.sha256("\0".join(strings).encode("utf-8")).hexdigest()
+
+
+def _schema(table: str) -> tuple[Column, ...]:
+    schema = TABLES.get(table)
+    if schema is None:
+        raise ValueError(
+            f"unknown table {table!r}; schema v{SCHEMA_VERSION} has {', '.join(TABLES)}"
+        )
+    return schema
+
+
+def _canonical_attr(value: Any) -> str:
+    plain = _plain(value)
+    return f"{type(plain).__name__}:{json.dumps(plain, sort_keys=True, default=str)}"
+
+
+def _metadata_digest(f: Any) -> str:
+    """sha256 over what decides a result besides the column data, which fletcher32 and the
+    column digests cover: root attributes, row counts, column digests, shapes and dtypes.
+
+    A single flipped bit in the spec attribute (a different worker count), in a row count (a
+    shorter table) or in a dataspace (a longer one) then fails the check instead of reading as
+    a different, valid-looking trace.
+    """
+    h = hashlib.sha256()
+    for name in sorted(f.attrs):
+        if name != DIGEST_ATTR:
+            h.update(f"{name}={_canonical_attr(f.attrs[name])}\n".encode())
+    for table, schema in TABLES.items():
+        group = f.get(table)
+        if not isinstance(group, h5py.Group):
+            continue
+        h.update(f"[{table}] rows={_canonical_attr(group.attrs.get('rows'))} ".encode())
+        h.update(f"{COLUMN_DIGESTS}={_canonical_attr(group.attrs.get(COLUMN_DIGESTS))}\n".encode())
+        for c in schema:
+            ds = group.get(c.name)
+            shape = ds.shape if isinstance(ds, h5py.Dataset) else None
+            dtype = ds.dtype.str if isinstance(ds, h5py.Dataset) else None
+            h.update(f"{c.name} {shape} {dtype}\n".encode())
+    for table in TABLES:
+        # Only traces with a chunk index add these lines: older traces keep their digest.
+        ds = f.get(f"{CHUNK_INDEX}/{table}")
+        if ds is not None:
+            shape = ds.shape if isinstance(ds, h5py.Dataset) else None
+            sha = _canonical_attr(ds.attrs.get("sha256"))
+            h.update(f"[{CHUNK_INDEX}/{table}] {shape} {sha}\n".encode())
+    return h.hexdigest()
+
+
+def _time_range(table: str, columns: Mapping[str, npt.NDArray[Any]], n: int) -> tuple[int, int]:
+    """(earliest, latest) time of the first ``n`` rows: start_ns..max(start_ns, end_ns) for
+    events, t_ns for samples; what the chunk index stores per block."""
+    if "start_ns" in columns:
+        s, e = columns["start_ns"][:n], columns["end_ns"][:n]
+        return int(s.min()), int(max(s.max(), e.max()))
+    t = columns["t_ns"][:n]
+    return int(t.min()), int(t.max())
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return value
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _dtype_label(c: Column) -> str:
+    if c.is_symbol:
+        return "sym (int32 → `/strings`)"
+    return np.dtype(c.dtype).name
+
+
+def schema_markdown() -> str:
+    """The column tables of ``docs/trace-format.md``, generated from ``TABLES``.
+
+    The docs must contain this text verbatim (tests/test_trace_store.py checks it), so the prose
+    cannot drift from the schema.
+    """
+    lines = [
+        f"<!-- generated by codl.trace.store.schema_markdown() from codl.trace.schema "
+        f"(schema v{SCHEMA_VERSION}); edit schema.py, then paste the output here -->",
+        "",
+    ]
+    for table, columns in TABLES.items():
+        lines += [f"### `/{table}`", "", "| column | dtype | unit | meaning |", "|---|---|---|---|"]
+        lines += [
+            f"| `{c.name}` | {_dtype_label(c)} | {c.unit} | {_md_cell(c.doc)} |" for c in columns
+        ]
+        lines.append("")
+    return "\n".join(lines)
