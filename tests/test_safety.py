@@ -1255,7 +1255,7 @@ def test_edited_metadata_is_refused(trace_copy: Path, edit: str) -> None:
 
     from codl.errors import TraceFormatError
     from codl.trace.store import DIGEST_ATTR, open_trace
-    from codl.trace.store._format import _metadata_digest
+    from codl.trace.store.layout import metadata_digest
 
     with h5py.File(trace_copy, "r+") as f:
         if edit.startswith("spec edited"):
@@ -1282,7 +1282,7 @@ def test_edited_metadata_is_refused(trace_copy: Path, edit: str) -> None:
         else:
             f.create_dataset("events/app/extra", data=np.zeros(3))
         if "digest rewritten" in edit or "digests rewritten" in edit:
-            f.attrs[DIGEST_ATTR] = _metadata_digest(f)
+            f.attrs[DIGEST_ATTR] = metadata_digest(f)
     with (
         pytest.raises(TraceFormatError, match=re.escape(str(trace_copy))),
         open_trace(trace_copy) as t,

@@ -88,6 +88,24 @@ def all_of(kind):
     return [str(getattr(PATHS, kind)(run_id)) for run_id in SPECS]
 
 
+def get_figure_outputs():
+    """The `figures` rule's PNGs by name, each a report entry with its caption and labels."""
+    return {
+        name.value: report(
+            PATHS.figure(name),
+            caption=f"../report/{name.value}.rst",
+            category="Figures",
+            subcategory=labels.subcategory,
+            labels={
+                "figure": name.value,
+                "shows": labels.shows,
+                "statistic": labels.statistic,
+            },
+        )
+        for name, labels in RUN_FIGURES.items()
+    }
+
+
 def get_final_outputs():
     figures = [str(PATHS.figure(n, fmt)) for n in RUN_FIGURES for fmt in FIGURE_FORMATS]
     tables = [

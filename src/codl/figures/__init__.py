@@ -10,6 +10,7 @@ from (``prepare``, pure: tables -> the frame shown, mostly ``codl.figures.data``
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 
 
 class FigureName(enum.StrEnum):
@@ -28,14 +29,42 @@ class FigureName(enum.StrEnum):
     SHARE = "share"
 
 
-#: Drawn for every result set by the `figures` rule, from the merged and per-run tables; each
-#: has its own report entry and caption (analysis.smk).
-RUN_FIGURES: tuple[FigureName, ...] = (
-    FigureName.COMPONENT_DURATIONS,
-    FigureName.API_LATENCY_CDF,
-    FigureName.LAUNCH_WAIT_VS_COMPUTE,
-    FigureName.STEP_TIMELINE,
-    FigureName.POLICY_HEATMAP,
-    FigureName.STEP_TIME_DISTRIBUTIONS,
-    FigureName.DECOMPOSITION,
-)
+@dataclass(frozen=True)
+class ReportLabels:
+    """What the Snakemake report says of a run figure beside its caption, which is
+    ``workflow/report/<name>.rst``."""
+
+    subcategory: str  # "Interference" (how much) or "Mechanism" (why)
+    shows: str
+    statistic: str
+
+
+#: Drawn for every result set by the `figures` rule, from the merged and per-run tables, in the
+#: report's order; the rule's outputs and report entries are made from this (common.smk).
+RUN_FIGURES: dict[FigureName, ReportLabels] = {
+    FigureName.COMPONENT_DURATIONS: ReportLabels(
+        "Interference", "isolation vs combined per component", "p95, 95 % CI per bar"
+    ),
+    FigureName.POLICY_HEATMAP: ReportLabels(
+        "Interference",
+        "throughput and compute inflation per policy x workers",
+        "median; p95 ratio, 95 % CI",
+    ),
+    FigureName.STEP_TIME_DISTRIBUTIONS: ReportLabels(
+        "Interference", "step-time distribution per mode and policy", "quartiles, p1-p99"
+    ),
+    FigureName.LAUNCH_WAIT_VS_COMPUTE: ReportLabels(
+        "Mechanism", "launch-thread run-queue wait vs compute, per step", "every step"
+    ),
+    FigureName.DECOMPOSITION: ReportLabels(
+        "Mechanism",
+        "compute inflation and the parts that move with it",
+        "mean, all and slowest 5 % steps",
+    ),
+    FigureName.STEP_TIMELINE: ReportLabels(
+        "Mechanism", "one representative step, every thread", "one step"
+    ),
+    FigureName.API_LATENCY_CDF: ReportLabels(
+        "Mechanism", "CUDA runtime API call latency", "empirical CDF"
+    ),
+}

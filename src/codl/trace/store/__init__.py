@@ -18,14 +18,13 @@ The store's rooms; this module re-exports what the rest of codl uses:
 - ``writer``: ``TraceWriter``, its compression filters, block and chunk sizing, the disk-space
   reservation and ``TraceDiskFullError``.
 - ``reader``: ``open_trace``, ``Trace`` (tables, blocks, windows, ``verify``), ``empty_frame``.
-- ``_format``: what writer and reader share: names in the file, the digests, ``schema_markdown``.
+- ``layout``: what writer and reader share: names in the file, the digests, ``schema_markdown``.
 - ``merge``: merging a multi-rank run's per-rank traces into one (``merge_rank_traces``,
   ``merge_incomplete_ranks``, ``rank_trace_path``); import it as ``codl.trace.store.merge``.
 """
 
 from __future__ import annotations
 
-from codl.trace.store._format import DIGEST_ATTR, schema_markdown
 from codl.trace.store.files import (
     check_trace_target,
     exclusive_lock,
@@ -35,6 +34,7 @@ from codl.trace.store.files import (
     set_aside_stale,
     signals_deferred,
 )
+from codl.trace.store.layout import DIGEST_ATTR, schema_markdown
 from codl.trace.store.reader import Trace, empty_frame, open_trace
 from codl.trace.store.writer import (
     COMPRESSIONS,

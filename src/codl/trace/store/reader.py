@@ -28,20 +28,20 @@ from codl.errors import ConfigError, TraceFormatError
 from codl.spec import RunSpec
 from codl.trace import chunkcodec
 from codl.trace.schema import SCHEMA_VERSION, TABLES, Column
-from codl.trace.store._format import (
+from codl.trace.store.files import PARTIAL_SUFFIX, glob_escape, incomplete_path, partial_path
+from codl.trace.store.layout import (
     CHUNK_INDEX,
     COLUMN_DIGESTS,
     DIGEST_ATTR,
     H5_ERRORS,
     JSON_ATTRS,
     STRINGS,
-    _metadata_digest,
-    _plain,
-    _schema,
-    _strings_digest,
-    _time_range,
+    metadata_digest,
+    plain_value,
+    strings_digest,
+    table_schema,
+    time_range,
 )
-from codl.trace.store.files import PARTIAL_SUFFIX, glob_escape, incomplete_path, partial_path
 
 # gzip's best ratio is ~1000:1; a row count claiming more data than that cannot be true.
 _MAX_EXPANSION: Final = 2048
@@ -218,14 +218,14 @@ class Trace:
         checked against its sha256 and the row count; None for traces written without one."""
         if table in self._chunk_index:
             return self._chunk_index[table]
-        n = self._row_count(table, _schema(table))
+        n = self._row_count(table, table_schema(table))
         try:
             ds = self._file.get(f"{CHUNK_INDEX}/{table}")
             if ds is None:
                 self._chunk_index[table] = None
                 return None
             data = np.asarray(ds[()], dtype=np.int64)
-            digest = _plain(ds.attrs.get("sha256"))
+            digest = plain_value(ds.attrs.get("sha256"))
         except H5_ERRORS as e:
             raise self._corrupt(f"the chunk index /{CHUNK_INDEX}/{table}", e) from e
         ok = data.ndim == 2 and data.shape[1] == 4
@@ -282,7 +282,7 @@ class Trace:
         reader splits a table by to process it in bounded memory or in parallel."""
         if name not in self.tables():
             return []
-        return self._ranges(name, self._row_count(name, _schema(name)), None, None)
+        return self._ranges(name, self._row_count(name, table_schema(name)), None, None)
 
     def read_rows(
         self,
@@ -303,7 +303,7 @@ class Trace:
         of at least ``hi - lo`` values) has the other columns read into the caller's arrays,
         which come back as views: a reader of many blocks reuses its memory instead of paying
         the page faults of fresh arrays (~2 ns per 8-byte value, as much as decoding)."""
-        schema = _schema(name)
+        schema = table_schema(name)
         n = self._row_count(name, schema)
         if not 0 <= lo <= hi <= n:
             raise ValueError(f"rows {lo}..{hi} of /{name}: the table has {n}")
@@ -374,7 +374,7 @@ class Trace:
         """Table ``name`` in row blocks (a chunk-index block, or up to 1 Mi rows), as dicts of
         column arrays, restricted to the window ``[t0, t1)`` like ``table``; only the blocks the
         window needs are read. ``decode=False`` leaves ``sym`` columns as int32 codes."""
-        schema = _schema(name)
+        schema = table_schema(name)
         if name not in self.tables():
             return
         n = self._row_count(name, schema)
@@ -411,7 +411,7 @@ class Trace:
         schema's columns and dtypes. With a chunk index (traces written by the streaming
         writer) a window reads only the chunks it overlaps.
         """
-        schema = _schema(name)
+        schema = table_schema(name)
         if name in self.tables() and ((t0 is None and t1 is None) or name == "threads"):
             # No window: each column in one read, no per-block pieces to concatenate.
             n = self._row_count(name, schema)
@@ -458,7 +458,7 @@ class Trace:
         try:
             group = self._file[table]
             digests_text = group.attrs.get(COLUMN_DIGESTS)
-            digests = json.loads(_plain(digests_text)) if digests_text is not None else {}
+            digests = json.loads(plain_value(digests_text)) if digests_text is not None else {}
             if not isinstance(digests, dict):
                 raise TypeError(f"{COLUMN_DIGESTS} is {type(digests).__name__}")
         except (*H5_ERRORS, json.JSONDecodeError) as e:
@@ -466,7 +466,7 @@ class Trace:
         return digests
 
     def _verify_table(self, table: str) -> None:
-        schema = _schema(table)
+        schema = table_schema(table)
         n = self._row_count(table, schema)
         digests = self._column_digests(table)
         for c in schema:
@@ -524,10 +524,10 @@ class Trace:
         entry: npt.NDArray[np.int64] | None,
     ) -> None:
         """String codes in the table; the chunk index entry's time range is the block's."""
-        for c in _schema(table):
+        for c in table_schema(table):
             if c.is_symbol:
                 self._check_codes(table, c.name, block[c.name])
-        if entry is not None and tuple(entry[2:]) != _time_range(table, block, hi - lo):
+        if entry is not None and tuple(entry[2:]) != time_range(table, block, hi - lo):
             raise TraceFormatError(
                 f"{self._path}: the chunk index /{CHUNK_INDEX}/{table} gives rows "
                 f"{lo}..{hi} a time range they do not have; corrupt"
@@ -553,7 +553,7 @@ class Trace:
 def empty_frame(table: str) -> pd.DataFrame:
     """A zero-row frame with ``table``'s columns and the dtypes ``Trace.table`` returns."""
     data: dict[str, Any] = {}
-    for c in _schema(table):
+    for c in table_schema(table):
         if c.is_symbol:
             data[c.name] = pd.Categorical([], categories=pd.Index([], dtype="str"))
         else:
@@ -562,7 +562,7 @@ def empty_frame(table: str) -> pd.DataFrame:
 
 
 def _read_attrs(f: Any, path: Path) -> dict[str, Any]:
-    raw = {name: _plain(f.attrs[name]) for name in f.attrs}
+    raw = {name: plain_value(f.attrs[name]) for name in f.attrs}
     json_names: set[str] = {n for n in JSON_ATTRS if n in raw}
     listed = raw.get("json_attrs")
     if listed is not None:
@@ -597,7 +597,7 @@ def _read_strings(f: Any, path: Path, complete: bool) -> list[str]:
         digest = ds.attrs.get("sha256")
     except OSError as e:
         raise TraceFormatError(f"{path}: dataset /{STRINGS} is unreadable ({e})") from e
-    if digest is not None and _plain(digest) != _strings_digest(strings):
+    if digest is not None and plain_value(digest) != strings_digest(strings):
         raise TraceFormatError(f"{path}: dataset /{STRINGS} does not match its sha256; corrupt")
     if len(set(strings)) != len(strings) or not strings or strings[0] != "":
         raise TraceFormatError(f"{path}: dataset /{STRINGS} is not an interned string table")
@@ -641,7 +641,7 @@ def open_trace(path: str | os.PathLike[str], *, allow_incomplete: bool = False) 
                 f"{p}: trace schema version {version!r}, this codl reads version {SCHEMA_VERSION}"
             )
         try:
-            digest = _metadata_digest(f) if DIGEST_ATTR in attrs else None
+            digest = metadata_digest(f) if DIGEST_ATTR in attrs else None
         except H5_ERRORS as e:
             raise TraceFormatError(f"{p}: metadata is unreadable ({e}); corrupt") from e
         if digest is not None and attrs[DIGEST_ATTR] != digest:

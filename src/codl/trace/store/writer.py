@@ -26,18 +26,6 @@ import pandas as pd
 from codl.errors import TraceFormatError
 from codl.trace import chunkcodec
 from codl.trace.schema import SCHEMA_VERSION, TABLES, Column
-from codl.trace.store._format import (
-    CHUNK_INDEX,
-    COLUMN_DIGESTS,
-    DIGEST_ATTR,
-    H5_ERRORS,
-    JSON_ATTRS,
-    STRINGS,
-    _metadata_digest,
-    _schema,
-    _strings_digest,
-    _time_range,
-)
 from codl.trace.store.files import (
     INCOMPLETE_SUFFIX,
     PARTIAL_SUFFIX,
@@ -46,6 +34,18 @@ from codl.trace.store.files import (
     incomplete_path,
     partial_path,
     signals_deferred,
+)
+from codl.trace.store.layout import (
+    CHUNK_INDEX,
+    COLUMN_DIGESTS,
+    DIGEST_ATTR,
+    H5_ERRORS,
+    JSON_ATTRS,
+    STRINGS,
+    metadata_digest,
+    strings_digest,
+    table_schema,
+    time_range,
 )
 
 Compression = Literal["blosc-lz4", "gzip", "lzf"]
@@ -211,11 +211,11 @@ def block_rows(table: str) -> int:
     """Rows the writer buffers per table before writing them: one whole HDF5 chunk of every
     column (chunk sizes are powers of two, so the largest is a multiple of the others); one
     chunk-index entry each."""
-    return max(chunk_rows(c) for c in _schema(table))
+    return max(chunk_rows(c) for c in table_schema(table))
 
 
 def row_bytes(table: str) -> int:
-    return sum(np.dtype(c.numpy_dtype).itemsize for c in _schema(table))
+    return sum(np.dtype(c.numpy_dtype).itemsize for c in table_schema(table))
 
 
 def buffer_bound_bytes() -> int:
@@ -301,7 +301,7 @@ class TraceWriter:
 
     def rows(self, table: str) -> int:
         """Rows appended to ``table`` so far (written or still buffered)."""
-        _schema(table)
+        table_schema(table)
         buf = self._buffers.get(table)
         return self._rows.get(table, 0) + (buf.fill if buf else 0)
 
@@ -457,7 +457,7 @@ class TraceWriter:
         no room for a block (the rows written before it are kept by ``abort``).
         """
         self._require_open()
-        schema = _schema(table)
+        schema = table_schema(table)
         expected = [c.name for c in schema]
         missing = [n for n in expected if n not in columns]
         unknown = sorted(set(columns) - set(expected))
@@ -489,7 +489,7 @@ class TraceWriter:
         buf = self._buffers.get(table)
         if buf is None:
             block = block_rows(table)
-            buf = _Buffer({c.name: np.empty(block, c.numpy_dtype) for c in _schema(table)})
+            buf = _Buffer({c.name: np.empty(block, c.numpy_dtype) for c in table_schema(table)})
             self._buffers[table] = buf
         return buf
 
@@ -514,7 +514,7 @@ class TraceWriter:
         n = buf.fill
         if n == 0:
             return
-        schema = _schema(table)
+        schema = table_schema(table)
         # Compressed chunks are at most a little larger than raw ones, plus fletcher32 and the
         # chunk B-tree entries.
         self._reserve(2 * n * row_bytes(table) + _CHUNK_OVERHEAD_BYTES * len(schema))
@@ -554,7 +554,7 @@ class TraceWriter:
         # append interrupted half-way had already extended.
         group.attrs["rows"] = start + n
         self._rows[table] = start + n
-        self._chunks[table].append((start, start + n, *_time_range(table, buf.columns, n)))
+        self._chunks[table].append((start, start + n, *time_range(table, buf.columns, n)))
         buf.fill = 0
 
     def _thread_pool(self) -> ThreadPoolExecutor:
@@ -637,7 +637,7 @@ class TraceWriter:
         data = np.array(self._strings, dtype=object)
         ds = f.create_dataset(STRINGS, data=data, dtype=h5py.string_dtype("utf-8"))
         # HDF5 filters do not cover variable-length data, so fletcher32 cannot protect this one.
-        ds.attrs["sha256"] = _strings_digest(self._strings)
+        ds.attrs["sha256"] = strings_digest(self._strings)
         ds.attrs["doc"] = "interned strings; sym columns index this, index 0 is ''"
 
     def _write_index(self, f: Any) -> None:
@@ -659,7 +659,7 @@ class TraceWriter:
             )
         if DIGEST_ATTR in f.attrs:
             del f.attrs[DIGEST_ATTR]
-        f.attrs[DIGEST_ATTR] = _metadata_digest(f)
+        f.attrs[DIGEST_ATTR] = metadata_digest(f)
 
     def flush(self) -> None:
         """Write every buffered row and HDF5's metadata, so that a process killed after this

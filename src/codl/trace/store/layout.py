@@ -24,7 +24,7 @@ CHUNK_INDEX: Final = "chunks"
 # Root attributes that always hold JSON text, whatever type they were given as.
 JSON_ATTRS: Final[tuple[str, ...]] = ("spec", "versions", "anchors_start", "anchors_end")
 # Root attribute holding the sha256 of every root attribute, every table's row count, column
-# digests, and every column's shape and dtype (see _metadata_digest). Written last.
+# digests, and every column's shape and dtype (see metadata_digest). Written last.
 DIGEST_ATTR: Final = "attrs_sha256"
 # Group attribute of a table: JSON {column: sha256 of its first `rows` values}.
 COLUMN_DIGESTS: Final = "sha256"
@@ -43,12 +43,12 @@ H5_ERRORS: Final = (
 )
 
 
-def _strings_digest(strings: list[str]) -> str:
+def strings_digest(strings: list[str]) -> str:
     # intern() rejects NUL, so joining on it is unambiguous.
     return hashlib.sha256("\0".join(strings).encode("utf-8")).hexdigest()
 
 
-def _schema(table: str) -> tuple[Column, ...]:
+def table_schema(table: str) -> tuple[Column, ...]:
     schema = TABLES.get(table)
     if schema is None:
         raise ValueError(
@@ -57,12 +57,12 @@ def _schema(table: str) -> tuple[Column, ...]:
     return schema
 
 
-def _canonical_attr(value: Any) -> str:
-    plain = _plain(value)
+def canonical_attr(value: Any) -> str:
+    plain = plain_value(value)
     return f"{type(plain).__name__}:{json.dumps(plain, sort_keys=True, default=str)}"
 
 
-def _metadata_digest(f: Any) -> str:
+def metadata_digest(f: Any) -> str:
     """sha256 over what decides a result besides the column data, which fletcher32 and the
     column digests cover: root attributes, row counts, column digests, shapes and dtypes.
 
@@ -73,13 +73,13 @@ def _metadata_digest(f: Any) -> str:
     h = hashlib.sha256()
     for name in sorted(f.attrs):
         if name != DIGEST_ATTR:
-            h.update(f"{name}={_canonical_attr(f.attrs[name])}\n".encode())
+            h.update(f"{name}={canonical_attr(f.attrs[name])}\n".encode())
     for table, schema in TABLES.items():
         group = f.get(table)
         if not isinstance(group, h5py.Group):
             continue
-        h.update(f"[{table}] rows={_canonical_attr(group.attrs.get('rows'))} ".encode())
-        h.update(f"{COLUMN_DIGESTS}={_canonical_attr(group.attrs.get(COLUMN_DIGESTS))}\n".encode())
+        h.update(f"[{table}] rows={canonical_attr(group.attrs.get('rows'))} ".encode())
+        h.update(f"{COLUMN_DIGESTS}={canonical_attr(group.attrs.get(COLUMN_DIGESTS))}\n".encode())
         for c in schema:
             ds = group.get(c.name)
             shape = ds.shape if isinstance(ds, h5py.Dataset) else None
@@ -90,12 +90,12 @@ def _metadata_digest(f: Any) -> str:
         ds = f.get(f"{CHUNK_INDEX}/{table}")
         if ds is not None:
             shape = ds.shape if isinstance(ds, h5py.Dataset) else None
-            sha = _canonical_attr(ds.attrs.get("sha256"))
+            sha = canonical_attr(ds.attrs.get("sha256"))
             h.update(f"[{CHUNK_INDEX}/{table}] {shape} {sha}\n".encode())
     return h.hexdigest()
 
 
-def _time_range(table: str, columns: Mapping[str, npt.NDArray[Any]], n: int) -> tuple[int, int]:
+def time_range(table: str, columns: Mapping[str, npt.NDArray[Any]], n: int) -> tuple[int, int]:
     """(earliest, latest) time of the first ``n`` rows: start_ns..max(start_ns, end_ns) for
     events, t_ns for samples; what the chunk index stores per block."""
     if "start_ns" in columns:
@@ -105,7 +105,7 @@ def _time_range(table: str, columns: Mapping[str, npt.NDArray[Any]], n: int) -> 
     return int(t.min()), int(t.max())
 
 
-def _plain(value: Any) -> Any:
+def plain_value(value: Any) -> Any:
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, np.ndarray):
