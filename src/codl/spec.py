@@ -37,7 +37,15 @@ _ID_OPTIONAL_DEFAULTS: dict[tuple[str, str], Any] = {
     ("pinning", "comm"): "own",
     ("dataset", "cost"): "standard",
     ("pinning", "cpus"): 0,
+    ("loader", "sharing_strategy"): "file_descriptor",
+    ("runtime", "switch_interval_ms"): 0.0,
 }
+# Groups added after run ids were first published: left out of the id while every key of theirs
+# is at its default (``_ID_OPTIONAL_DEFAULTS``), for the same reason.
+_ID_OPTIONAL_GROUPS = frozenset({"runtime"})
+#: The longest switch interval a run may ask for: past a second a thread waiting for the GIL
+#: would starve for the whole of a step, which measures nothing useful.
+MAX_SWITCH_INTERVAL_MS = 1000.0
 #: ``pinning.launch_cores: auto`` sizes the launch set from the roles it must hold.
 AUTO: Literal["auto"] = "auto"
 # Policy `none` reads no other pinning key; its runs were published with `launch_cores: 1` (the
@@ -207,12 +215,32 @@ class WorkloadSpec:
     lr: float = 0.01
 
 
+class SharingStrategy(enum.StrEnum):
+    """How loader workers hand a batch's tensors to the rank (torch.multiprocessing's sharing
+    strategy): a file descriptor passed per storage (Linux's default) or a named file in
+    /dev/shm that the rank maps."""
+
+    FILE_DESCRIPTOR = "file_descriptor"
+    FILE_SYSTEM = "file_system"
+
+
 @dataclass(frozen=True, kw_only=True)
 class LoaderSpec:
     workers: int = 2
     prefetch_factor: int = 2
     pin_memory: bool = False
     persistent_workers: bool = True
+    sharing_strategy: SharingStrategy = SharingStrategy.FILE_DESCRIPTOR
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimeSpec:
+    """The rank's Python interpreter. ``switch_interval_ms`` is CPython's switch interval
+    (``sys.setswitchinterval``): how long a thread that wants the GIL waits before it asks the
+    holder to let go. 0 leaves CPython's own (5 ms). Set in every rank before its loader starts,
+    and recorded in the trace, so that a wait whose length follows it is shown to be a GIL wait."""
+
+    switch_interval_ms: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -310,6 +338,7 @@ class RunSpec:
     layout: LayoutSpec = field(default_factory=LayoutSpec)
     steps: StepsSpec = field(default_factory=StepsSpec)
     trace: TraceSpec = field(default_factory=TraceSpec)
+    runtime: RuntimeSpec = field(default_factory=RuntimeSpec)
     seed: int = 0
     repeat: int = 0
 
@@ -328,6 +357,9 @@ class RunSpec:
         for (group, key), default in _ID_OPTIONAL_DEFAULTS.items():
             if d[group][key] == default:
                 del d[group][key]
+        for group in _ID_OPTIONAL_GROUPS:
+            if not d[group]:
+                del d[group]
         return json.dumps(d, sort_keys=True, separators=(",", ":"))
 
     @functools.cached_property
@@ -417,6 +449,12 @@ class RunSpec:
                 "(loading in the main process has no worker to trace or pin)"
             )
         out += self._trace_problems(p)
+        interval = self.runtime.switch_interval_ms
+        if not (math.isfinite(interval) and 0 <= interval <= MAX_SWITCH_INTERVAL_MS):
+            out.append(
+                f"{p}runtime.switch_interval_ms: got {interval}, expected 0 (CPython's own) "
+                f"or a number of ms up to {MAX_SWITCH_INTERVAL_MS:g}"
+            )
         if not math.isfinite(self.workload.lr) or self.workload.lr <= 0:
             out.append(f"{p}workload.lr: got {self.workload.lr}, expected a finite number > 0")
         for key, value, maximum in _upper_limits(self):

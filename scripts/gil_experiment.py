@@ -1,0 +1,188 @@
+"""The GIL intervention (issue 31): runs a config's runs in one block, interleaved, then reduces
+them to the launch roles' sleeps per run and the compute inflation over blocks.
+
+    python scripts/gil_experiment.py CONFIG WORKDIR OUT [--seconds S]
+        every run of CONFIG (config/gil-h200.yaml), without Snakemake, into WORKDIR/runs/<id>/
+        (a run already measured there is kept); no run starts after S seconds. Then, into OUT:
+        the workflow's merged tables (runs.csv, steps.csv.gz, comparison.csv,
+        decomposition.csv.gz), gil_runs.csv (one row per run: the factors, its compute and
+        throughput, its launch roles' sleeps by what ended them) and gil_inflation.csv (per
+        setting: the compute inflation of each block's pair, and over the blocks their geometric
+        mean with a t interval).
+    python scripts/gil_experiment.py --reduce WORKDIR OUT CONFIG   the second half alone
+
+Order: repeat-major (a repeat is a block); inside a block the settings rotate by one per repeat
+and each setting's pair runs ABBA (twin first on even blocks, second on odd ones), so a drift of
+the machine over the lease does not read as an effect of the factor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from codl.analysis import chunked, columns
+from codl.analysis.runlevel import log_ratio_interval
+from codl.analysis.sleeps import launch_sleeps, run_sleeps
+from codl.config import build_plan, load_yaml
+from codl.paths import RunFiles
+from codl.spec import RunSpec
+from codl.steps.analysis import compare_to, summarize_to
+
+FACTOR = "switch_interval_ms"
+PAIR_METRIC = "compute_eff_ms_mean"
+
+
+def setting(spec: RunSpec) -> tuple[str, ...]:
+    """What a pair shares besides its mode and repeat: the intervention's rows."""
+    return (
+        f"{spec.runtime.switch_interval_ms:g}",
+        spec.loader.sharing_strategy.value,
+        spec.pinning.pin_memory.value,
+    )
+
+
+def interleaved(specs: Sequence[RunSpec]) -> list[RunSpec]:
+    """Repeat-major; settings rotated by the repeat; each pair ABBA across repeats."""
+    out: list[RunSpec] = []
+    for rep in sorted({s.repeat for s in specs}):
+        mine = [s for s in specs if s.repeat == rep]
+        keys = sorted({setting(s) for s in mine})
+        keys = keys[rep % len(keys) :] + keys[: rep % len(keys)]
+        for key in keys:
+            pair = sorted((s for s in mine if setting(s) == key), key=lambda s: s.mode.loads)
+            out += pair if rep % 2 == 0 else pair[::-1]
+    return out
+
+
+def run_all(config: Path, work: Path, seconds: float) -> list[RunSpec]:
+    from codl.datasets import generate
+    from codl.harness.launch import launch
+
+    deadline = time.time() + seconds
+    specs = interleaved(list(build_plan(load_yaml(config)).specs.values()))
+    done = []
+    for i, spec in enumerate(specs):
+        files = RunFiles(work / "runs" / spec.run_id)
+        if files.trace.exists():
+            done.append(spec)
+            continue
+        if time.time() > deadline:
+            print(f"deadline reached before run {i + 1} of {len(specs)}", flush=True)
+            break
+        data = work / "data" / spec.dataset.name
+        if spec.mode.loads and not data.exists():
+            generate(spec.dataset, data)
+        files.dir.mkdir(parents=True, exist_ok=True)
+        t0 = time.time()
+        launch(spec, trace_path=files.trace, dataset_dir=data if spec.mode.loads else None)
+        done.append(spec)
+        print(
+            f"{i + 1}/{len(specs)} {spec.run_id} {spec.mode.value} {setting(spec)} "
+            f"repeat {spec.repeat}: {time.time() - t0:.0f} s",
+            flush=True,
+        )
+    return done
+
+
+def run_row(spec: RunSpec, files: RunFiles) -> dict[str, object]:
+    summary = summarize_to(files.trace, **{k: v for k, v in files.tables().items()})
+    tables, attrs = chunked.read_summary_tables(files.trace)
+    steps = pd.read_parquet(files.steps)
+    row: dict[str, object] = {
+        "run_id": spec.run_id,
+        "mode": spec.mode.value,
+        FACTOR: spec.runtime.switch_interval_ms,
+        "sharing_strategy": spec.loader.sharing_strategy.value,
+        "pin_memory_place": spec.pinning.pin_memory.value,
+        "repeat": spec.repeat,
+        "switch_interval_s": attrs.get("switch_interval_s"),
+        PAIR_METRIC: float(steps["compute_eff_ms"].mean()),
+        "throughput_samples_s": float(summary["throughput_samples_s"].iloc[0]),
+        "steps": len(steps),
+    }
+    sleeps = launch_sleeps(tables, warmup=columns.warmup_steps(attrs))
+    row.update(run_sleeps(sleeps, steps=max(len(steps), 1)))
+    return row
+
+
+def inflation(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per setting: each block's compute inflation (the loading run over its twin of the same
+    block) and, over blocks, their geometric mean with a 95 % t interval."""
+    keys = [FACTOR, "sharing_strategy", "pin_memory_place"]
+    rows = []
+    for key, g in runs.groupby(keys):
+        pairs = g.pivot_table(index="repeat", columns="mode", values=PAIR_METRIC)
+        if {"compute", "data+compute"} - set(pairs):
+            continue
+        per_block = (pairs["data+compute"] / pairs["compute"]).dropna()
+        iv = log_ratio_interval(per_block.tolist())
+        loaded = g[g["mode"] == "data+compute"]
+        rows.append(
+            {
+                **dict(zip(keys, key, strict=True)),
+                "n_runs": len(g),
+                "n_blocks": iv.n,
+                "per_block": " ".join(f"{100 * (r - 1):+.1f}" for r in per_block),
+                "inflation": iv.ratio - 1,
+                "inflation_lo": iv.lo - 1,
+                "inflation_hi": iv.hi - 1,
+                "timer_sleep_ms_p50": loaded["timer_sleep_ms_p50"].median(),
+                "timer_sleeps_per_step": loaded["timer_sleeps_per_step"].mean(),
+                "timer_sleep_ms_per_step": loaded["timer_sleep_ms_per_step"].mean(),
+                "pin_memory_sleep_ms_per_step": loaded["pin_memory_sleep_ms_per_step"].mean(),
+                "throughput_samples_s": loaded["throughput_samples_s"].mean(),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def reduce(config: Path, work: Path, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copy(config, out / "config.yaml")
+    specs = [
+        s
+        for s in build_plan(load_yaml(config)).specs.values()
+        if RunFiles(work / "runs" / s.run_id).trace.exists()
+    ]
+    runs = pd.DataFrame([run_row(s, RunFiles(work / "runs" / s.run_id)) for s in specs])
+    runs.to_csv(out / "gil_runs.csv", index=False)
+    files = [RunFiles(work / "runs" / s.run_id) for s in specs]
+    compare_to(
+        summaries=[f.summary for f in files],
+        steps=[f.steps for f in files],
+        attributions=[f.attribution for f in files],
+        parts=[f.parts for f in files],
+        runs_table=out / "runs.csv",
+        steps_table=out / "steps.csv.gz",
+        comparison_table=out / "comparison.csv",
+        attribution_table=out / "attribution.csv.gz",
+        decomposition_table=out / "decomposition.csv.gz",
+    )
+    table = inflation(runs)
+    table.to_csv(out / "gil_inflation.csv", index=False)
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("config", type=Path)
+    p.add_argument("work", type=Path)
+    p.add_argument("out", type=Path)
+    p.add_argument("--seconds", type=float, default=420.0)
+    p.add_argument("--reduce", action="store_true", help="only reduce what WORKDIR holds")
+    args = p.parse_args(argv)
+    if not args.reduce:
+        run_all(args.config, args.work, args.seconds)
+    reduce(args.config, args.work, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
