@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from codl.trace.schema import Table
+from codl.trace.schema import Phase, Table
 from codl.trace.store import open_trace
 
 
@@ -16,7 +16,7 @@ def describe(path: Path, *, allow_incomplete: bool = False) -> dict[str, Any]:
         tables = {name: len(t.table(name)) for name in t.tables()}
         app = t.table(Table.APP)
         warm = int(attrs.get("warmup_steps", 0))
-        measured = app[(app["phase"] == "step") & (app["step"] >= warm)]
+        measured = app[(app["phase"] == Phase.STEP.value) & (app["step"] >= warm)]
         dur = (measured["end_ns"] - measured["start_ns"]) / 1e6
         threads = t.table(Table.THREADS)
         roles = threads.drop_duplicates("tid")["role"].astype(str).value_counts().to_dict()

@@ -10,7 +10,7 @@ from codl.analysis import offcpu
 from codl.analysis.compare import HEADLINE_STAT, QUANTILES, arm_interval
 from codl.analysis.summarize import sched_deltas
 from codl.spec import Mode, Policy
-from codl.trace.schema import Table
+from codl.trace.schema import Phase, Table
 
 # The isolation modes: one component each, so no interference inside the run.
 COMPONENT_MODES = (Mode.DATA.value, Mode.COMPUTE.value, Mode.COMM.value)
@@ -51,7 +51,7 @@ def timeline_bars(tables: dict[str, pd.DataFrame], *, step: int, rank: int = 0) 
     apart; it is empty for collectives and waits."""
     app = tables[Table.APP]
     app = app[(app["rank"] == rank)]
-    st = app[(app["step"] == step) & (app["phase"].astype(str) == "step")]
+    st = app[(app["step"] == step) & (app["phase"].astype(str) == Phase.STEP.value)]
     if st.empty:
         return pd.DataFrame(columns=TIMELINE_COLUMNS)
     window = (int(st["start_ns"].iloc[0]), int(st["end_ns"].iloc[0]))

@@ -13,17 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.metadata
 import json
 import os
-import platform
 import random
 import signal
 import socket
 import statistics
-import subprocess
 import sys
-import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
@@ -35,25 +31,19 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from codl import __version__, pinning
+from codl import pinning
 from codl.errors import CodlError, DataSetError, RunInterruptedError
 from codl.harness import data as hdata
 from codl.harness import workloads
-from codl.harness.comm import (
-    CommRecorder,
-    comm_group,
-    cuda_event_pair,
-    prepare_tensors,
-    run_comm_step,
-)
+from codl.harness.comm import CommRecorder, comm_group, prepare_tensors, run_comm_step
 from codl.harness.progress import StepProgress
+from codl.harness.recorders import Recorders, RunContext, provenance
+from codl.harness.recorders.app import AppSpans
+from codl.harness.recorders.loader import LoaderLog
 from codl.spec import DeviceKind, Mode, Policy, Precision, RunSpec
-from codl.trace import clock, cuda_api, ftrace, kineto
+from codl.trace import clock
 from codl.trace.clock import Anchor, now_ns, take_anchor
-from codl.trace.device import DeviceSampler
-from codl.trace.sched import PhaseSched, SchedSampler
-from codl.trace.schema import SAMPLED_PHASES, Table, empty_columns
-from codl.trace.store import DEFAULT_COMPRESSION, TraceWriter, signals_deferred
+from codl.trace.schema import Phase
 
 
 @dataclass(frozen=True)
@@ -71,70 +61,7 @@ class RankEnv:
     spawned: bool = False
 
 
-@dataclass
-class _AppSpans:
-    """Application spans in column lists plus the CUDA event pairs still to be resolved."""
-
-    rank: int
-    # With the app level off only the step spans are kept: the step loop and every later
-    # statistic need them, the per-phase breakdown is what the level adds.
-    app: bool = True
-    cuda_events: bool = False
-    tid: int = field(default_factory=threading.get_native_id)
-    rows: dict[str, list[Any]] = field(default_factory=lambda: empty_columns(Table.APP))
-    pending: list[tuple[int, Any, Any]] = field(default_factory=list)
-    # Launch-role counters at the boundaries of the SAMPLED_PHASES spans (None: level off).
-    phase_sched: PhaseSched | None = None
-
-    def span(self, step: int, phase: str, start: int, end: int, events: Any = None) -> None:
-        if not self.app and phase != "step":
-            return
-        r = self.rows
-        r["rank"].append(self.rank)
-        r["step"].append(step)
-        r["phase"].append(phase)
-        r["tid"].append(self.tid)
-        r["start_ns"].append(start)
-        r["end_ns"].append(end)
-        r["gpu_ns"].append(-1)
-        if events is not None:
-            self.pending.append((len(r["step"]) - 1, events[0], events[1]))
-
-    def resolve_gpu(self) -> None:
-        # elapsed_time is ms as float with ~0.5 us resolution; events are complete because every
-        # step ended with a synchronisation.
-        for idx, start, end in self.pending:
-            self.rows["gpu_ns"][idx] = round(start.elapsed_time(end) * 1e6)
-        self.pending.clear()
-
-    def events(self) -> tuple[Any, Any] | None:
-        return cuda_event_pair(self.cuda_events)
-
-    @contextlib.contextmanager
-    def phase(self, step: int, name: str, *, gpu: bool = True) -> Iterator[list[int]]:
-        """Time the block as span ``name`` of ``step`` (host clock, and CUDA events if ``gpu``).
-
-        Yields a list that holds ``[start_ns, end_ns]`` once the block has ended.
-        """
-        ev = self.events() if gpu else None
-        ps = self.phase_sched if name in SAMPLED_PHASES else None
-        times = [now_ns()]
-        # Counters are read inside the span, so they never cover time outside it (a preemption
-        # between a read and the stamp would); their few microseconds land in every run alike.
-        before = ps.read() if ps is not None else None
-        if ev:
-            ev[0].record()
-        yield times
-        if ev:
-            ev[1].record()
-        after = ps.read() if ps is not None else None
-        times.append(now_ns())
-        self.span(step, name, times[0], times[1], ev)
-        if ps is not None and before is not None and after is not None:
-            ps.record(step, name, (times[0], times[1]), before, after)
-
-
-# Steps between two hand-overs of the recorded rows to the trace writer: the recorder holds at
+# Steps between two hand-overs of the recorded rows to the trace writer: the recorders hold at
 # most this many steps of loader and schedstat rows (ResNet-50, batch 128, 8 workers: ~40 k
 # rows, a few MB as Python lists); the hand-over (~1 ms) falls between steps, outside every span.
 DRAIN_EVERY_STEPS = 50
@@ -182,52 +109,6 @@ class _StopHandler:
         return grace
 
 
-def _git_revision() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            cwd=Path(__file__).resolve().parent,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return out.stdout.strip() if out.returncode == 0 else ""
-
-
-def _torchvision_version() -> str:
-    """Without importing torchvision: this runs in the `finally` that writes the trace, and a
-    signal that interrupted a lazy import inside torch (DDP's first backward imports dynamo and
-    triton) leaves modules half-initialised; importing torchvision there then failed and lost
-    the trace. A run that never imported it gets the installed distribution's version."""
-    version = getattr(sys.modules.get("torchvision"), "__version__", None)
-    if isinstance(version, str):
-        return version
-    try:
-        return importlib.metadata.version("torchvision")
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
-
-
-def _versions() -> dict[str, str]:
-    v = {
-        "codl": __version__,
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torchvision": _torchvision_version(),
-        "numpy": np.__version__,
-        "kernel": platform.release(),
-    }
-    if torch.cuda.is_available():
-        v["cuda"] = str(torch.version.cuda)
-        v["gpu"] = torch.cuda.get_device_name(0)
-        with contextlib.suppress(Exception):
-            v["nccl"] = ".".join(str(x) for x in torch.cuda.nccl.version())
-    return v
-
-
 def _seed_worker(placement: pinning.Placement, seed: int, worker_id: int) -> None:
     # A group-wide SIGTERM/SIGINT (Slurm, Ctrl-C) reaches the workers too: they leave it to the
     # main process, which stops the run and shuts them down; otherwise a worker's death races
@@ -250,70 +131,6 @@ def _shutdown_loader(batches: Iterator[Any] | None) -> None:
     shutdown = getattr(batches, "_shutdown_workers", None)
     if shutdown is not None:
         shutdown()
-
-
-# Loader timing rows addressed by column name; harness.data owns the column order.
-_ITEM = {name: i for i, name in enumerate(hdata.ITEM_COLUMNS)}
-_COLLATE = {name: i for i, name in enumerate(hdata.COLLATE_COLUMNS)}
-# Each per-item stage lies between two of the item row's timestamps.
-_ITEM_STAGES = (("fetch", "t0", "t1"), ("decode", "t1", "t2"), ("transform", "t2", "t3"))
-
-
-@dataclass
-class _LoaderLog:
-    """The loader's timing rows of every traced step, as the workers sent them."""
-
-    items: list[np.ndarray] = field(default_factory=list)
-    collates: list[np.ndarray] = field(default_factory=list)
-    steps: list[int] = field(default_factory=list)
-    # pid -> worker id of the workers of rows already handed to the trace writer.
-    seen: dict[int, int] = field(default_factory=dict)
-
-    def add(self, step: int, batch: hdata.Batch) -> None:
-        self.items.append(batch.items)
-        self.collates.append(batch.collate)
-        self.steps.append(step)
-
-    def workers(self) -> dict[int, int]:
-        """pid -> worker id of every loader worker seen."""
-        workers: dict[int, int] = dict(self.seen)
-        for arr in self.items:
-            pids = arr[:, _ITEM["pid"]].tolist()
-            for worker, pid in zip(arr[:, _ITEM["worker"]].tolist(), pids, strict=True):
-                workers.setdefault(int(pid), int(worker))
-        return workers
-
-    def clear(self) -> None:
-        """Forget the rows (once written), remembering their workers."""
-        self.seen = self.workers()
-        self.items.clear()
-        self.collates.clear()
-        self.steps.clear()
-
-    def columns(self, rank: int) -> dict[str, Any]:
-        """Per-item rows expanded into fetch/decode/transform events, plus one collate event
-        per batch: the ``events/loader`` columns."""
-        cols = empty_columns(Table.LOADER)
-        for arr, col, step in zip(self.items, self.collates, self.steps, strict=True):
-            n = arr.shape[0]
-            item = {name: arr[:, i].tolist() for name, i in _ITEM.items()}
-            for stage, start, end in _ITEM_STAGES:
-                cols["rank"].extend([rank] * n)
-                cols["step"].extend([step] * n)
-                for name in ("worker", "pid", "tid", "cpu", "item"):
-                    cols[name].extend(item[name])
-                cols["stage"].extend([stage] * n)
-                cols["start_ns"].extend(item[start])
-                cols["end_ns"].extend(item[end])
-            cols["rank"].append(rank)
-            cols["step"].append(step)
-            for name in ("worker", "pid", "tid", "cpu"):
-                cols[name].append(int(col[_COLLATE[name]]))
-            cols["item"].append(-1)
-            cols["stage"].append("collate")
-            cols["start_ns"].append(int(col[_COLLATE["t0"]]))
-            cols["end_ns"].append(int(col[_COLLATE["t1"]]))
-        return cols
 
 
 @dataclass
@@ -344,7 +161,7 @@ class _Placed:
         _log_placement(new)
         self.crowded += new
 
-    def record_final(self, loader: _LoaderLog) -> None:
+    def record_final(self, loader: LoaderLog) -> None:
         """The last reading: every loader worker's threads and this process's."""
         worker_rows: list[pinning.ThreadRow] = []
         for pid, worker in sorted(loader.workers().items()):
@@ -360,158 +177,6 @@ class _Placed:
 
 
 @dataclass
-class _TraceRecorder:
-    """Everything one rank's trace holds, gathered while the run goes; ``write`` writes it."""
-
-    rank: int
-    spans: _AppSpans
-    sched: SchedSampler
-    dev: DeviceSampler
-    comm: CommRecorder
-    placed: _Placed
-    loader: _LoaderLog = field(default_factory=_LoaderLog)
-    attrs: dict[str, Any] = field(default_factory=dict)
-    cupti: dict[str, Any] | None = None
-    cuda_sched: dict[str, Any] | None = None
-    sched_events: dict[str, dict[str, Any]] | None = None
-    writer: TraceWriter | None = None
-    compression: str = DEFAULT_COMPRESSION  # trace.compression
-
-    @classmethod
-    def start(cls, spec: RunSpec, env: RankEnv, placed: _Placed) -> _TraceRecorder:
-        cuda = spec.device is DeviceKind.CUDA
-        spans = _AppSpans(
-            rank=env.rank, app=spec.trace.app, cuda_events=cuda and spec.trace.cuda_events
-        )
-        sched = SchedSampler(rank=env.rank, per_thread=spec.trace.sched, per_core=spec.trace.cpu)
-        sched.track(os.getpid())
-        if spec.trace.sched:
-            spans.phase_sched = PhaseSched(rank=env.rank)
-        dev = DeviceSampler(rank=env.rank, gpu_index=env.local_rank)
-        if cuda and spec.trace.device:
-            dev.start()
-        comm = CommRecorder(rank=env.rank)
-        return cls(
-            rank=env.rank,
-            spans=spans,
-            sched=sched,
-            dev=dev,
-            comm=comm,
-            placed=placed,
-            compression=spec.trace.compression,
-        )
-
-    def sample(self, step: int) -> None:
-        self.sched.sample(step)
-        self.dev.sample(step)
-
-    def open(self, path: Path) -> TraceWriter:
-        """Open the trace writer: from now on ``drain`` streams rows to its partial file."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        writer = TraceWriter(path, compression=self.compression)
-        writer.__enter__()
-        self.writer = writer
-        return writer
-
-    def drain(self) -> None:
-        """Hand the bulk rows recorded so far (loader events, thread and core samples) to the
-        writer, which writes them a chunk at a time, and forget them: the recorder's memory
-        stays bounded by DRAIN_EVERY_STEPS steps of rows whatever the run's length. App spans,
-        comm rows and device samples (a few rows per step, some completed later by index) stay
-        until ``write``."""
-        w = self.writer
-        if w is None:
-            return
-        with signals_deferred():
-            self._drain_to(w)
-
-    def _drain_to(self, w: TraceWriter) -> None:
-        for table, rows in (
-            (Table.SCHED, self.sched.rows),
-            (Table.CPU, self.sched.cpu_rows),
-        ):
-            if rows["t_ns"]:
-                w.append(table, rows)
-                for values in rows.values():
-                    values.clear()
-        if self.loader.items:
-            w.append(Table.LOADER, self.loader.columns(self.rank))
-            self.loader.clear()
-
-    def write(self, path: Path, *, complete: bool, reason: str) -> None:
-        """Write the rest of the trace and finish it; one that did not complete is marked
-        incomplete with ``reason``."""
-        writer = self.writer or self.open(path)
-        self.writer = None
-        try:
-            writer.set_attrs(**self.attrs)
-            self.drain_into(writer)
-            if complete:
-                writer.finish()
-            else:
-                writer.abort(reason or "run did not finish")
-        except BaseException as exc:
-            writer.__exit__(type(exc), exc, exc.__traceback__)
-            raise
-
-    def drain_into(self, writer: TraceWriter) -> None:
-        """Append everything still held to ``writer``."""
-        # The step spans first: every later statistic needs them.
-        writer.append(Table.APP, self.spans.rows)
-        self._drain_to(writer)
-        if self.dev.rows["t_ns"]:
-            writer.append(Table.DEVICE, self.dev.rows)
-        if self.comm.rows["bucket"]:
-            writer.append(Table.COMM, self.comm.rows)
-        if self.comm.gpu_rows["bucket"]:
-            writer.append(Table.COMM_GPU, self.comm.gpu_rows)
-        ps = self.spans.phase_sched
-        if ps is not None and ps.rows["tid"]:
-            writer.append(Table.PHASE_SCHED, ps.rows)
-        if self.cupti:
-            writer.append(Table.CUDA, self.cupti)
-        if self.cuda_sched and self.cuda_sched["tid"]:
-            writer.append(Table.CUDA_SCHED, self.cuda_sched)
-        for name, columns in (self.sched_events or {}).items():
-            if columns["t_ns"]:
-                writer.append(name, columns)
-        if self.placed.rows:
-            writer.append(Table.THREADS, self._thread_columns())
-
-    def _thread_columns(self) -> dict[str, list[Any]]:
-        stamped = self.placed.rows
-        rows = [r for _, r in stamped]
-        return {
-            "t_ns": [t for t, _ in stamped],
-            "rank": [self.rank] * len(rows),
-            "pid": [r.pid for r in rows],
-            "tid": [r.tid for r in rows],
-            "role": [str(r.role) for r in rows],
-            "name": [r.name for r in rows],
-            "cpus_planned": [r.cpus_planned for r in rows],
-            "cpus_actual": [r.cpus_actual for r in rows],
-        }
-
-    def close(self) -> None:
-        self.sched.close()
-        self.dev.close()
-        if self.spans.phase_sched is not None:
-            self.spans.phase_sched.close()
-
-    def track_launch_roles(self) -> None:
-        """Read the autograd threads known so far at phase boundaries, beside the main thread."""
-        ps = self.spans.phase_sched
-        if ps is None:
-            return
-        pid = os.getpid()
-        ps.set_threads(
-            sorted(
-                {r.tid for _, r in self.placed.rows if r.pid == pid and str(r.role) == "autograd"}
-            )
-        )
-
-
-@dataclass
 class _Open:
     """What a run holds open and must release however it ends; filled as it is built."""
 
@@ -520,9 +185,6 @@ class _Open:
     clock_group: Any = None
     loader: Any = None
     batches: Any = None
-    profiler: Any = None
-    api_tracer: cuda_api.ApiTracer | None = None
-    sched_events: ftrace.SchedEventRecorder | None = None
 
 
 @dataclass(frozen=True)
@@ -561,8 +223,8 @@ def execute(
     warnings.filterwarnings("ignore", message="This DataLoader will create")
     anchor_start = take_anchor()
     t_begin = now_ns()
-    placed, device, rec = _prepare(spec, env)
-    _open_trace_writer(rec, trace_path)
+    placed, device, rec = _prepare(spec, env, kineto_dir, anchor_start)
+    _open_trace_writer(rec, placed, trace_path)
     held = _Open()
     complete = False
     reason = ""
@@ -571,12 +233,12 @@ def execute(
     stop = _StopHandler()
     previous = {s: signal.signal(s, stop) for s in _STOP_SIGNALS}
     try:
-        parts = _build(spec, env, device, rec, held, dataset_dir)
-        _start_tracers(spec, held, kineto_dir)
+        parts = _build(spec, env, device, rec.ctx, held, dataset_dir, placed)
+        rec.start()
         rec.sample(-1)
-        _step_loop(spec, parts, held, rec, device)
-        _sync_clock_end(env, rec, held)
-        rec.spans.resolve_gpu()
+        _step_loop(spec, parts, held, rec, placed, device)
+        _sync_clock_end(env, rec.ctx, held)
+        rec.ctx.spans.resolve_gpu()
         complete = True
     except KeyboardInterrupt:
         reason = "interrupted (SIGINT)"
@@ -588,8 +250,8 @@ def execute(
         # Ignored until the trace is written, restored after (below).
         for s in _STOP_SIGNALS:
             signal.signal(s, signal.SIG_IGN)
-        _stop_tracers(held, rec, kineto_dir, anchor_start, complete=complete)
-        placed.record_final(rec.loader)
+        rec.stop(complete=complete)
+        placed.record_final(rec.ctx.loader)
         # The workers are shut down here, explicitly, before the trace is written: dropping the
         # iterator is not enough when an exception's traceback still holds it, and the workers
         # ignore SIGTERM (see _seed_worker), so multiprocessing's exit-time terminate-and-join
@@ -602,8 +264,8 @@ def execute(
         if held.pg_started:
             with contextlib.suppress(Exception):
                 torch.distributed.destroy_process_group()
-        rec.attrs.update(
-            _run_attrs(spec, env, rec, (anchor_start, anchor_end), (t_begin, t_end_run))
+        rec.ctx.attrs.update(
+            _run_attrs(spec, env, placed, (anchor_start, anchor_end), (t_begin, t_end_run))
         )
         try:
             rec.write(trace_path, complete=complete, reason=reason)
@@ -618,36 +280,46 @@ def execute(
     return trace_path
 
 
-def _prepare(spec: RunSpec, env: RankEnv) -> tuple[_Placed, torch.device, _TraceRecorder]:
-    """Place the rank, pick its device and start its recorder; a failure after the placement
+def _prepare(
+    spec: RunSpec, env: RankEnv, kineto_dir: Path | None, anchor_start: Anchor
+) -> tuple[_Placed, torch.device, Recorders]:
+    """Place the rank, pick its device and start its recorders; a failure after the placement
     gives the process its CPUs back (a core budget confined every thread)."""
     placed = _place(spec, env)
     try:
         device = _seed_and_device(spec, env)
-        return placed, device, _TraceRecorder.start(spec, env, placed)
+        rec = Recorders.create(
+            spec,
+            rank=env.rank,
+            local_rank=env.local_rank,
+            placed=placed,
+            kineto_dir=kineto_dir,
+            anchor_start=anchor_start,
+        )
+        return placed, device, rec
     except BaseException:
         placed.release()
         raise
 
 
-def _sync_clock_end(env: RankEnv, rec: _TraceRecorder, held: _Open) -> None:
+def _sync_clock_end(env: RankEnv, ctx: RunContext, held: _Open) -> None:
     if held.pg_started:
         try:
-            _sync_clock(env, rec, held, "end")
+            _sync_clock(env, ctx, held, "end")
         except Exception as exc:
             # A peer that failed after its last step costs this rank its drift estimate,
             # not its measurements: the start offset alone still aligns it.
-            rec.attrs["clock_sync"]["end_error"] = f"{type(exc).__name__}: {exc}"
+            ctx.attrs["clock_sync"]["end_error"] = f"{type(exc).__name__}: {exc}"
 
 
-def _open_trace_writer(rec: _TraceRecorder, trace_path: Path) -> None:
+def _open_trace_writer(rec: Recorders, placed: _Placed, trace_path: Path) -> None:
     """Open the trace before measuring: the rows stream to its partial file during the run,
     and a trace that cannot be written fails the run now, not after an hour."""
     try:
         rec.open(trace_path)
     except BaseException:
         rec.close()
-        rec.placed.release()
+        placed.release()
         raise
 
 
@@ -726,16 +398,17 @@ def _build(
     spec: RunSpec,
     env: RankEnv,
     device: torch.device,
-    rec: _TraceRecorder,
+    ctx: RunContext,
     held: _Open,
     dataset_dir: Path | None,
+    placed: _Placed,
 ) -> _Components:
     """Process group, model, optimizer, synthetic batch, loader and AllReduce buffers."""
     mode = spec.mode
     if env.world_size > 1:
         held.pg_started = _init_process_group(spec, env)
         held.clock_group = _clock_group(spec)
-        _sync_clock(env, rec, held, "start")
+        _sync_clock(env, ctx, held, "start")
     workload = workloads.get(spec.workload.model)
     model = workload.build_model(spec.workload).to(device)
     memory_format = (
@@ -746,7 +419,7 @@ def _build(
     model = model.to(memory_format=memory_format)
     ddp_model: Any = model
     if held.pg_started and mode.computes and mode.communicates:
-        ddp_model = _wrap_ddp(model, spec, env, rec.comm)
+        ddp_model = _wrap_ddp(model, spec, env, ctx.comm)
     optimizer = torch.optim.SGD(model.parameters(), lr=spec.workload.lr, momentum=0.9)
     is_volume = workload.dataset_kind.value == "volume"
     loss_fn: Any = torch.nn.MSELoss() if is_volume else torch.nn.CrossEntropyLoss()
@@ -759,7 +432,7 @@ def _build(
     if mode.loads:
         if dataset_dir is None:  # pragma: no cover - checked in execute
             raise CodlError("no dataset_dir")
-        held.loader = _build_loader(spec, env, workload, dataset_dir, rec.placed.placement)
+        held.loader = _build_loader(spec, env, workload, dataset_dir, placed.placement)
     held.batches = _batches(held.loader) if held.loader is not None else None
     comm_buckets = _bucket_sizes(model, spec.layout.bucket_cap_mb) if mode is Mode.COMM else []
     return _Components(
@@ -821,48 +494,36 @@ def _build_loader(
     )
 
 
-def _start_tracers(spec: RunSpec, held: _Open, kineto_dir: Path | None) -> None:
-    if spec.trace.sched_events:
-        # Before the first step, after the model, loader workers and communication threads
-        # exist: every one of them is followed from the warm-up on.
-        recorder = ftrace.SchedEventRecorder(pids=ftrace.tasks_of((os.getpid(),)))
-        try:
-            recorder.start()
-        except ftrace.SchedEventsUnavailableError as exc:
-            raise CodlError(f"trace.sched_events: true, but {exc}") from exc
-        held.sched_events = recorder
-    if spec.trace.cupti:
-        held.profiler = kineto.start_window(spec, kineto_dir)
-    if spec.trace.cuda_api:
-        # From the first warm-up step: the subscription's one-off cost lands in warm-up.
-        held.api_tracer = cuda_api.ApiTracer(sched=spec.trace.cuda_api_sched)
-        held.api_tracer.start()
-
-
 def _step_loop(
-    spec: RunSpec, parts: _Components, held: _Open, rec: _TraceRecorder, device: torch.device
+    spec: RunSpec,
+    parts: _Components,
+    held: _Open,
+    rec: Recorders,
+    placed: _Placed,
+    device: torch.device,
 ) -> None:
     """Every warm-up and measured step; a step ends after a device synchronisation."""
     mode = spec.mode
-    spans = rec.spans
+    ctx = rec.ctx
+    spans = ctx.spans
     sleep_s: float | None = None
     warm_compute: list[float] = []
     progress = StepProgress(
-        rank=rec.rank,
+        rank=ctx.rank,
         world=spec.layout.world_size,
         total=spec.steps.total,
         warmup=spec.steps.warmup,
         batch=spec.workload.batch_size if mode.loads or mode.computes else 0,
     )
     for step in range(spec.steps.total):
-        rec.comm.step = step
+        ctx.comm.step = step
         t_step = now_ns()
         step_ev = spans.events()
         if step_ev:
             step_ev[0].record()
         x, y = parts.synthetic_x, parts.synthetic_y
         if held.batches is not None:
-            x, y = _next_batch(spec, step, held.batches, rec, parts, device)
+            x, y = _next_batch(spec, step, held.batches, ctx, parts, device)
         run_compute = mode.computes or (mode.sleeps and step < spec.steps.warmup)
         if run_compute:
             compute_s = _train_step(spec, step, parts, spans, x, y, device)
@@ -872,15 +533,15 @@ def _step_loop(
             if sleep_s is None:
                 usable = warm_compute[1:] or warm_compute
                 sleep_s = statistics.median(usable)
-                rec.attrs["sleep_ns"] = round(sleep_s * 1e9)
-            with spans.phase(step, "sleep", gpu=False):
+                ctx.attrs["sleep_ns"] = round(sleep_s * 1e9)
+            with spans.phase(step, Phase.SLEEP.value, gpu=False):
                 time.sleep(sleep_s)
         if mode is Mode.COMM:
-            with spans.phase(step, "allreduce", gpu=False):
+            with spans.phase(step, Phase.ALLREDUCE.value, gpu=False):
                 run_comm_step(
                     parts.comm_tensors,
                     spec,
-                    rec.comm,
+                    ctx.comm,
                     cuda=device.type == "cuda",
                     group=parts.group,
                 )
@@ -888,43 +549,38 @@ def _step_loop(
             step_ev[1].record()
         _sync(device)
         t_end = now_ns()
-        rec.comm.flush(step, ref=(t_step, step_ev[0]) if step_ev else None)
-        spans.span(step, "step", t_step, t_end, step_ev)
-        if held.profiler is not None:
-            held.profiler.step()
+        ctx.comm.flush(step, ref=(t_step, step_ev[0]) if step_ev else None)
+        spans.span(step, Phase.STEP.value, t_step, t_end, step_ev)
+        rec.step_end(step)
         rec.sample(step)
         if (step + 1) % DRAIN_EVERY_STEPS == 0:
-            rec.drain()
+            rec.flush()
         progress.step_done(step)
         if step in {0, spec.steps.warmup - 1}:
             # Autograd, pin-memory and communication threads exist only after step 0; threads
             # made later in the warm-up inherit their creator's CPUs, and are placed before
             # the measured steps.
-            rec.placed.reapply()
-            rec.track_launch_roles()
+            placed.reapply()
+            rec.threads_placed()
 
 
 def _next_batch(
     spec: RunSpec,
     step: int,
     batches: Iterator[hdata.Batch],
-    rec: _TraceRecorder,
+    ctx: RunContext,
     parts: _Components,
     device: torch.device,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    with rec.spans.phase(step, "data_wait", gpu=False):
+    with ctx.spans.phase(step, Phase.DATA_WAIT.value, gpu=False):
         try:
             batch = next(batches)
         except DataSetError as exc:
             # Re-raised by the DataLoader with the worker's whole traceback as its message: keep
             # the last line, the one that names the file.
             raise DataSetError(str(exc).strip().splitlines()[-1].split("Error: ", 1)[-1]) from None
-    if spec.trace.loader:
-        rec.loader.add(step, batch)
-        # Batches arrive round-robin from the workers: track each new pid.
-        for pid in set(batch.items[:, _ITEM["pid"]].tolist()):
-            rec.sched.track(int(pid))
-    with rec.spans.phase(step, "h2d"):
+    ctx.loader.add(step, batch)
+    with ctx.spans.phase(step, Phase.H2D.value):
         x = batch.inputs.to(device, non_blocking=spec.loader.pin_memory)
         x = x.to(memory_format=parts.memory_format)
         y = batch.targets.to(device, non_blocking=spec.loader.pin_memory)
@@ -935,19 +591,19 @@ def _train_step(
     spec: RunSpec,
     step: int,
     parts: _Components,
-    spans: _AppSpans,
+    spans: AppSpans,
     x: torch.Tensor,
     y: torch.Tensor,
     device: torch.device,
 ) -> float:
     """Forward, backward and optimizer step; returns the compute span in seconds."""
-    with spans.phase(step, "compute") as compute:
-        with spans.phase(step, "forward"), parts.autocast:
+    with spans.phase(step, Phase.COMPUTE.value) as compute:
+        with spans.phase(step, Phase.FORWARD.value), parts.autocast:
             out = parts.model(x)
             loss = parts.loss_fn(out.float(), y)
-        with spans.phase(step, "backward"):
+        with spans.phase(step, Phase.BACKWARD.value):
             loss.backward()
-        with spans.phase(step, "optimizer"):
+        with spans.phase(step, Phase.OPTIMIZER.value):
             parts.optimizer.step()
             parts.optimizer.zero_grad(set_to_none=True)
             if spec.mode.sleeps:
@@ -956,66 +612,21 @@ def _train_step(
     return (compute[1] - compute[0]) / 1e9
 
 
-def _stop_tracers(
-    held: _Open,
-    rec: _TraceRecorder,
-    kineto_dir: Path | None,
-    anchor_start: Anchor,
-    *,
-    complete: bool,
-) -> None:
-    """Stop the profilers and put what they collected into the record."""
-    with contextlib.suppress(Exception):
-        rec.spans.resolve_gpu()
-    if held.profiler is not None:
-        with contextlib.suppress(Exception):
-            held.profiler.stop()
-    if held.profiler is not None and complete:
-        rec.cupti, cupti_attrs = kineto.collect(held.profiler, kineto_dir, rec.spans, anchor_start)
-        rec.attrs.update(cupti_attrs)
-    if held.sched_events is not None:
-        _collect_sched_events(held.sched_events, rec)
-    if held.api_tracer is not None:
-        # Cheap and already on our clock: kept for incomplete runs too.
-        try:
-            api_tables, api_attrs = cuda_api.collect_tables(held.api_tracer, rec.spans)
-            rec.cupti = api_tables[Table.CUDA]
-            rec.cuda_sched = api_tables.get(cuda_api.SCHED_TABLE)
-            rec.attrs.update(api_attrs)
-        except Exception as exc:
-            rec.attrs["cuda_api"] = f"lost: {type(exc).__name__}: {exc}"
-        finally:
-            with contextlib.suppress(Exception):
-                held.api_tracer.close()
-
-
-def _collect_sched_events(recorder: ftrace.SchedEventRecorder, rec: _TraceRecorder) -> None:
-    """The kernel's record of the run's scheduling, kept for incomplete runs too."""
-    try:
-        recorder.stop()
-        rec.sched_events, rec.attrs["sched_events"] = recorder.collect(rank=rec.rank)
-    except Exception as exc:
-        rec.attrs["sched_events"] = {"lost": f"{type(exc).__name__}: {exc}"}
-    finally:
-        recorder.close()
-
-
 def _run_attrs(
     spec: RunSpec,
     env: RankEnv,
-    rec: _TraceRecorder,
+    placed: _Placed,
     anchors: tuple[Anchor, Anchor],
     times: tuple[int, int],
 ) -> dict[str, Any]:
     """The trace's root attributes: provenance, clocks, layout and placement."""
-    placed = rec.placed
     return {
         "run_id": spec.run_id,
         "spec": spec.to_dict(),
         "host": socket.gethostname(),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
-        "git_revision": _git_revision(),
-        "versions": _versions(),
+        "git_revision": provenance.git_revision(),
+        "versions": provenance.versions(),
         "anchors_start": anchors[0].as_dict(),
         "anchors_end": anchors[1].as_dict(),
         "t_begin_ns": times[0],
@@ -1030,7 +641,6 @@ def _run_attrs(
         "cpus_split": placed.cpus_split,
         "placement": {**placed.placement.to_dict(), "crowded": placed.crowded},
         "placement_mismatches": pinning.mismatches(r for _, r in placed.rows),
-        "device_level": rec.dev.unavailable_reason or ("on" if rec.dev.rows["t_ns"] else "off"),
     }
 
 
@@ -1089,10 +699,10 @@ def _clock_group(spec: RunSpec) -> Any:
     return dist.new_group(backend="gloo")
 
 
-def _sync_clock(env: RankEnv, rec: _TraceRecorder, held: _Open, when: str) -> None:
+def _sync_clock(env: RankEnv, ctx: RunContext, held: _Open, when: str) -> None:
     """Measure this rank's clock against rank 0's (``when``: start or end of the run); the
     merge puts every rank on rank 0's clock with it (``codl.trace.clock``)."""
-    sync = rec.attrs.setdefault(
+    sync = ctx.attrs.setdefault(
         "clock_sync",
         {"clock_id": clock.clock_identity(), "granularity_ns": clock.clock_granularity_ns()},
     )
