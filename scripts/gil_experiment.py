@@ -9,7 +9,12 @@ them to the launch roles' sleeps per run and the compute inflation over blocks.
         throughput, its launch roles' sleeps by what ended them) and gil_inflation.csv (per
         setting: the compute inflation of each block's pair, and over the blocks their geometric
         mean with a t interval).
-    python scripts/gil_experiment.py --reduce WORKDIR OUT CONFIG   the second half alone
+    python scripts/gil_experiment.py --reduce CONFIG WORKDIR OUT   the second half alone
+    python scripts/gil_experiment.py --stacks S CONFIG WORKDIR OUT
+        after the runs: one more loading run at CPython's default interval, in its own process,
+        while py-spy records for S seconds which thread holds the GIL and in what code
+        (OUT/gil_stacks.txt, py-spy's raw collapsed stacks, one per thread: --gil --threads
+        --native); where py-spy cannot attach, the file says why
 
 Order: repeat-major (a repeat is a block); inside a block the settings rotate by one per repeat
 and each setting's pair runs ABBA (twin first on even blocks, second on odd ones), so a drift of
@@ -143,6 +148,44 @@ def inflation(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def record_stacks(config: Path, work: Path, out: Path, seconds: float) -> None:
+    """The GIL's holders during a loading run at the default interval, sampled by py-spy."""
+    import dataclasses
+    import json
+    import subprocess
+
+    from codl.spec import StepsSpec
+
+    loading = [s for s in build_plan(load_yaml(config)).specs.values() if s.mode.loads]
+    # The loading run nearest CPython's own 5 ms (0 is CPython's own).
+    base = min(loading, key=lambda s: (abs((s.runtime.switch_interval_ms or 5.0) - 5.0), s.repeat))
+    # Long enough to outlast the recording after the model is built (< 50 steps/s on an H200).
+    spec = dataclasses.replace(base, steps=StepsSpec(warmup=10, measured=int(60 * seconds)))
+    files = RunFiles(work / "stacks")
+    files.dir.mkdir(parents=True, exist_ok=True)
+    files.spec.write_text(json.dumps(spec.to_dict()))
+    data = work / "data" / spec.dataset.name
+    run = [sys.executable, "-m", "codl.cli", "run", str(files.spec), "--trace", str(files.trace)]
+    proc = subprocess.Popen([*run, "--dataset-dir", str(data)])
+    try:
+        time.sleep(30)  # imports, the model on the GPU, the workers up, the warm-up steps
+        pyspy = shutil.which("py-spy") or str(Path(sys.prefix) / "bin" / "py-spy")
+        # Blocking (py-spy pauses the process per sample): this run measures nothing else.
+        cmd = [pyspy, "record", "--gil", "--threads", "--native", "-r", "200"]
+        cmd += ["-d", str(int(seconds)), "-f", "raw", "-o", str(out / "gil_stacks.txt")]
+        if not Path(pyspy).exists():
+            (out / "gil_stacks.txt").write_text(f"py-spy not found ({pyspy})\n")
+            return
+        got = subprocess.run(
+            [*cmd, "--pid", str(proc.pid)], capture_output=True, text=True, check=False
+        )
+        if got.returncode != 0:
+            (out / "gil_stacks.txt").write_text(f"py-spy failed ({got.returncode}):\n{got.stderr}")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=120)
+
+
 def reduce(config: Path, work: Path, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     shutil.copy(config, out / "config.yaml")
@@ -177,10 +220,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("out", type=Path)
     p.add_argument("--seconds", type=float, default=420.0)
     p.add_argument("--reduce", action="store_true", help="only reduce what WORKDIR holds")
+    p.add_argument("--stacks", type=float, default=0.0, help="py-spy's GIL holders, S seconds")
     args = p.parse_args(argv)
     if not args.reduce:
         run_all(args.config, args.work, args.seconds)
     reduce(args.config, args.work, args.out)
+    if args.stacks > 0:
+        record_stacks(args.config, args.work, args.out, args.stacks)
     return 0
 
 

@@ -303,3 +303,24 @@ def test_a_run_with_sched_events_holds_every_switch_of_its_launch_thread(
     assert int(inside["runnable_ns"].sum()) + 2_000 * len(inside) >= counted_wait
     workers = set(r["tables"]["events/loader"]["tid"])
     assert workers & (set(switch["prev_tid"]) | set(switch["next_tid"]))
+
+
+def test_the_runtime_settings_are_applied_recorded_and_given_back(
+    tmp_path: Path, dataset: Path
+) -> None:
+    import sys
+
+    import torch.multiprocessing as tmp
+
+    before = (sys.getswitchinterval(), tmp.get_sharing_strategy())
+    spec = tiny(
+        "data+compute", runtime__switch_interval_ms=20.0, loader__sharing_strategy="file_system"
+    )
+    got = run(spec, tmp_path, dataset)
+    assert got["attrs"]["switch_interval_s"] == pytest.approx(0.020)
+    assert got["attrs"]["sharing_strategy"] == "file_system"
+    assert len(got["tables"]["events/loader"])  # the workers handed their batches over
+    # One process runs runs one after another (launch of one rank): the next starts clean.
+    assert (sys.getswitchinterval(), tmp.get_sharing_strategy()) == before
+    default = run(tiny("compute"), tmp_path, dataset)
+    assert default["attrs"]["switch_interval_s"] == pytest.approx(before[0])

@@ -449,12 +449,7 @@ class RunSpec:
                 "(loading in the main process has no worker to trace or pin)"
             )
         out += self._trace_problems(p)
-        interval = self.runtime.switch_interval_ms
-        if not (math.isfinite(interval) and 0 <= interval <= MAX_SWITCH_INTERVAL_MS):
-            out.append(
-                f"{p}runtime.switch_interval_ms: got {interval}, expected 0 (CPython's own) "
-                f"or a number of ms up to {MAX_SWITCH_INTERVAL_MS:g}"
-            )
+        out += self._runtime_problems(p)
         if not math.isfinite(self.workload.lr) or self.workload.lr <= 0:
             out.append(f"{p}workload.lr: got {self.workload.lr}, expected a finite number > 0")
         for key, value, maximum in _upper_limits(self):
@@ -467,6 +462,15 @@ class RunSpec:
                 f"dataset.samples ({self.dataset.samples}); not one batch can be loaded"
             )
         return out
+
+    def _runtime_problems(self, p: str) -> list[str]:
+        interval = self.runtime.switch_interval_ms
+        if math.isfinite(interval) and 0 <= interval <= MAX_SWITCH_INTERVAL_MS:
+            return []
+        return [
+            f"{p}runtime.switch_interval_ms: got {interval}, expected 0 (CPython's own) "
+            f"or a number of ms up to {MAX_SWITCH_INTERVAL_MS:g}"
+        ]
 
     def _trace_problems(self, p: str) -> list[str]:
         """The tracing levels this run can have: CUPTI needs CUDA and takes one subscriber."""

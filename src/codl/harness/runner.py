@@ -65,6 +65,9 @@ class RankEnv:
 # most this many steps of loader and schedstat rows (ResNet-50, batch 128, 8 workers: ~40 k
 # rows, a few MB as Python lists); the hand-over (~1 ms) falls between steps, outside every span.
 DRAIN_EVERY_STEPS = 50
+# CPython's own switch interval, read when the harness is imported, before any run sets one:
+# what `runtime.switch_interval_ms: 0` leaves (5 ms in every CPython since 3.2).
+_CPYTHON_SWITCH_INTERVAL_S = sys.getswitchinterval()
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _REPEAT_IGNORE_S = 5.0
 
@@ -185,6 +188,30 @@ class _Open:
     clock_group: Any = None
     loader: Any = None
     batches: Any = None
+    # The interpreter's settings before the run changed them (_apply_runtime), put back after.
+    runtime: tuple[float, str] | None = None
+
+
+def _apply_runtime(spec: RunSpec) -> tuple[float, str]:
+    """Set the rank's switch interval and tensor sharing strategy (``runtime``, ``loader``)
+    before anything starts a thread or a worker; returns the previous ones. Always set, not only
+    when asked: runs made one after another in one process (``launch`` of one rank) would
+    otherwise inherit the last run's interval."""
+    import torch.multiprocessing as tmp
+
+    previous = (sys.getswitchinterval(), str(tmp.get_sharing_strategy()))
+    interval_ms = spec.runtime.switch_interval_ms
+    sys.setswitchinterval(interval_ms / 1000 if interval_ms > 0 else _CPYTHON_SWITCH_INTERVAL_S)
+    tmp.set_sharing_strategy(spec.loader.sharing_strategy.value)
+    return previous
+
+
+def _restore_runtime(previous: tuple[float, str] | None) -> None:
+    if previous is not None:
+        import torch.multiprocessing as tmp
+
+        sys.setswitchinterval(previous[0])
+        tmp.set_sharing_strategy(previous[1])
 
 
 @dataclass(frozen=True)
@@ -252,13 +279,7 @@ def execute(
             signal.signal(s, signal.SIG_IGN)
         rec.stop(complete=complete)
         placed.record_final(rec.ctx.loader)
-        # The workers are shut down here, explicitly, before the trace is written: dropping the
-        # iterator is not enough when an exception's traceback still holds it, and the workers
-        # ignore SIGTERM (see _seed_worker), so multiprocessing's exit-time terminate-and-join
-        # of a live worker would wait for ever.
-        _shutdown_loader(held.batches)
-        held.batches = None
-        held.loader = None
+        _release(held, rec.ctx)
         anchor_end = take_anchor()
         t_end_run = now_ns()
         if held.pg_started:
@@ -404,6 +425,7 @@ def _build(
     placed: _Placed,
 ) -> _Components:
     """Process group, model, optimizer, synthetic batch, loader and AllReduce buffers."""
+    held.runtime = _apply_runtime(spec)
     mode = spec.mode
     if env.world_size > 1:
         held.pg_started = _init_process_group(spec, env)
@@ -610,6 +632,31 @@ def _train_step(
                 # The sleep replaces compute *as observed*, synchronisation included.
                 _sync(device)
     return (compute[1] - compute[0]) / 1e9
+
+
+def _release(held: _Open, ctx: RunContext) -> None:
+    """The loader's workers and the interpreter's settings, given back before the trace is
+    written; the settings the run had go into the trace first."""
+    # The workers are shut down here, explicitly, before the trace is written: dropping the
+    # iterator is not enough when an exception's traceback still holds it, and the workers
+    # ignore SIGTERM (see _seed_worker), so multiprocessing's exit-time terminate-and-join
+    # of a live worker would wait for ever.
+    _shutdown_loader(held.batches)
+    held.batches = None
+    held.loader = None
+    ctx.attrs.update(_runtime_attrs())
+    _restore_runtime(held.runtime)
+
+
+def _runtime_attrs() -> dict[str, Any]:
+    """The interpreter's settings the run had, read back (the spec's asked-for values are in
+    ``spec``): a GIL experiment's rows are told apart by what was applied."""
+    import torch.multiprocessing as tmp
+
+    return {
+        "switch_interval_s": sys.getswitchinterval(),
+        "sharing_strategy": str(tmp.get_sharing_strategy()),
+    }
 
 
 def _run_attrs(
