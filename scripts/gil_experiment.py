@@ -24,6 +24,7 @@ the machine over the lease does not read as an effect of the factor.
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import sys
 import time
@@ -33,7 +34,7 @@ from pathlib import Path
 import pandas as pd
 
 from codl.analysis import chunked, columns
-from codl.analysis.runlevel import log_ratio_interval
+from codl.analysis.runlevel import log_ratio_interval, mean_interval
 from codl.analysis.sleeps import launch_sleeps, run_sleeps
 from codl.config import build_plan, load_yaml
 from codl.paths import RunFiles
@@ -45,24 +46,41 @@ PAIR_METRIC = "compute_eff_ms_mean"
 
 
 def setting(spec: RunSpec) -> tuple[str, ...]:
-    """What a pair shares besides its mode and repeat: the intervention's rows."""
+    """A loading run's row of the experiment: the knobs the intervention turns."""
     return (
         f"{spec.runtime.switch_interval_ms:g}",
         spec.loader.sharing_strategy.value,
+        str(spec.loader.pin_memory).lower(),
         spec.pinning.pin_memory.value,
     )
 
 
+def twin_id(spec: RunSpec) -> str:
+    """The compute twin of a loading run: the same spec without the loader, same block."""
+    twin = spec.mode.compute_twin
+    if twin is None:
+        raise ValueError(f"{spec.run_id}: mode {spec.mode.value!r} has no compute twin")
+    return spec.with_mode(twin).run_id
+
+
 def interleaved(specs: Sequence[RunSpec]) -> list[RunSpec]:
-    """Repeat-major; settings rotated by the repeat; each pair ABBA across repeats."""
+    """Repeat-major (a repeat is a block); inside a block the loading settings rotate by one
+    per repeat, each after its twin on even blocks and before it on odd ones (ABBA); a twin
+    that several settings share runs once per block, where its first setting puts it."""
+    by_id = {s.run_id: s for s in specs}
     out: list[RunSpec] = []
     for rep in sorted({s.repeat for s in specs}):
         mine = [s for s in specs if s.repeat == rep]
-        keys = sorted({setting(s) for s in mine})
-        keys = keys[rep % len(keys) :] + keys[: rep % len(keys)]
-        for key in keys:
-            pair = sorted((s for s in mine if setting(s) == key), key=lambda s: s.mode.loads)
-            out += pair if rep % 2 == 0 else pair[::-1]
+        loading = sorted((s for s in mine if s.mode.loads), key=setting)
+        loading = loading[rep % len(loading) :] + loading[: rep % len(loading)] if loading else []
+        done: set[str] = set()
+        for spec in loading:
+            pair = [by_id.get(twin_id(spec)), spec]
+            for s in pair if rep % 2 == 0 else pair[::-1]:
+                if s is not None and s.run_id not in done:
+                    out.append(s)
+                    done.add(s.run_id)
+        out += [s for s in mine if s.run_id not in done]
     return out
 
 
@@ -105,8 +123,10 @@ def run_row(spec: RunSpec, files: RunFiles) -> dict[str, object]:
         "mode": spec.mode.value,
         FACTOR: spec.runtime.switch_interval_ms,
         "sharing_strategy": spec.loader.sharing_strategy.value,
+        "pin_memory": spec.loader.pin_memory,
         "pin_memory_place": spec.pinning.pin_memory.value,
         "repeat": spec.repeat,
+        "twin_id": twin_id(spec) if spec.mode.loads else "",
         "switch_interval_s": attrs.get("switch_interval_s"),
         PAIR_METRIC: float(steps["compute_eff_ms"].mean()),
         "throughput_samples_s": float(summary["throughput_samples_s"].iloc[0]),
@@ -114,38 +134,76 @@ def run_row(spec: RunSpec, files: RunFiles) -> dict[str, object]:
     }
     sleeps = launch_sleeps(tables, warmup=columns.warmup_steps(attrs))
     row.update(run_sleeps(sleeps, steps=max(len(steps), 1)))
+    # The GIL's share of the sleeps: ended by the timer (the timed wait ran out) or by the
+    # pin-memory thread letting go; a loader's wake-up is the batch arriving, not the GIL.
+    row["gil_wait_ms_per_step"] = (
+        row["timer_sleep_ms_per_step"] + row["pin_memory_sleep_ms_per_step"]
+    )
     return row
 
 
+KNOBS = [FACTOR, "sharing_strategy", "pin_memory", "pin_memory_place"]
+
+
 def inflation(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per setting: each block's compute inflation (the loading run over its twin of the same
-    block) and, over blocks, their geometric mean with a 95 % t interval."""
-    keys = [FACTOR, "sharing_strategy", "pin_memory_place"]
+    """Per setting of the loading runs: each block's compute inflation (the run over its twin of
+    the same block) and, over blocks, their geometric mean with a 95 % t interval; the GIL wait
+    per step and the throughput as means over the runs with a t interval."""
+    metric = runs.set_index("run_id")[PAIR_METRIC]
+    loaded = runs[runs["mode"] != "compute"].copy()
+    loaded["ratio"] = loaded[PAIR_METRIC] / loaded["twin_id"].map(metric)
     rows = []
-    for key, g in runs.groupby(keys):
-        pairs = g.pivot_table(index="repeat", columns="mode", values=PAIR_METRIC)
-        if {"compute", "data+compute"} - set(pairs):
-            continue
-        per_block = (pairs["data+compute"] / pairs["compute"]).dropna()
-        iv = log_ratio_interval(per_block.tolist())
-        loaded = g[g["mode"] == "data+compute"]
+    for key, g in loaded.groupby(KNOBS):
+        iv = log_ratio_interval(g["ratio"].dropna().tolist())
+        gil = mean_interval(g["gil_wait_ms_per_step"].tolist())
+        tput = mean_interval(g["throughput_samples_s"].tolist())
         rows.append(
             {
-                **dict(zip(keys, key, strict=True)),
-                "n_runs": len(g),
+                **dict(zip(KNOBS, key, strict=True)),
+                "n_runs": len(g) + g["twin_id"].nunique(),
                 "n_blocks": iv.n,
-                "per_block": " ".join(f"{100 * (r - 1):+.1f}" for r in per_block),
+                "per_block": " ".join(f"{100 * (r - 1):+.1f}" for r in g["ratio"]),
                 "inflation": iv.ratio - 1,
                 "inflation_lo": iv.lo - 1,
                 "inflation_hi": iv.hi - 1,
-                "timer_sleep_ms_p50": loaded["timer_sleep_ms_p50"].median(),
-                "timer_sleeps_per_step": loaded["timer_sleeps_per_step"].mean(),
-                "timer_sleep_ms_per_step": loaded["timer_sleep_ms_per_step"].mean(),
-                "pin_memory_sleep_ms_per_step": loaded["pin_memory_sleep_ms_per_step"].mean(),
-                "throughput_samples_s": loaded["throughput_samples_s"].mean(),
+                "timer_sleep_ms_p50": g["timer_sleep_ms_p50"].median(),
+                "timer_sleeps_per_step": g["timer_sleeps_per_step"].mean(),
+                "gil_wait_ms_per_step": gil.mean,
+                "gil_wait_lo": gil.lo,
+                "gil_wait_hi": gil.hi,
+                "timer_sleep_ms_per_step": g["timer_sleep_ms_per_step"].mean(),
+                "pin_memory_sleep_ms_per_step": g["pin_memory_sleep_ms_per_step"].mean(),
+                "throughput_samples_s": tput.mean,
+                "throughput_lo": tput.lo,
+                "throughput_hi": tput.hi,
             }
         )
     return pd.DataFrame(rows)
+
+
+def gil_holders(raw: str) -> pd.DataFrame:
+    """py-spy's raw ``--gil --threads`` stacks -> per thread and innermost Python frame (with the
+    native leaf below it), the share of the samples in which it held the GIL."""
+    rows = []
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = stack.split(";")
+        python = [f for f in frames[1:] if ".py:" in f]
+        rows.append(
+            {
+                "thread": re.sub(r"\(\d+\)", "", frames[0]).replace("thread :", "").strip(),
+                "python_frame": python[-1] if python else "(native only)",
+                "native_leaf": frames[-1] if ".py:" not in frames[-1] else "",
+                "samples": int(count),
+            }
+        )
+    if not rows:
+        return pd.DataFrame(columns=["thread", "python_frame", "native_leaf", "samples", "share"])
+    t = pd.DataFrame(rows).groupby(["thread", "python_frame", "native_leaf"], as_index=False).sum()
+    t["share"] = t["samples"] / t["samples"].sum()
+    return t.sort_values("samples", ascending=False, ignore_index=True)
 
 
 def record_stacks(config: Path, work: Path, out: Path, seconds: float) -> None:
@@ -181,6 +239,10 @@ def record_stacks(config: Path, work: Path, out: Path, seconds: float) -> None:
         )
         if got.returncode != 0:
             (out / "gil_stacks.txt").write_text(f"py-spy failed ({got.returncode}):\n{got.stderr}")
+            return
+        holders = gil_holders((out / "gil_stacks.txt").read_text())
+        holders.to_csv(out / "gil_holders.csv", index=False)
+        print(holders.head(12).to_string(index=False), flush=True)
     finally:
         proc.terminate()
         proc.wait(timeout=120)

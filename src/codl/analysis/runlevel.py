@@ -55,3 +55,29 @@ def log_ratio_interval(ratios: Sequence[float], *, level: float = 0.95) -> Ratio
     return RatioInterval(
         ratio=math.exp(mean), lo=math.exp(mean - half), hi=math.exp(mean + half), n=n
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeanInterval:
+    """A mean over ``n`` runs with its interval."""
+
+    mean: float
+    lo: float
+    hi: float
+    n: int
+
+
+def mean_interval(values: Sequence[float], *, level: float = 0.95) -> MeanInterval:
+    """The mean of per-run ``values`` with a two-sided Student-t interval (n - 1 degrees of
+    freedom); no interval below 2 values. For quantities that add (ms per step, samples/s)."""
+    if not 0 < level < 1:
+        raise ValueError(f"level: got {level}, expected a probability in (0, 1)")
+    v = np.asarray([x for x in values if math.isfinite(x)], dtype=np.float64)
+    n = len(v)
+    if n == 0:
+        return MeanInterval(mean=math.nan, lo=math.nan, hi=math.nan, n=0)
+    mean = float(v.mean())
+    if n < 2:
+        return MeanInterval(mean=mean, lo=math.nan, hi=math.nan, n=n)
+    half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * float(v.std(ddof=1)) / math.sqrt(n)
+    return MeanInterval(mean=mean, lo=mean - half, hi=mean + half, n=n)
