@@ -48,6 +48,7 @@ PAIR_METRIC = "compute_eff_ms_mean"
 def setting(spec: RunSpec) -> tuple[str, ...]:
     """A loading run's row of the experiment: the knobs the intervention turns."""
     return (
+        spec.pinning.policy.value,
         f"{spec.runtime.switch_interval_ms:g}",
         spec.loader.sharing_strategy.value,
         str(spec.loader.pin_memory).lower(),
@@ -121,6 +122,7 @@ def run_row(spec: RunSpec, files: RunFiles) -> dict[str, object]:
     row: dict[str, object] = {
         "run_id": spec.run_id,
         "mode": spec.mode.value,
+        "policy": spec.pinning.policy.value,
         FACTOR: spec.runtime.switch_interval_ms,
         "sharing_strategy": spec.loader.sharing_strategy.value,
         "pin_memory": spec.loader.pin_memory,
@@ -142,7 +144,7 @@ def run_row(spec: RunSpec, files: RunFiles) -> dict[str, object]:
     return row
 
 
-KNOBS = [FACTOR, "sharing_strategy", "pin_memory", "pin_memory_place"]
+KNOBS = ["policy", FACTOR, "sharing_strategy", "pin_memory", "pin_memory_place"]
 
 
 def inflation(runs: pd.DataFrame) -> pd.DataFrame:
