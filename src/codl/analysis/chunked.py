@@ -14,6 +14,7 @@ import contextlib
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -28,6 +29,7 @@ from codl.analysis.columns import (
     SUMMARY_TABLES,
     warmup_steps,
 )
+from codl.analysis.latency import ExactLatency, NameHistogram
 from codl.trace.schema import TABLES
 from codl.trace.store import Trace, empty_frame, open_trace
 
@@ -352,6 +354,11 @@ def api_step_metrics(
 ) -> pd.DataFrame:
     """``summarize.api_metrics`` computed block by block."""
     partial, _ = step_partials(path, "api", warmup=warmup, processes=processes, threads=threads)
+    return _api_frame(partial.astype({"sum": np.float64}))
+
+
+def _api_frame(partial: pd.DataFrame) -> pd.DataFrame:
+    """``summarize.api_metrics`` from the "api" partial sums (sum in float64 ns)."""
     if partial.empty:
         return pd.DataFrame({c: pd.Series(dtype=d) for c, d in API_STEP_COLUMNS.items()})
     allc = partial[partial["sub"] == 0].set_index(KEYS)
@@ -435,3 +442,104 @@ def read_summary_tables(
                 for n in SUMMARY_TABLES
             }
     return tables, attrs
+
+
+@dataclass
+class ApiReduction:
+    """The measured CUDA runtime calls of a run, reduced block by block: per-step metrics
+    (``summarize.api_metrics``), exact latency statistics of every call and of the launches
+    (``summarize._latency_stats``), and each name's latency histogram (the CDF figure)."""
+
+    steps: pd.DataFrame
+    every: ExactLatency
+    launch: ExactLatency
+    names: NameHistogram
+
+
+class _ApiPass:
+    """Reduces events/cuda blocks; keeps the GPU activity rows (kernels, memcpy, memset) that
+    the overlaps and the decomposition need."""
+
+    def __init__(self, strings: list[str], warmup: int, keep_from: int) -> None:
+        self._reducer = _api_reducer(strings)
+        self._runtime = _code_of(strings, "runtime")
+        self._is_launch = np.array(["LaunchKernel" in x for x in strings], dtype=np.bool_)
+        self._gpu = [strings.index(k) for k in _GPU_KINDS if k in strings]
+        self._warmup, self._keep_from = warmup, keep_from
+        self._work = _Scratch()
+        self._parts: list[_Part] = []
+        self.every, self.launch = ExactLatency(), ExactLatency()
+        self.names = NameHistogram(strings)
+        self.kept: dict[str, list[npt.NDArray[Any]]] = {c: [] for c in SUMMARY_COLUMNS[_CUDA]}
+
+    def add(self, cols: dict[str, npt.NDArray[Any]]) -> None:
+        self._parts += self._reducer(cols, self._warmup, self._work)
+        kind, step = cols["kind"], cols["step"]
+        if self._runtime is not None:
+            rt = np.flatnonzero((kind == self._runtime) & (step >= self._warmup))
+            if len(rt):
+                ns = cols["end_ns"][rt] - cols["start_ns"][rt]
+                names = cols["name"][rt]
+                self.every.add(ns)
+                self.launch.add(ns[self._is_launch[names]])
+                self.names.add(names, ns)
+        if self._gpu:
+            keep = np.isin(kind, self._gpu) & (step >= self._keep_from)
+            if keep.any():
+                for c, pieces in self.kept.items():
+                    pieces.append(cols[c][keep])
+
+    def result(self) -> ApiReduction:
+        partial = _partial_frame(self._parts).astype({"sum": np.float64})
+        return ApiReduction(_api_frame(partial), self.every, self.launch, self.names)
+
+
+_CUDA = "events/cuda"
+_GPU_KINDS = ("kernel", "memcpy", "memset")
+
+
+def _frame(
+    name: str, pieces: dict[str, list[npt.NDArray[Any]]], strings: list[str]
+) -> pd.DataFrame:
+    columns = list(pieces)
+    if not pieces[columns[0]]:
+        return empty_frame(name)[columns]
+    categories = pd.Index(strings, dtype="str")
+    data: dict[str, Any] = {}
+    for c in columns:
+        arr = np.concatenate(pieces[c])
+        pieces[c].clear()
+        if c in ("kind", "name", "stage"):
+            data[c] = pd.Categorical.from_codes(
+                arr, categories=categories
+            ).remove_unused_categories()
+        else:
+            data[c] = arr
+    return pd.DataFrame(data)
+
+
+def read_summary(
+    path: Path, *, threads: int = 1, warmup_rows: bool = False
+) -> tuple[dict[str, pd.DataFrame], dict[str, Any], ApiReduction]:
+    """``read_summary_tables`` with the CUDA runtime calls reduced as they are read: the
+    events/cuda table comes back with its GPU activity rows only (none in a ``cuda_api``
+    trace), the calls as an ``ApiReduction``; memory does not grow with the calls."""
+    with open_trace(path) as t:
+        t.verify()
+        attrs = dict(t.attrs)
+        warmup = warmup_steps(attrs)
+        keep_from = 0 if warmup_rows else warmup
+        present = set(t.tables())
+        api = _ApiPass(t.strings, warmup, keep_from)
+        with ThreadPoolExecutor(threads) if threads > 1 else contextlib.nullcontext() as pool:
+            tables: dict[str, pd.DataFrame] = {}
+            for n in SUMMARY_TABLES:
+                if n == _CUDA and n in present:
+                    for lo, hi in t.block_ranges(n):
+                        api.add(t.read_rows(n, lo, hi, SUMMARY_COLUMNS[n], pool=pool))
+                    tables[n] = _frame(n, api.kept, t.strings)
+                elif n in SUMMARY_COLUMNS and n in present:
+                    tables[n] = _pruned_table(t, n, keep_from, pool)
+                else:
+                    tables[n] = t.table(n)
+    return tables, attrs, api.result()

@@ -47,7 +47,7 @@ def summarize_to(
     log.info("reading %s", trace)
     # The big event tables in the rows and columns the tables below use, read block by block
     # (decoded on the job's cores): never the whole of a long run's loader or CUDA table.
-    tables, attrs = chunked.read_summary_tables(
+    tables, attrs, api = chunked.read_summary(
         trace, threads=chunked.default_threads(), warmup_rows=True
     )
     log.info(
@@ -62,7 +62,7 @@ def summarize_to(
         clock_bound_ns=rank_bounds(attrs),
     )
     pt.insert(0, "run_id", str(attrs.get("run_id", "")))
-    st, sm_, at = sm.summarize_tables(tables, attrs, parts=pt)
+    st, sm_, at = sm.summarize_tables(tables, attrs, parts=pt, api=api)
     for df, out in ((st, steps), (sm_, summary), (at, attribution), (pt, parts)):
         out.parent.mkdir(parents=True, exist_ok=True)
         df.to_parquet(out, index=False)
@@ -71,7 +71,7 @@ def summarize_to(
         spec = attrs.get("spec", {})
         spec = json.loads(spec) if isinstance(spec, str) else spec
         written = write_run_tables(
-            tables, attrs, spec, api_calls_out=api_calls, timeline_out=timeline
+            tables, attrs, spec, api_calls_out=api_calls, timeline_out=timeline, api=api
         )
         for out, df in written.items():
             _wrote(df, out)
