@@ -217,11 +217,12 @@ def test_reduced_runtime_calls_give_the_same_tables(tmp_path: Path, by_rank: boo
     # the tables equal to those of the whole tables; the CDF table counts every call once.
     trace = _synthetic(tmp_path / "t.h5", by_rank=by_rank, launch_names=2)
     whole, attrs = sm.read_tables(trace)
-    tables, _, api = chunked.read_summary(trace, threads=2)
+    tables, _, api, loader = chunked.read_summary(trace, threads=2)
     assert len(tables["events/cuda"]) < len(whole["events/cuda"])
     assert set(tables["events/cuda"]["kind"].astype(str)) <= {"kernel", "memcpy", "memset"}
     _assert_same_frames(
-        sm.summarize_tables(tables, attrs, api=api), sm.summarize_tables(whole, attrs)
+        sm.summarize_tables(tables, attrs, api=api, loader=loader),
+        sm.summarize_tables(whole, attrs),
     )
     spec = {"mode": "combined", "pinning": {"policy": "none"}, "trace": {"cuda_api": True}}
     per_call = run_tables.api_calls(whole, attrs, spec)

@@ -623,11 +623,13 @@ def summarize_tables(
     *,
     parts: pd.DataFrame | None = None,
     api: chunked.ApiReduction | None = None,
+    loader: chunked.LoaderReduction | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(steps, summary, attribution) from a trace's tables and root attributes.
 
     ``api``: the runtime calls already reduced (``chunked.read_summary``), in place of those
-    of ``tables["events/cuda"]``, which then need hold only the GPU activity rows.
+    of ``tables["events/cuda"]``, which then need hold only the GPU activity rows; ``loader``:
+    the loader's rows reduced, in place of ``tables["events/loader"]``.
 
     A table missing from ``tables`` counts as empty (a level that was not traced). Steps get
     the steady-state flags of ``steady.flag_outliers``; ``parts`` (``decompose.step_parts``),
@@ -638,7 +640,7 @@ def summarize_tables(
     warm = warmup_steps(attrs)
     run_id = str(attrs.get("run_id", ""))
     ident = {"run_id": run_id, **spec_columns(_spec(attrs))}
-    steps = _flagged_steps(t, ident, warm, parts, api)
+    steps = _flagged_steps(t, ident, warm, parts, api, loader)
     rpn = ident["ranks_per_node"]
     attribution = attribute_launch_wait(
         t[Table.SCHED],
@@ -648,6 +650,10 @@ def summarize_tables(
     )
     attribution.insert(0, "run_id", run_id)
     row = _summary_row(t, attrs, ident, steps, attribution, warm)
+    if loader is None:
+        row.update(overlaps(t[Table.APP], t[Table.LOADER], t[Table.CUDA], warmup=warm))
+    else:
+        row.update(loader.overlaps)
     # Call-level latency (not a mean of per-step means): what the API CDF figure shows.
     if api is None:
         rt = _runtime_calls(t[Table.CUDA], warm)
@@ -679,6 +685,7 @@ def _flagged_steps(
     warm: int,
     parts: pd.DataFrame | None,
     api: chunked.ApiReduction | None = None,
+    loader: chunked.LoaderReduction | None = None,
 ) -> pd.DataFrame:
     """One row per (rank, step): the run's identity, every per-step metric, the outlier flags."""
     steps = step_metrics(t[Table.APP], t[Table.COMM], warmup=warm)
@@ -686,7 +693,7 @@ def _flagged_steps(
         launch_metrics(t[Table.SCHED], t[Table.THREADS], warmup=warm),
         helper_metrics(t[Table.SCHED], t[Table.THREADS], warmup=warm),
         api_metrics(t[Table.CUDA], warmup=warm) if api is None else api.steps,
-        loader_metrics(t[Table.LOADER], warmup=warm),
+        loader_metrics(t[Table.LOADER], warmup=warm) if loader is None else loader.steps,
     ):
         steps = steps.merge(extra, on=KEYS, how="left")
     for k, v in reversed(ident.items()):
@@ -751,7 +758,6 @@ def _summary_row(
     )
     # Share of the launch thread's run-queue wait that the mechanism blames on loader workers.
     row["launch_wait_loader_share"] = loader_wait / total_wait if total_wait > 0 else np.nan
-    row.update(overlaps(t[Table.APP], t[Table.LOADER], t[Table.CUDA], warmup=warm))
     return row
 
 

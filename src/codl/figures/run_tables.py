@@ -54,21 +54,40 @@ def api_calls(
     return figdata.api_latencies(cuda, _cdf_label(spec), warmup=warm, run_id=run_id)
 
 
+def _rank0_steps(tables: Mapping[str, pd.DataFrame], attrs: Mapping[str, Any]) -> pd.DataFrame:
+    warm = int(attrs.get("warmup_steps", 0))
+    app = tables[Table.APP]
+    return app[
+        (app["phase"].astype(str) == Phase.STEP.value) & (app["step"] >= warm) & (app["rank"] == 0)
+    ]
+
+
+def _median_pick(st: pd.DataFrame) -> int:
+    dur = (st["end_ns"] - st["start_ns"]).to_numpy()
+    return int(np.argmin(np.abs(dur - np.median(dur))))
+
+
+def timeline_window(
+    tables: Mapping[str, pd.DataFrame], attrs: Mapping[str, Any]
+) -> tuple[int, int] | None:
+    """The [start, end) ns of the step ``timeline`` shows (None: no measured step): the rows
+    of the big tables it needs, read by time window, are those."""
+    st = _rank0_steps(tables, attrs)
+    if st.empty:
+        return None
+    row = st.iloc[_median_pick(st)]
+    return int(row["start_ns"]), int(row["end_ns"])
+
+
 def timeline(
     tables: Mapping[str, pd.DataFrame], attrs: Mapping[str, Any], spec: Mapping[str, Any]
 ) -> pd.DataFrame:
     """Rank 0's measured step closest to the run's median step time, as step-timeline bars,
     each row carrying :data:`TIMELINE_KEYS`; empty when the run has no measured step."""
-    warm = int(attrs.get("warmup_steps", 0))
-    app = tables[Table.APP]
-    st = app[
-        (app["phase"].astype(str) == Phase.STEP.value) & (app["step"] >= warm) & (app["rank"] == 0)
-    ]
+    st = _rank0_steps(tables, attrs)
     if st.empty:
         return pd.DataFrame(columns=[*figdata.TIMELINE_COLUMNS, *TIMELINE_KEYS])
-    dur = (st["end_ns"] - st["start_ns"]).to_numpy()
-    pick = int(np.argmin(np.abs(dur - np.median(dur))))
-    step = int(st["step"].to_numpy()[pick])
+    step = int(st["step"].to_numpy()[_median_pick(st)])
     bars = figdata.timeline_bars(dict(tables), step=step)
     keys: dict[str, Any] = {
         "run_id": str(attrs.get("run_id", "")),
