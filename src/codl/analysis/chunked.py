@@ -550,6 +550,11 @@ def read_summary(
 
 
 _LOADER_READ = ["rank", "step", "pid", "item", "stage", "start_ns", "end_ns"]
+# The columns read_summary reads of the two big tables (the others it reads whole).
+READ_COLUMNS: dict[str, list[str]] = {
+    Table.CUDA: SUMMARY_COLUMNS[Table.CUDA],
+    Table.LOADER: _LOADER_READ,
+}
 
 LOADER_COLUMNS: dict[str, str] = {
     **LOADER_SUM_COLUMNS,
