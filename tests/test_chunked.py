@@ -209,3 +209,31 @@ def test_pruned_tables_keep_the_measured_rows_summarize_reads(tmp_path: Path) ->
         (dec.gpu_parts(pruned_cuda, warmup=2), figdata.api_latencies(pruned_cuda, "", warmup=2)),
         (dec.gpu_parts(cuda, warmup=2), figdata.api_latencies(cuda, "", warmup=2)),
     )
+
+
+@pytest.mark.parametrize("by_rank", [False, True])
+def test_reduced_runtime_calls_give_the_same_tables(tmp_path: Path, by_rank: bool) -> None:
+    # summarize_to's reading: the runtime calls reduced as they are read (exact histograms),
+    # the tables equal to those of the whole tables; the CDF table counts every call once.
+    trace = _synthetic(tmp_path / "t.h5", by_rank=by_rank, launch_names=2)
+    whole, attrs = sm.read_tables(trace)
+    tables, _, api, loader = chunked.read_summary(trace, threads=2)
+    assert len(tables["events/cuda"]) < len(whole["events/cuda"])
+    assert set(tables["events/cuda"]["kind"].astype(str)) <= {"kernel", "memcpy", "memset"}
+    _assert_same_frames(
+        sm.summarize_tables(tables, attrs, api=api, loader=loader),
+        sm.summarize_tables(whole, attrs),
+    )
+    spec = {"mode": "combined", "pinning": {"policy": "none"}, "trace": {"cuda_api": True}}
+    per_call = run_tables.api_calls(whole, attrs, spec)
+    hist = run_tables.api_calls(tables, attrs, spec, api)
+    assert hist["calls"].sum() == len(per_call) > len(hist)
+    by_name = hist.groupby("name")["calls"].sum()
+    pd.testing.assert_series_equal(
+        by_name, per_call.groupby("name").size().astype("int64"), check_names=False
+    )
+    # The CDF from the buckets is exact at every bucket edge.
+    for name, g in hist.groupby("name"):
+        us = np.sort(per_call.loc[per_call["name"] == name, "us"].to_numpy())
+        at_or_below = np.searchsorted(us, g["us"].to_numpy() + 1e-9, side="right")
+        np.testing.assert_array_equal(at_or_below, np.cumsum(g["calls"].to_numpy()))

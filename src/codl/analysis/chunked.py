@@ -14,6 +14,7 @@ import contextlib
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -28,7 +29,9 @@ from codl.analysis.columns import (
     SUMMARY_TABLES,
     warmup_steps,
 )
-from codl.trace.schema import TABLES
+from codl.analysis.intervals import UnionOverlap, interval_union
+from codl.analysis.latency import ExactLatency, NameHistogram
+from codl.trace.schema import LOADER_ITEM_STAGES, TABLES, Table
 from codl.trace.store import Trace, empty_frame, open_trace
 
 LOADER_SUM_COLUMNS: dict[str, str] = {
@@ -352,6 +355,11 @@ def api_step_metrics(
 ) -> pd.DataFrame:
     """``summarize.api_metrics`` computed block by block."""
     partial, _ = step_partials(path, "api", warmup=warmup, processes=processes, threads=threads)
+    return _api_frame(partial.astype({"sum": np.float64}))
+
+
+def _api_frame(partial: pd.DataFrame) -> pd.DataFrame:
+    """``summarize.api_metrics`` from the "api" partial sums (sum in float64 ns)."""
     if partial.empty:
         return pd.DataFrame({c: pd.Series(dtype=d) for c, d in API_STEP_COLUMNS.items()})
     allc = partial[partial["sub"] == 0].set_index(KEYS)
@@ -435,3 +443,250 @@ def read_summary_tables(
                 for n in SUMMARY_TABLES
             }
     return tables, attrs
+
+
+@dataclass
+class ApiReduction:
+    """The measured CUDA runtime calls of a run, reduced block by block: per-step metrics
+    (``summarize.api_metrics``), exact latency statistics of every call and of the launches
+    (``summarize._latency_stats``), and each name's latency histogram (the CDF figure)."""
+
+    steps: pd.DataFrame
+    every: ExactLatency
+    launch: ExactLatency
+    names: NameHistogram
+
+
+class _ApiPass:
+    """Reduces events/cuda blocks; keeps the GPU activity rows (kernels, memcpy, memset) that
+    the overlaps and the decomposition need."""
+
+    def __init__(self, strings: list[str], warmup: int, keep_from: int) -> None:
+        self._reducer = _api_reducer(strings)
+        self._runtime = _code_of(strings, "runtime")
+        self._is_launch = np.array(["LaunchKernel" in x for x in strings], dtype=np.bool_)
+        self._gpu = [strings.index(k) for k in _GPU_KINDS if k in strings]
+        self._warmup, self._keep_from = warmup, keep_from
+        self._work = _Scratch()
+        self._parts: list[_Part] = []
+        self.every, self.launch = ExactLatency(), ExactLatency()
+        self.names = NameHistogram(strings)
+        self.kept: dict[str, list[npt.NDArray[Any]]] = {c: [] for c in SUMMARY_COLUMNS[_CUDA]}
+
+    def add(self, cols: dict[str, npt.NDArray[Any]]) -> None:
+        self._parts += self._reducer(cols, self._warmup, self._work)
+        kind, step = cols["kind"], cols["step"]
+        if self._runtime is not None:
+            rt = np.flatnonzero((kind == self._runtime) & (step >= self._warmup))
+            if len(rt):
+                ns = cols["end_ns"][rt] - cols["start_ns"][rt]
+                names = cols["name"][rt]
+                self.every.add(ns)
+                self.launch.add(ns[self._is_launch[names]])
+                self.names.add(names, ns)
+        if self._gpu:
+            keep = np.isin(kind, self._gpu) & (step >= self._keep_from)
+            if keep.any():
+                for c, pieces in self.kept.items():
+                    pieces.append(cols[c][keep])
+
+    def result(self) -> ApiReduction:
+        partial = _partial_frame(self._parts).astype({"sum": np.float64})
+        return ApiReduction(_api_frame(partial), self.every, self.launch, self.names)
+
+
+_CUDA = "events/cuda"
+_GPU_KINDS = ("kernel", "memcpy", "memset")
+
+
+def _frame(
+    name: str, pieces: dict[str, list[npt.NDArray[Any]]], strings: list[str]
+) -> pd.DataFrame:
+    columns = list(pieces)
+    if not pieces[columns[0]]:
+        return empty_frame(name)[columns]
+    categories = pd.Index(strings, dtype="str")
+    data: dict[str, Any] = {}
+    for c in columns:
+        arr = np.concatenate(pieces[c])
+        pieces[c].clear()
+        if c in ("kind", "name", "stage"):
+            data[c] = pd.Categorical.from_codes(
+                arr, categories=categories
+            ).remove_unused_categories()
+        else:
+            data[c] = arr
+    return pd.DataFrame(data)
+
+
+def read_summary(
+    path: Path, *, threads: int = 1, warmup_rows: bool = False
+) -> tuple[dict[str, pd.DataFrame], dict[str, Any], ApiReduction, LoaderReduction]:
+    """What ``summarize.summarize_tables`` needs of a verified trace, with the two big tables
+    reduced as they are read, block by block: the CUDA runtime calls (``ApiReduction``) and
+    the loader's rows (``LoaderReduction``). events/cuda comes back with its GPU activity rows
+    only (none in a ``cuda_api`` trace; ``warmup_rows`` keeps the warm-up's), events/loader
+    empty (the step timeline reads its window itself). Memory does not grow with the calls or
+    the loader's rows."""
+    with open_trace(path) as t:
+        t.verify()
+        attrs = dict(t.attrs)
+        warmup = warmup_steps(attrs)
+        present = set(t.tables())
+        big = (Table.CUDA, Table.LOADER)
+        tables = {n: t.table(n) for n in SUMMARY_TABLES if n not in big}
+        api = _ApiPass(t.strings, warmup, 0 if warmup_rows else warmup)
+        with ThreadPoolExecutor(threads) if threads > 1 else contextlib.nullcontext() as pool:
+            if Table.CUDA in present:
+                for lo, hi in t.block_ranges(Table.CUDA):
+                    api.add(t.read_rows(Table.CUDA, lo, hi, SUMMARY_COLUMNS[Table.CUDA], pool=pool))
+            tables[Table.CUDA] = _frame(Table.CUDA, api.kept, t.strings)
+            loader = _LoaderPass(t.strings, warmup, _loader_targets(tables, warmup))
+            ranges = t.block_ranges(Table.LOADER) if Table.LOADER in present else []
+            for (lo, hi), mark in zip(ranges, _watermarks(t, Table.LOADER, ranges), strict=True):
+                loader.add(t.read_rows(Table.LOADER, lo, hi, _LOADER_READ, pool=pool), mark)
+        tables[Table.LOADER] = empty_frame(Table.LOADER)
+    return tables, attrs, api.result(), loader.result()
+
+
+_LOADER_READ = ["rank", "step", "pid", "item", "stage", "start_ns", "end_ns"]
+# The columns read_summary reads of the two big tables (the others it reads whole).
+READ_COLUMNS: dict[str, list[str]] = {
+    Table.CUDA: SUMMARY_COLUMNS[Table.CUDA],
+    Table.LOADER: _LOADER_READ,
+}
+
+LOADER_COLUMNS: dict[str, str] = {
+    **LOADER_SUM_COLUMNS,
+    "loader_items": "int64",
+    "loader_item_ms": "float64",
+}
+_ITEM_KEYS = ["rank", "step", "pid", "item"]
+
+
+@dataclass
+class LoaderReduction:
+    """The loader's rows reduced block by block: ``summarize.loader_metrics`` and the
+    fractions of compute (host spans) and of kernel time with a worker busy
+    (``summarize.overlaps``)."""
+
+    steps: pd.DataFrame
+    overlaps: dict[str, float]
+
+
+def _rank_unions(df: pd.DataFrame) -> dict[int, npt.NDArray[np.int64]]:
+    return {
+        int(r): interval_union(g["start_ns"].to_numpy(), g["end_ns"].to_numpy())
+        for r, g in df.groupby(df["rank"].astype("int64"))
+    }
+
+
+class _LoaderPass:
+    """Reduces events/loader blocks (measured steps only). A worker's item has several stage
+    rows; they are counted once per (rank, step, pid, item) against the keys of this block
+    and the one before (rows are written as they end: an item's stages take milliseconds, a
+    block holds a second or more of a run)."""
+
+    def __init__(self, strings: list[str], warmup: int, targets: dict[str, dict[int, Any]]) -> None:
+        self._stages = _loader_reducer(strings)
+        self._items = [strings.index(s) for s in LOADER_ITEM_STAGES if s in strings]
+        self._warmup = warmup
+        self._work = _Scratch()
+        self._parts: list[_Part] = []
+        self._item_parts: list[_Part] = []
+        self._counts: list[pd.Series] = []
+        self._last = pd.DataFrame({k: pd.Series(dtype="int64") for k in _ITEM_KEYS})
+        self._targets = targets
+        self._unions: dict[str, dict[int, UnionOverlap]] = {k: {} for k in targets}
+        self._ranks: set[int] = set()
+
+    def add(self, cols: dict[str, npt.NDArray[Any]], watermark: int) -> None:
+        self._parts += self._stages(cols, self._warmup, self._work)
+        step, item = cols["step"], cols["item"]
+        measured = step >= self._warmup
+        busy = measured & (item >= 0)
+        is_item = busy & np.isin(cols["stage"], self._items)
+        self._item_parts += _masked_sums(cols, [is_item], self._warmup, self._work)
+        keys = pd.DataFrame({k: cols[k][is_item].astype(np.int64) for k in _ITEM_KEYS})
+        keys = keys.drop_duplicates()
+        new = keys.merge(self._last, how="left", indicator=True)["_merge"] == "left_only"
+        self._counts.append(keys[new.to_numpy()].groupby(KEYS).size())
+        self._last = keys
+        self._busy(cols, busy, watermark)
+
+    def _busy(self, cols: dict[str, npt.NDArray[Any]], busy: Any, watermark: int) -> None:
+        rank = cols["rank"][busy]
+        for r in np.unique(rank).tolist():
+            on = rank == r
+            self._ranks.add(int(r))
+            s, e = cols["start_ns"][busy][on], cols["end_ns"][busy][on]
+            for name, by_rank in self._targets.items():
+                target = by_rank.get(int(r))
+                if target is not None:
+                    u = self._unions[name].setdefault(int(r), UnionOverlap(target))
+                    u.add(s.astype(np.int64), e.astype(np.int64), watermark)
+
+    def _overlap(self, name: str) -> float:
+        total = covered = 0
+        for r in self._ranks:
+            target = self._targets[name].get(r)
+            if target is None:
+                continue
+            total += int((target[:, 1] - target[:, 0]).sum())
+            u = self._unions[name].get(r)
+            covered += u.finish() if u is not None else 0
+        return covered / total if total else np.nan
+
+    def result(self) -> LoaderReduction:
+        overlaps = {"loader_compute_overlap": np.nan, "kernel_loader_overlap": np.nan}
+        if self._ranks:
+            overlaps["loader_compute_overlap"] = self._overlap("compute")
+            if "kernel" in self._targets:
+                overlaps["kernel_loader_overlap"] = self._overlap("kernel")
+        return LoaderReduction(self._steps(), overlaps)
+
+    def _steps(self) -> pd.DataFrame:
+        if not self._parts:
+            return pd.DataFrame({c: pd.Series(dtype=d) for c, d in LOADER_COLUMNS.items()})
+        partial = _partial_frame(self._parts).astype({"sum": np.float64})
+        wide = partial.pivot_table(index=KEYS, columns="sub", values="sum", aggfunc="sum")
+        out = pd.DataFrame(index=wide.index)
+        for i, stage in enumerate(LOADER_STAGES):
+            out[f"loader_{stage}_ms"] = wide.get(i, np.nan) / 1e6  # partial sums are in ns
+        items = _partial_frame(self._item_parts).set_index(KEYS)["sum"]
+        counts = pd.concat(self._counts).groupby(level=KEYS).sum() if self._counts else None
+        out = out.join(items.rename("item_ns"), how="outer")
+        out["loader_items"] = counts.reindex(out.index) if counts is not None else 0
+        out["loader_items"] = out["loader_items"].fillna(0)
+        out["loader_item_ms"] = (
+            out["item_ns"] / 1e6 / out["loader_items"].where(out["loader_items"] > 0)
+        )
+        out = out.reset_index()
+        return out.astype(LOADER_COLUMNS)[list(LOADER_COLUMNS)]
+
+
+def _watermarks(t: Trace, name: str, ranges: list[tuple[int, int]]) -> list[int]:
+    """Per row range, the earliest start of any later row (the chunk index's t_lo); the
+    int64 minimum, which keeps every union piece open, for traces without an index."""
+    if not ranges:
+        return []
+    index = t.chunk_index(name)
+    lowest = int(np.iinfo(np.int64).min)
+    if index is None or not len(index):
+        return [lowest] * len(ranges)
+    suffix = np.minimum.accumulate(index[::-1, 2])[::-1]
+    suffix = np.append(suffix, np.iinfo(np.int64).max)
+    first_after = np.searchsorted(index[:, 0], [hi for _, hi in ranges])
+    return [int(suffix[i]) for i in first_after]
+
+
+def _loader_targets(tables: dict[str, pd.DataFrame], warmup: int) -> dict[str, dict[int, Any]]:
+    """Per rank, the interval unions the loader's busy time is measured against."""
+    app = tables[Table.APP]
+    comp = app[(app["phase"].astype(str) == "compute") & (app["step"] >= warmup)]
+    targets: dict[str, dict[int, Any]] = {"compute": _rank_unions(comp)}
+    cuda = tables.get(Table.CUDA)
+    if cuda is not None and len(cuda):
+        k = cuda[(cuda["kind"].astype(str) == "kernel") & (cuda["step"] >= warmup)]
+        targets["kernel"] = _rank_unions(k)
+    return targets

@@ -29,17 +29,49 @@ def interval_union(starts: npt.ArrayLike, ends: npt.ArrayLike) -> npt.NDArray[np
     return np.column_stack([s[first], reach[last]]).astype(np.int64)
 
 
+def covered_ns(a: npt.NDArray[np.int64], b: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Per interval of ``a`` ((n, 2), any order), its overlap with ``b`` (disjoint, sorted, as
+    from ``interval_union``): the measure of ``b`` below its end minus that below its start,
+    from ``b``'s cumulative lengths and two binary searches (no loop over intervals)."""
+    if not len(a) or not len(b):
+        return np.zeros(len(a), dtype=np.int64)
+    lengths = b[:, 1] - b[:, 0]
+    before = np.concatenate(([0], np.cumsum(lengths)))
+
+    def below(x: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        k = np.searchsorted(b[:, 0], x, side="right") - 1
+        inside = np.clip(x - b[np.maximum(k, 0), 0], 0, lengths[np.maximum(k, 0)])
+        return np.where(k < 0, 0, before[np.maximum(k, 0)] + inside)
+
+    return below(a[:, 1]) - below(a[:, 0])
+
+
 def overlap_ns(a: npt.NDArray[np.int64], b: npt.NDArray[np.int64]) -> int:
     """Total overlap of two disjoint sorted interval sets (as from ``interval_union``)."""
-    i = j = 0
-    total = 0
-    while i < len(a) and j < len(b):
-        lo = max(a[i, 0], b[j, 0])
-        hi = min(a[i, 1], b[j, 1])
-        if hi > lo:
-            total += int(hi - lo)
-        if a[i, 1] < b[j, 1]:
-            i += 1
-        else:
-            j += 1
-    return total
+    return int(covered_ns(a, b).sum())
+
+
+class UnionOverlap:
+    """The overlap of a fixed interval set ``target`` with the union of intervals that arrive
+    in blocks, in memory bounded by the blocks' disorder: pieces of the union that end at or
+    before ``watermark`` (no later interval starts before it) are measured and dropped."""
+
+    def __init__(self, target: npt.NDArray[np.int64]) -> None:
+        self.target = target
+        self.covered = 0
+        self._open = np.empty((0, 2), dtype=np.int64)
+
+    def add(
+        self, starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64], watermark: int
+    ) -> None:
+        u = interval_union(
+            np.concatenate((self._open[:, 0], starts)), np.concatenate((self._open[:, 1], ends))
+        )
+        done = u[:, 1] <= watermark
+        self.covered += overlap_ns(u[done], self.target)
+        self._open = u[~done]
+
+    def finish(self) -> int:
+        self.covered += overlap_ns(self._open, self.target)
+        self._open = self._open[:0]
+        return self.covered

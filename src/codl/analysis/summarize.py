@@ -363,6 +363,11 @@ def api_latency_table(cuda: pd.DataFrame, warmup: int) -> pd.DataFrame:
     return out.reset_index().astype(API_TABLE_COLUMNS)[list(API_TABLE_COLUMNS)]
 
 
+LATENCY_COLUMNS = tuple(
+    f"{p}_{s}" for p in ("api", "launch_kernel") for s in ("calls", "us_mean", "us_p50", "us_p99")
+)
+
+
 def _latency_stats(us: pd.Series, prefix: str) -> dict[str, float | int]:
     return {
         f"{prefix}_calls": len(us),
@@ -617,8 +622,14 @@ def summarize_tables(
     attrs: Mapping[str, Any],
     *,
     parts: pd.DataFrame | None = None,
+    api: chunked.ApiReduction | None = None,
+    loader: chunked.LoaderReduction | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(steps, summary, attribution) from a trace's tables and root attributes.
+
+    ``api``: the runtime calls already reduced (``chunked.read_summary``), in place of those
+    of ``tables["events/cuda"]``, which then need hold only the GPU activity rows; ``loader``:
+    the loader's rows reduced, in place of ``tables["events/loader"]``.
 
     A table missing from ``tables`` counts as empty (a level that was not traced). Steps get
     the steady-state flags of ``steady.flag_outliers``; ``parts`` (``decompose.step_parts``),
@@ -629,7 +640,7 @@ def summarize_tables(
     warm = warmup_steps(attrs)
     run_id = str(attrs.get("run_id", ""))
     ident = {"run_id": run_id, **spec_columns(_spec(attrs))}
-    steps = _flagged_steps(t, ident, warm, parts)
+    steps = _flagged_steps(t, ident, warm, parts, api, loader)
     rpn = ident["ranks_per_node"]
     attribution = attribute_launch_wait(
         t[Table.SCHED],
@@ -638,7 +649,28 @@ def summarize_tables(
         ranks_per_node=ranks_per_node(attrs) if isinstance(rpn, int | np.integer) else None,
     )
     attribution.insert(0, "run_id", run_id)
-    summary = pd.DataFrame([_summary_row(t, attrs, ident, steps, attribution, warm)])
+    row = _summary_row(t, attrs, ident, steps, attribution, warm)
+    if loader is None:
+        row.update(overlaps(t[Table.APP], t[Table.LOADER], t[Table.CUDA], warmup=warm))
+    else:
+        row.update(loader.overlaps)
+    # Call-level latency (not a mean of per-step means): what the API CDF figure shows.
+    if api is None:
+        rt = _runtime_calls(t[Table.CUDA], warm)
+        row.update(_latency_stats(rt["us"], "api"))
+        row.update(_latency_stats(rt.loc[_is_launch_kernel(rt["name"]), "us"], "launch_kernel"))
+    else:
+        row.update(api.every.stats("api"))
+        row.update(api.launch.stats("launch_kernel"))
+    columns = list(row)
+    # The latency columns sit where they always were: after launch_wait_ms_p99.
+    at = columns.index("launch_wait_ms_p99") + 1
+    order = [
+        *columns[:at],
+        *LATENCY_COLUMNS,
+        *(c for c in columns[at:] if c not in LATENCY_COLUMNS),
+    ]
+    summary = pd.DataFrame([{c: row[c] for c in order}])
     # The ids compare and decompose pair runs by, derived once here from the spec (in the runs
     # table only: the per-step tables join it on run_id).
     at = list(summary.columns).index("repeat") + 1
@@ -652,14 +684,16 @@ def _flagged_steps(
     ident: dict[str, Any],
     warm: int,
     parts: pd.DataFrame | None,
+    api: chunked.ApiReduction | None = None,
+    loader: chunked.LoaderReduction | None = None,
 ) -> pd.DataFrame:
     """One row per (rank, step): the run's identity, every per-step metric, the outlier flags."""
     steps = step_metrics(t[Table.APP], t[Table.COMM], warmup=warm)
     for extra in (
         launch_metrics(t[Table.SCHED], t[Table.THREADS], warmup=warm),
         helper_metrics(t[Table.SCHED], t[Table.THREADS], warmup=warm),
-        api_metrics(t[Table.CUDA], warmup=warm),
-        loader_metrics(t[Table.LOADER], warmup=warm),
+        api_metrics(t[Table.CUDA], warmup=warm) if api is None else api.steps,
+        loader_metrics(t[Table.LOADER], warmup=warm) if loader is None else loader.steps,
     ):
         steps = steps.merge(extra, on=KEYS, how="left")
     for k, v in reversed(ident.items()):
@@ -717,10 +751,6 @@ def _summary_row(
         row[f"{col}_p95"] = float(vals.quantile(0.95)) if len(vals) else np.nan
     lw = steps["launch_wait_ms"].dropna()
     row["launch_wait_ms_p99"] = float(lw.quantile(0.99)) if len(lw) else np.nan
-    # Call-level latency (not a mean of per-step means): what the API CDF figure shows.
-    rt = _runtime_calls(t[Table.CUDA], warm)
-    row.update(_latency_stats(rt["us"], "api"))
-    row.update(_latency_stats(rt.loc[_is_launch_kernel(rt["name"]), "us"], "launch_kernel"))
     row["loader_items_per_s"] = _per_rank_rate(steps_all, "loader_items")
     total_wait = float(attribution.drop_duplicates(["rank", "step"])["launch_wait_ns"].sum())
     loader_wait = float(
@@ -728,7 +758,6 @@ def _summary_row(
     )
     # Share of the launch thread's run-queue wait that the mechanism blames on loader workers.
     row["launch_wait_loader_share"] = loader_wait / total_wait if total_wait > 0 else np.nan
-    row.update(overlaps(t[Table.APP], t[Table.LOADER], t[Table.CUDA], warmup=warm))
     return row
 
 

@@ -276,13 +276,17 @@ def api_latency_cdf(api: pd.DataFrame, outputs: Sequence[Path]) -> None:
         )
         _save(fig, outputs)
         return
-    for label, g in api.groupby("label"):
-        us = np.sort(g["us"].to_numpy())
+    for label, group in api.groupby("label"):
+        # A row is one call, or (summarize's tables) a latency bucket's upper edge and its
+        # calls: the CDF steps at each, exact at every edge.
+        g = group.sort_values("us", kind="stable")
+        calls = g["calls"].fillna(1).to_numpy() if "calls" in g else np.ones(len(g))
+        cum = np.cumsum(calls)
         runs = g["run_id"].nunique() if "run_id" in g else np.nan
         ax.plot(
-            us,
-            np.arange(1, len(us) + 1) / len(us),
-            label=f"{label} ({_n(runs, 'run')}, {_n(len(us), 'call')})",
+            g["us"].to_numpy(),
+            cum / cum[-1],
+            label=f"{label} ({_n(runs, 'run')}, {_n(int(cum[-1]), 'call')})",
         )
     ax.set_xscale("log")
     ax.set_xlabel("runtime API call duration (us, log scale)")

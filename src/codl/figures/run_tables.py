@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from codl.analysis.chunked import ApiReduction
 from codl.figures import data as figdata
 from codl.spec import Mode
 from codl.trace.schema import Phase, Table
@@ -23,20 +24,59 @@ from codl.trace.schema import Phase, Table
 TIMELINE_KEYS = ("run_id", "mode", "policy", "workers", "step", "measured_steps")
 
 
-def api_calls(
-    tables: Mapping[str, pd.DataFrame], attrs: Mapping[str, Any], spec: Mapping[str, Any]
-) -> pd.DataFrame:
-    """Every measured CUDA runtime API call of one run, labelled as the CDF groups them."""
-    cuda = tables[Table.CUDA]
-    if not len(cuda):
-        return figdata.api_latencies(cuda, "", warmup=0)
+def _cdf_label(spec: Mapping[str, Any]) -> str:
     mode = str(spec.get("mode"))
     label = "isolation" if mode == Mode.COMPUTE.value else mode
     label += f" / {spec['pinning']['policy']}"
     # The two sources perturb differently (Kineto far more): never pooled.
-    label += " / callbacks" if spec["trace"].get("cuda_api") else " / Kineto"
+    return label + (" / callbacks" if spec["trace"].get("cuda_api") else " / Kineto")
+
+
+def api_calls(
+    tables: Mapping[str, pd.DataFrame],
+    attrs: Mapping[str, Any],
+    spec: Mapping[str, Any],
+    api: ApiReduction | None = None,
+) -> pd.DataFrame:
+    """The measured CUDA runtime API calls of one run, labelled as the CDF groups them: one
+    row per call from ``tables``, or, given the calls reduced (``api``), one row per name and
+    latency bucket (``us`` its upper edge, ``calls`` how many), whose size does not grow with
+    the run (``figdata.api_latencies`` says what the figure makes of either)."""
+    run_id = str(attrs.get("run_id", ""))
+    if api is not None:
+        hist = api.names.frame()
+        label = _cdf_label(spec) if len(hist) else ""
+        return hist.assign(label=label, run_id=run_id)[["label", "run_id", "name", "us", "calls"]]
+    cuda = tables[Table.CUDA]
+    if not len(cuda):
+        return figdata.api_latencies(cuda, "", warmup=0)
     warm = int(attrs.get("warmup_steps", 0))
-    return figdata.api_latencies(cuda, label, warmup=warm, run_id=str(attrs.get("run_id", "")))
+    return figdata.api_latencies(cuda, _cdf_label(spec), warmup=warm, run_id=run_id)
+
+
+def _rank0_steps(tables: Mapping[str, pd.DataFrame], attrs: Mapping[str, Any]) -> pd.DataFrame:
+    warm = int(attrs.get("warmup_steps", 0))
+    app = tables[Table.APP]
+    return app[
+        (app["phase"].astype(str) == Phase.STEP.value) & (app["step"] >= warm) & (app["rank"] == 0)
+    ]
+
+
+def _median_pick(st: pd.DataFrame) -> int:
+    dur = (st["end_ns"] - st["start_ns"]).to_numpy()
+    return int(np.argmin(np.abs(dur - np.median(dur))))
+
+
+def timeline_window(
+    tables: Mapping[str, pd.DataFrame], attrs: Mapping[str, Any]
+) -> tuple[int, int] | None:
+    """The [start, end) ns of the step ``timeline`` shows (None: no measured step): the rows
+    of the big tables it needs, read by time window, are those."""
+    st = _rank0_steps(tables, attrs)
+    if st.empty:
+        return None
+    row = st.iloc[_median_pick(st)]
+    return int(row["start_ns"]), int(row["end_ns"])
 
 
 def timeline(
@@ -44,16 +84,10 @@ def timeline(
 ) -> pd.DataFrame:
     """Rank 0's measured step closest to the run's median step time, as step-timeline bars,
     each row carrying :data:`TIMELINE_KEYS`; empty when the run has no measured step."""
-    warm = int(attrs.get("warmup_steps", 0))
-    app = tables[Table.APP]
-    st = app[
-        (app["phase"].astype(str) == Phase.STEP.value) & (app["step"] >= warm) & (app["rank"] == 0)
-    ]
+    st = _rank0_steps(tables, attrs)
     if st.empty:
         return pd.DataFrame(columns=[*figdata.TIMELINE_COLUMNS, *TIMELINE_KEYS])
-    dur = (st["end_ns"] - st["start_ns"]).to_numpy()
-    pick = int(np.argmin(np.abs(dur - np.median(dur))))
-    step = int(st["step"].to_numpy()[pick])
+    step = int(st["step"].to_numpy()[_median_pick(st)])
     bars = figdata.timeline_bars(dict(tables), step=step)
     keys: dict[str, Any] = {
         "run_id": str(attrs.get("run_id", "")),
@@ -87,10 +121,11 @@ def write_run_tables(
     *,
     api_calls_out: Path,
     timeline_out: Path,
+    api: ApiReduction | None = None,
 ) -> dict[Path, pd.DataFrame]:
     """Write one run's figure tables; returns them by path (for the caller's log)."""
     out = {
-        api_calls_out: api_calls(tables, attrs, spec),
+        api_calls_out: api_calls(tables, attrs, spec, api),
         timeline_out: timeline(tables, attrs, spec),
     }
     for path, df in out.items():

@@ -21,9 +21,11 @@ from codl.analysis.steady import flag_outliers
 from codl.errors import CodlError
 from codl.figures import RUN_FIGURES
 from codl.figures.registry import FIGURES, FigureInputs, draw_figure
-from codl.figures.run_tables import write_run_tables
+from codl.figures.run_tables import timeline_window, write_run_tables
 from codl.paths import FIGURE_FORMATS
 from codl.trace.clock import rank_bounds
+from codl.trace.schema import Table
+from codl.trace.store import open_trace
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +49,7 @@ def summarize_to(
     log.info("reading %s", trace)
     # The big event tables in the rows and columns the tables below use, read block by block
     # (decoded on the job's cores): never the whole of a long run's loader or CUDA table.
-    tables, attrs = chunked.read_summary_tables(
+    tables, attrs, api, loader = chunked.read_summary(
         trace, threads=chunked.default_threads(), warmup_rows=True
     )
     log.info(
@@ -62,7 +64,7 @@ def summarize_to(
         clock_bound_ns=rank_bounds(attrs),
     )
     pt.insert(0, "run_id", str(attrs.get("run_id", "")))
-    st, sm_, at = sm.summarize_tables(tables, attrs, parts=pt)
+    st, sm_, at = sm.summarize_tables(tables, attrs, parts=pt, api=api, loader=loader)
     for df, out in ((st, steps), (sm_, summary), (at, attribution), (pt, parts)):
         out.parent.mkdir(parents=True, exist_ok=True)
         df.to_parquet(out, index=False)
@@ -70,8 +72,14 @@ def summarize_to(
     if api_calls is not None and timeline is not None:
         spec = attrs.get("spec", {})
         spec = json.loads(spec) if isinstance(spec, str) else spec
+        window = timeline_window(tables, attrs)
+        if window is not None:
+            # The step timeline's loader bars: the rows of its one step, by time window.
+            with open_trace(trace) as t:
+                if Table.LOADER in t.tables():
+                    tables[Table.LOADER] = t.table(Table.LOADER, t0=window[0], t1=window[1])
         written = write_run_tables(
-            tables, attrs, spec, api_calls_out=api_calls, timeline_out=timeline
+            tables, attrs, spec, api_calls_out=api_calls, timeline_out=timeline, api=api
         )
         for out, df in written.items():
             _wrote(df, out)

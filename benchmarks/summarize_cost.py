@@ -1,0 +1,154 @@
+"""What `codl summarize` costs on a long trace, beside a plain h5py read of the same columns.
+
+For each size: writes a realistic trace (``synth_trace.make_trace``: 4 ranks, every table the
+tracer writes, a real API-name mix), then, each in its own process and from a cold file (its
+pages dropped from the page cache with posix_fadvise(DONTNEED) before every run; where the OS
+refuses, the row says "warm"):
+
+- ``codl summarize TRACE --out-dir DIR``, the command a user types;
+- the workflow rule's function (``steps.analysis.summarize_to``, as workflow/scripts/summarize.py
+  calls it);
+- a plain h5py read of the columns summarize reads (every column of the small tables; of
+  events/cuda and events/loader those of ``chunked.READ_COLUMNS``), whole columns into memory.
+
+Reports wall seconds, events/s, peak RSS (the child's ru_maxrss), the ratio to the plain read,
+the machine's 1-minute load and core count. Nothing here is derived: every number is timed.
+
+    PYTHONPATH=src python benchmarks/summarize_cost.py --events 1e6 1e7 [--csv PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+from synth_trace import make_trace  # noqa: E402
+
+DEFAULT_CSV = BENCH / "results" / "summarize_cost.csv"
+# Python, h5py and the Blosc filter only (no pandas, no codl): the physical limit of reading
+# the columns; the tables and columns come in as JSON (``plain_columns``).
+PLAIN_READ = """
+import json, sys, h5py, hdf5plugin
+with h5py.File(sys.argv[1], "r") as f:
+    for name, cols in json.loads(sys.argv[2]).items():
+        if name in f:
+            for col in cols or list(f[name]):
+                f[name][col][()]
+"""
+WORKFLOW = """
+import sys
+from pathlib import Path
+from codl.paths import RunFiles
+from codl.steps.analysis import summarize_to
+summarize_to(Path(sys.argv[1]), **RunFiles(Path(sys.argv[2])).tables())
+"""
+
+
+def plain_columns() -> str:
+    """The tables summarize reads and, of the two big ones, the columns it reads (empty: all)."""
+    from codl.analysis.chunked import READ_COLUMNS
+    from codl.analysis.columns import SUMMARY_TABLES
+
+    return json.dumps({str(n): READ_COLUMNS.get(n, []) for n in SUMMARY_TABLES})
+
+
+def drop_cache(path: Path) -> bool:
+    """Drop the file's pages from the page cache; False where the OS does not."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    except (OSError, AttributeError):
+        return False
+    return True
+
+
+def timed(cmd: list[str], trace: Path) -> tuple[float, float, bool]:
+    """(wall seconds, peak RSS MiB, cold) of one child process."""
+    cold = drop_cache(trace)
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise SystemExit(f"{cmd} failed ({proc.returncode})")
+    return wall, usage.ru_maxrss / 1024, cold
+
+
+def measure(events: int, tmp: Path) -> list[dict[str, object]]:
+    trace = tmp / f"t{events}.h5"
+    n = make_trace(trace, events)
+    py = sys.executable
+    commands = {
+        "plain h5py read": [py, "-c", PLAIN_READ, str(trace), plain_columns()],
+        "codl summarize": [
+            py,
+            "-m",
+            "codl.cli",
+            "--log-level",
+            "WARNING",
+            "summarize",
+            str(trace),
+            "--out-dir",
+            str(tmp / f"cli{events}"),
+        ],
+        "workflow summarize_to": [py, "-c", WORKFLOW, str(trace), str(tmp / f"wf{events}")],
+    }
+    rows = []
+    plain = None
+    for what, cmd in commands.items():
+        load = os.getloadavg()[0]
+        wall, rss, cold = timed(cmd, trace)
+        plain = wall if plain is None else plain
+        rows.append(
+            {
+                "events": n,
+                "what": what,
+                "seconds": round(wall, 3),
+                "events_per_s": round(n / wall),
+                "peak_rss_mib": round(rss, 1),
+                "ratio_to_plain_read": round(wall / plain, 2),
+                "cache": "cold" if cold else "warm",
+                "load_1m": round(load, 2),
+                "cores": os.cpu_count(),
+                "trace_mib": round(trace.stat().st_size / 2**20, 1),
+            }
+        )
+        print(rows[-1], flush=True)
+    trace.unlink()
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--events", type=float, nargs="+", default=[1e6, 1e7])
+    p.add_argument("--csv", type=Path, default=DEFAULT_CSV)
+    p.add_argument("--tmpdir", type=Path, default=None)
+    args = p.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(dir=args.tmpdir, prefix="codl-summ-") as tmp:
+        for events in args.events:
+            rows += measure(int(events), Path(tmp))
+    args.csv.parent.mkdir(parents=True, exist_ok=True)
+    with args.csv.open("w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    print(f"# wrote {args.csv}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""CUDA runtime API latencies reduced block by block into fixed-size histograms.
+
+A long run makes ~10^8 runtime calls; the summary wants their exact p50 and p99 and the
+API-latency figure their CDF per name. Neither needs the calls themselves:
+
+- ``ExactLatency`` counts every duration below ``EXACT_CAP_NS`` (1 ms) in one bin per
+  nanosecond (8 MiB of counts) and keeps the few longer calls' durations as they are, so its
+  order statistics, and the quantiles interpolated between them, are exactly those of the
+  whole column (``Series.quantile``'s linear rule, ``median``'s mean of the middle two). Its
+  memory grows only with the calls over 1 ms, the slow tail attribution is about.
+- ``NameHistogram`` counts the calls per (name, log-linear bucket): 16 buckets per octave
+  (bucket edges ~4.4 % apart), the bucket's upper edge standing for its calls. The CDF drawn
+  from it is exact at every edge; its size is the names times the buckets in use, whatever the
+  number of calls.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+EXACT_CAP_NS: Final = 1 << 20
+# Log-linear buckets from a float64's exponent and its top 4 mantissa bits (HDR-histogram
+# style): one shift of the value's bits, no log() per call.
+_MANTISSA_BITS: Final = 4
+_SHIFT: Final = 52 - _MANTISSA_BITS
+_ONE_NS: Final = int(np.array(1.0).view(np.int64) >> _SHIFT)  # bucket of 1 ns
+_BUCKETS: Final = 64 << _MANTISSA_BITS  # 1 ns .. 2^64 ns: every int64 duration
+
+_Ints = npt.NDArray[np.int64]
+HIST_COLUMNS: Final = {"name": "str", "us": "float64", "calls": "int64"}
+
+
+class ExactLatency:
+    """Exact order statistics of int64 nanosecond durations added block by block."""
+
+    def __init__(self) -> None:
+        self._counts = np.zeros(EXACT_CAP_NS, dtype=np.int64)
+        self._long: list[_Ints] = []
+        self.n = 0
+        self.sum_ns = 0
+
+    def add(self, ns: _Ints) -> None:
+        if not len(ns):
+            return
+        self.n += len(ns)
+        self.sum_ns += int(ns.sum())
+        if int(ns.min()) < 0:
+            raise ValueError("negative duration: the trace is checked for these")
+        long = ns >= EXACT_CAP_NS
+        if long.any():
+            self._long.append(ns[long])
+            ns = ns[~long]
+        self._counts += np.bincount(ns, minlength=EXACT_CAP_NS)
+
+    def merge(self, other: ExactLatency) -> None:
+        self._counts += other._counts
+        self._long += other._long
+        self.n += other.n
+        self.sum_ns += other.sum_ns
+
+    def _order(self, ks: list[int]) -> list[int]:
+        """The k-th smallest durations (0-based) for each k of ``ks``."""
+        cum = np.cumsum(self._counts)
+        below = int(cum[-1])
+        long = np.sort(np.concatenate(self._long)) if self._long else np.empty(0, np.int64)
+        return [int(np.searchsorted(cum, k + 1)) if k < below else int(long[k - below]) for k in ks]
+
+    def stats(self, prefix: str) -> dict[str, float | int]:
+        """``{prefix}_calls``, ``_us_mean``, ``_us_p50``, ``_us_p99`` as the summary has them
+        from the whole column of microseconds (``summarize._latency_stats``)."""
+        n = self.n
+        if not n:
+            return {f"{prefix}_calls": 0} | dict.fromkeys(
+                (f"{prefix}_us_mean", f"{prefix}_us_p50", f"{prefix}_us_p99"), np.nan
+            )
+        pos = 0.99 * (n - 1)
+        lo = int(np.floor(pos))
+        mid = (n - 1) // 2
+        ks = [mid, n // 2, lo, min(lo + 1, n - 1)]
+        a, b, c, d = (np.float64(v) / 1e3 for v in self._order(ks))
+        # numpy's median (the two middle values' mean) and linear quantile, on those values.
+        p50 = float(np.mean([a, b])) if n % 2 == 0 else float(a)
+        p99 = float(np.quantile(np.array([c, d]), pos - lo)) if lo + 1 < n else float(c)
+        return {
+            f"{prefix}_calls": n,
+            f"{prefix}_us_mean": self.sum_ns / 1e3 / n,
+            f"{prefix}_us_p50": p50,
+            f"{prefix}_us_p99": p99,
+        }
+
+
+def buckets(ns: _Ints) -> _Ints:
+    """Log-linear bucket of each duration: 0 for 0 ns, else 1 + its offset from 1 ns."""
+    b = np.right_shift(ns.astype(np.float64).view(np.int64), _SHIFT)
+    b -= _ONE_NS - 1
+    np.maximum(b, 0, out=b)
+    return b
+
+
+def bucket_upper_us(b: _Ints) -> npt.NDArray[np.float64]:
+    """The upper edge (us) of buckets ``b``: the largest duration a bucket holds (0 for 0)."""
+    bound = ((b + _ONE_NS) << _SHIFT).view(np.float64)  # the next bucket's first value
+    return np.where(b > 0, np.ceil(bound) - 1.0, 0.0) / 1e3
+
+
+class NameHistogram:
+    """Calls per (name code, bucket), added block by block."""
+
+    def __init__(self, strings: list[str]) -> None:
+        self._strings = strings
+        self._counts: dict[int, npt.NDArray[np.int64]] = {}
+
+    def add(self, names: npt.NDArray[Any], ns: _Ints) -> None:
+        if not len(ns):
+            return
+        b = buckets(ns)
+        present = np.flatnonzero(np.bincount(names, minlength=len(self._strings)))
+        if len(present) == 1:
+            self._add(int(present[0]), np.bincount(b, minlength=_BUCKETS))
+            return
+        dense = np.zeros(len(self._strings), dtype=np.int64)
+        dense[present] = np.arange(len(present))
+        key = dense[names] * _BUCKETS + b
+        counts = np.bincount(key, minlength=len(present) * _BUCKETS).reshape(len(present), -1)
+        for i, code in enumerate(present.tolist()):
+            self._add(code, counts[i])
+
+    def _add(self, code: int, counts: npt.NDArray[np.int64]) -> None:
+        have = self._counts.get(code)
+        self._counts[code] = counts if have is None else have + counts
+
+    def frame(self) -> pd.DataFrame:
+        """(name, us, calls): each non-empty bucket's upper edge and its calls."""
+        parts = []
+        for code, counts in sorted(self._counts.items()):
+            used = np.flatnonzero(counts)
+            parts.append(
+                pd.DataFrame(
+                    {
+                        "name": self._strings[code],
+                        "us": bucket_upper_us(used.astype(np.int64)),
+                        "calls": counts[used],
+                    }
+                )
+            )
+        if not parts:
+            return pd.DataFrame({c: pd.Series(dtype=d) for c, d in HIST_COLUMNS.items()})
+        return pd.concat(parts, ignore_index=True)
