@@ -560,7 +560,10 @@ from codl.cli import main
 cases = json.loads(sys.argv[1])
 out = {}
 for label, argv in cases.items():
-    out[label] = main(argv)
+    try:
+        out[label] = main(argv)
+    except SystemExit as exc:  # refused by the argument parser (--cpus-per-task -1)
+        out[label] = exc.code
 out["torch imported"] = "torch" in sys.modules
 print(json.dumps(out))
 """
