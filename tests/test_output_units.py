@@ -381,3 +381,72 @@ def test_a_second_summarize_replaces_the_whole_unit(trace: Path, tmp_path: Path)
     assert set(doc["members"]) == {p.name for p in tables.values()}
     assert not files.api_calls.exists() and not files.timeline.exists()
     assert set(pd.read_parquet(files.steps)["run_id"]) == {doc["run_id"]}
+
+
+# --------------------------------------------------------------------------------------------
+# Class 5: every numeric option of every subcommand, finite and in range, or exit 2
+
+BAD_NUMBERS = ("nan", "NaN", "inf", "-inf", "-1", "1e300", "9" * 40, "text", "")
+
+
+def numeric_options() -> list[tuple[str, str, list[str]]]:
+    """(command, option, the rest of a command line) for every numeric option there is: any
+    option whose argparse type is not text or a path must be one of codl.cli.options'."""
+    import argparse
+
+    from codl.cli import build_parser
+    from codl.cli.advise import build_parser as advise_parser
+
+    required = {"run": ["s.json"], "export": ["t.h5", "-o", "x.json"], "advise": ["r"]}
+    parsers = {
+        name: sub
+        for action in build_parser()._actions
+        if isinstance(action, argparse._SubParsersAction)
+        for name, sub in action.choices.items()
+    }
+    parsers["advise"] = advise_parser()
+    out = []
+    for command, parser in parsers.items():
+        for action in parser._actions:
+            kind = getattr(action.type, "__name__", "")
+            if action.type in (None, str, Path) or not action.option_strings or kind == "Prefer":
+                continue
+            assert kind in ("number", "integer"), (command, action.option_strings, action.type)
+            out.append((command, action.option_strings[-1], required[command]))
+    return out
+
+
+def test_numeric_options_are_all_typed() -> None:
+    found = {(c, o) for c, o, _ in numeric_options()}
+    assert {("run", "--cpus-per-task"), ("export", "--from"), ("advise", "--boot")} <= found
+    assert len(found) == 12
+
+
+@pytest.mark.parametrize(("command", "option", "rest"), numeric_options())
+def test_every_numeric_option_refuses_nan_inf_negative_and_huge(
+    command: str, option: str, rest: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    for value in BAD_NUMBERS:
+        with pytest.raises(SystemExit) as exc:
+            main([command, *rest, f"{option}={value}"])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2, (option, value)
+        assert err.count("\n") == 1 and f"argument {option}" in err, (option, value, err)
+        assert err.startswith(f"codl {command}: error: "), err
+
+
+@pytest.mark.parametrize(("lo", "hi"), [("2", "1"), ("1", "1")])
+def test_export_refuses_a_reversed_or_empty_window(
+    trace: Path, lo: str, hi: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = trace.with_name("w.json")
+    assert main(["export", str(trace), "-o", str(out), "--from", lo, "--to", hi]) == 2
+    assert "--to" in capsys.readouterr().err and not out.exists()
+
+
+def test_export_refuses_a_window_outside_the_trace(
+    trace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = trace.with_name("w.json")
+    assert main(["export", str(trace), "-o", str(out), "--from", "5000", "--to", "6000"]) == 2
+    assert "no event in the window" in capsys.readouterr().err and not out.exists()

@@ -22,15 +22,13 @@ log = logging.getLogger(__name__)
 
 
 def _load_spec(path: Path) -> Any:
-    from codl.spec import RunSpec
+    from codl.spec import RunSpec, loads_json
 
     try:
-        data = json.loads(Path(path).read_text())
+        text = Path(path).read_text()
     except FileNotFoundError:
         raise CodlError(f"{path}: no such spec file") from None
-    except json.JSONDecodeError as exc:
-        raise CodlError(f"{path}: not valid JSON ({exc})") from None
-    return RunSpec.from_dict(data)
+    return RunSpec.from_dict(loads_json(text, source=str(path)))
 
 
 def _check_run_args(args: argparse.Namespace, spec: Any) -> Path:
@@ -166,10 +164,9 @@ def cmd_dataset(args: argparse.Namespace) -> int:
 
 
 def _json_arg(text: str, option: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CodlError(f"{option}: not valid JSON ({exc})") from None
+    from codl.spec import loads_json
+
+    return loads_json(text, source=option)
 
 
 def cmd_write_spec(args: argparse.Namespace) -> int:
