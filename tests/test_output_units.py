@@ -450,3 +450,33 @@ def test_export_refuses_a_window_outside_the_trace(
     out = trace.with_name("w.json")
     assert main(["export", str(trace), "-o", str(out), "--from", "5000", "--to", "6000"]) == 2
     assert "no event in the window" in capsys.readouterr().err and not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("table", "column", "value"),
+    [
+        ("runs.csv", "workers", "many"),
+        ("runs.csv", "workers", "nan"),
+        ("runs.csv", "batch_size", "inf"),
+        ("steps.csv.gz", "step_ms", "NaN"),
+        ("steps.csv.gz", "step_ms", "slow"),
+        ("steps.csv.gz", "step_ms", "-inf"),
+    ],
+)
+def test_advise_names_a_non_number_in_a_numeric_column(
+    tmp_path: Path, table: str, column: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from test_model import planted_tables
+
+    runs, steps = planted_tables(repeats=1, steps=10)
+    frames = {"runs.csv": runs, "steps.csv.gz": steps}
+    frame = frames[table]
+    frame[column] = frame[column].astype(object)
+    frame.loc[frame.index[3], column] = value
+    (tmp_path / "tables").mkdir()
+    for name, df in frames.items():
+        df.to_csv(tmp_path / "tables" / name, index=False)
+    assert advise_main([str(tmp_path), "--fit-cores", "8", "--boot", "0"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert f"{table}: column {column!r} row 5" in err, err
