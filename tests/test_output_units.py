@@ -480,3 +480,10 @@ def test_advise_names_a_non_number_in_a_numeric_column(
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert f"{table}: column {column!r} row 5" in err, err
+
+
+def test_the_window_bound_is_one_number() -> None:
+    from codl.cli import options
+    from codl.trace import export
+
+    assert options.MAX_WINDOW_S == export.MAX_WINDOW_S
