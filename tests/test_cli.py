@@ -53,7 +53,6 @@ def misuses(f: dict[str, Path]) -> list[tuple[list[str], str]]:
         (["run", str(f["not_json"])], "not valid JSON"),
         (["run", str(f["data_spec"])], "--dataset-dir"),
         (["run", str(f["data_spec"]), "--dataset-dir", str(missing)], str(missing)),
-        (["run", str(f["data_spec"]), "--cpus-per-task", "-1"], "--cpus-per-task"),
         (["run", str(f["data_spec"]), "--kineto-dir", str(f["not_json"])], "--kineto-dir"),
         (["inspect", str(missing / "t.h5")], "no such trace file"),
         (["inspect", str(f["not_json"])], "not an HDF5 file"),

@@ -21,7 +21,18 @@ DESIGN = REPO / "docs" / "design.md"
 #: Floors, bottom first; a module may import its own floor and the floors below. A floor lists
 #: rooms: a sub-package (every module in it) or a module.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("base", ("codl", "codl._version", "codl.errors", "codl.log", "codl.paths")),
+    (
+        "base",
+        (
+            "codl",
+            "codl._version",
+            "codl.errors",
+            "codl.log",
+            "codl.paths",
+            "codl.files",
+            "codl.outputs",
+        ),
+    ),
     ("spec", ("codl.spec",)),
     ("trace", ("codl.trace",)),
     ("harness", ("codl.pinning", "codl.datasets", "codl.harness")),

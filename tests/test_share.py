@@ -174,17 +174,18 @@ def test_the_share_section_is_checked() -> None:
         share_settings({"share": {"jobs": ["a", "b"], "advised": [1]}})
     with pytest.raises(CodlError, match="'nope' is not an experiment"):
         share_specs({**cfg, "share": {"jobs": ["job-light", "nope"]}}, plan)
-    wide = build_plan(
-        {
-            **cfg,
-            "experiments": [
-                {**cfg["experiments"][0], "factors": {"loader.workers": [1, 2]}},
-                cfg["experiments"][1],
-            ],
-        }
-    )
+    wide = {
+        **cfg,
+        "experiments": [
+            {**cfg["experiments"][0], "factors": {"loader.workers": [1, 2]}},
+            cfg["experiments"][1],
+        ],
+    }
+    # The plan refuses it (issue 37); share_specs too, for a plan built without the section.
     with pytest.raises(CodlError, match="plans 2 runs, expected exactly one"):
-        share_specs(cfg, wide)
+        build_plan(wide)
+    with pytest.raises(CodlError, match="plans 2 runs, expected exactly one"):
+        share_specs(wide, build_plan({**wide, "share": {}}))
 
 
 def test_each_cuda_job_sees_a_gpu_of_its_own() -> None:

@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 
 from codl.errors import TraceFormatError
+from codl.files import lock_path, signals_deferred
 from codl.spec import RunSpec
 from codl.trace.schema import SCHEMA_VERSION, TABLES
 from codl.trace.store import (
@@ -26,12 +27,10 @@ from codl.trace.store import (
     buffer_bound_bytes,
     chunk_rows,
     incomplete_path,
-    lock_path,
     open_trace,
     partial_path,
     row_bytes,
     schema_markdown,
-    signals_deferred,
 )
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "trace-format.md"

@@ -415,11 +415,60 @@ def build_plan(
         expansion, cfg.get("experiments", []), cfg.get("defaults", {}) or {}, broken_experiments
     )
     problems += _staging_problems(expansion.datasets, tiers, project_dirs)
+    plan = Plan(runs=tuple(expansion.runs), tiers=tiers)
+    if not any(path and path[0] == "share" for path, _ in errors):
+        problems += share_problems(cfg.get("share") or {}, plan.experiments())
     # De-duplicate problems while keeping order.
     unique = list(dict.fromkeys(problems))
     if unique:
         raise ConfigError(unique, source=source)
-    return Plan(runs=tuple(expansion.runs), tiers=tiers)
+    return plan
+
+
+def share_problems(
+    section: Mapping[str, Any], experiments: Mapping[str, list[str]] | None = None
+) -> list[str]:
+    """Every problem of the ``share`` section beyond its schema, which a plan must refuse: jobs
+    named twice (one job would run and count twice), fewer than 2, not experiments of the
+    config or planning other than one run (given ``experiments``: name -> run ids); both
+    ``advised`` and ``advise_from``; a split whose CPU counts are not one per job.
+    """
+    jobs = [str(j) for j in section.get("jobs", ()) or ()]
+    out: list[str] = []
+    twice = sorted({j for j in jobs if jobs.count(j) > 1})
+    if twice:
+        out.append(f"share.jobs: {twice} listed more than once, expected each job once")
+    if jobs and len(jobs) < 2:
+        out.append(f"share.jobs: got {jobs}, expected >= 2 jobs to share a node")
+    for name in dict.fromkeys(jobs):
+        if experiments is None:
+            break
+        if name not in experiments:
+            out.append(
+                f"share.jobs: {name!r} is not an experiment, expected one of "
+                f"{sorted(experiments)}" + did_you_mean(name, list(experiments))
+            )
+        elif len(experiments[name]) != 1:
+            out.append(
+                f"share.jobs: experiment {name!r} plans {len(experiments[name])} runs, expected "
+                "exactly one (the job); give it no factors and repeats: 1"
+            )
+    if section.get("advised") and section.get("advise_from"):
+        out.append(
+            "share: `advised` (CPUs per job, given) and `advise_from` (fitted here) both set; "
+            "expected one of them"
+        )
+    named = [
+        ("share.advised", section.get("advised")),
+        ("share.advise_from", section.get("advise_from")),
+    ]
+    named += [(f"share.fixed.{k}", v) for k, v in (section.get("fixed") or {}).items()]
+    for key, counts in named:
+        if counts and len(counts) != len(jobs):
+            out.append(
+                f"{key}: got {list(counts)}, expected one entry per job ({len(jobs)}: {jobs})"
+            )
+    return out
 
 
 @dataclass

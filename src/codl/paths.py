@@ -13,6 +13,17 @@ from pathlib import Path
 FIGURE_FORMATS = ("png", "pdf")
 
 
+def summarize_manifest(summary: Path) -> Path:
+    """The unit manifest of the summarize tables whose summary table is ``summary``:
+    ``summarize.unit.json`` beside ``summary.parquet``, ``<job>.summarize.unit.json`` beside
+    ``<job>.summary.parquet``."""
+    name = summary.name
+    prefix = name.removesuffix("summary.parquet")
+    if prefix == name:  # another name: its stem, then the suffix
+        prefix = f"{summary.stem}."
+    return summary.with_name(f"{prefix}summarize.unit.json")
+
+
 @dataclass(frozen=True)
 class RunFiles:
     """The file names inside one run's directory, wherever that directory is: the workflow's
@@ -58,6 +69,11 @@ class RunFiles:
     def timeline(self) -> Path:
         """The run's representative step as step-timeline bars (codl.figures.run_tables)."""
         return self.dir / "timeline.parquet"
+
+    @property
+    def summarize_unit(self) -> Path:
+        """The manifest of the tables summarize wrote as one unit (codl.outputs)."""
+        return summarize_manifest(self.summary)
 
     def tables(self) -> dict[str, Path]:
         """Every table summarize writes for one run, by the keyword summarize_to takes."""

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
-from codl.errors import ConfigError
+from codl.errors import CodlError, ConfigError
 
 RUN_ID_LENGTH = 12
 # Fields added after run ids were first published, left out of the id while at their default so
@@ -57,6 +57,9 @@ SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 # Loader workers per rank, whatever the machine: an absolute fork-bomb guard. `codl run` also
 # refuses more than WORKERS_PER_CPU workers per CPU of the job.
 MAX_LOADER_WORKERS = 1024
+# The largest run seed (config schema: `seed`): numpy's legacy seeding (np.random.seed) takes 32
+# bits, and ranks and loader workers add their index; a larger seed failed at run start.
+MAX_SEED = 2**31 - 1
 WORKERS_PER_CPU = 16
 
 
@@ -414,6 +417,8 @@ class RunSpec:
         positive("dataset.depth", self.dataset.depth, 1)
         positive("trace.cupti_steps", self.trace.cupti_steps)
         positive("seed", self.seed, 0)
+        if self.seed > MAX_SEED:  # see MAX_SEED
+            out.append(f"{p}seed: got {self.seed}, expected an integer <= {MAX_SEED} (2^31 - 1)")
         positive("repeat", self.repeat, 0)
         if not 1 <= self.dataset.quality <= 100:
             out.append(f"{p}dataset.quality: got {self.dataset.quality}, expected 1..100")
@@ -669,6 +674,31 @@ def _convert_union(arms: tuple[Any, ...], value: Any, path: str, problems: list[
             wanted.append("an integer" if arm is int else getattr(arm, "__name__", str(arm)))
     problems.append(f"{path}: got {value!r}, expected " + " or ".join(wanted))
     return _INVALID
+
+
+def loads_json(text: str, *, source: str) -> Any:
+    """JSON text as Python, refusing duplicate keys (``json`` keeps the last one silently, so a
+    spec naming ``seed`` twice would run with whichever came last): one ConfigError listing
+    every duplicate, or CodlError for text that is not JSON."""
+    duplicates: list[str] = []
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in seen:
+                duplicates.append(
+                    f"{source}: duplicate key {key!r} (values {seen[key]!r} and {value!r})"
+                )
+            seen[key] = value
+        return seen
+
+    try:
+        data = json.loads(text, object_pairs_hook=unique)
+    except json.JSONDecodeError as exc:
+        raise CodlError(f"{source}: not valid JSON ({exc})") from None
+    if duplicates:
+        raise ConfigError(duplicates, source=source)
+    return data
 
 
 def did_you_mean(value: Any, choices: Iterable[str]) -> str:

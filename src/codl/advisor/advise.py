@@ -451,17 +451,26 @@ def defaults_from_runs(runs: pd.DataFrame, mode: str) -> dict[str, Any]:
 def print_advice(
     advice: Advice, fit: mdl.Fit, out: Path | None, tie: float, prefer: Prefer = Prefer.HEADROOM
 ) -> None:
+    # Without bootstrap replicates (--boot 0) an interval would be the point twice: a
+    # zero-width "95 %" interval that claims a certainty nothing measured; none is shown.
+    boot = bool(fit.boot)
     print(
         f"model fitted on {fit.cores} cores per rank ({fit.node.combined_mode}, "
-        f"{fit.node.world} rank(s)); parameters with 95 % bootstrap intervals:"
+        f"{fit.node.world} rank(s)); parameters"
+        + (" with 95 % bootstrap intervals:" if boot else " (no bootstrap: no intervals):")
     )
-    print(fit.parameters().to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    params = fit.parameters() if boot else fit.parameters().drop(columns=["lo", "hi"])
+    print(params.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    intervals = (
+        f" [{advice.throughput_lo:.0f}, {advice.throughput_hi:.0f}] (model), "
+        f"[{advice.pred_lo:.0f}, {advice.pred_hi:.0f}] (one run)"
+        if boot
+        else " (no interval: --boot 0)"
+    )
     print(
         f"\nadvice for {advice.cores} cores per rank: policy {advice.policy}, "
         f"{advice.workers} workers, {describe_launch(advice)}\n"
-        f"predicted {advice.throughput:.0f} samples/s per rank "
-        f"[{advice.throughput_lo:.0f}, {advice.throughput_hi:.0f}] (model), "
-        f"[{advice.pred_lo:.0f}, {advice.pred_hi:.0f}] (one run); "
+        f"predicted {advice.throughput:.0f} samples/s per rank{intervals}; "
         f"{advice.total_throughput:.0f} samples/s in all; {advice.bound}-bound, "
         f"compute inflation {advice.inflation:.3f}"
     )
@@ -469,7 +478,8 @@ def print_advice(
         [best_setting(g, tie, prefer) for _, g in advice.grid.groupby("policy", sort=True)]
     )
     print("\nbest per policy (same tie rule):")
-    cols = ["policy", "workers", "launch_set", "throughput", "throughput_lo", "throughput_hi"]
+    cols = ["policy", "workers", "launch_set", "throughput"]
+    cols += ["throughput_lo", "throughput_hi"] if boot else []
     print(best[cols].to_string(index=False, float_format=lambda v: f"{v:.0f}"))
     for note in advice.notes:
         print(f"note: {note}")

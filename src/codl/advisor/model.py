@@ -213,6 +213,24 @@ def _require(df: pd.DataFrame, columns: Sequence[str], table: str) -> None:
         raise ModelError(f"{table}: missing column(s) {missing}")
 
 
+def _require_finite(df: pd.DataFrame, columns: Sequence[str], table: str) -> None:
+    """ModelError naming the first row of each of ``columns`` that is text, NaN or infinite: a
+    table edited by hand or damaged must not reach the fit (NaN spreads through every mean;
+    text ended in a traceback)."""
+    problems = []
+    for col in columns:
+        values = pd.to_numeric(df[col], errors="coerce").astype(np.float64)
+        bad = ~np.isfinite(values.to_numpy())
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            problems.append(
+                f"{table}: column {col!r} row {i + 2} (of the file) is {df[col].iloc[i]!r}, "
+                f"expected a finite number ({int(bad.sum())} such row(s))"
+            )
+    if problems:
+        raise ModelError("; ".join(problems))
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunData:
     """Per-run step arrays, grouped by configuration, that the fit and its bootstrap read."""
@@ -327,6 +345,8 @@ def run_data(
     """
     _require(runs, RUN_COLUMNS, "runs.csv")
     _require(steps, STEP_COLUMNS, "steps.csv.gz")
+    _require_finite(runs, ("workers", "batch_size"), "runs.csv")
+    _require_finite(steps, ("step_ms",), "steps.csv.gz")
     r = runs.copy()
     for col in ("cupti", "cuda_api", "sched_events"):
         if col in r:

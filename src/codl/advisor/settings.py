@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from codl.config import Plan
-from codl.errors import CodlError
+from codl.config import Plan, share_problems
+from codl.errors import ConfigError
 from codl.spec import RunSpec
 
 # slurm.cpus_per_rank's default in the config schema: the cores per rank runs were given.
@@ -60,7 +60,8 @@ class ShareSettings:
 
 
 def share_settings(cfg: Mapping[str, Any]) -> ShareSettings:
-    """The section, checked beyond the schema: the advised split names a share per job."""
+    """The section, checked beyond the schema (``config.share_problems``, all problems at once,
+    as ``codl plan`` reports them)."""
     section = cfg.get("share") or {}
     s = ShareSettings(
         jobs=tuple(str(j) for j in section.get("jobs", ())),
@@ -74,22 +75,9 @@ def share_settings(cfg: Mapping[str, Any]) -> ShareSettings:
         repeats=int(section.get("repeats", 1)),
         cpus=int(section.get("cpus", 0)),
     )
-    if s.advised and s.advise_from:
-        raise CodlError(
-            "share: `advised` (CPUs per job, given) and `advise_from` (fitted here) both set; "
-            "expected one of them"
-        )
-    named: list[tuple[str, tuple[Any, ...]]] = [("share.advised", s.advised)] if s.advised else []
-    named += [("share.advise_from", s.advise_from)] if s.advise_from else []
-    named += [(f"share.fixed.{name}", counts) for name, counts in s.fixed]
-    for key, counts in named:
-        if len(counts) != len(s.jobs):
-            raise CodlError(
-                f"{key}: got {list(counts)}, expected one entry per job "
-                f"({len(s.jobs)}: {list(s.jobs)})"
-            )
-    if s.jobs and len(s.jobs) < 2:
-        raise CodlError(f"share.jobs: got {list(s.jobs)}, expected >= 2 jobs to share a node")
+    problems = share_problems(section)
+    if problems:
+        raise ConfigError(problems, source="the config's share section")
     return s
 
 
@@ -98,16 +86,11 @@ def share_specs(cfg: Mapping[str, Any], plan: Plan) -> dict[str, RunSpec]:
     experiments = plan.experiments()
     specs = plan.specs
     out: dict[str, RunSpec] = {}
-    for name in share_settings(cfg).jobs:
-        if name not in experiments:
-            raise CodlError(
-                f"share.jobs: {name!r} is not an experiment, expected one of {sorted(experiments)}"
-            )
+    jobs = share_settings(cfg).jobs
+    problems = share_problems(cfg.get("share") or {}, experiments)
+    if problems:
+        raise ConfigError(problems, source="the config's share section")
+    for name in jobs:
         ids = experiments[name]
-        if len(ids) != 1:
-            raise CodlError(
-                f"share.jobs: experiment {name!r} plans {len(ids)} runs, expected exactly one "
-                "(the job); give it no factors and repeats: 1"
-            )
         out[name] = specs[ids[0]]
     return out

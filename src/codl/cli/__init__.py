@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from codl import __version__
+from codl.cli.options import MAX_CORES, MAX_WINDOW_S, Parser, bounded_int, finite_float
 from codl.errors import CodlError
 from codl.log import LEVELS, configure
 from codl.paths import RunFiles
@@ -21,64 +22,24 @@ log = logging.getLogger(__name__)
 
 
 def _load_spec(path: Path) -> Any:
-    from codl.spec import RunSpec
+    from codl.spec import RunSpec, loads_json
 
     try:
-        data = json.loads(Path(path).read_text())
+        text = Path(path).read_text()
     except FileNotFoundError:
         raise CodlError(f"{path}: no such spec file") from None
-    except json.JSONDecodeError as exc:
-        raise CodlError(f"{path}: not valid JSON ({exc})") from None
-    return RunSpec.from_dict(data)
-
-
-_HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    if os.path.realpath(a) == os.path.realpath(b):
-        return True
-    try:
-        return os.path.samefile(a, b)  # hard links to one inode
-    except OSError:
-        return False
-
-
-def _is_hdf5(path: Path) -> bool:
-    try:
-        with path.open("rb") as fh:
-            return fh.read(8) == _HDF5_MAGIC
-    except OSError:
-        return False
-
-
-def check_output(output: Path, *, inputs: tuple[Path, ...], option: str) -> None:
-    """Refuse an output path that is one of the inputs, a directory, in a missing directory, or
-    an existing HDF5 file (a measurement, which no command of codl writes over as a by-product).
-    """
-    for inp in inputs:
-        if _same_file(output, inp):
-            raise CodlError(f"{option} {output} is the input {inp}; it would be overwritten")
-    if output.is_dir():
-        raise CodlError(f"{option} {output} is a directory, expected a file path")
-    if not output.parent.is_dir():
-        raise CodlError(f"{option} {output}: directory {output.parent} does not exist")
-    if _is_hdf5(output):
-        raise CodlError(
-            f"{option} {output} exists and is an HDF5 file (a trace?); refusing to overwrite it"
-        )
+    return RunSpec.from_dict(loads_json(text, source=str(path)))
 
 
 def _check_run_args(args: argparse.Namespace, spec: Any) -> Path:
     """Everything ``codl run`` can check before it imports torch and starts measuring."""
     from codl.datasets import check_dataset
+    from codl.outputs import same_file
     from codl.trace.store import check_trace_target
 
     trace = Path(args.trace) if args.trace else RunFiles(Path(args.spec).parent).trace
-    if _same_file(trace, Path(args.spec)):
+    if same_file(trace, Path(args.spec)):
         raise CodlError(f"--trace {trace} is the spec file; it would be overwritten")
-    if args.cpus_per_task < 0:
-        raise CodlError(f"--cpus-per-task: got {args.cpus_per_task}, expected >= 0")
     if args.kineto_dir and Path(args.kineto_dir).exists() and not Path(args.kineto_dir).is_dir():
         raise CodlError(f"--kineto-dir {args.kineto_dir} exists and is not a directory")
     if spec.mode.loads:
@@ -147,11 +108,17 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from codl.outputs import OutputKind, check_output
     from codl.trace.export import export_chrome
 
-    check_output(Path(args.output), inputs=(Path(args.trace),), option="-o/--output")
-    export_chrome(Path(args.trace), Path(args.output), from_s=args.from_s, to_s=args.to_s)
-    print(args.output)
+    if args.from_s is not None and args.to_s is not None and args.to_s <= args.from_s:
+        raise CodlError(f"--to {args.to_s:g} must be after --from {args.from_s:g}")
+    out = Path(args.output)
+    # Checked before the trace is read: a refused output costs no time.
+    kind = check_output(out, inputs=(Path(args.trace),), option="-o/--output")
+    export_chrome(Path(args.trace), out, from_s=args.from_s, to_s=args.to_s, option="-o/--output")
+    if kind is OutputKind.FILE:  # a stream (-o /dev/stdout) gets the JSON alone
+        print(args.output)
     return 0
 
 
@@ -197,10 +164,9 @@ def cmd_dataset(args: argparse.Namespace) -> int:
 
 
 def _json_arg(text: str, option: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CodlError(f"{option}: not valid JSON ({exc})") from None
+    from codl.spec import loads_json
+
+    return loads_json(text, source=option)
 
 
 def cmd_write_spec(args: argparse.Namespace) -> int:
@@ -215,11 +181,12 @@ def cmd_write_spec(args: argparse.Namespace) -> int:
 
 def cmd_stage(args: argparse.Namespace) -> int:
     from codl.datasets import stage
+    from codl.outputs import check_output, same_file
 
     marker = Path(args.marker)
     if marker.exists():
         check_output(marker, inputs=(Path(args.manifest),), option="--marker")
-    elif _same_file(marker.parent, Path(args.to)) or _same_file(
+    elif same_file(marker.parent, Path(args.to)) or same_file(
         marker.parent, Path(args.manifest).parent
     ):
         raise CodlError(f"--marker {marker} must not be inside the data set it marks")
@@ -229,22 +196,28 @@ def cmd_stage(args: argparse.Namespace) -> int:
 
 
 def cmd_summarize(args: argparse.Namespace) -> int:
+    from codl.outputs import check_outputs
     from codl.steps.analysis import summarize_to
 
     out = Path(args.out_dir)
+    if out.exists() and not out.is_dir():
+        raise CodlError(f"--out-dir {out} exists and is not a directory")
     files = RunFiles(out)
-    # The same tables, under the same names, as the workflow's summarize rule writes.
+    # The same tables, under the same names, as the workflow's summarize rule writes, as one
+    # unit (summarize_to); checked here too, so that a refused output costs no time.
     tables = files.tables()
-    for path in tables.values():
-        if path.exists() or out.is_dir():
-            check_output(path, inputs=(Path(args.trace),), option="--out-dir")
-    summary = summarize_to(Path(args.trace), **tables)
+    if out.is_dir():
+        check_outputs(
+            {f"--out-dir ({p.name})": p for p in [*tables.values(), files.summarize_unit]},
+            inputs=(Path(args.trace),),
+        )
+    summary = summarize_to(Path(args.trace), **tables, manifest=files.summarize_unit)
     print(summary.T.to_string())
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="codl", description=__doc__)
+    p = Parser(prog="codl", description=__doc__)
     p.add_argument("--version", action="version", version=f"codl {__version__}")
     p.add_argument(
         "--log-level",
@@ -261,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--kineto-dir", help="where the raw Kineto trace goes (cupti level)")
     r.add_argument(
         "--cpus-per-task",
-        type=int,
+        type=bounded_int(0, MAX_CORES),
         default=0,
         help="CPUs per rank when a multi-rank run starts its ranks with srun (0: Slurm's default)",
     )
@@ -276,10 +249,13 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("export", help="Chrome/Perfetto trace JSON")
     e.add_argument("trace", type=Path)
     e.add_argument("-o", "--output", required=True)
+    seconds = finite_float(0, MAX_WINDOW_S)
     e.add_argument(
-        "--from", dest="from_s", type=float, help="window start, seconds since the run began"
+        "--from", dest="from_s", type=seconds, help="window start, seconds since the run began"
     )
-    e.add_argument("--to", dest="to_s", type=float, help="window end, seconds since the run began")
+    e.add_argument(
+        "--to", dest="to_s", type=seconds, help="window end, seconds since the run began"
+    )
     e.set_defaults(func=cmd_export)
 
     pl = sub.add_parser("plan", help="validate a config and list its runs")

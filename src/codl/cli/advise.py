@@ -26,22 +26,35 @@ from codl.advisor.advise import (
     render_config,
     verification_config,
 )
+from codl.cli.options import (
+    MAX_CORES,
+    MAX_REPEATS,
+    MAX_REPLICATES,
+    MAX_SEED,
+    MAX_STEPS,
+    Parser,
+    bounded_int,
+    finite_float,
+)
 from codl.config import build_plan
 from codl.errors import CodlError, ConfigError
-from codl.steps.advisor import fit_results
+from codl.outputs import OutputUnit, output_unit
+from codl.paths import ResultPaths
+from codl.steps.advisor import CONFIG_NAME, fit_results
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="codl advise",
         description="Fit the throughput model on a results directory and advise loader workers, "
         "CPU-set policy and launch cores per rank; write a verification config.",
     )
     p.add_argument("results", type=Path, help="results directory with tables/runs.csv")
-    p.add_argument("--cores", type=int, help="core budget per rank (default: the measured one)")
+    cores = bounded_int(1, MAX_CORES)
+    p.add_argument("--cores", type=cores, help="core budget per rank (default: the measured one)")
     p.add_argument(
         "--fit-cores",
-        type=int,
+        type=cores,
         help="cores per rank of the runs whose runs.csv row has no `cpus` (summarized before "
         "the column; default: slurm.cpus_per_rank of RESULTS/config.yaml)",
     )
@@ -51,13 +64,34 @@ def build_parser() -> argparse.ArgumentParser:
         choices=mdl.COMBINED_MODES,
         help="the combined mode to fit when the tables hold both",
     )
-    p.add_argument("--max-workers", type=int, help="largest worker count tried (default 2 x cores)")
-    p.add_argument("--worker-step", type=int, default=2, help="neighbours: workers +- this")
-    p.add_argument("--repeats", type=int, default=3, help="repeats of each verification run")
     p.add_argument(
-        "--steps", type=int, help="measured steps of the verification runs (default: as measured)"
+        "--max-workers",
+        type=bounded_int(1, 2 * MAX_CORES),
+        help="largest worker count tried (default 2 x cores)",
     )
-    p.add_argument("--tie", type=float, default=0.01, help="relative tie tolerance (see --prefer)")
+    p.add_argument(
+        "--worker-step",
+        type=bounded_int(1, MAX_CORES),
+        default=2,
+        help="neighbours: workers +- this",
+    )
+    p.add_argument(
+        "--repeats",
+        type=bounded_int(1, MAX_REPEATS),
+        default=3,
+        help="repeats of each verification run",
+    )
+    p.add_argument(
+        "--steps",
+        type=bounded_int(1, MAX_STEPS),
+        help="measured steps of the verification runs (default: as measured)",
+    )
+    p.add_argument(
+        "--tie",
+        type=finite_float(0, 1),
+        default=0.01,
+        help="relative tie tolerance (see --prefer)",
+    )
     p.add_argument(
         "--prefer",
         type=Prefer,
@@ -73,8 +107,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="also refit without each combined worker count in turn, predict it, print the "
         "out-of-sample error and write it here",
     )
-    p.add_argument("--boot", type=int, default=200, help="bootstrap replicates")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--boot",
+        type=bounded_int(0, MAX_REPLICATES),
+        default=200,
+        help="bootstrap replicates (0: none, and no intervals are shown)",
+    )
+    p.add_argument("--seed", type=bounded_int(0, MAX_SEED), default=0)
     return p
 
 
@@ -91,6 +130,7 @@ def _write_verification(
     runs: pd.DataFrame,
     data: mdl.RunData,
     source_cfg: Mapping[str, Any],
+    unit: OutputUnit,
 ) -> None:
     defaults = source_cfg.get("defaults") or defaults_from_runs(runs, fit.node.combined_mode)
     cfg = verification_config(
@@ -108,8 +148,7 @@ def _write_verification(
     except ConfigError as exc:
         # The defaults come from the results' config, which may predate today's schema.
         raise CodlError(f"verification config invalid: {exc.one_line()}") from None
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(render_config(cfg, advice, str(args.results)))
+    unit.path(args.out).write_text(render_config(cfg, advice, str(args.results)))
 
 
 def _cross_validate(
@@ -118,6 +157,7 @@ def _cross_validate(
     steps: pd.DataFrame,
     fit: mdl.Fit,
     data: mdl.RunData,
+    unit: OutputUnit,
 ) -> None:
     inside = mdl.check(fit, data)["error"].abs()
     print(
@@ -125,8 +165,7 @@ def _cross_validate(
         f"{100 * inside.median():.1f} %, worst {100 * inside.max():.1f} %"
     )
     cv = mdl.cross_validate(runs, steps, cores=fit.cores, combined_mode=fit.node.combined_mode)
-    args.cross_validate.parent.mkdir(parents=True, exist_ok=True)
-    cv.to_csv(args.cross_validate, index=False)
+    cv.to_csv(unit.path(args.cross_validate), index=False)
     err = cv["error"].abs().dropna()
     counts = ", ".join(str(w) for w in sorted(cv["held_workers"].unique()))
     print(
@@ -139,26 +178,42 @@ def _cross_validate(
         print(f"note: a fold was not fitted: {note}")
 
 
+def _outputs(args: argparse.Namespace) -> dict[str, Path]:
+    named = {"--out": args.out, "--cross-validate": args.cross_validate}
+    return {option: path for option, path in named.items() if path is not None}
+
+
+def _inputs(results: Path) -> tuple[Path, ...]:
+    """What advise reads: no output may be one of them (``--out runs.csv`` would replace it)."""
+    return (*ResultPaths.merged_tables_of(results), results / CONFIG_NAME)
+
+
 def run(args: argparse.Namespace) -> int:
     """The command on parsed arguments, so that ``cli.py`` can mount ``build_parser()`` as a
     parent of its ``advise`` subcommand and dispatch here."""
     results: Path = args.results
     try:
-        fitted = fit_results(
-            results, fit_cores=args.fit_cores, mode=args.mode, boot=args.boot, seed=args.seed
-        )
-        runs, steps, data, fit = fitted.runs, fitted.steps, fitted.data, fitted.fit
-        source_cfg = fitted.source_cfg
-        cores = args.cores if args.cores is not None else fit.cores
-        advice = advise(
-            fit, cores=cores, max_workers=args.max_workers, tie=args.tie, prefer=args.prefer
-        )
-        if args.out is not None:
-            _write_verification(args, advice, fit, runs, data, source_cfg)
-        print_advice(advice, fit, args.out, args.tie, args.prefer)
-        if args.cross_validate is not None:
-            _cross_validate(args, runs, steps, fit, data)
+        # One unit: the verification config and the cross-validation appear together or not
+        # at all, checked (and locked) before the fit, so a refused output costs no time.
+        with output_unit(_outputs(args), inputs=_inputs(results), mkdir=True) as unit:
+            fitted = fit_results(
+                results, fit_cores=args.fit_cores, mode=args.mode, boot=args.boot, seed=args.seed
+            )
+            runs, steps, data, fit = fitted.runs, fitted.steps, fitted.data, fitted.fit
+            cores = args.cores if args.cores is not None else fit.cores
+            advice = advise(
+                fit, cores=cores, max_workers=args.max_workers, tie=args.tie, prefer=args.prefer
+            )
+            if args.out is not None:
+                _write_verification(args, advice, fit, runs, data, fitted.source_cfg, unit)
+            print_advice(advice, fit, args.out, args.tie, args.prefer)
+            if args.cross_validate is not None:
+                _cross_validate(args, runs, steps, fit, data, unit)
     except CodlError as exc:
+        print(f"codl advise: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        # A file the user named cannot be read or written (permissions, a full disk).
         print(f"codl advise: error: {exc}", file=sys.stderr)
         return 2
     return 0

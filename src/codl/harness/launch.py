@@ -21,10 +21,11 @@ from pathlib import Path
 from types import FrameType
 
 from codl.errors import CodlError, RunInterruptedError, TraceFormatError
+from codl.files import exclusive_lock
 from codl.harness.runner import RankEnv, execute
 from codl.log import configure
 from codl.spec import DeviceKind, RunSpec
-from codl.trace.store import check_trace_target, exclusive_lock, set_aside_stale
+from codl.trace.store import check_trace_target, set_aside_stale
 from codl.trace.store.merge import merge_incomplete_ranks, merge_rank_traces, rank_trace_path
 
 # How long the other ranks get to stop by themselves (and keep their data) after one failed.

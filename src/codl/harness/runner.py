@@ -38,8 +38,8 @@ from codl.harness import workloads
 from codl.harness.comm import CommRecorder, comm_group, prepare_tensors, run_comm_step
 from codl.harness.progress import StepProgress
 from codl.harness.recorders import Recorders, RunContext, provenance
-from codl.harness.recorders.app import AppSpans
-from codl.harness.recorders.loader import LoaderLog
+from codl.harness.recorders.loader_log import LoaderLog
+from codl.harness.recorders.spans import AppSpans
 from codl.spec import DeviceKind, Mode, Policy, Precision, RunSpec
 from codl.trace import clock
 from codl.trace.clock import Anchor, now_ns, take_anchor

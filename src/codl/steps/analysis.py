@@ -10,6 +10,7 @@ import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -22,7 +23,8 @@ from codl.errors import CodlError
 from codl.figures import RUN_FIGURES
 from codl.figures.registry import FIGURES, FigureInputs, draw_figure
 from codl.figures.run_tables import timeline_window, write_run_tables
-from codl.paths import FIGURE_FORMATS
+from codl.outputs import output_unit, verify_member
+from codl.paths import FIGURE_FORMATS, summarize_manifest
 from codl.trace.clock import rank_bounds
 from codl.trace.schema import Table
 from codl.trace.store import open_trace
@@ -43,9 +45,15 @@ def summarize_to(
     parts: Path,
     api_calls: Path | None = None,
     timeline: Path | None = None,
+    manifest: Path | None = None,
 ) -> pd.DataFrame:
     """Every per-run table of one trace, and its figure tables when their paths are given;
-    returns the one-row summary."""
+    returns the one-row summary.
+
+    The tables are written as one unit (``codl.outputs``) with the manifest
+    ``manifest`` (default: ``paths.summarize_manifest(summary)``): they appear together or not
+    at all, never over the trace, and readers (:func:`compare_to`) check them against it.
+    """
     log.info("reading %s", trace)
     # The big event tables in the rows and columns the tables below use, read block by block
     # (decoded on the job's cores): never the whole of a long run's loader or CUDA table.
@@ -65,38 +73,70 @@ def summarize_to(
     )
     pt.insert(0, "run_id", str(attrs.get("run_id", "")))
     st, sm_, at = sm.summarize_tables(tables, attrs, parts=pt, api=api, loader=loader)
-    for df, out in ((st, steps), (sm_, summary), (at, attribution), (pt, parts)):
-        out.parent.mkdir(parents=True, exist_ok=True)
-        df.to_parquet(out, index=False)
-        _wrote(df, out)
-    if api_calls is not None and timeline is not None:
-        spec = attrs.get("spec", {})
-        spec = json.loads(spec) if isinstance(spec, str) else spec
-        window = timeline_window(tables, attrs)
-        if window is not None:
-            # The step timeline's loader bars: the rows of its one step, by time window.
-            with open_trace(trace) as t:
-                if Table.LOADER in t.tables():
-                    tables[Table.LOADER] = t.table(Table.LOADER, t0=window[0], t1=window[1])
-        written = write_run_tables(
-            tables, attrs, spec, api_calls_out=api_calls, timeline_out=timeline, api=api
-        )
-        for out, df in written.items():
+    figure_tables = [api_calls, timeline] if api_calls is not None and timeline is not None else []
+    with output_unit(
+        [steps, summary, attribution, parts, *[p for p in figure_tables if p is not None]],
+        inputs=(trace,),
+        manifest=manifest or summarize_manifest(summary),
+        run_id=str(attrs.get("run_id", "")),
+        mkdir=True,
+    ) as unit:
+        for df, out in ((st, steps), (sm_, summary), (at, attribution), (pt, parts)):
+            df.to_parquet(unit.path(out), index=False)
             _wrote(df, out)
+        if api_calls is not None and timeline is not None:
+            _write_figure_tables(
+                trace, tables, attrs, api, (unit.path(api_calls), unit.path(timeline))
+            )
     return sm_
 
 
-def _read_all(paths: Sequence[Path], kind: str) -> pd.DataFrame:
+def _write_figure_tables(
+    trace: Path,
+    tables: dict[str, pd.DataFrame],
+    attrs: dict[str, Any],
+    api: Any,
+    outs: tuple[Path, Path],
+) -> None:
+    spec = attrs.get("spec", {})
+    spec = json.loads(spec) if isinstance(spec, str) else spec
+    window = timeline_window(tables, attrs)
+    if window is not None:
+        # The step timeline's loader bars: the rows of its one step, by time window.
+        with open_trace(trace) as t:
+            if Table.LOADER in t.tables():
+                tables[Table.LOADER] = t.table(Table.LOADER, t0=window[0], t1=window[1])
+    written = write_run_tables(
+        tables, attrs, spec, api_calls_out=outs[0], timeline_out=outs[1], api=api
+    )
+    for out, df in written.items():
+        _wrote(df, out)
+
+
+def _read_all(
+    paths: Sequence[Path], kind: str, checked: dict[Path, dict[str, Any]] | None = None
+) -> pd.DataFrame:
     missing = [str(p) for p in paths if not Path(p).exists()]
     if missing:
         raise CodlError(f"missing {kind} files (their runs did not finish): {missing}")
-    frames = [pd.read_parquet(p) for p in paths]
+    checked = {} if checked is None else checked
+    frames = [_read_member(Path(p), checked) for p in paths]
     frames = [f for f in frames if len(f)]
     merged = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     log.info(
         "read %d %s file(s), %d with rows: %d rows", len(paths), kind, len(frames), len(merged)
     )
     return merged
+
+
+def _read_member(path: Path, checked: dict[Path, dict[str, Any]]) -> pd.DataFrame:
+    """A per-run table, once its unit is whole (``outputs.verify_member``; each unit once per
+    command, in ``checked``) and holds only its run's rows."""
+    run_id = verify_member(path, checked=checked)
+    df = pd.read_parquet(path)
+    if run_id and "run_id" in df and len(df) and set(df["run_id"].astype(str)) != {run_id}:
+        raise CodlError(f"{path}: rows of runs {sorted(set(df['run_id']))}, its unit is {run_id}")
+    return df
 
 
 def compare_to(
@@ -111,10 +151,11 @@ def compare_to(
     attribution_table: Path,
     decomposition_table: Path,
 ) -> pd.DataFrame:
-    summary = _read_all(summaries, "summary")
-    step_df = _read_all(steps, "steps")
-    attribution = _read_all(attributions, "attribution")
-    part_df = _read_all(parts, "parts")
+    units: dict[Path, dict[str, Any]] = {}  # a run's four tables are one unit, checked once
+    summary = _read_all(summaries, "summary", units)
+    step_df = _read_all(steps, "steps", units)
+    attribution = _read_all(attributions, "attribution", units)
+    part_df = _read_all(parts, "parts", units)
     comparison = cmp.compare(step_df, summary)
     decomposition = dec.decompose(step_df, part_df, summary)
     for df, out in (
@@ -217,9 +258,10 @@ def figures_to(
         comparison_table=comparison_table,
         decomposition_table=decomposition_table,
     )
+    units: dict[Path, dict[str, Any]] = {}
     inputs = dataclasses.replace(
         merged,
-        api_calls=_read_all(api_calls, "api_calls"),
-        timelines=_read_all(timelines, "timeline"),
+        api_calls=_read_all(api_calls, "api_calls", units),
+        timelines=_read_all(timelines, "timeline", units),
     )
     draw_figures(inputs, figdir)

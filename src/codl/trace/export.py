@@ -20,6 +20,7 @@ The JSON holds one dict per event: export a time window (``t0``/``t1``) of long 
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -29,7 +30,8 @@ from typing import Any, Final
 import numpy as np
 import pandas as pd
 
-from codl.errors import TraceFormatError
+from codl.errors import CodlError, TraceFormatError
+from codl.outputs import output_unit
 from codl.trace.schema import SCHEMA_VERSION, Table
 from codl.trace.store import Trace, open_trace
 
@@ -396,41 +398,73 @@ def export_chrome(
     t1: int | None = None,
     from_s: float | None = None,
     to_s: float | None = None,
+    option: str = "output",
 ) -> Path:
     """Write the Chrome trace JSON of the trace at ``trace_path`` to ``out_path``; returns it.
 
     The window is ``[t0, t1)`` in trace nanoseconds, or ``[from_s, to_s)`` in seconds since
     the run began (root attribute ``t_begin_ns``); with a chunk index only the chunks that
-    overlap it are read.
+    overlap it are read. A window that holds no event is an error, not an empty file. The
+    output is written as a unit (``codl.outputs``; ``option`` names it in errors):
+    a viewer never opens a half-written file, a device or pipe is streamed to.
     """
     out = Path(out_path)
-    with open_trace(trace_path, allow_incomplete=allow_incomplete) as trace:
+    with (
+        output_unit({option: out}, inputs=(Path(trace_path),)) as unit,
+        open_trace(trace_path, allow_incomplete=allow_incomplete) as trace,
+    ):
         if from_s is not None or to_s is not None:
             t0, t1 = seconds_window(trace, from_s, to_s)
         doc = to_chrome_trace(trace, t0=t0, t1=t1)
-    # Via a temporary name, so a viewer never opens a half-written file.
-    tmp = out.with_name(out.name + ".partial")
-    try:
-        with tmp.open("w", encoding="utf-8") as fh:
+        if (t0 is not None or t1 is not None) and not any(
+            e["ph"] != "M" for e in doc["traceEvents"]
+        ):
+            raise CodlError(
+                f"{trace.path}: no event in the window {_window_text(trace, t0, t1)}; "
+                f"the run spans {_span_text(trace)}"
+            )
+        with unit.path(out).open("w", encoding="utf-8") as fh:
             json.dump(doc, fh, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
-        tmp.replace(out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     return out
+
+
+def _seconds(trace: Trace, t_ns: int | None) -> str:
+    begin = trace.attrs.get("t_begin_ns")
+    if t_ns is None or not isinstance(begin, int):
+        return "..." if t_ns is None else f"{t_ns} ns"
+    return f"{(t_ns - begin) / 1e9:g} s"
+
+
+def _window_text(trace: Trace, t0: int | None, t1: int | None) -> str:
+    return f"[{_seconds(trace, t0)}, {_seconds(trace, t1)})"
+
+
+def _span_text(trace: Trace) -> str:
+    end = trace.attrs.get("t_end_ns")
+    return f"0 s to {_seconds(trace, end if isinstance(end, int) else None)}"
+
+
+# The largest --from/--to: far beyond any run (115 days), and in nanoseconds far inside int64.
+MAX_WINDOW_S: Final = 1e7
 
 
 def seconds_window(
     trace: Trace, from_s: float | None, to_s: float | None
 ) -> tuple[int | None, int | None]:
-    """``[from_s, to_s)`` seconds since the run began as trace nanoseconds (``t_begin_ns``)."""
+    """``[from_s, to_s)`` seconds since the run began as trace nanoseconds (``t_begin_ns``).
+
+    Each bound finite and in [0, MAX_WINDOW_S], ``to_s`` after ``from_s``: CodlError otherwise
+    (the command line checks the same before it opens the trace)."""
     begin = trace.attrs.get("t_begin_ns")
     if not isinstance(begin, int):
         raise TraceFormatError(
             f"{trace.path}: no integer root attribute 't_begin_ns' to count --from/--to from"
         )
+    for name, value in (("--from", from_s), ("--to", to_s)):
+        if value is not None and not (math.isfinite(value) and 0 <= value <= MAX_WINDOW_S):
+            raise CodlError(f"{name}: got {value}, expected seconds in [0, {MAX_WINDOW_S:g}]")
     if from_s is not None and to_s is not None and to_s <= from_s:
-        raise ValueError(f"--to {to_s} must be after --from {from_s}")
+        raise CodlError(f"--to {to_s} must be after --from {from_s}")
     return (
         None if from_s is None else begin + round(from_s * 1e9),
         None if to_s is None else begin + round(to_s * 1e9),

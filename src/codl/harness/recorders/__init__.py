@@ -11,21 +11,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from codl.files import signals_deferred
 from codl.harness.comm import CommRecorder
-from codl.harness.recorders.app import AppRecorder, AppSpans
+from codl.harness.recorders.app import AppRecorder
 from codl.harness.recorders.base import Recorder, RunContext, ThreadReadings
 from codl.harness.recorders.comm import CommLevelRecorder
 from codl.harness.recorders.cuda_api import CudaApiRecorder
 from codl.harness.recorders.device import DeviceRecorder
 from codl.harness.recorders.kineto import KinetoRecorder
-from codl.harness.recorders.loader import LoaderLog, LoaderRecorder
+from codl.harness.recorders.loader import LoaderRecorder
+from codl.harness.recorders.loader_log import LoaderLog
 from codl.harness.recorders.phase_sched import PhaseSchedRecorder
 from codl.harness.recorders.sched import SchedRecorder
 from codl.harness.recorders.sched_events import SchedEventsRecorder
+from codl.harness.recorders.spans import AppSpans
 from codl.harness.recorders.threads import ThreadsRecorder
 from codl.spec import RunSpec
 from codl.trace.clock import Anchor
-from codl.trace.store import TraceWriter, signals_deferred
+from codl.trace.store import TraceWriter
 
 # Every level, in the order its tables are written into the trace; every hook runs in this
 # order, but for the recorders that start first or stop last (base.Recorder).

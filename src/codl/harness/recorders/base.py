@@ -29,8 +29,8 @@ from codl.trace.store import TraceWriter
 
 if TYPE_CHECKING:
     from codl.harness.comm import CommRecorder
-    from codl.harness.recorders.app import AppSpans
-    from codl.harness.recorders.loader import LoaderLog
+    from codl.harness.recorders.loader_log import LoaderLog
+    from codl.harness.recorders.spans import AppSpans
 
 
 class ThreadReadings(Protocol):

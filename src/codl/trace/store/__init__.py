@@ -27,12 +27,9 @@ from __future__ import annotations
 
 from codl.trace.store.files import (
     check_trace_target,
-    exclusive_lock,
     incomplete_path,
-    lock_path,
     partial_path,
     set_aside_stale,
-    signals_deferred,
 )
 from codl.trace.store.layout import DIGEST_ATTR, schema_markdown
 from codl.trace.store.reader import Trace, empty_frame, open_trace
@@ -63,13 +60,10 @@ __all__ = [
     "check_trace_target",
     "chunk_rows",
     "empty_frame",
-    "exclusive_lock",
     "incomplete_path",
-    "lock_path",
     "open_trace",
     "partial_path",
     "row_bytes",
     "schema_markdown",
     "set_aside_stale",
-    "signals_deferred",
 ]

@@ -25,10 +25,11 @@ import numpy.typing as npt
 import pandas as pd
 
 from codl.errors import ConfigError, TraceFormatError
+from codl.files import glob_escape
 from codl.spec import RunSpec
 from codl.trace import chunkcodec
 from codl.trace.schema import SCHEMA_VERSION, TABLES, Column
-from codl.trace.store.files import PARTIAL_SUFFIX, glob_escape, incomplete_path, partial_path
+from codl.trace.store.files import PARTIAL_SUFFIX, incomplete_path, partial_path
 from codl.trace.store.layout import (
     CHUNK_INDEX,
     COLUMN_DIGESTS,

@@ -24,17 +24,10 @@ import numpy.typing as npt
 import pandas as pd
 
 from codl.errors import TraceFormatError
+from codl.files import exclusive_lock, fsync_path, signals_deferred
 from codl.trace import chunkcodec
 from codl.trace.schema import SCHEMA_VERSION, TABLES, Column
-from codl.trace.store.files import (
-    INCOMPLETE_SUFFIX,
-    PARTIAL_SUFFIX,
-    _fsync_dir,
-    exclusive_lock,
-    incomplete_path,
-    partial_path,
-    signals_deferred,
-)
+from codl.trace.store.files import INCOMPLETE_SUFFIX, PARTIAL_SUFFIX, incomplete_path, partial_path
 from codl.trace.store.layout import (
     CHUNK_INDEX,
     COLUMN_DIGESTS,
@@ -702,7 +695,9 @@ class TraceWriter:
         try:
             self._close_file(sync=True)
             partial.replace(self._path)  # atomic rename (os.replace)
-            _fsync_dir(self._path.parent)
+            # The rename is durable only once the directory entry is: without this a power loss
+            # can bring back the .partial name (or nothing) after finish() returned.
+            fsync_path(self._path.parent)
         except (*H5_ERRORS, OSError) as e:
             # Marked complete but not in place: remove it, so that no complete-looking trace
             # is left anywhere but at the final path.
@@ -757,7 +752,7 @@ class TraceWriter:
             self._close_file(sync=True)
             kept = self.incomplete_path
             partial.replace(kept)
-            _fsync_dir(kept.parent)
+            fsync_path(kept.parent)
         except (*H5_ERRORS, OSError) as e:
             self._discard()
             raise TraceFormatError(

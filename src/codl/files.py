@@ -1,0 +1,125 @@
+"""File safety every writer of codl shares: locks, signals held back, fsync.
+
+A lock is ``.<final name>.<purpose>.lock`` beside the file it guards (``exclusive_lock``);
+``signals_deferred`` holds SIGTERM/SIGINT back while files change hands. The trace store
+(``codl.trace.store.files``) and the output units (``codl.outputs``) build on these.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import signal
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Final
+
+from codl.errors import TraceFormatError
+
+
+def lock_path(final: str | os.PathLike[str], purpose: str) -> Path:
+    """The hidden lock file of ``final`` for ``purpose`` (``write``: TraceWriter; ``run``: a
+    whole measured run): ``.<final name>.<purpose>.lock``."""
+    p = Path(final)
+    return p.with_name(f".{p.name}.{purpose}.lock")
+
+
+@contextlib.contextmanager
+def exclusive_lock(
+    final: str | os.PathLike[str],
+    purpose: str,
+    *,
+    clash: str = "two runs must not share one trace path",
+) -> Iterator[Path]:
+    """Hold an exclusive lock on trace path ``final`` for ``purpose``, or fail at once (the
+    error ends with ``clash``, what the user did wrong).
+
+    flock(2) on a lock file next to the trace: released by the kernel when the holder dies (a
+    SIGKILLed run never blocks the next one), and honoured across nodes by Lustre and NFSv4.
+    The file is removed on release; a holder re-checks after locking that the file it locked is
+    still the one at the path, since the previous holder may have removed it in between.
+    """
+    lock = lock_path(final, purpose)
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            raise TraceFormatError(
+                f"{final}: cannot create the lock file {lock} ({e.strerror or e}); is the "
+                "directory writable?"
+            ) from e
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            try:
+                holder = os.read(fd, 200).decode("utf-8", "replace").strip() or "unknown"
+            finally:
+                os.close(fd)
+            raise TraceFormatError(
+                f"{final}: another {purpose}r holds it ({holder}; lock {lock}); {clash}"
+            ) from None
+        try:
+            same = os.stat(lock).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode())
+        yield lock
+    finally:
+        # Unlink while still holding the lock, then release: see the docstring.
+        with contextlib.suppress(OSError):
+            os.unlink(lock)
+        os.close(fd)
+
+
+# The signals a run turns into exceptions (harness.runner); deferred while rows change hands.
+DEFERRED_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Hold SIGTERM/SIGINT back for the block, and re-raise them after it.
+
+    A Python signal handler that raises can fire between any two bytecodes; inside a block
+    write or a recorder's hand-over that would leave columns of different lengths or a digest
+    that hashed some rows twice. The handlers are swapped for one that only notes the signal
+    (a thread mask would not do: the process's other threads would still take it), and a
+    noted signal is raised again once the old handlers are back. Outside the main thread,
+    where handlers cannot be set (and never run), the block runs as it is.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    old = {
+        s: signal.signal(s, lambda signum, _frame: caught.append(signum)) for s in DEFERRED_SIGNALS
+    }
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            # None: a handler set outside Python, which cannot be put back; the default then.
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
+        for signum in dict.fromkeys(caught):
+            signal.raise_signal(signum)
+
+
+def glob_escape(name: str) -> str:
+    """``name`` with glob metacharacters bracketed, to match itself in ``Path.glob``."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
+
+
+def fsync_path(path: Path) -> None:
+    """fsync(2) a file or directory by path: its data, or a directory's entries."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
