@@ -10,6 +10,9 @@ them to the launch roles' sleeps per run and the compute inflation over blocks.
         setting: the compute inflation of each block's pair, and over the blocks their geometric
         mean with a t interval).
     python scripts/gil_experiment.py --reduce CONFIG WORKDIR OUT   the second half alone
+    python scripts/gil_experiment.py --pool OUT.csv RUNS.csv...
+        gil_inflation of several calls' gil_runs.csv together: each loading run stays paired with
+        its twin of its own block, and the blocks of every call count
     python scripts/gil_experiment.py --stacks S CONFIG WORKDIR OUT
         after the runs: one more loading run at CPython's default interval, in its own process,
         while py-spy records for S seconds which thread holds the GIL and in what code
@@ -277,7 +280,23 @@ def reduce(config: Path, work: Path, out: Path) -> None:
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
 
 
+def pool(tables: Sequence[Path], out: Path) -> pd.DataFrame:
+    """``inflation`` over the runs of several calls (their run ids differ: a seed or a config
+    of their own), each loading run against the twin of its own block."""
+    runs = pd.concat([pd.read_csv(t) for t in tables], ignore_index=True)
+    if runs["run_id"].duplicated().any():
+        raise SystemExit(f"--pool: the same run in two tables of {[str(t) for t in tables]}")
+    table = inflation(runs)
+    table.to_csv(out, index=False)
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    return table
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--pool"] and len(argv) >= 3:
+        pool([Path(a) for a in argv[2:]], Path(argv[1]))
+        return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("config", type=Path)
     p.add_argument("work", type=Path)
