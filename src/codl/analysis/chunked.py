@@ -401,20 +401,7 @@ def _pruned_table(
             keep &= np.isin(block["kind"], kinds)
         for c in columns:
             pieces[c].append(block[c][keep])
-    if not pieces[columns[0]]:
-        return empty_frame(name)[columns]
-    categories = pd.Index(strings, dtype="str")
-    data: dict[str, Any] = {}
-    for c in columns:
-        arr = np.concatenate(pieces[c])
-        pieces[c].clear()  # each column's blocks freed once joined
-        if c in ("kind", "name", "stage"):
-            data[c] = pd.Categorical.from_codes(
-                arr, categories=categories
-            ).remove_unused_categories()
-        else:
-            data[c] = arr
-    return pd.DataFrame(data)
+    return _frame(name, pieces, strings)
 
 
 def read_summary_tables(
@@ -509,7 +496,7 @@ def _frame(
     data: dict[str, Any] = {}
     for c in columns:
         arr = np.concatenate(pieces[c])
-        pieces[c].clear()
+        pieces[c].clear()  # each column's blocks freed once joined
         if c in ("kind", "name", "stage"):
             data[c] = pd.Categorical.from_codes(
                 arr, categories=categories

@@ -19,11 +19,10 @@ import numpy as np
 import pandas as pd
 
 from codl.analysis import offcpu
+from codl.analysis.decompose import LAUNCH_ROLES, TIMER_WAKER
 from codl.analysis.summarize import thread_roles
 from codl.trace.schema import Phase, Table
 
-#: The threads whose sleeps delay the step's kernels (as ``decompose.LAUNCH_ROLES``).
-SLEEPER_ROLES = ("launch", "autograd")
 #: What ended a sleep: the waker's role, ``timer`` (waker 0) or ``unknown`` (no wake-up seen or
 #: a thread outside the rank's thread table).
 TIMER = "timer"
@@ -65,7 +64,7 @@ def _rank_sleeps(
     waking: pd.DataFrame,
 ) -> pd.DataFrame:
     role_of = dict(zip(roles["tid"].to_numpy(), roles["role"], strict=True))
-    sleepers = roles.loc[roles["role"].isin(SLEEPER_ROLES), "tid"]
+    sleepers = roles.loc[roles["role"].isin(LAUNCH_ROLES), "tid"]
     iv = offcpu.offcpu_intervals(
         switch[switch["rank"] == rank], waking[waking["rank"] == rank], sleepers
     )
@@ -80,7 +79,7 @@ def _rank_sleeps(
     inside = (k >= 0) & (start < hi[np.clip(k, 0, None)])
     iv, k = iv[inside], k[inside]
     waker = iv["waker_tid"].to_numpy(np.int64)
-    ended = [TIMER if t == 0 else str(role_of.get(t, UNKNOWN)) for t in waker]
+    ended = [TIMER if t == TIMER_WAKER else str(role_of.get(t, UNKNOWN)) for t in waker]
     return pd.DataFrame(
         {
             "rank": rank,
