@@ -85,9 +85,12 @@ def summarize_to(
             df.to_parquet(unit.path(out), index=False)
             _wrote(df, out)
         if api_calls is not None and timeline is not None:
-            _write_figure_tables(
+            written = _write_figure_tables(
                 trace, tables, attrs, api, (unit.path(api_calls), unit.path(timeline))
             )
+            # Logged by their final names: the unit renames them there together.
+            for df, out in zip(written, (api_calls, timeline), strict=True):
+                _wrote(df, out)
     return sm_
 
 
@@ -97,7 +100,8 @@ def _write_figure_tables(
     attrs: dict[str, Any],
     api: Any,
     outs: tuple[Path, Path],
-) -> None:
+) -> list[pd.DataFrame]:
+    """The two figure tables of one run (api_calls, timeline) written to ``outs``."""
     spec = attrs.get("spec", {})
     spec = json.loads(spec) if isinstance(spec, str) else spec
     window = timeline_window(tables, attrs)
@@ -109,8 +113,7 @@ def _write_figure_tables(
     written = write_run_tables(
         tables, attrs, spec, api_calls_out=outs[0], timeline_out=outs[1], api=api
     )
-    for out, df in written.items():
-        _wrote(df, out)
+    return [written[outs[0]], written[outs[1]]]
 
 
 def _read_all(
