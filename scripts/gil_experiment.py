@@ -34,6 +34,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from codl.analysis import chunked, columns
@@ -41,7 +42,7 @@ from codl.analysis.runlevel import log_ratio_interval, mean_interval
 from codl.analysis.sleeps import launch_sleeps, run_sleeps
 from codl.config import build_plan, load_yaml
 from codl.paths import RunFiles
-from codl.spec import RunSpec
+from codl.spec import RunSpec, SharingStrategy
 from codl.steps.analysis import compare_to, summarize_to
 
 FACTOR = "switch_interval_ms"
@@ -150,40 +151,55 @@ def run_row(spec: RunSpec, files: RunFiles) -> dict[str, object]:
 KNOBS = ["policy", FACTOR, "sharing_strategy", "pin_memory", "pin_memory_place"]
 
 
+#: What a knob is when a runs table predates its column (the spec's default).
+KNOB_DEFAULTS = {"policy": "none", FACTOR: 0.0, "sharing_strategy": "file_descriptor"}
+
+
 def inflation(runs: pd.DataFrame) -> pd.DataFrame:
     """Per setting of the loading runs: each block's compute inflation (the run over its twin of
     the same block) and, over blocks, their geometric mean with a 95 % t interval; the GIL wait
-    per step and the throughput as means over the runs with a t interval."""
+    per step and the throughput as means over the runs with a t interval.
+
+    A setting is the ``KNOBS``; runs that differ in anything else belong in tables of their own.
+    A block is (``source``, ``repeat``): ``source`` numbers the tables ``pool`` joined. Two
+    ratios of one block in one setting are refused: they would count as two blocks."""
+    runs = runs.assign(**{k: v for k, v in KNOB_DEFAULTS.items() if k not in runs})
+    if "source" not in runs:
+        runs = runs.assign(source=0)
     metric = runs.set_index("run_id")[PAIR_METRIC]
-    loaded = runs[runs["mode"] != "compute"].copy()
+    loaded = runs[runs["twin_id"].fillna("").astype(str) != ""].copy()
     loaded["ratio"] = loaded[PAIR_METRIC] / loaded["twin_id"].map(metric)
+    loaded = loaded[np.isfinite(loaded["ratio"])].sort_values(["source", "repeat"])
     rows = []
     for key, g in loaded.groupby(KNOBS):
-        iv = log_ratio_interval(g["ratio"].dropna().tolist())
-        gil = mean_interval(g["gil_wait_ms_per_step"].tolist())
-        tput = mean_interval(g["throughput_samples_s"].tolist())
-        rows.append(
-            {
-                **dict(zip(KNOBS, key, strict=True)),
-                "n_runs": len(g) + g["twin_id"].nunique(),
-                "n_blocks": iv.n,
-                "per_block": " ".join(f"{100 * (r - 1):+.1f}" for r in g["ratio"]),
-                "inflation": iv.ratio - 1,
-                "inflation_lo": iv.lo - 1,
-                "inflation_hi": iv.hi - 1,
-                "timer_sleep_ms_p50": g["timer_sleep_ms_p50"].median(),
-                "timer_sleeps_per_step": g["timer_sleeps_per_step"].mean(),
-                "gil_wait_ms_per_step": gil.mean,
-                "gil_wait_lo": gil.lo,
-                "gil_wait_hi": gil.hi,
-                "timer_sleep_ms_per_step": g["timer_sleep_ms_per_step"].mean(),
-                "pin_memory_sleep_ms_per_step": g["pin_memory_sleep_ms_per_step"].mean(),
-                "throughput_samples_s": tput.mean,
-                "throughput_lo": tput.lo,
-                "throughput_hi": tput.hi,
-            }
-        )
+        if g.duplicated(["source", "repeat"]).any():
+            raise ValueError(f"setting {dict(zip(KNOBS, key, strict=True))}: two runs in a block")
+        rows.append({**dict(zip(KNOBS, key, strict=True)), **_setting_row(g)})
     return pd.DataFrame(rows)
+
+
+def _setting_row(g: pd.DataFrame) -> dict[str, object]:
+    iv = log_ratio_interval(g["ratio"].tolist())
+    gil = mean_interval(g["gil_wait_ms_per_step"].tolist())
+    tput = mean_interval(g["throughput_samples_s"].tolist())
+    return {
+        "n_runs": len(g) + g["twin_id"].nunique(),
+        "n_blocks": iv.n,
+        "per_block": " ".join(f"{100 * (r - 1):+.1f}" for r in g["ratio"]),
+        "inflation": iv.ratio - 1,
+        "inflation_lo": iv.lo - 1,
+        "inflation_hi": iv.hi - 1,
+        "timer_sleep_ms_p50": g["timer_sleep_ms_p50"].median(),
+        "timer_sleeps_per_step": g["timer_sleeps_per_step"].mean(),
+        "gil_wait_ms_per_step": gil.mean,
+        "gil_wait_lo": gil.lo,
+        "gil_wait_hi": gil.hi,
+        "timer_sleep_ms_per_step": g["timer_sleep_ms_per_step"].mean(),
+        "pin_memory_sleep_ms_per_step": g["pin_memory_sleep_ms_per_step"].mean(),
+        "throughput_samples_s": tput.mean,
+        "throughput_lo": tput.lo,
+        "throughput_hi": tput.hi,
+    }
 
 
 def gil_holders(raw: str) -> pd.DataFrame:
@@ -220,8 +236,17 @@ def record_stacks(config: Path, work: Path, out: Path, seconds: float) -> None:
     from codl.spec import StepsSpec
 
     loading = [s for s in build_plan(load_yaml(config)).specs.values() if s.mode.loads]
-    # The loading run nearest CPython's own 5 ms (0 is CPython's own).
-    base = min(loading, key=lambda s: (abs((s.runtime.switch_interval_ms or 5.0) - 5.0), s.repeat))
+    # The loading run with pinned memory (a pin-memory thread to catch) and the default sharing
+    # strategy nearest CPython's own 5 ms (0 is CPython's own).
+    base = min(
+        loading,
+        key=lambda s: (
+            not s.loader.pin_memory,
+            s.loader.sharing_strategy is not SharingStrategy.FILE_DESCRIPTOR,
+            abs((s.runtime.switch_interval_ms or 5.0) - 5.0),
+            s.repeat,
+        ),
+    )
     # Long enough to outlast the recording after the model is built (< 50 steps/s on an H200).
     spec = dataclasses.replace(base, steps=StepsSpec(warmup=10, measured=int(60 * seconds)))
     files = RunFiles(work / "stacks")
@@ -283,7 +308,9 @@ def reduce(config: Path, work: Path, out: Path) -> None:
 def pool(tables: Sequence[Path], out: Path) -> pd.DataFrame:
     """``inflation`` over the runs of several calls (their run ids differ: a seed or a config
     of their own), each loading run against the twin of its own block."""
-    runs = pd.concat([pd.read_csv(t) for t in tables], ignore_index=True)
+    runs = pd.concat(
+        [pd.read_csv(t).assign(source=i) for i, t in enumerate(tables)], ignore_index=True
+    )
     if runs["run_id"].duplicated().any():
         raise SystemExit(f"--pool: the same run in two tables of {[str(t) for t in tables]}")
     table = inflation(runs)

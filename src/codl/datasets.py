@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from codl.errors import CodlError
-from codl.spec import DatasetCost, DatasetKind, DatasetSpec, _to_jsonable
+from codl.spec import DatasetCost, DatasetKind, DatasetSpec, to_dict
 
 MANIFEST = "MANIFEST.json"
 OWNER_MARKER = ".codl-dataset"
@@ -130,7 +130,7 @@ def generate(spec: DatasetSpec, out_dir: Path) -> dict[str, Any]:
         else:
             files, nbytes = _generate_volumes(spec, tmp, rng)
         manifest = {
-            "spec": _to_jsonable(spec),
+            "spec": to_dict(spec),
             "files": files,
             "bytes": nbytes,
         }
@@ -217,7 +217,7 @@ def check_dataset(spec: DatasetSpec, directory: Path) -> dict[str, Any]:
         raise CodlError(f"--dataset-dir {directory}: no such directory")
     manifest = read_manifest(directory)
     stored = manifest["spec"]
-    expected = {k: v for k, v in _to_jsonable(spec).items() if k != "tier"}
+    expected = {k: v for k, v in to_dict(spec).items() if k != "tier"}
     # Keys added after the first data sets were built are absent from their manifests, which
     # then hold the key's default.
     stored = {**_ADDED_KEY_DEFAULTS, **stored}

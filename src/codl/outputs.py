@@ -1,4 +1,5 @@
-"""Outputs as units: the one way every codl command that writes files writes them.
+"""Outputs as units: how `codl export`, `codl summarize` (and the summarize rule) and `codl
+advise` write their files. (The compare rule still writes its five tables one by one.)
 
 A command names its outputs and its inputs before it works (:func:`output_unit`). Each output
 is checked first (:func:`check_output`): it is none of the inputs (by path, symlink or hard
@@ -28,6 +29,7 @@ import enum
 import hashlib
 import json
 import os
+import re
 import secrets
 import shutil
 import stat
@@ -215,6 +217,19 @@ def _unit_name(finals: Sequence[Path], manifest: Path | None) -> str:
     return manifest.name if manifest is not None else finals[0].name
 
 
+_LEFTOVER = re.compile(r"(\d+)-[0-9a-f]{8}\.tmp")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _make_tmpdirs(finals: Sequence[Path], manifest: Path | None) -> dict[Path, Path]:
     """A private temporary directory per output directory; those a killed writer of this unit
     left are removed first (this writer holds the unit's locks, so their writer is gone)."""
@@ -225,7 +240,11 @@ def _make_tmpdirs(finals: Sequence[Path], manifest: Path | None) -> dict[Path, P
     token = f"{os.getpid()}-{secrets.token_hex(4)}"
     for parent in dict.fromkeys(f.parent for f in finals):
         for stale in parent.glob(f"{glob_escape(_TMP_PREFIX + name)}.*.tmp"):
-            shutil.rmtree(stale, ignore_errors=True)
+            # Only this unit's own leftovers: the exact name (a glob's * would also match the
+            # live directory of a longer output name) of a writer that is gone.
+            m = _LEFTOVER.fullmatch(stale.name.removeprefix(_TMP_PREFIX + name + "."))
+            if m is not None and not _alive(int(m.group(1))):
+                shutil.rmtree(stale, ignore_errors=True)
         tmp = parent / f"{_TMP_PREFIX}{name}.{token}.tmp"
         tmp.mkdir(mode=0o700)  # exclusive: fails where the name exists
         out[parent] = tmp

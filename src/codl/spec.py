@@ -569,10 +569,6 @@ def _type_hints(cls: type) -> dict[str, Any]:
     return hints
 
 
-# The old private name, still imported by codl.datasets (another change owns that module).
-_to_jsonable = to_dict
-
-
 def from_dict(cls: type[_T], data: Any, *, where: str = "") -> _T:
     """Build spec dataclass ``cls`` from plain data; raises ConfigError listing every problem
     with its key path (``where`` prefixes them). ``RunSpec.from_dict`` adds the semantic checks.

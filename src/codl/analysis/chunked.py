@@ -31,7 +31,7 @@ from codl.analysis.columns import (
 )
 from codl.analysis.intervals import UnionOverlap, interval_union
 from codl.analysis.latency import ExactLatency, NameHistogram
-from codl.trace.schema import LOADER_ITEM_STAGES, TABLES, Table
+from codl.trace.schema import LOADER_ITEM_STAGES, TABLES, Phase, Table
 from codl.trace.store import Trace, empty_frame, open_trace
 
 LOADER_SUM_COLUMNS: dict[str, str] = {
@@ -670,7 +670,7 @@ def _watermarks(t: Trace, name: str, ranges: list[tuple[int, int]]) -> list[int]
 def _loader_targets(tables: dict[str, pd.DataFrame], warmup: int) -> dict[str, dict[int, Any]]:
     """Per rank, the interval unions the loader's busy time is measured against."""
     app = tables[Table.APP]
-    comp = app[(app["phase"].astype(str) == "compute") & (app["step"] >= warmup)]
+    comp = app[(app["phase"].astype(str) == Phase.COMPUTE.value) & (app["step"] >= warmup)]
     targets: dict[str, dict[int, Any]] = {"compute": _rank_unions(comp)}
     cuda = tables.get(Table.CUDA)
     if cuda is not None and len(cuda):

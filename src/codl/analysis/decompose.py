@@ -69,7 +69,7 @@ from codl.analysis.intervals import interval_union
 from codl.analysis.steady import steady
 from codl.analysis.summarize import role_times, sched_deltas, thread_roles
 from codl.spec import Mode
-from codl.trace.schema import Table
+from codl.trace.schema import Phase, Table
 
 # Threads whose delay delays the GPU work of a step: the main thread launches the forward and
 # optimizer kernels, the autograd engine's device thread launches the backward.
@@ -171,7 +171,7 @@ def host_parts(
     roles = thread_roles(threads)
     ps = phase_sched if phase_sched is not None else pd.DataFrame()
     if len(ps):
-        ps = ps[(ps["phase"].astype(str) == "compute") & (ps["step"] >= warmup)]
+        ps = ps[(ps["phase"].astype(str) == Phase.COMPUTE.value) & (ps["step"] >= warmup)]
     if len(ps):
         d = ps.assign(rank=ps["rank"].astype("int64"), tid=ps["tid"].astype("int64"))
         source = COMPUTE_SPAN
@@ -395,7 +395,7 @@ def blocked_parts(
     if switch is None or waking is None or switch.empty or threads.empty:
         return empty
     roles = thread_roles(threads)
-    spans = app[(app["phase"].astype(str) == "compute") & (app["step"] >= warmup)]
+    spans = app[(app["phase"].astype(str) == Phase.COMPUTE.value) & (app["step"] >= warmup)]
     frames = []
     for rank, win in spans.groupby(spans["rank"].astype("int64")):
         mine = roles[roles["rank"] == rank]
@@ -423,7 +423,7 @@ def step_parts(
     ``events/phase_sched`` and ``events/comm_gpu`` are optional (older traces lack them);
     ``clock_bound_ns``: the trace's per-rank alignment bounds (``clock.rank_bounds``)."""
     app = tables[Table.APP]
-    st = app[(app["phase"].astype(str) == "step") & (app["step"] >= warmup)]
+    st = app[(app["phase"].astype(str) == Phase.STEP.value) & (app["step"] >= warmup)]
     base = (
         pd.DataFrame({"rank": st["rank"].astype("int64"), "step": st["step"].astype("int64")})
         .drop_duplicates()

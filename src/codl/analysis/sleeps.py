@@ -21,6 +21,7 @@ import pandas as pd
 from codl.analysis import offcpu
 from codl.analysis.decompose import LAUNCH_ROLES, TIMER_WAKER
 from codl.analysis.summarize import thread_roles
+from codl.pinning import Role
 from codl.trace.schema import Phase, Table
 
 #: What ended a sleep: the waker's role, ``timer`` (waker 0) or ``unknown`` (no wake-up seen or
@@ -107,7 +108,7 @@ def run_sleeps(sleeps: pd.DataFrame, steps: int) -> dict[str, float]:
         "timer_sleep_ms_p90": float(q[2]),
         "timer_sleep_ms_per_step": float(timer.sum()) / steps,
     }
-    for role in ("pin_memory", "loader"):
+    for role in (Role.PIN_MEMORY.value, Role.LOADER.value):
         mine = sleeps.loc[sleeps["ended_by"] == role, "blocked_ms"]
         out[f"{role}_sleeps_per_step"] = len(mine) / steps
         out[f"{role}_sleep_ms_per_step"] = float(mine.sum()) / steps

@@ -33,7 +33,7 @@ from codl.analysis.compare import twin_ids
 from codl.analysis.intervals import interval_union, overlap_ns
 from codl.analysis.steady import flag_outliers, steady
 from codl.pinning import parse_cpulist
-from codl.trace.schema import LOADER_ITEM_STAGES, Table
+from codl.trace.schema import LOADER_ITEM_STAGES, Phase, Table
 from codl.trace.store import empty_frame, open_trace
 
 SPEC_COLUMNS = {
@@ -147,7 +147,9 @@ def step_metrics(app: pd.DataFrame, comm: pd.DataFrame, *, warmup: int) -> pd.Da
         out[f"{name}_gpu_ms"] = gpu.get(name, np.nan)
     # A step without its `step` span never finished (the run stopped inside it): drop it, so
     # that start/end stay exact int64 nanoseconds and step_ms is never missing.
-    step_span = app[app["phase"] == "step"].drop_duplicates(KEYS, keep="last").set_index(KEYS)
+    step_span = (
+        app[app["phase"] == Phase.STEP.value].drop_duplicates(KEYS, keep="last").set_index(KEYS)
+    )
     out = out[out.index.isin(step_span.index)]
     step_span = step_span.reindex(out.index)
     out["start_ns"] = step_span["start_ns"].astype("int64")
@@ -443,7 +445,7 @@ def overlaps(
         return out
     busy = _measured(loader[loader["item"] >= 0], warmup)
     ranks = np.unique(np.asarray(busy["rank"]))
-    comp = _measured(app[app["phase"].astype(str) == "compute"], warmup)
+    comp = _measured(app[app["phase"].astype(str) == Phase.COMPUTE.value], warmup)
     out["loader_compute_overlap"] = _overlap_fraction(comp, busy, ranks)
     if not cuda.empty:
         k = _measured(cuda[cuda["kind"].astype(str) == "kernel"], warmup)

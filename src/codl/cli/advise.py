@@ -27,10 +27,10 @@ from codl.advisor.advise import (
     verification_config,
 )
 from codl.cli.options import (
+    MAX_BOOT_SEED,
     MAX_CORES,
     MAX_REPEATS,
     MAX_REPLICATES,
-    MAX_SEED,
     MAX_STEPS,
     Parser,
     bounded_int,
@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=200,
         help="bootstrap replicates (0: none, and no intervals are shown)",
     )
-    p.add_argument("--seed", type=bounded_int(0, MAX_SEED), default=0)
+    p.add_argument("--seed", type=bounded_int(0, MAX_BOOT_SEED), default=0)
     return p
 
 

@@ -18,7 +18,7 @@ MAX_CORES = 4096  # CPUs per rank (a whole large node)
 MAX_REPLICATES = 100_000  # bootstrap replicates
 MAX_STEPS = 10_000_000
 MAX_REPEATS = 1000  # runs of one setting
-MAX_SEED = 2**63 - 1  # a seed travels as int64 (torch, numpy)
+MAX_BOOT_SEED = 2**63 - 1  # a seed travels as int64 (torch, numpy)
 # --from/--to of export: codl.trace.export's bound (not imported: it loads pandas, which
 # `codl run`'s start-up must not; tests/test_output_units.py checks the two agree).
 MAX_WINDOW_S = 1e7

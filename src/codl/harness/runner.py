@@ -201,8 +201,12 @@ def _apply_runtime(spec: RunSpec) -> tuple[float, str]:
 
     previous = (sys.getswitchinterval(), str(tmp.get_sharing_strategy()))
     interval_ms = spec.runtime.switch_interval_ms
-    sys.setswitchinterval(interval_ms / 1000 if interval_ms > 0 else _CPYTHON_SWITCH_INTERVAL_S)
-    tmp.set_sharing_strategy(spec.loader.sharing_strategy.value)
+    try:
+        sys.setswitchinterval(interval_ms / 1000 if interval_ms > 0 else _CPYTHON_SWITCH_INTERVAL_S)
+        tmp.set_sharing_strategy(spec.loader.sharing_strategy.value)
+    except BaseException:
+        _restore_runtime(previous)  # not half of the settings left behind
+        raise
     return previous
 
 

@@ -54,6 +54,8 @@ def summarize_to(
     ``manifest`` (default: ``paths.summarize_manifest(summary)``): they appear together or not
     at all, never over the trace, and readers (:func:`compare_to`) check them against it.
     """
+    if (api_calls is None) != (timeline is None):
+        raise ValueError("summarize_to: api_calls and timeline go together (both or neither)")
     log.info("reading %s", trace)
     # The big event tables in the rows and columns the tables below use, read block by block
     # (decoded on the job's cores): never the whole of a long run's loader or CUDA table.
@@ -75,7 +77,7 @@ def summarize_to(
     st, sm_, at = sm.summarize_tables(tables, attrs, parts=pt, api=api, loader=loader)
     figure_tables = [api_calls, timeline] if api_calls is not None and timeline is not None else []
     with output_unit(
-        [steps, summary, attribution, parts, *[p for p in figure_tables if p is not None]],
+        [steps, summary, attribution, parts, *figure_tables],
         inputs=(trace,),
         manifest=manifest or summarize_manifest(summary),
         run_id=str(attrs.get("run_id", "")),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 from codl.harness.recorders.base import Recorder, RunContext
+from codl.pinning import Role
 from codl.spec import RunSpec
 from codl.trace.sched import PhaseSched
 from codl.trace.schema import Table
@@ -28,7 +29,7 @@ class PhaseSchedRecorder(Recorder):
         pid = os.getpid()
         rows = self.ctx.placed.rows
         self.counters.set_threads(
-            sorted({r.tid for _, r in rows if r.pid == pid and str(r.role) == "autograd"})
+            sorted({r.tid for _, r in rows if r.pid == pid and str(r.role) == Role.AUTOGRAD.value})
         )
 
     def drain(self, writer: TraceWriter) -> None:

@@ -12,9 +12,9 @@ leaves only ``<final>.partial``. So a file at the final name is always a complet
 
 The store's rooms; this module re-exports what the rest of codl uses:
 
-- ``files``: the names of unfinished traces (partial, incomplete) and locks, ``exclusive_lock``,
-  ``signals_deferred``, fsync, ``check_trace_target``, and ``set_aside_stale``, the one way a
-  trace of an earlier attempt is moved aside (``<stem>.stale-<mtime_ns><suffix>``).
+- ``files``: the names of unfinished traces (partial, incomplete), ``check_trace_target``, and
+  ``set_aside_stale``, the one way a trace of an earlier attempt is moved aside
+  (``<stem>.stale-<mtime_ns><suffix>``); locks, held-back signals and fsync are ``codl.files``'.
 - ``writer``: ``TraceWriter``, its compression filters, block and chunk sizing, the disk-space
   reservation and ``TraceDiskFullError``.
 - ``reader``: ``open_trace``, ``Trace`` (tables, blocks, windows, ``verify``), ``empty_frame``.

@@ -80,6 +80,15 @@ def set_aside_stale(path: Path) -> Path | None:
             os.link(path, stale)
         except FileExistsError:
             continue
+        except OSError:
+            # A file system without hard links: claim the name by an exclusive create, then
+            # move the trace over the empty file that holds it.
+            try:
+                stale.open("x").close()
+            except FileExistsError:
+                continue
+            os.replace(path, stale)
+            return stale
         os.unlink(path)
         return stale
     raise AssertionError("unreachable: itertools.count never ends")  # pragma: no cover
