@@ -40,9 +40,6 @@ _ID_OPTIONAL_DEFAULTS: dict[tuple[str, str], Any] = {
     ("loader", "sharing_strategy"): "file_descriptor",
     ("runtime", "switch_interval_ms"): 0.0,
 }
-# Groups added after run ids were first published: left out of the id while every key of theirs
-# is at its default (``_ID_OPTIONAL_DEFAULTS``), for the same reason.
-_ID_OPTIONAL_GROUPS = frozenset({"runtime"})
 #: The longest switch interval a run may ask for: past a second a thread waiting for the GIL
 #: would starve for the whole of a step, which measures nothing useful.
 MAX_SWITCH_INTERVAL_MS = 1000.0
@@ -360,7 +357,9 @@ class RunSpec:
         for (group, key), default in _ID_OPTIONAL_DEFAULTS.items():
             if d[group][key] == default:
                 del d[group][key]
-        for group in _ID_OPTIONAL_GROUPS:
+        # A group added after ids were published (runtime) is left out whole while every key
+        # of it is at its default, for the same reason.
+        for group in {g for g, _ in _ID_OPTIONAL_DEFAULTS}:
             if not d[group]:
                 del d[group]
         return json.dumps(d, sort_keys=True, separators=(",", ":"))

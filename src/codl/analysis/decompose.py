@@ -55,7 +55,7 @@ schedstat samples, which cover the whole step (the batch hand-off included);
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -380,6 +380,26 @@ def gpu_parts(cuda: pd.DataFrame, *, warmup: int) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(cols)).astype(cols)
 
 
+def launch_offcpu(
+    app: pd.DataFrame,
+    threads: pd.DataFrame,
+    switch: pd.DataFrame,
+    waking: pd.DataFrame,
+    *,
+    warmup: int,
+) -> Iterator[tuple[int, pd.DataFrame, pd.DataFrame, pd.DataFrame]]:
+    """Per rank with measured compute spans, from the kernel's scheduler record: (rank, its
+    compute spans, its threads' roles, the off-CPU intervals of its launch roles)."""
+    roles = thread_roles(threads)
+    spans = app[(app["phase"].astype(str) == Phase.COMPUTE.value) & (app["step"] >= warmup)]
+    for rank, win in spans.groupby(spans["rank"].astype("int64")):
+        mine = roles[roles["rank"] == rank]
+        launch = mine.loc[mine["role"].isin(LAUNCH_ROLES), "tid"]
+        on_rank = switch["rank"] == rank
+        iv = offcpu.offcpu_intervals(switch[on_rank], waking[waking["rank"] == rank], launch)
+        yield int(rank), win, mine, iv
+
+
 def blocked_parts(
     app: pd.DataFrame,
     threads: pd.DataFrame,
@@ -394,15 +414,9 @@ def blocked_parts(
     empty = _empty({"rank": "int64", "step": "int64", "blocked_ms": "float64"})
     if switch is None or waking is None or switch.empty or threads.empty:
         return empty
-    roles = thread_roles(threads)
-    spans = app[(app["phase"].astype(str) == Phase.COMPUTE.value) & (app["step"] >= warmup)]
     frames = []
-    for rank, win in spans.groupby(spans["rank"].astype("int64")):
-        mine = roles[roles["rank"] == rank]
-        launch = mine.loc[mine["role"].isin(LAUNCH_ROLES), "tid"]
+    for rank, win, mine, iv in launch_offcpu(app, threads, switch, waking, warmup=warmup):
         holders = mine.loc[mine["role"].isin(HOLDER_ROLES), "tid"]
-        on_rank = switch["rank"] == rank
-        iv = offcpu.offcpu_intervals(switch[on_rank], waking[waking["rank"] == rank], launch)
         ns = offcpu.blocked_by_in_windows(iv, win, [*holders, TIMER_WAKER])
         frames.append(
             pd.DataFrame({"rank": rank, "step": win["step"].astype("int64"), "blocked_ms": _ms(ns)})

@@ -39,21 +39,12 @@ class RatioInterval:
 def log_ratio_interval(ratios: Sequence[float], *, level: float = 0.95) -> RatioInterval:
     """Geometric mean of ``ratios`` (one per run or per block, each > 0) with a two-sided
     Student-t interval on their logs (n - 1 degrees of freedom); no interval below 2 ratios."""
-    if not 0 < level < 1:
-        raise ValueError(f"level: got {level}, expected a probability in (0, 1)")
     r = np.asarray([x for x in ratios if math.isfinite(x)], dtype=np.float64)
     if (r <= 0).any():
         raise ValueError(f"ratios: got {r[r <= 0].tolist()}, expected positive ratios")
-    n = len(r)
-    if n == 0:
-        return RatioInterval(ratio=math.nan, lo=math.nan, hi=math.nan, n=0)
-    logs = np.log(r)
-    mean = float(logs.mean())
-    if n < 2:
-        return RatioInterval(ratio=math.exp(mean), lo=math.nan, hi=math.nan, n=n)
-    half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * float(logs.std(ddof=1)) / math.sqrt(n)
+    logs = mean_interval(np.log(r).tolist(), level=level)
     return RatioInterval(
-        ratio=math.exp(mean), lo=math.exp(mean - half), hi=math.exp(mean + half), n=n
+        ratio=math.exp(logs.mean), lo=math.exp(logs.lo), hi=math.exp(logs.hi), n=logs.n
     )
 
 

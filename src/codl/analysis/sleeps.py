@@ -18,11 +18,9 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
-from codl.analysis import offcpu
-from codl.analysis.decompose import LAUNCH_ROLES, TIMER_WAKER
-from codl.analysis.summarize import thread_roles
+from codl.analysis.decompose import TIMER_WAKER, launch_offcpu
 from codl.pinning import Role
-from codl.trace.schema import Phase, Table
+from codl.trace.schema import Table
 
 #: What ended a sleep: the waker's role, ``timer`` (waker 0) or ``unknown`` (no wake-up seen or
 #: a thread outside the rank's thread table).
@@ -45,11 +43,9 @@ def launch_sleeps(tables: Mapping[str, pd.DataFrame], *, warmup: int) -> pd.Data
     threads, app = tables[Table.THREADS], tables[Table.APP]
     if switch is None or waking is None or switch.empty or threads.empty:
         return pd.DataFrame({c: pd.Series(dtype=t) for c, t in SLEEP_COLUMNS.items()})
-    roles = thread_roles(threads)
-    spans = app[(app["phase"].astype(str) == Phase.COMPUTE.value) & (app["step"] >= warmup)]
     frames = [
-        _rank_sleeps(rank, win, roles[roles["rank"] == rank], switch, waking)
-        for rank, win in spans.groupby(spans["rank"].astype("int64"))
+        _rank_sleeps(rank, win, roles, iv)
+        for rank, win, roles, iv in launch_offcpu(app, threads, switch, waking, warmup=warmup)
     ]
     frames = [f for f in frames if len(f)]
     if not frames:
@@ -58,17 +54,9 @@ def launch_sleeps(tables: Mapping[str, pd.DataFrame], *, warmup: int) -> pd.Data
 
 
 def _rank_sleeps(
-    rank: int,
-    windows: pd.DataFrame,
-    roles: pd.DataFrame,
-    switch: pd.DataFrame,
-    waking: pd.DataFrame,
+    rank: int, windows: pd.DataFrame, roles: pd.DataFrame, iv: pd.DataFrame
 ) -> pd.DataFrame:
     role_of = dict(zip(roles["tid"].to_numpy(), roles["role"], strict=True))
-    sleepers = roles.loc[roles["role"].isin(LAUNCH_ROLES), "tid"]
-    iv = offcpu.offcpu_intervals(
-        switch[switch["rank"] == rank], waking[waking["rank"] == rank], sleepers
-    )
     iv = iv[iv["state"] == "blocked"]
     if iv.empty:
         return pd.DataFrame()

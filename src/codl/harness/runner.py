@@ -197,8 +197,7 @@ def _apply_runtime(spec: RunSpec) -> tuple[float, str]:
     before anything starts a thread or a worker; returns the previous ones. Always set, not only
     when asked: runs made one after another in one process (``launch`` of one rank) would
     otherwise inherit the last run's interval."""
-    import torch.multiprocessing as tmp
-
+    tmp = torch.multiprocessing
     previous = (sys.getswitchinterval(), str(tmp.get_sharing_strategy()))
     interval_ms = spec.runtime.switch_interval_ms
     try:
@@ -212,10 +211,8 @@ def _apply_runtime(spec: RunSpec) -> tuple[float, str]:
 
 def _restore_runtime(previous: tuple[float, str] | None) -> None:
     if previous is not None:
-        import torch.multiprocessing as tmp
-
         sys.setswitchinterval(previous[0])
-        tmp.set_sharing_strategy(previous[1])
+        torch.multiprocessing.set_sharing_strategy(previous[1])
 
 
 @dataclass(frozen=True)
@@ -655,11 +652,9 @@ def _release(held: _Open, ctx: RunContext) -> None:
 def _runtime_attrs() -> dict[str, Any]:
     """The interpreter's settings the run had, read back (the spec's asked-for values are in
     ``spec``): a GIL experiment's rows are told apart by what was applied."""
-    import torch.multiprocessing as tmp
-
     return {
         "switch_interval_s": sys.getswitchinterval(),
-        "sharing_strategy": str(tmp.get_sharing_strategy()),
+        "sharing_strategy": str(torch.multiprocessing.get_sharing_strategy()),
     }
 
 
