@@ -57,6 +57,8 @@ def setting(spec: RunSpec) -> tuple[str, ...]:
         spec.loader.sharing_strategy.value,
         str(spec.loader.pin_memory).lower(),
         spec.pinning.pin_memory.value,
+        spec.loader.handoff.value,
+        str(spec.loader.workers),
     )
 
 
@@ -131,6 +133,8 @@ def run_row(spec: RunSpec, files: RunFiles) -> dict[str, object]:
         "sharing_strategy": spec.loader.sharing_strategy.value,
         "pin_memory": spec.loader.pin_memory,
         "pin_memory_place": spec.pinning.pin_memory.value,
+        "handoff": spec.loader.handoff.value,
+        "workers": spec.loader.workers,
         "repeat": spec.repeat,
         "twin_id": twin_id(spec) if spec.mode.loads else "",
         "switch_interval_s": attrs.get("switch_interval_s"),
@@ -148,11 +152,27 @@ def run_row(spec: RunSpec, files: RunFiles) -> dict[str, object]:
     return row
 
 
-KNOBS = ["policy", FACTOR, "sharing_strategy", "pin_memory", "pin_memory_place"]
+KNOBS = [
+    "policy",
+    FACTOR,
+    "sharing_strategy",
+    "pin_memory",
+    "pin_memory_place",
+    "handoff",
+    "workers",
+]
 
 
-#: What a knob is when a runs table predates its column (the spec's default).
-KNOB_DEFAULTS = {"policy": "none", FACTOR: 0.0, "sharing_strategy": "file_descriptor"}
+#: What a knob is when a runs table predates its column: the spec's default, and for
+#: ``workers`` the 12 of every config measured before the column (config/gil-h200.yaml,
+#: config/blocks-h200*.yaml).
+KNOB_DEFAULTS: dict[str, object] = {
+    "policy": "none",
+    FACTOR: 0.0,
+    "sharing_strategy": "file_descriptor",
+    "handoff": "torch",
+    "workers": 12,
+}
 
 
 def inflation(runs: pd.DataFrame) -> pd.DataFrame:

@@ -36,11 +36,12 @@ from codl.errors import CodlError, DataSetError, RunInterruptedError
 from codl.harness import data as hdata
 from codl.harness import workloads
 from codl.harness.comm import CommRecorder, comm_group, prepare_tensors, run_comm_step
+from codl.harness.handoff import RingLoader
 from codl.harness.progress import StepProgress
 from codl.harness.recorders import Recorders, RunContext, provenance
 from codl.harness.recorders.loader_log import LoaderLog
 from codl.harness.recorders.spans import AppSpans
-from codl.spec import DeviceKind, Mode, Policy, Precision, RunSpec
+from codl.spec import DeviceKind, Handoff, Mode, Policy, Precision, RunSpec
 from codl.trace import clock
 from codl.trace.clock import Anchor, now_ns, take_anchor
 from codl.trace.schema import Phase
@@ -130,7 +131,11 @@ def _batches(loader: Any) -> Iterator[Any]:
 
 def _shutdown_loader(batches: Iterator[Any] | None) -> None:
     """Stop a multi-process DataLoader iterator's workers the way it does itself (a sentinel to
-    each, then join): torch has no public call for it; single-process iterators have none."""
+    each, then join): torch has no public call for it; single-process iterators have none. The
+    ring hand-off has its own."""
+    if isinstance(batches, RingLoader):
+        batches.close()
+        return
     shutdown = getattr(batches, "_shutdown_workers", None)
     if shutdown is not None:
         shutdown()
@@ -455,7 +460,7 @@ def _build(
     if mode.loads:
         if dataset_dir is None:  # pragma: no cover - checked in execute
             raise CodlError("no dataset_dir")
-        held.loader = _build_loader(spec, env, workload, dataset_dir, placed.placement)
+        held.loader = _build_loader(spec, env, workload, dataset_dir, placed.placement, device)
     held.batches = _batches(held.loader) if held.loader is not None else None
     comm_buckets = _bucket_sizes(model, spec.layout.bucket_cap_mb) if mode is Mode.COMM else []
     return _Components(
@@ -493,6 +498,7 @@ def _build_loader(
     workload: workloads.Workload,
     dataset_dir: Path,
     placement: pinning.Placement,
+    device: torch.device,
 ) -> Any:
     bs = spec.workload.batch_size
     dataset = hdata.dataset_for(workload.dataset_kind.value, dataset_dir, spec.workload.image_size)
@@ -501,6 +507,18 @@ def _build_loader(
     if n_samples < bs:
         raise CodlError(
             f"data set {dataset_dir} has {n_samples} samples, fewer than one batch of {bs}"
+        )
+    init_fn = functools.partial(_seed_worker, placement, spec.seed)
+    if spec.loader.handoff is Handoff.RING:
+        return RingLoader(
+            dataset,
+            batch_size=bs,
+            workers=spec.loader.workers,
+            prefetch_factor=spec.loader.prefetch_factor,
+            generator=gen,
+            worker_init_fn=init_fn,
+            page_lock=spec.loader.pin_memory and spec.device is DeviceKind.CUDA,
+            device=device,
         )
     return torch.utils.data.DataLoader(
         dataset,
@@ -513,7 +531,7 @@ def _build_loader(
         persistent_workers=spec.loader.persistent_workers,
         drop_last=True,
         collate_fn=hdata.collate,
-        worker_init_fn=functools.partial(_seed_worker, placement, spec.seed),
+        worker_init_fn=init_fn,
     )
 
 
@@ -604,9 +622,12 @@ def _next_batch(
             raise DataSetError(str(exc).strip().splitlines()[-1].split("Error: ", 1)[-1]) from None
     ctx.loader.add(step, batch)
     with ctx.spans.phase(step, Phase.H2D.value):
-        x = batch.inputs.to(device, non_blocking=spec.loader.pin_memory)
+        if isinstance(batches, RingLoader):
+            x, y = batches.to_device(batch, device)
+        else:
+            x = batch.inputs.to(device, non_blocking=spec.loader.pin_memory)
+            y = batch.targets.to(device, non_blocking=spec.loader.pin_memory)
         x = x.to(memory_format=parts.memory_format)
-        y = batch.targets.to(device, non_blocking=spec.loader.pin_memory)
     return x, y
 
 
