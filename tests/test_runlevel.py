@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 
-from codl.analysis.runlevel import log_ratio_interval
+from codl.analysis import compare as cmp
+from codl.analysis.runlevel import block_columns, block_id, log_ratio_interval
 
 
 def test_the_interval_covers_a_planted_ratio_at_its_level_with_three_runs() -> None:
@@ -38,3 +40,107 @@ def test_two_runs_give_a_wide_interval_and_one_run_none() -> None:
 def test_ratios_must_be_positive(bad: list[float]) -> None:
     with pytest.raises(ValueError, match="positive"):
         log_ratio_interval(bad)
+
+
+def test_a_block_is_one_machine_boot_and_invocation() -> None:
+    attrs = {
+        "host": "gpu7",
+        "boot_id": "0a1b2c3d-4e5f-6789-abcd-ef0123456789",
+        "invocation": "481516",
+        "gpu_uuids": ["GPU-1", "GPU-2"],
+        "start_unix_ns": 1_764_600_000_000_000_000,
+    }
+    cols = block_columns(attrs)
+    assert cols["block"] == "gpu7/0a1b2c3d/481516"
+    assert cols["gpu_uuids"] == "GPU-1 GPU-2"
+    assert cols["start_time"].startswith("2025-12-01T")
+    # Another boot of the same host, or another invocation, is another block.
+    assert block_id("gpu7", "ffff0000", "481516") != cols["block"]
+    assert block_id("gpu7", attrs["boot_id"], "481517") != cols["block"]
+    # A trace from before the attributes existed: the machine alone.
+    old = block_columns({"host": "gpu7"})
+    assert old["block"] == "gpu7" and old["boot_id"] == "" and old["start_time"] == ""
+    assert block_id(None) == ""
+
+
+def _frames(
+    run_id: str, mode: str, block: str, values: list[float], repeat: int = 0
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    loads = mode == "combined"
+    summary = {
+        "run_id": run_id,
+        "mode": mode,
+        "device": "cuda",
+        "model": "resnet50",
+        "batch_size": 128,
+        "image_size": 224,
+        "precision": "bf16",
+        "policy": "none",
+        "launch_cores": 1,
+        "nodes": 1,
+        "ranks_per_node": 1,
+        "backend": "nccl",
+        "comm_pattern": "buckets",
+        "tier": "default",
+        "cupti": False,
+        "cuda_api": False,
+        "world_size": 1,
+        "workers": 4 if loads else 0,
+        "prefetch_factor": 2 if loads else None,
+        "pin_memory": True if loads else None,
+        "repeat": repeat,
+        "host": block.split("/")[0],
+        "block": block,
+    }
+    steps = pd.DataFrame(
+        {
+            "run_id": run_id,
+            "step": np.arange(len(values)),
+            "compute_eff_ms": values,
+            "step_ms": [v + 5 for v in values],
+        }
+    )
+    return steps, pd.DataFrame([summary])
+
+
+def _compare(*runs: tuple[pd.DataFrame, pd.DataFrame]) -> pd.DataFrame:
+    steps = pd.concat([s for s, _ in runs], ignore_index=True)
+    runs_table = pd.concat([m for _, m in runs], ignore_index=True)
+    out = cmp.compare(steps, runs_table)
+    return out[(out["component"] == "compute") & (out["metric"] == "compute_eff_ms")]
+
+
+def test_compare_pairs_runs_with_twins_inside_blocks() -> None:
+    # Block B runs everything 50 % slower (another machine): its combined run against block
+    # A's twin would read as +65 %; paired inside blocks the ratios are 2.0 and 1.1.
+    out = _compare(
+        _frames("x0", "combined", "a/1/j1", [20.0] * 4, repeat=0),
+        _frames("c0", "compute", "a/1/j1", [10.0] * 4, repeat=0),
+        _frames("x1", "combined", "b/2/j2", [33.0] * 4, repeat=1),
+        _frames("c1", "compute", "b/2/j2", [30.0] * 4, repeat=1),
+    ).set_index("stat")
+    row = out.loc["p50"]
+    assert row["status"] == "ok" and row["n_blocks"] == 2 and row["n_runs"] == 2
+    assert row["run_ratio"] == pytest.approx(math.sqrt(2.0 * 1.1))
+    # Two blocks: t with one degree of freedom, wide, and it holds both block ratios.
+    assert row["run_ci_low"] < 1.1 and row["run_ci_high"] > 2.0
+    assert row["run_diff"] == pytest.approx((10.0 + 3.0) / 2)
+    # The step-level ratio of means over runs pools the blocks: (20+33)/(10+30).
+    assert row["ratio"] == pytest.approx(53 / 40)
+
+
+def test_a_pair_across_blocks_is_kept_but_not_ok() -> None:
+    out = _compare(
+        _frames("x0", "combined", "a/1/j1", [20.0, 21.0, 19.0], repeat=0),
+        _frames("x1", "combined", "a/1/j1", [22.0, 20.0, 21.0], repeat=1),
+        _frames("c0", "compute", "b/2/j2", [10.0, 11.0, 9.0], repeat=0),
+        _frames("c1", "compute", "b/2/j2", [12.0, 10.0, 11.0], repeat=1),
+    )
+    assert len(out) == len(cmp.STATS)
+    assert out["status"].str.startswith(cmp.ACROSS_BLOCKS).all()
+    assert "a/1/j1" in out["status"].iloc[0] and "b/2/j2" in out["status"].iloc[0]
+    assert (out["n_blocks"] == 0).all()
+    # Kept with unpaired run-level values (Welch on logs), so a reader still sees them.
+    row = out.set_index("stat").loc["p50"]
+    assert row["run_ratio"] == pytest.approx(math.sqrt(20 * 21) / math.sqrt(10 * 11))
+    assert row["run_ci_low"] < row["run_ratio"] < row["run_ci_high"]
