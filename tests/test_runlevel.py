@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from codl.analysis import compare as cmp
-from codl.analysis.runlevel import block_columns, block_id, log_ratio_interval
+from codl.analysis.runlevel import block_columns, block_id, log_ratio_interval, runs_blocks
 
 
 def test_the_interval_covers_a_planted_ratio_at_its_level_with_three_runs() -> None:
@@ -49,17 +49,24 @@ def test_a_block_is_one_machine_boot_and_invocation() -> None:
         "invocation": "481516",
         "gpu_uuids": ["GPU-1", "GPU-2"],
         "start_unix_ns": 1_764_600_000_000_000_000,
+        "spec": '{"repeat": 2}',
     }
     cols = block_columns(attrs)
-    assert cols["block"] == "gpu7/0a1b2c3d/481516"
+    assert cols["block"] == "gpu7/0a1b2c3d/481516#2"
     assert cols["gpu_uuids"] == "GPU-1 GPU-2"
     assert cols["start_time"].startswith("2025-12-01T")
     # Another boot of the same host, or another invocation, is another block.
-    assert block_id("gpu7", "ffff0000", "481516") != cols["block"]
-    assert block_id("gpu7", attrs["boot_id"], "481517") != cols["block"]
-    # A trace from before the attributes existed: the machine alone.
-    old = block_columns({"host": "gpu7"})
-    assert old["block"] == "gpu7" and old["boot_id"] == "" and old["start_time"] == ""
+    # Another boot of the same host, another invocation or another repeat is another block.
+    assert block_id("gpu7", "ffff0000", "481516", 2) != cols["block"]
+    assert block_id("gpu7", attrs["boot_id"], "481517", 2) != cols["block"]
+    assert block_id("gpu7", attrs["boot_id"], "481516", 3) != cols["block"]
+    # A trace from before the attributes existed: the machine and the repeat.
+    old = block_columns({"host": "gpu7", "spec": {"repeat": 0}})
+    assert old["block"] == "gpu7#0" and old["boot_id"] == "" and old["start_time"] == ""
+    # A runs table written before summarize wrote blocks: the host and the repeat (a float
+    # where the column had a gap).
+    table = pd.DataFrame({"run_id": ["a", "b"], "host": ["gpu7", "gpu8"], "repeat": [1.0, 0]})
+    assert runs_blocks(table) == {"a": "gpu7#1", "b": "gpu8#0"}
     assert block_id(None) == ""
 
 
@@ -89,7 +96,7 @@ def _frames(
         "prefetch_factor": 2 if loads else None,
         "pin_memory": True if loads else None,
         "repeat": repeat,
-        "host": block.split("/")[0],
+        "host": block.split("/", maxsplit=1)[0],
         "block": block,
     }
     steps = pd.DataFrame(

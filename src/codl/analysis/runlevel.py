@@ -6,21 +6,24 @@ a bootstrap over runs is degenerate (three runs have ten distinct resamples), so
 Student's t on the logs of per-run (or per-block) ratios: a ratio's log is near-normal, the
 interval is exact for log-normal ratios, and it widens as it must when n is small.
 
-A *block* is the set of runs made back to back on one machine in one invocation (one Slurm
-allocation, or one workflow run): ``block_id`` of the host, its boot and the invocation token
-a trace records. Runs are paired with their twins inside a block, so drift between machines
-and over time cancels in the per-block ratio.
+A *block* is a set of runs made back to back on one machine: one repeat of one invocation (a
+Slurm allocation, or one workflow run), ``block_id`` of the host, its boot, the invocation token
+a trace records and the repeat. The workflow's ``blocks`` section runs repeat b as one block
+(one Slurm job, its runs interleaved). Runs are paired with their twins inside a block, so
+drift between machines and over time cancels in the per-block ratio.
 """
 
 from __future__ import annotations
 
 import datetime
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 from scipy import stats
 
 
@@ -82,22 +85,27 @@ def mean_interval(values: Sequence[float], *, level: float = 0.95) -> MeanInterv
 
 
 # The runs-table columns a block is derived from, and the block's own.
-BLOCK_SOURCE_COLUMNS = ("host", "boot_id", "invocation")
+BLOCK_SOURCE_COLUMNS = ("host", "boot_id", "invocation", "repeat")
 BLOCK = "block"
 
 
-def block_id(host: Any, boot_id: Any = "", invocation: Any = "") -> str:
-    """The block of a run: ``host/boot/invocation`` (boot id shortened to 8 characters), with
-    what is unknown left out. Traces written before boot ids and tokens were recorded get the
-    host alone (same machine, invocation unknown); "" when nothing is known."""
+def block_id(host: Any, boot_id: Any = "", invocation: Any = "", repeat: Any = None) -> str:
+    """The block of a run: ``host/boot/invocation#repeat`` (boot id shortened to 8 characters),
+    with what is unknown left out. Traces written before boot ids and tokens were recorded get
+    ``host#repeat`` (same machine, invocation unknown); "" when the host is unknown."""
 
     def text(v: Any) -> str:
-        return "" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v).strip()
+        if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)):
+            return ""
+        if isinstance(v, float) and v.is_integer():
+            return str(int(v))
+        return str(v).strip()
 
     parts = [text(host), text(boot_id)[:8], text(invocation)]
     if not parts[0]:
         return ""
-    return "/".join(p for p in parts if p)
+    rep = text(repeat)
+    return "/".join(p for p in parts if p) + (f"#{rep}" if rep else "")
 
 
 def block_columns(attrs: Mapping[str, Any]) -> dict[str, Any]:
@@ -117,7 +125,11 @@ def block_columns(attrs: Mapping[str, Any]) -> dict[str, Any]:
         "invocation": str(attrs.get("invocation", "") or ""),
         "start_time": when,
     }
-    out[BLOCK] = block_id(attrs.get("host", ""), out["boot_id"], out["invocation"])
+    spec = attrs.get("spec")
+    if isinstance(spec, str):
+        spec = json.loads(spec)
+    repeat = spec.get("repeat") if isinstance(spec, Mapping) else None
+    out[BLOCK] = block_id(attrs.get("host", ""), out["boot_id"], out["invocation"], repeat)
     return out
 
 
