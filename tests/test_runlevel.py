@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 import pytest
 
@@ -151,3 +152,63 @@ def test_a_pair_across_blocks_is_kept_but_not_ok() -> None:
     row = out.set_index("stat").loc["p50"]
     assert row["run_ratio"] == pytest.approx(math.sqrt(20 * 21) / math.sqrt(10 * 11))
     assert row["run_ci_low"] < row["run_ratio"] < row["run_ci_high"]
+
+
+# The simulation of issue 30: experiments of 3 blocks, each block one combined run and one twin
+# run of 40 steps. Runs scatter around their block (log-sd RUN_SD, planted between-run
+# variance) and blocks drift (log-sd DRIFT_SD, machine state both runs of a block share); steps
+# scatter around their run (STEP_SD). The true ratio is TRUE on every run's median step.
+TRUE, RUN_SD, DRIFT_SD, STEP_SD, STEPS, BLOCKS = 1.25, 0.10, 0.10, 0.05, 40, 3
+EXPERIMENTS = 1000
+
+
+def _experiment(rng: np.random.Generator) -> tuple[list[npt.NDArray], list[npt.NDArray]]:
+    num, den = [], []
+    for _ in range(BLOCKS):
+        drift = rng.normal(0, DRIFT_SD)
+        for side, level in ((num, 10.0 * TRUE), (den, 10.0)):
+            run = level * math.exp(drift + rng.normal(0, RUN_SD))
+            side.append(run * np.exp(rng.normal(0, STEP_SD, size=STEPS)))
+    return num, den
+
+
+def _two_level_p50_interval(
+    num: list[npt.NDArray], den: list[npt.NDArray], *, seed: int, n: int = 400
+) -> tuple[float, float]:
+    """The interval compare_stats gives the p50 ratio (runs resampled, then steps within each
+    picked run), computed for p50 alone: the other statistics would cost six times as long."""
+    rng = np.random.default_rng(seed)
+    dn = cmp.draw_indices([len(a) for a in num], n, rng)
+    dd = cmp.draw_indices([len(a) for a in den], n, rng)
+    f = cmp.run_statistic("p50")
+    comb = cmp.replicate(num, dn, n, lambda a, _s: f(a))
+    iso = cmp.replicate(den, dd, n, lambda a, _s: f(a))
+    lo, hi = np.percentile(comb / iso, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def coverage(experiments: int = EXPERIMENTS, seed: int = 11) -> tuple[float, float]:
+    """(run-level, old two-level bootstrap) coverage of TRUE by the 95 % interval of the p50
+    ratio over ``experiments`` simulated experiments."""
+    rng = np.random.default_rng(seed)
+    new = old = 0
+    for i in range(experiments):
+        num, den = _experiment(rng)
+        blocks = [str(b) for b in range(BLOCKS)]
+        level, n_blocks, status = cmp.run_level_stats(
+            list(zip(blocks, num, strict=True)), list(zip(blocks, den, strict=True))
+        )
+        assert status == "ok" and n_blocks == BLOCKS
+        new += level["p50"]["run_ci_low"] <= TRUE <= level["p50"]["run_ci_high"]
+        lo, hi = _two_level_p50_interval(num, den, seed=i)
+        old += lo <= TRUE <= hi
+    return new / experiments, old / experiments
+
+
+def test_run_level_intervals_cover_a_planted_ratio_and_the_old_ones_do_not() -> None:
+    new, old = coverage()
+    # docs/results-h200.md states both numbers (seed 11: 0.957 and 0.908). Resampling 3 runs
+    # shrinks their scatter by sqrt(2/3) and has 10 distinct resamples: too narrow, though not
+    # by much at 3 runs.
+    assert new >= 0.93
+    assert old < 0.93 and old <= new - 0.03
