@@ -13,10 +13,11 @@ per-run statistic; ``above_p99``, the fraction of steps above the twin's p99; an
 ``excess_share``, the share of the combined run's step time lost against its twin.
 
 The headline interval is over runs (``RUN_LEVEL_COLUMNS``, design in codl.analysis.runlevel):
-runs are paired with their twins inside a *block* (runs made back to back on one machine in one
-invocation), each block gives one ratio of the per-run statistics' means, and ``run_ratio`` with
-``run_ci_low``/``run_ci_high`` is the geometric mean of the block ratios with a Student-t
-interval on their logs (``run_diff`` likewise for differences); ``n_blocks`` counts the blocks.
+runs are paired with their twins inside a *block* (the runs of one repeat made back to back on
+one machine in one invocation, ``runlevel.block_id``), each block gives one ratio of the
+per-run statistics' means, and ``run_ratio`` with ``run_ci_low``/``run_ci_high`` is the
+geometric mean of the block ratios with a Student-t interval on their logs (``run_diff``
+likewise for differences); ``n_blocks`` counts the blocks.
 Where no block holds both a run and its twins the row is kept, its ``status`` says the pair
 crosses blocks, and its run-level values are unpaired (Welch on the logs): it is not a headline.
 ``ratio``/``ci_low``/``ci_high`` keep the older two-level bootstrap (runs, then steps within
