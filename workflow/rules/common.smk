@@ -2,14 +2,17 @@
 # (config -> runs), the paths (codl.paths.ResultPaths) and the per-run resources.
 import json
 import os
+import uuid
 from pathlib import Path
 
 from codl.advisor.settings import advisor_settings
-from codl.config import build_plan, check_config_files
+from codl.config import block_slots, build_plan, check_config_files, plan_blocks
 from codl.figures import RUN_FIGURES, FigureName
 from codl.paths import FIGURE_FORMATS, ResultPaths
 from codl.steps.workflow import (
     advisor_targets,
+    block_after,
+    block_group,
     share_inputs,
     share_resources,
     dataset_arg,
@@ -30,6 +33,11 @@ PLAN = build_plan(
     project_dirs=(Path.cwd(), Path(workflow.basedir)),
 )
 SPECS = PLAN.specs
+# The `blocks` section: run id -> its block and predecessor (empty without one).
+BLOCK_SLOTS = block_slots(plan_blocks(config, PLAN))
+# The block token of runs outside Slurm: one per invocation of the workflow (Slurm jobs use
+# SLURM_JOB_ID), inherited by every job it starts.
+os.environ.setdefault("CODL_INVOCATION", uuid.uuid4().hex[:12])
 ADVISOR = advisor_settings(config)
 # Data sets of the shared-node jobs (config section `share`); empty without one.
 SHARE_INPUTS = share_inputs(config, PLAN, PATHS)
@@ -73,6 +81,14 @@ def get_dataset_input(wildcards):
 
 def get_dataset_arg(wildcards):
     return dataset_arg(PATHS, PLAN.tiers, get_spec(wildcards))
+
+
+def get_block_after(wildcards):
+    return block_after(PATHS, BLOCK_SLOTS, wildcards.run_id)
+
+
+def get_block_group(wildcards):
+    return block_group(BLOCK_SLOTS, wildcards.run_id)
 
 
 def get_run_resource(name):

@@ -24,10 +24,15 @@ rule run:
     input:
         spec=PATHS.spec("{run_id}"),
         dataset=get_dataset_input,
+        # With a `blocks` section: the previous run of the block (order), and the block as
+        # one Slurm job (group).
+        after=get_block_after,
     output:
         trace=PATHS.trace("{run_id}"),
     log:
         PATHS.run_log("{run_id}"),
+    group:
+        get_block_group
     conda:
         CONDA_ENV
     threads: workflow.cores

@@ -31,6 +31,7 @@ from codl.analysis.columns import (
 )
 from codl.analysis.compare import twin_ids
 from codl.analysis.intervals import interval_union, overlap_ns
+from codl.analysis.runlevel import block_columns
 from codl.analysis.steady import flag_outliers, steady
 from codl.pinning import parse_cpulist
 from codl.trace.schema import LOADER_ITEM_STAGES, Phase, Table
@@ -728,6 +729,7 @@ def _summary_row(
             "world_size": world,
             "cpus": cpus_per_rank(attrs),
             "host": attrs.get("host", ""),
+            **block_columns(attrs),
             "steps": int(steps_all["step"].nunique()),
             "outlier_steps": int(steps_all["outlier"].sum()),
             "tail_steps": int(steps_all["tail_step"].sum()),

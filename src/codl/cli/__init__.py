@@ -122,10 +122,55 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
-    from codl.config import load_plan
+def _plan_target_ci(args: argparse.Namespace) -> int:
+    """``codl plan CONFIG --target-ci P``: the repeats each comparison of the pilot's runs table
+    needs for +/- P points (codl.analysis.repeats), after the config is checked."""
+    import pandas as pd
 
-    plan = load_plan(Path(args.config))
+    from codl.analysis.repeats import plan_repeats
+    from codl.config import load_plan
+    from codl.paths import ResultPaths
+
+    load_plan(Path(args.config))
+    pilot = Path(args.pilot) if args.pilot is not None else ResultPaths().runs_table
+    candidates = (
+        [pilot]
+        if not pilot.is_dir()
+        else [
+            pilot / "runs.csv",
+            ResultPaths.merged_tables_of(pilot)[0],
+        ]
+    )
+    table = next((c for c in candidates if c.is_file()), None)
+    if table is None:
+        raise CodlError(
+            f"--pilot {pilot}: no runs table ({' or '.join(map(str, candidates))}), expected "
+            "the runs.csv of earlier results or of a pilot run"
+        )
+    out = plan_repeats(pd.read_csv(table), args.target_ci)
+    if out.empty:
+        raise CodlError(f"{table}: no run with its isolation twin to estimate run-to-run scatter")
+    if args.json:
+        print(out.to_json(orient="records", indent=2))
+        return 0
+    print(
+        f"repeats (blocks of one run and its twin) for a 95 % interval of +/- "
+        f"{args.target_ci:g} points on the mean ratio, from {table}:"
+    )
+    print(out.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from codl.config import block_slots, build_plan, load_yaml, plan_blocks
+
+    if args.target_ci is not None:
+        return _plan_target_ci(args)
+    cfg = load_yaml(Path(args.config))
+    plan = build_plan(cfg, source=str(args.config))
+    blocks = plan_blocks(cfg, plan)
+    slots = block_slots(blocks)
+    seeds = {b.name: b.seed for b in blocks}
     # One row per distinct run: a run shared by several experiments or factor combinations (a
     # `compute` run does not depend on loader workers) is measured once and listed once.
     rows: dict[str, dict[str, Any]] = {}
@@ -143,6 +188,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
         )
         if r.experiment not in row["experiments"]:
             row["experiments"].append(r.experiment)
+        if r.run_id in slots:
+            row["block"] = slots[r.run_id].block
+            if seeds[row["block"]] is not None:
+                row["block_seed"] = seeds[row["block"]]
+    if blocks:
+        # The order the runs go in: block by block, each in its planned order.
+        rows = {rid: rows[rid] for b in blocks for rid in b.run_ids}
     if args.json:
         print(json.dumps(list(rows.values()), indent=2))
         return 0
@@ -261,6 +313,19 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plan", help="validate a config and list its runs")
     pl.add_argument("config", type=Path)
     pl.add_argument("--json", action="store_true")
+    pl.add_argument(
+        "--target-ci",
+        type=finite_float(0.01, 1000.0),
+        metavar="P",
+        help="print the repeats each comparison needs for a 95 %% interval of +/- P points on "
+        "its mean ratio, and their device time, from the scatter of --pilot's runs",
+    )
+    pl.add_argument(
+        "--pilot",
+        metavar="RESULTS",
+        help="runs.csv, or a results directory holding one, to estimate run-to-run scatter "
+        "from (default: this workflow's results/tables/runs.csv)",
+    )
     pl.set_defaults(func=cmd_plan)
 
     d = sub.add_parser("dataset", help="generate a data set from its spec")

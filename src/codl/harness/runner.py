@@ -692,6 +692,7 @@ def _run_attrs(
         "spec": spec.to_dict(),
         "host": socket.gethostname(),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
+        **_block_attrs(spec, anchors[0], times[0]),
         "git_revision": provenance.git_revision(),
         "versions": provenance.versions(),
         "anchors_start": anchors[0].as_dict(),
@@ -708,6 +709,26 @@ def _run_attrs(
         "cpus_split": placed.cpus_split,
         "placement": {**placed.placement.to_dict(), "crowded": placed.crowded},
         "placement_mismatches": pinning.mismatches(r for _, r in placed.rows),
+    }
+
+
+def _block_attrs(spec: RunSpec, anchor: Anchor, t_begin_ns: int) -> dict[str, Any]:
+    """Where and when the run ran, for blocks (runs back to back on one machine, one
+    invocation: codl.analysis.runlevel.block_id): boot id, GPU UUIDs, the invocation token
+    (Slurm job, or what the workflow set) and the wall-clock start."""
+    try:
+        boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot_id = ""
+    uuids: list[str] = []
+    if spec.device is DeviceKind.CUDA and torch.cuda.is_available():
+        props = (torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count()))
+        uuids = [str(p.uuid) for p in props]
+    return {
+        "boot_id": boot_id,
+        "gpu_uuids": uuids,
+        "invocation": os.environ.get("SLURM_JOB_ID") or os.environ.get("CODL_INVOCATION", ""),
+        "start_unix_ns": anchor.to_realtime(t_begin_ns),
     }
 
 
