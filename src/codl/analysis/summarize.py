@@ -50,6 +50,7 @@ SPEC_COLUMNS = {
     "workers": ("loader", "workers"),
     "prefetch_factor": ("loader", "prefetch_factor"),
     "pin_memory": ("loader", "pin_memory"),
+    "handoff": ("loader", "handoff"),
     "nodes": ("layout", "nodes"),
     "ranks_per_node": ("layout", "ranks_per_node"),
     "backend": ("layout", "backend"),
@@ -81,6 +82,10 @@ def spec_columns(spec: Mapping[str, Any]) -> dict[str, Any]:
         out["workers"] = 0
         out["prefetch_factor"] = None
         out["pin_memory"] = None
+        out["handoff"] = None
+    else:
+        # Traces written before the key ran torch's DataLoader.
+        out["handoff"] = out["handoff"] or "torch"
     return out
 
 
