@@ -37,7 +37,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 workflow-lint: $(STAMP)
-	$(BIN)/snakefmt --check Snakefile workflow/rules
+	$(BIN)/snakefmt --check workflow/Snakefile workflow/rules
 	@# Each config defines other rules (the advisor's and share rules are conditional).
 	for c in config/smoke.yaml config/config.yaml config/loop-cpu.yaml config/share-cpu.yaml; do \
 	  $(BIN)/snakemake --lint --configfile $$c || exit 1; \

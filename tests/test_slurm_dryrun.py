@@ -86,7 +86,7 @@ def local_rules(config: Path, workdir: Path) -> set[str]:
         wf = api.workflow(
             resource_settings=ResourceSettings(cores=2),
             config_settings=ConfigSettings(configfiles=[config]),
-            snakefile=REPO / "Snakefile",
+            snakefile=REPO / "workflow" / "Snakefile",
             workdir=workdir,
         )
         # The API exposes no rule list. Workflow.is_local answers True for every rule when the

@@ -20,6 +20,10 @@ from codl.steps.workflow import (
 )
 
 PATHS = ResultPaths()
+# The codl checkout this file belongs to (workflow/rules/ -> the root): not workflow.basedir,
+# which is the directory of the Snakefile that was run, another workflow's when this one is used
+# as a module.
+CHECKOUT = Path(workflow.current_basedir.get_path_or_uri(secret_free=True)).resolve().parents[1]
 # The files Snakemake loaded, read again by codl's loader (duplicate keys, alias bombs), so the
 # workflow and `codl plan` accept exactly the same files.
 check_config_files(workflow.configfiles)
@@ -27,7 +31,7 @@ check_config_files(workflow.configfiles)
 PLAN = build_plan(
     config,
     source="the workflow config",
-    project_dirs=(Path.cwd(), Path(workflow.basedir)),
+    project_dirs=(Path.cwd(), CHECKOUT),
 )
 SPECS = PLAN.specs
 ADVISOR = advisor_settings(config)
@@ -38,7 +42,7 @@ SHARE_RESOURCES = share_resources(config, PLAN)
 # environment"); without it, in the one that runs Snakemake. Its file installs this checkout from
 # CODL_ROOT.
 CONDA_ENV = "../envs/codl.yaml"
-os.environ.setdefault("CODL_ROOT", str(Path(workflow.basedir).resolve()))
+os.environ.setdefault("CODL_ROOT", str(CHECKOUT))
 
 
 wildcard_constraints:
