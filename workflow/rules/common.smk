@@ -79,10 +79,14 @@ def get_dataset_arg(wildcards):
     return dataset_arg(PATHS, PLAN.tiers, get_spec(wildcards))
 
 
-def get_run_resource(name):
+def get_run_resource(name, missing=0):
+    """A run job's resource `name`; `missing` where run_resources sets none. None leaves the
+    resource undeclared: the Slurm jobstep plugin checks only that `mpi` exists, and a one-rank
+    job that declared it (even as 0) would skip the plugin's `srun --cpu-bind` wrapper."""
+
     def lookup(wildcards, attempt):
         return run_resources(get_spec(wildcards), config.get("slurm", {}), attempt).get(
-            name, 0
+            name, missing
         )
 
     return lookup
