@@ -1,8 +1,9 @@
 """CPU cost of the gzip writer's chunk pipeline (``codl.trace.chunkcodec``) against numcodecs'
-C codecs: HDF5's shuffle and fletcher32 per 0.5 MiB chunk, ``encode_chunk`` whole with either pair,
-and ``deflate_planes`` against one plain zlib stream (what HDF5's deflate filter or numcodecs'
-Zlib would write), for the column kinds a trace holds. CPU time of this process (``process_time``), so
-other load on the machine does not count; the stored bytes of both pipelines are checked equal.
+C codecs: HDF5's shuffle and fletcher32 per 0.5 MiB chunk, ``encode_chunk`` whole with either
+pair, and ``deflate_planes`` against one plain zlib stream (what HDF5's deflate filter or
+numcodecs' Zlib would write), for the column kinds a trace holds. CPU time of this process
+(``process_time``), so other load on the machine does not count; the stored bytes of both
+pipelines are checked equal.
 
 numcodecs is not a codl dependency: ``pip install numcodecs`` to run this.
 
@@ -54,7 +55,7 @@ def main() -> None:
     try:
         from numcodecs import Fletcher32, Shuffle
     except ImportError:
-        sys.exit("chunkcodec_cost.py needs numcodecs (pip install numcodecs; not a codl dependency)")
+        sys.exit("chunkcodec_cost.py needs numcodecs: pip install numcodecs (no codl dependency)")
     f32 = Fletcher32()
 
     def nc_shuffle(values: np.ndarray[Any, Any]) -> bytes:

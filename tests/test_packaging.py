@@ -116,10 +116,20 @@ def test_a_fresh_dev_install_resolves_to_exactly_the_lock(tmp_path: Path) -> Non
     report = tmp_path / "report.json"
     proc = subprocess.run(
         [
-            sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed",
-            "--quiet", "--report", str(report), "-c", str(REPO / "constraints.txt"),
-            "-e", f"{REPO}[dev]",
-        ],  # fmt: skip
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--ignore-installed",
+            "--quiet",
+            "--report",
+            str(report),
+            "-c",
+            str(REPO / "constraints.txt"),
+            "-e",
+            f"{REPO}[dev]",
+        ],
         capture_output=True,
         text=True,
         timeout=600,

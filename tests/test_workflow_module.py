@@ -91,9 +91,7 @@ def test_the_workflow_deploys_as_a_module_and_dry_runs(tmp_path: Path) -> None:
     # The same jobs as `snakemake` run in the checkout with that config.
     root = tmp_path / "root"
     root.mkdir()
-    same = job_counts(
-        _dry_run(REPO, "--configfile", str(config), "--directory", str(root))
-    )
+    same = job_counts(_dry_run(REPO, "--configfile", str(config), "--directory", str(root)))
     assert same == counts
     # A dry-run writes nothing but Snakemake's own bookkeeping, and nothing into the checkout.
     assert {p.name for p in dest.iterdir()} <= {"workflow", "config", ".snakemake"}

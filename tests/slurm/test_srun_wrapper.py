@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_slurm_workflow import _sacct, _snakemake, _states
 
 from codl.config import build_plan
 from codl.pinning import parse_cpulist
 from codl.trace.store import open_trace
-from test_slurm_workflow import _sacct, _snakemake, _states
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

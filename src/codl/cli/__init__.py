@@ -1,5 +1,5 @@
-"""`codl` command line: run | inspect | export | convert | plan | dataset | write-spec | stage | summarize |
-advise."""
+"""`codl` command line: run | inspect | export | convert | plan | dataset | write-spec | stage |
+summarize | advise."""
 
 from __future__ import annotations
 

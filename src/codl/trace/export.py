@@ -339,9 +339,8 @@ def _loader_events(b: _Builder, loader: pd.DataFrame, hosts: _Hosts) -> None:
         return
     pids, tids = _ints(loader["pid"]), _ints(loader["tid"])
     for pid, tid in zip(pids, tids, strict=True):
-        b.thread(
-            pid, tid, f"loader: worker {hosts.worker_of.get(pid, '?')}", _thread_order("loader", True)
-        )
+        name = f"loader: worker {hosts.worker_of.get(pid, '?')}"
+        b.thread(pid, tid, name, _thread_order("loader", True))
     b.complete(
         "loader",
         names=_strs(loader["stage"]),

@@ -19,7 +19,13 @@ import h5py
 
 from codl.errors import CodlError
 from codl.outputs import OutputKind, check_output, output_unit
-from codl.trace.store.layout import CODEC_ATTR, DIGEST_ATTR, FILTER_ATTR, FILTER_IDS, metadata_digest
+from codl.trace.store.layout import (
+    CODEC_ATTR,
+    DIGEST_ATTR,
+    FILTER_ATTR,
+    FILTER_IDS,
+    metadata_digest,
+)
 from codl.trace.store.reader import open_trace
 from codl.trace.store.writer import COMPRESSIONS, Compression, filter_options
 
@@ -45,10 +51,8 @@ def convert_trace(
     seek in. CodlError for those and for an unknown codec; TraceFormatError for a bad input.
     """
     if compression not in COMPRESSIONS:
-        raise CodlError(
-            f"--compression {compression!r}: expected one of {', '.join(COMPRESSIONS)}"
-        )
-    codec: Compression = compression  # type: ignore[assignment]
+        raise CodlError(f"--compression {compression!r}: expected one of {', '.join(COMPRESSIONS)}")
+    codec: Compression = compression  # narrowed by the membership test
     src_path, out_path = Path(src), Path(out)
     if check_output(out_path, inputs=(src_path,), option=option) is OutputKind.STREAM:
         raise CodlError(
