@@ -23,7 +23,11 @@ PATHS = ResultPaths()
 # The codl checkout this file belongs to (workflow/rules/ -> the root): not workflow.basedir,
 # which is the directory of the Snakefile that was run, another workflow's when this one is used
 # as a module.
-CHECKOUT = Path(workflow.current_basedir.get_path_or_uri(secret_free=True)).resolve().parents[1]
+CHECKOUT = (
+    Path(workflow.current_basedir.get_path_or_uri(secret_free=True))
+    .resolve()
+    .parents[1]
+)
 # The files Snakemake loaded, read again by codl's loader (duplicate keys, alias bombs), so the
 # workflow and `codl plan` accept exactly the same files.
 check_config_files(workflow.configfiles)
@@ -82,7 +86,8 @@ def get_dataset_arg(wildcards):
 def get_run_resource(name, missing=0):
     """A run job's resource `name`; `missing` where run_resources sets none. None leaves the
     resource undeclared: the Slurm jobstep plugin checks only that `mpi` exists, and a one-rank
-    job that declared it (even as 0) would skip the plugin's `srun --cpu-bind` wrapper."""
+    job that declared it (even as 0) would skip the plugin's `srun --cpu-bind` wrapper.
+    """
 
     def lookup(wildcards, attempt):
         return run_resources(get_spec(wildcards), config.get("slurm", {}), attempt).get(
