@@ -229,6 +229,21 @@ def cmd_summarize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_convert(sub: Any) -> None:
+    cv = sub.add_parser(
+        "convert", help="copy a trace with another codec (gzip: any HDF5 tool reads it)"
+    )
+    cv.add_argument("trace", type=Path)
+    cv.add_argument("-o", "--output", required=True, help="the copy (a new .h5 path)")
+    cv.add_argument(
+        "--compression",
+        default="gzip",
+        help="codec of the copy: gzip (default, no plugin needed), blosc-lz4 or lzf",
+    )
+    cv.add_argument("--allow-incomplete", action="store_true", help="copy an incomplete trace")
+    cv.set_defaults(func=cmd_convert)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="codl", description=__doc__)
     p.add_argument("--version", action="version", version=f"codl {__version__}")
@@ -271,18 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.set_defaults(func=cmd_export)
 
-    cv = sub.add_parser(
-        "convert", help="copy a trace with another codec (gzip: any HDF5 tool reads it)"
-    )
-    cv.add_argument("trace", type=Path)
-    cv.add_argument("-o", "--output", required=True, help="the copy (a new .h5 path)")
-    cv.add_argument(
-        "--compression",
-        default="gzip",
-        help="codec of the copy: gzip (default, no plugin needed), blosc-lz4 or lzf",
-    )
-    cv.add_argument("--allow-incomplete", action="store_true", help="copy an incomplete trace")
-    cv.set_defaults(func=cmd_convert)
+    _add_convert(sub)
 
     pl = sub.add_parser("plan", help="validate a config and list its runs")
     pl.add_argument("config", type=Path)
