@@ -99,10 +99,11 @@ def bad_tiers(project: Path, canary: Path) -> list[tuple[str, str, str]]:
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
-    """A copy of the workflow (Snakefile, rules, configs, profiles) to run Snakemake in."""
+    """A copy of the workflow (workflow/ with its Snakefile, configs, profiles) to run
+    Snakemake in."""
     proj = tmp_path / "project"
     proj.mkdir()
-    for name in ("Snakefile", "workflow", "config", "profiles"):
+    for name in ("workflow", "config", "profiles"):
         src = REPO / name
         if src.is_dir():
             shutil.copytree(src, proj / name)  # the schema link becomes a file

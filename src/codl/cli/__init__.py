@@ -1,5 +1,5 @@
-"""`codl` command line: run | inspect | export | plan | dataset | write-spec | stage | summarize |
-advise."""
+"""`codl` command line: run | inspect | export | convert | plan | dataset | write-spec | stage |
+summarize | advise."""
 
 from __future__ import annotations
 
@@ -119,6 +119,19 @@ def cmd_export(args: argparse.Namespace) -> int:
     export_chrome(Path(args.trace), out, from_s=args.from_s, to_s=args.to_s, option="-o/--output")
     if kind is OutputKind.FILE:  # a stream (-o /dev/stdout) gets the JSON alone
         print(args.output)
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from codl.trace.store.convert import convert_trace
+
+    convert_trace(
+        Path(args.trace),
+        Path(args.output),
+        compression=args.compression,
+        allow_incomplete=args.allow_incomplete,
+    )
+    print(args.output)
     return 0
 
 
@@ -268,6 +281,21 @@ def cmd_summarize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_convert(sub: Any) -> None:
+    cv = sub.add_parser(
+        "convert", help="copy a trace with another codec (gzip: any HDF5 tool reads it)"
+    )
+    cv.add_argument("trace", type=Path)
+    cv.add_argument("-o", "--output", required=True, help="the copy (a new .h5 path)")
+    cv.add_argument(
+        "--compression",
+        default="gzip",
+        help="codec of the copy: gzip (default, no plugin needed), blosc-lz4 or lzf",
+    )
+    cv.add_argument("--allow-incomplete", action="store_true", help="copy an incomplete trace")
+    cv.set_defaults(func=cmd_convert)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="codl", description=__doc__)
     p.add_argument("--version", action="version", version=f"codl {__version__}")
@@ -309,6 +337,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--to", dest="to_s", type=seconds, help="window end, seconds since the run began"
     )
     e.set_defaults(func=cmd_export)
+
+    _add_convert(sub)
 
     pl = sub.add_parser("plan", help="validate a config and list its runs")
     pl.add_argument("config", type=Path)

@@ -39,6 +39,7 @@ from codl.trace.store.layout import (
     STRINGS,
     metadata_digest,
     plain_value,
+    stored_codec,
     strings_digest,
     table_schema,
     time_range,
@@ -98,6 +99,15 @@ class Trace:
         if not isinstance(spec, dict):
             raise TraceFormatError(f"{self._path}: no run spec (root attribute 'spec')")
         return spec
+
+    @property
+    def codec(self) -> str | None:
+        """The codec of the table columns (``blosc-lz4``, ``gzip``, ``lzf``; None without one),
+        from the ``compression`` attribute or, in older traces, the stored filter pipeline."""
+        try:
+            return stored_codec(self._file)
+        except H5_ERRORS as e:
+            raise self._corrupt("the filter pipeline", e) from e
 
     @property
     def strings(self) -> list[str]:
