@@ -59,7 +59,8 @@ test: lint typecheck workflow-lint
 	@# h5dump reads a converted trace in tests/test_convert.py (skipped without it): Debian's
 	@# hdf5-tools where the machine lets us install it.
 	@command -v h5dump >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
-	  && apt-get install -y -qq hdf5-tools >/dev/null 2>&1; } || echo "h5dump not installed"
+	  && { apt-get install -y -qq hdf5-tools || { apt-get update -qq && apt-get install -y -qq hdf5-tools; }; } >/dev/null 2>&1; } \
+	  || echo "h5dump not installed"
 	$(BIN)/pytest -q
 
 clean:
