@@ -953,21 +953,10 @@ def wait_for_loader_workers(proc: subprocess.Popen[str], n: int, timeout: float 
         time.sleep(0.2)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    ("label", "sig", "group", "repeats"),
-    [
-        ("SIGTERM three times to the run", signal.SIGTERM, False, 3),
-        ("SIGTERM twice to the process group (Slurm)", signal.SIGTERM, True, 2),
-        ("SIGINT to the process group (Ctrl-C)", signal.SIGINT, True, 1),
-    ],
-)
-def test_signals_leave_exactly_one_incomplete_trace_with_its_reason(
-    tmp_path: Path, label: str, sig: signal.Signals, group: bool, repeats: int
-) -> None:
+def _start_endless_loading_run(tmp_path: Path) -> tuple[Path, subprocess.Popen[str]]:
+    """A 1-rank combined run with 2 loader workers and no end, in its own process group."""
     from codl.harness.runner import write_spec_json
     from codl.spec import RunSpec
-    from codl.trace.store import open_trace
 
     data = tmp_path / "data"
     generate(DatasetSpec(samples=16, classes=2, height=16, width=16), data)
@@ -989,6 +978,24 @@ def test_signals_leave_exactly_one_incomplete_trace_with_its_reason(
         text=True,
         start_new_session=True,  # its own process group, as a Slurm job step has
     )
+    return run_dir, proc
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("label", "sig", "group", "repeats"),
+    [
+        ("SIGTERM three times to the run", signal.SIGTERM, False, 3),
+        ("SIGTERM twice to the process group (Slurm)", signal.SIGTERM, True, 2),
+        ("SIGINT to the process group (Ctrl-C)", signal.SIGINT, True, 1),
+    ],
+)
+def test_signals_leave_exactly_one_incomplete_trace_with_its_reason(
+    tmp_path: Path, label: str, sig: signal.Signals, group: bool, repeats: int
+) -> None:
+    from codl.trace.store import open_trace
+
+    run_dir, proc = _start_endless_loading_run(tmp_path)
     wait_for_loader_workers(proc, 2)
     time.sleep(5)  # some steps after the workers came up
     assert proc.poll() is None, proc.communicate()
@@ -1008,6 +1015,40 @@ def test_signals_leave_exactly_one_incomplete_trace_with_its_reason(
         steps = t.table("events/app")
         assert (steps["phase"].astype(str) == "step").sum() >= 1, label
         assert len(t.table("events/loader")) > 0, label
+
+
+@pytest.mark.slow
+def test_a_repeat_after_the_trace_is_written_leaves_exit_status_2(tmp_path: Path) -> None:
+    """The rest of a kill landing after the stopped run wrote its trace, while the process ends
+    (torch's teardown takes a second or more), as a loaded machine delays a kill's repeats:
+    CPython resets Python-level handlers to the default when it finalizes, so without the run
+    command ignoring them then, a repeat ended the process by SIGTERM (rc -15)."""
+    from codl.files import REPEAT_IGNORE_S
+    from codl.trace.store import open_trace
+
+    run_dir, proc = _start_endless_loading_run(tmp_path)
+    wait_for_loader_workers(proc, 2)
+    time.sleep(2)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signal.SIGTERM)
+    first = time.monotonic()
+    kept = run_dir / "trace.incomplete.h5"
+    while not kept.exists() and proc.poll() is None and time.monotonic() < first + 120:
+        time.sleep(0.01)
+    # From the moment the trace is there until the process is gone, a repeat every 20 ms; all
+    # of them repeats of the kill (a signal later than REPEAT_IGNORE_S is a new one).
+    repeats = 0
+    while proc.poll() is None and time.monotonic() < first + 0.8 * REPEAT_IGNORE_S:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+            repeats += 1
+        time.sleep(0.02)
+    _, err = proc.communicate(timeout=60)
+    assert repeats > 0, "the run ended before any repeat could be sent"
+    assert proc.returncode == 2, (repeats, err[-3000:])
+    assert sorted(p.name for p in run_dir.iterdir()) == ["spec.json", "trace.incomplete.h5"]
+    with open_trace(kept, allow_incomplete=True) as t:
+        assert "SIGTERM" in t.attrs["incomplete_reason"]
 
 
 @pytest.mark.slow
@@ -1405,6 +1446,7 @@ def test_a_stopped_runs_handlers_still_ignore_the_kills_repeats() -> None:
     back behind a grace handler: the rest of a Slurm/group kill (repeats within the window)
     cannot end the process by the signal instead of its exit status 2; a later signal goes to
     the old handler."""
+    from codl.files import REPEAT_IGNORE_S
     from codl.harness import runner
 
     seen: list[int] = []
@@ -1427,7 +1469,7 @@ def test_a_stopped_runs_handlers_still_ignore_the_kills_repeats() -> None:
         with pytest.raises(runner.RunInterruptedError):
             stop(signal.SIGUSR1, None)
         assert stop.first is not None
-        stop.first -= 2 * runner._REPEAT_IGNORE_S
+        stop.first -= 2 * REPEAT_IGNORE_S
         stop.restore({signal.SIGUSR1: lambda signum, _frame: seen.append(signum)})
         signal.raise_signal(signal.SIGUSR1)
         assert seen == [signal.SIGUSR1]

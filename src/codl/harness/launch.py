@@ -16,12 +16,13 @@ import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 
 from codl.errors import CodlError, RunInterruptedError, TraceFormatError
-from codl.files import exclusive_lock
+from codl.files import exclusive_lock, restore_after_stop
 from codl.harness.runner import RankEnv, execute
 from codl.log import configure
 from codl.spec import DeviceKind, RunSpec
@@ -265,14 +266,17 @@ def _forwarded_stop(pids: list[int]) -> Iterator[list[str]]:
     Slurm's time limit and Ctrl-C signal the whole process group: the launcher must outlive its
     ranks, which stop and write their data, so that it can merge what they measured into one
     incomplete trace. A signal sent to the launcher alone reaches the ranks this way; a rank
-    that got it from the group too ignores the repeat (runner._StopHandler).
+    that got it from the group too ignores the repeat (runner._StopHandler). The handlers from
+    before come back behind codl.files.restore_after_stop's grace handler.
     """
     stopped: list[str] = []
+    first: list[float] = []
     if threading.current_thread() is not threading.main_thread():
         yield stopped  # signal handlers can only be set from the main thread
         return
 
     def forward(signum: int, frame: FrameType | None) -> None:
+        first[:] = first or [time.monotonic()]
         stopped.append(signal.Signals(signum).name)
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
@@ -283,5 +287,6 @@ def _forwarded_stop(pids: list[int]) -> Iterator[list[str]]:
     try:
         yield stopped
     finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
+        # After a stop, the kill's repeats stay ignored for a while: the launcher ends with the
+        # merged trace and exit status 2, not by the signal.
+        restore_after_stop(previous, first[0] if first else None)
