@@ -1263,6 +1263,55 @@ def test_cluster_sh_apt_get_waits_for_the_dpkg_lock(
         assert message in proc.stderr, label
 
 
+def cluster_sh_functions(*names: str) -> str:
+    """The named shell functions of cluster.sh, to run on their own."""
+    text = (REPO / "tests" / "slurm" / "cluster.sh").read_text()
+    out = []
+    for name in names:
+        start = text.index(f"\n{name}() {{") + 1
+        one_line = text[start:].split("\n", 1)[0]
+        end = (
+            start + len(one_line) + 1 if one_line.endswith("}") else text.index("\n}\n", start) + 3
+        )
+        out.append(text[start:end])
+    return "\n".join(out)
+
+
+@pytest.mark.parametrize(
+    ("label", "chain", "expected_rc", "within_s"),
+    [
+        # The PID runs bash for 1.5 s before it execs the daemon: `alive` would say no.
+        ("slow chain of execs, then the daemon", 'sleep 1.5; exec "$0"', 0, 30),
+        ("the starter fails before the daemon", "sleep 0.5; exit 1", 1, 10),
+    ],
+)
+def test_cluster_sh_waits_for_a_daemon_still_being_started(
+    tmp_path: Path, label: str, chain: str, expected_rc: int, within_s: float
+) -> None:
+    """cluster.sh's wait_daemon on a daemon whose start is slow (as under load): it waits while
+    the PID is still in start's chain of execs, and gives up at once when it exited."""
+    daemon = tmp_path / "bin" / "fakedmn"
+    daemon.parent.mkdir()
+    daemon.write_text(f"#!/usr/bin/env bash\nsleep 1\ntouch {tmp_path}/ready\nexec sleep 60\n")
+    daemon.chmod(0o755)
+    (tmp_path / "pid").mkdir()
+    (tmp_path / "log").mkdir()
+    functions = cluster_sh_functions("log", "pid_of", "alive", "running", "start", "wait_daemon")
+    script = (
+        f"set -euo pipefail\nSTATE={tmp_path}\n{functions}\n"
+        f"start fakedmn bash -c '{chain}' {daemon}\n"
+        f"rc=0; wait_daemon fakedmn 60 test -e {tmp_path}/ready || rc=$?\n"
+        'kill "$(pid_of fakedmn)" 2>/dev/null || true\nexit $rc\n'
+    )
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        ["bash", "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == expected_rc, (label, proc.stderr)
+    assert time.monotonic() - t0 < within_s, label
+    assert (tmp_path / "ready").exists() == (expected_rc == 0), label
+
+
 # --------------------------------------------------------------------------------------------
 # Class 4: metadata integrity; the fuzz test of single-bit flips over a real trace
 
