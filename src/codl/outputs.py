@@ -14,8 +14,9 @@ a file over it would replace the device node or the shell's link.
 Several outputs that readers take as one set (summarize's tables, compare's merged tables)
 carry a manifest, ``<unit>.unit.json``: the run id (summarize's; compare's spans runs and
 gives none) and every member's size and sha256. It is renamed into place *before* the
-members, with SIGTERM/SIGINT held back until the last rename, so a write killed at any point (SIGKILL, power loss) leaves either the old set or a manifest that its members do
-not match, never a set that reads as finished; :func:`verify_member` is the readers' check.
+members, with SIGTERM/SIGINT held back until the last rename, so a write killed at any point
+(SIGKILL, power loss) leaves either the old set or a manifest that its members do not match,
+never a set that reads as finished; :func:`verify_member` is the readers' check.
 Members of the old set that the new one lacks are removed, so two units never mix.
 
 Every output is locked for the write (``exclusive_lock``, purpose ``write``, the same lock a
