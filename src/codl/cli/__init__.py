@@ -7,6 +7,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Any
 
 from codl import __version__
 from codl.cli.options import MAX_CORES, MAX_WINDOW_S, Parser, bounded_int, finite_float
-from codl.errors import CodlError
+from codl.errors import CodlError, RunInterruptedError
 from codl.log import LEVELS, configure
 from codl.paths import RunFiles
 
@@ -83,14 +84,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     # Imported only now: torch takes seconds to import, a spec error should not.
     from codl.harness.launch import launch
 
-    launch(
-        spec,
-        trace_path=trace,
-        dataset_dir=Path(args.dataset_dir) if args.dataset_dir else None,
-        kineto_dir=Path(args.kineto_dir) if args.kineto_dir else RunFiles(trace.parent).kineto,
-        argv=[sys.executable, "-m", "codl.cli", *sys.argv[1:]],
-        cpus_per_task=args.cpus_per_task,
-    )
+    try:
+        launch(
+            spec,
+            trace_path=trace,
+            dataset_dir=Path(args.dataset_dir) if args.dataset_dir else None,
+            kineto_dir=Path(args.kineto_dir) if args.kineto_dir else RunFiles(trace.parent).kineto,
+            argv=[sys.executable, "-m", "codl.cli", *sys.argv[1:]],
+            cpus_per_task=args.cpus_per_task,
+        )
+    except RunInterruptedError:
+        # Stopped, its trace written: the exit status (2) is decided. The rest of the kill
+        # (Slurm and group-wide kills repeat it) is ignored until the process is gone: CPython
+        # puts the default handler back over every Python-level one (the runner's grace handler
+        # included) when it finalizes, and a repeat landing in the second or so that torch's
+        # teardown takes would end the process by the signal instead (rc -15).
+        for s in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(s, signal.SIG_IGN)
+        raise
     log.info("run %s: wrote %s in %.1f s", spec.run_id, trace, time.monotonic() - t0)
     print(trace)
     return 0

@@ -31,6 +31,7 @@ from codl.advisor.verify import score_predictions, verification_predictions
 from codl.config import build_plan, load_yaml
 from codl.errors import CodlError, ConfigError
 from codl.figures import FigureName
+from codl.outputs import verify_member
 from codl.paths import ResultPaths
 from codl.spec import RunSpec
 
@@ -41,6 +42,7 @@ CONFIG_NAME = "config.yaml"
 def _read_table(path: Path, results: Path) -> pd.DataFrame:
     if not path.is_file():
         raise CodlError(f"{path}: missing table ({results} must hold the workflow's tables/)")
+    verify_member(path)  # compare's tables are read only as a whole unit
     return pd.read_csv(path)
 
 
@@ -99,6 +101,7 @@ def fit_results(
 def _read(path: Path) -> pd.DataFrame:
     if not Path(path).is_file():
         raise CodlError(f"{path}: no such table")
+    verify_member(Path(path))  # compare's tables are read only as a whole unit
     return pd.read_csv(path)
 
 

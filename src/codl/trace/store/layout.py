@@ -6,9 +6,11 @@ opens it, so both must run this one function.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Mapping
+from importlib import resources
 from typing import Any, Final
 
 import h5py
@@ -119,6 +121,39 @@ def stored_codec(f: Any) -> str | None:
                 if key in by_id:
                     return by_id[key]
             return None
+    return None
+
+
+@functools.cache
+def _attrs_validator() -> Any:
+    # Imported on first use: `codl run` imports the store before torch, and pays for neither.
+    import jsonschema
+    import yaml
+
+    text = resources.files("codl").joinpath("schemas/trace-attrs.schema.yaml").read_text()
+    return jsonschema.Draft202012Validator(yaml.safe_load(text))
+
+
+def root_attrs_problem(attrs: Mapping[str, Any]) -> str | None:
+    """What breaks the root attributes' promises (schemas/trace-attrs.schema.yaml and the run's
+    own times in order), naming the attribute, e.g. ``clock_alignment.ranks[1].bound_ns: 'x'
+    is not of type 'integer'``; None when they keep them. ``attrs`` as the reader decodes
+    them."""
+    errors = sorted(
+        _attrs_validator().iter_errors(dict(attrs)),
+        key=lambda e: [str(x) for x in e.absolute_path],
+    )
+    if errors:
+        err = errors[0]
+        where = "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in err.absolute_path)
+        return f"{where.lstrip('.') or 'the root'}: {err.message}"
+    for who, a in [
+        ("", attrs),
+        *((f"ranks[{i}].", r) for i, r in enumerate(attrs.get("ranks", []))),
+    ]:
+        begin, end = a.get("t_begin_ns"), a.get("t_end_ns")
+        if begin is not None and end is not None and end < begin:
+            return f"{who}t_end_ns ({end}) is before {who}t_begin_ns ({begin})"
     return None
 
 
