@@ -509,31 +509,64 @@ def _frame(
 def read_summary(
     path: Path, *, threads: int = 1, warmup_rows: bool = False
 ) -> tuple[dict[str, pd.DataFrame], dict[str, Any], ApiReduction, LoaderReduction]:
-    """What ``summarize.summarize_tables`` needs of a verified trace, with the two big tables
-    reduced as they are read, block by block: the CUDA runtime calls (``ApiReduction``) and
-    the loader's rows (``LoaderReduction``). events/cuda comes back with its GPU activity rows
+    """What ``summarize.summarize_tables`` needs of a trace, with the two big tables reduced
+    as they are read, block by block: the CUDA runtime calls (``ApiReduction``) and the
+    loader's rows (``LoaderReduction``). events/cuda comes back with its GPU activity rows
     only (none in a ``cuda_api`` trace; ``warmup_rows`` keeps the warm-up's), events/loader
     empty (the step timeline reads its window itself). Memory does not grow with the calls or
-    the loader's rows."""
+    the loader's rows.
+
+    The trace is verified (``Trace.verify``) in the same pass: each table's blocks are
+    checked and hashed as they are read (``Trace.verified_blocks``), so every byte is decoded
+    once; a table that fails its check raises before anything made of it is returned.
+    """
     with open_trace(path) as t:
-        t.verify()
+        t.verify_structure()
         attrs = dict(t.attrs)
         warmup = warmup_steps(attrs)
-        present = set(t.tables())
-        big = (Table.CUDA, Table.LOADER)
-        tables = {n: t.table(n) for n in SUMMARY_TABLES if n not in big}
+        present = t.tables()
+        tables: dict[str, pd.DataFrame] = {}
         api = _ApiPass(t.strings, warmup, 0 if warmup_rows else warmup)
         with ThreadPoolExecutor(threads) if threads > 1 else contextlib.nullcontext() as pool:
-            if Table.CUDA in present:
-                for lo, hi in t.block_ranges(Table.CUDA):
-                    api.add(t.read_rows(Table.CUDA, lo, hi, SUMMARY_COLUMNS[Table.CUDA], pool=pool))
+            for name in present:
+                if name == Table.CUDA:
+                    for _, _, block in t.verified_blocks(name, pool=pool):
+                        api.add(block)
+                elif name in SUMMARY_TABLES and name != Table.LOADER:
+                    tables[name] = t.verified_table(name, pool=pool)
+                elif name != Table.LOADER:  # not summarized; the summary vouches for it too
+                    for _ in t.verified_blocks(name, pool=pool):
+                        pass
             tables[Table.CUDA] = _frame(Table.CUDA, api.kept, t.strings)
+            for name in SUMMARY_TABLES:
+                tables.setdefault(name, empty_frame(name))
+            # The loader's overlaps are measured against the compute spans (events/app) and
+            # the kernels (events/cuda): its table comes last.
             loader = _LoaderPass(t.strings, warmup, _loader_targets(tables, warmup))
-            ranges = t.block_ranges(Table.LOADER) if Table.LOADER in present else []
-            for (lo, hi), mark in zip(ranges, _watermarks(t, Table.LOADER, ranges), strict=True):
-                loader.add(t.read_rows(Table.LOADER, lo, hi, _LOADER_READ, pool=pool), mark)
+            if Table.LOADER in present:
+                marks = _Watermarks(t, Table.LOADER)
+                for _, hi, block in t.verified_blocks(Table.LOADER, pool=pool):
+                    loader.add(block, marks.after(hi))
         tables[Table.LOADER] = empty_frame(Table.LOADER)
-    return tables, attrs, api.result(), loader.result()
+    return {n: tables[n] for n in SUMMARY_TABLES}, attrs, api.result(), loader.result()
+
+
+class _Watermarks:
+    """For the rows read so far (up to row ``hi``), the earliest start of any later row (the
+    chunk index's t_lo); the int64 minimum, which keeps every union piece open, for traces
+    without an index."""
+
+    def __init__(self, t: Trace, name: str) -> None:
+        index = t.chunk_index(name)
+        self._index = index if index is not None and len(index) else None
+        if self._index is not None:
+            suffix = np.minimum.accumulate(self._index[::-1, 2])[::-1]
+            self._suffix = np.append(suffix, np.iinfo(np.int64).max)
+
+    def after(self, hi: int) -> int:
+        if self._index is None:
+            return int(np.iinfo(np.int64).min)
+        return int(self._suffix[int(np.searchsorted(self._index[:, 0], hi))])
 
 
 _LOADER_READ = ["rank", "step", "pid", "item", "stage", "start_ns", "end_ns"]
@@ -650,21 +683,6 @@ class _LoaderPass:
         )
         out = out.reset_index()
         return out.astype(LOADER_COLUMNS)[list(LOADER_COLUMNS)]
-
-
-def _watermarks(t: Trace, name: str, ranges: list[tuple[int, int]]) -> list[int]:
-    """Per row range, the earliest start of any later row (the chunk index's t_lo); the
-    int64 minimum, which keeps every union piece open, for traces without an index."""
-    if not ranges:
-        return []
-    index = t.chunk_index(name)
-    lowest = int(np.iinfo(np.int64).min)
-    if index is None or not len(index):
-        return [lowest] * len(ranges)
-    suffix = np.minimum.accumulate(index[::-1, 2])[::-1]
-    suffix = np.append(suffix, np.iinfo(np.int64).max)
-    first_after = np.searchsorted(index[:, 0], [hi for _, hi in ranges])
-    return [int(suffix[i]) for i in first_after]
 
 
 def _loader_targets(tables: dict[str, pd.DataFrame], warmup: int) -> dict[str, dict[int, Any]]:

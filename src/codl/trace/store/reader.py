@@ -48,6 +48,7 @@ from codl.trace.store.layout import (
 _MAX_EXPANSION: Final = 2048
 
 _VERIFY_BLOCK_ROWS: Final = 1 << 20
+_TIME_COLUMNS: Final = frozenset({"start_ns", "end_ns", "t_ns"})
 
 
 class Trace:
@@ -419,10 +420,14 @@ class Trace:
             blocks = [self.read_rows(name, 0, n)] if n else []
         else:
             blocks = list(self.iter_blocks(name, t0=t0, t1=t1, decode=False))
+        return self._frame(name, blocks)
+
+    def _frame(self, name: str, blocks: list[dict[str, npt.NDArray[Any]]]) -> pd.DataFrame:
+        """Raw column blocks of table ``name`` joined into the frame ``table`` returns."""
         if not blocks:
             return empty_frame(name)
         data: dict[str, Any] = {}
-        for c in schema:
+        for c in table_schema(name):
             parts = [b[c.name] for b in blocks]
             arr = parts[0] if len(parts) == 1 else np.concatenate(parts)
             data[c.name] = self._decode(name, c.name, arr) if c.is_symbol else arr
@@ -436,7 +441,18 @@ class Trace:
         checksum is checked, and hashed against the column digest written with it; no event
         ends before it starts; string indices are in the table; the chunk index describes the
         data; and the stored run_id is the hash of the stored spec.
+
+        A reader that needs the tables too checks them as it reads them, in one pass over the
+        data: ``verify_structure`` and each table's ``verified_blocks``.
         """
+        self.verify_structure()
+        for table in self.tables():
+            for _ in self.verified_blocks(table):
+                pass
+
+    def verify_structure(self) -> None:
+        """What ``verify`` checks besides the tables' rows: every dataset belongs to the
+        schema, and the stored run_id is the hash of the stored spec."""
         datasets: list[str] = []
         try:
             self._file.visititems(
@@ -451,9 +467,13 @@ class Trace:
             raise TraceFormatError(
                 f"{self._path}: datasets {unknown[:5]} are not in trace schema v{SCHEMA_VERSION}"
             )
-        for table in self.tables():
-            self._verify_table(table)
         self._verify_identity()
+
+    def verified_table(self, name: str, *, pool: Executor | None = None) -> pd.DataFrame:
+        """``table(name)``, every row checked as ``verify`` checks it, in the same read."""
+        if name not in self.tables():
+            return empty_frame(name)
+        return self._frame(name, [block for _, _, block in self.verified_blocks(name, pool=pool)])
 
     def _column_digests(self, table: str) -> dict[str, Any]:
         try:
@@ -466,7 +486,17 @@ class Trace:
             raise self._corrupt(f"the column digests of /{table}", e) from e
         return digests
 
-    def _verify_table(self, table: str) -> None:
+    def verified_blocks(
+        self, table: str, *, pool: Executor | None = None
+    ) -> Iterator[tuple[int, int, dict[str, npt.NDArray[Any]]]]:
+        """(lo, hi, every column of rows [lo, hi)) of ``table`` block by block (its chunk-index
+        blocks, else 1 Mi rows), each checked as ``verify`` checks it as it is read: dtypes,
+        string codes, the index entry's time range, events ending before they start, each
+        column's sha256 over all its rows. The digests are compared after the last block: a
+        caller keeps nothing it made of the blocks unless the iteration ran to its end (it
+        raises TraceFormatError there). The blocks are read-only: a thread hashes each one
+        while the caller uses it (sha256 releases the GIL), so the check costs ~no wall time
+        where a second core is free. ``pool``: as ``read_rows``."""
         schema = table_schema(table)
         n = self._row_count(table, schema)
         digests = self._column_digests(table)
@@ -480,28 +510,40 @@ class Trace:
         index = self.chunk_index(table)
         hashes = {c.name: hashlib.sha256() for c in schema}
         bad: tuple[int, int] | None = None  # (first row, count) of events ending before start
-        # With an index, block by block, so that each entry is checked against its rows.
-        ranges = self._ranges(table, n, None, None) if index is None else index[:, :2].tolist()
+        # Adjacent index blocks read together (up to 1 Mi rows: the per-read costs are paid
+        # per block), each entry then checked against its own rows.
+        ranges = self._ranges(table, n, None, None)
+        first_entry = 0
 
         def digest(block: dict[str, npt.NDArray[Any]]) -> None:
             for name, values in block.items():
                 # The array's own buffer: hashlib reads it without the copy tobytes() makes.
                 hashes[name].update(np.ascontiguousarray(values).data.cast("B"))
 
-        # sha256 releases the GIL: block i is hashed on a thread while block i + 1 is read and
+        # Block i is hashed on a thread while the caller uses it and block i + 1 is read and
         # checked (HDF5 holds h5py's lock). At most two blocks are held, and the hashes see the
         # rows in order, since each block's hashing waits for the one before.
         hashing: Future[None] | None = None
-        with ThreadPoolExecutor(1, thread_name_prefix="codl-verify") as pool:
-            for i, (lo, hi) in enumerate(ranges):
-                block = {c.name: self._read(table, c.name, slice(lo, hi)) for c in schema}
+        with ThreadPoolExecutor(1, thread_name_prefix="codl-verify") as hasher:
+            for lo, hi in ranges:
+                block = self.read_rows(table, lo, hi, pool=pool)
+                for values in block.values():
+                    values.flags.writeable = False
                 if hashing is not None:
                     hashing.result()
-                hashing = pool.submit(digest, block)
-                self._check_block(table, block, lo, hi, None if index is None else index[i])
+                hashing = hasher.submit(digest, block)
+                self._check_block(table, block, lo, hi, None)
+                if index is not None:
+                    last_entry = int(np.searchsorted(index[:, 1], hi, side="right"))
+                    for entry in index[first_entry:last_entry]:
+                        e_lo, e_hi = int(entry[0]) - lo, int(entry[1]) - lo
+                        times = {k: v[e_lo:e_hi] for k, v in block.items() if k in _TIME_COLUMNS}
+                        self._check_block(table, times, int(entry[0]), int(entry[1]), entry)
+                    first_entry = last_entry
                 if "start_ns" in block and bad is None:
                     late = np.flatnonzero(block["end_ns"] < block["start_ns"])
                     bad = (lo + int(late[0]), int(late.size)) if late.size else None
+                yield lo, hi, block
             if hashing is not None:
                 hashing.result()
         for c in schema:
@@ -526,7 +568,7 @@ class Trace:
     ) -> None:
         """String codes in the table; the chunk index entry's time range is the block's."""
         for c in table_schema(table):
-            if c.is_symbol:
+            if c.is_symbol and c.name in block:
                 self._check_codes(table, c.name, block[c.name])
         if entry is not None and tuple(entry[2:]) != time_range(table, block, hi - lo):
             raise TraceFormatError(
