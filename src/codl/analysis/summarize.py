@@ -662,8 +662,8 @@ def summarize_tables(
         row.update(_latency_stats(rt["us"], "api"))
         row.update(_latency_stats(rt.loc[_is_launch_kernel(rt["name"]), "us"], "launch_kernel"))
     else:
-        row.update(api.every.stats("api"))
-        row.update(api.launch.stats("launch_kernel"))
+        row.update(api.latency.stats("api"))
+        row.update(api.latency.stats("launch_kernel", flagged=True))
     columns = list(row)
     # The latency columns sit where they always were: after launch_wait_ms_p99.
     at = columns.index("launch_wait_ms_p99") + 1

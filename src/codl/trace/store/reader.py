@@ -509,7 +509,6 @@ class Trace:
                 )
         index = self.chunk_index(table)
         hashes = {c.name: hashlib.sha256() for c in schema}
-        bad: tuple[int, int] | None = None  # (first row, count) of events ending before start
         # Adjacent index blocks read together (up to 1 Mi rows: the per-read costs are paid
         # per block), each entry then checked against its own rows.
         ranges = self._ranges(table, n, None, None)
@@ -540,9 +539,15 @@ class Trace:
                         times = {k: v[e_lo:e_hi] for k, v in block.items() if k in _TIME_COLUMNS}
                         self._check_block(table, times, int(entry[0]), int(entry[1]), entry)
                     first_entry = last_entry
-                if "start_ns" in block and bad is None:
+                if "start_ns" in block:
+                    # Raised here, before the caller sees the block: a reducer would choke on a
+                    # negative duration with a less telling error.
                     late = np.flatnonzero(block["end_ns"] < block["start_ns"])
-                    bad = (lo + int(late[0]), int(late.size)) if late.size else None
+                    if late.size:
+                        raise TraceFormatError(
+                            f"{self._path}: /{table} has {late.size}+ event(s) ending before "
+                            f"they start (first at row {lo + int(late[0])}); corrupt"
+                        )
                 yield lo, hi, block
             if hashing is not None:
                 hashing.result()
@@ -552,11 +557,6 @@ class Trace:
                 raise TraceFormatError(
                     f"{self._path}: dataset /{table}/{c.name} does not match its sha256; corrupt"
                 )
-        if bad is not None:
-            raise TraceFormatError(
-                f"{self._path}: /{table} has {bad[1]}+ event(s) ending before they start "
-                f"(first at row {bad[0]}); corrupt"
-            )
 
     def _check_block(
         self,
