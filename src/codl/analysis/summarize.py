@@ -208,22 +208,47 @@ def sched_deltas(sched: pd.DataFrame) -> pd.DataFrame:
     """
     if sched.empty:
         return _empty(SCHED_DELTA_COLUMNS)
-    thread = ["rank", "pid", "tid"]
-    s = sched.sort_values([*thread, "t_ns"], kind="stable")
-    g = s.groupby(thread, sort=False)
-    out = s[[*thread, "step", "cpu"]].copy()
+    thread = [sched[k].to_numpy(np.int64) for k in ("rank", "pid", "tid")]
+    # By thread, then time; stable, as the samples of one instant keep their order.
+    order = np.lexsort((sched["t_ns"].to_numpy(), *thread[::-1]))
+    rank, pid, tid = (k[order] for k in thread)
+    same = (rank[1:] == rank[:-1]) & (pid[1:] == pid[:-1]) & (tid[1:] == tid[:-1])
+    cur = order[1:][same]  # samples with a predecessor of their thread, and that predecessor
+    prev = order[:-1][same]
+    delta = {}
     for col in SCHED_COUNTERS:
-        out[col] = g[col].diff()
-    out = out.dropna(subset=["run_ns"])
+        values = sched[col].to_numpy(np.int64)
+        delta[col] = values[cur] - values[prev]
     # A negative difference means the TID was reused by a new thread: not a measurement.
-    out = out[(out["run_ns"] >= 0) & (out["wait_ns"] >= 0)]
-    if out.empty:
+    ok = (delta["run_ns"] >= 0) & (delta["wait_ns"] >= 0)
+    if not ok.any():
         return _empty(SCHED_DELTA_COLUMNS)
-    # Two samples tagged with one step (e.g. a final flush) add up to that step.
-    agg: dict[str, Any] = dict.fromkeys(SCHED_COUNTERS, "sum")
-    agg["cpu"] = "last"
-    out = out.groupby([*thread, "step"], as_index=False, sort=True).agg(agg)
-    return out.astype(SCHED_DELTA_COLUMNS)[list(SCHED_DELTA_COLUMNS)]
+    cur = cur[ok]
+    keys = {
+        "rank": sched["rank"].to_numpy(np.int64)[cur],
+        "pid": sched["pid"].to_numpy(np.int64)[cur],
+        "tid": sched["tid"].to_numpy(np.int64)[cur],
+        "step": sched["step"].to_numpy(np.int64)[cur],
+    }
+    cpu = sched["cpu"].to_numpy(np.int64)[cur]
+    counters = {col: d[ok] for col, d in delta.items()}
+    # Two samples tagged with one step (e.g. a final flush) add up to that step; its cpu is
+    # the later sample's. Rows are in time order per thread, and the sort by step is stable.
+    by = np.lexsort(tuple(keys[k] for k in ("step", "tid", "pid", "rank")))
+    keys = {k: v[by] for k, v in keys.items()}
+    cpu = cpu[by]
+    counters = {k: v[by] for k, v in counters.items()}
+    change = np.zeros(len(by), dtype=np.bool_)
+    change[0] = True
+    for v in keys.values():
+        change[1:] |= v[1:] != v[:-1]
+    starts = np.flatnonzero(change)
+    last = np.append(starts[1:], len(by)) - 1
+    out = {k: v[starts] for k, v in keys.items()}
+    out["cpu"] = cpu[last]
+    for col, v in counters.items():
+        out[col] = np.add.reduceat(v, starts)
+    return pd.DataFrame(out).astype(SCHED_DELTA_COLUMNS)[list(SCHED_DELTA_COLUMNS)]
 
 
 LAUNCH_COLUMNS: dict[str, str] = {
@@ -523,11 +548,20 @@ def attribute_launch_wait(
         others = d[(node == my_node) & ~((d["rank"] == rank) & (d["tid"] == ltid))].copy()
         if others.empty:
             continue
-        frac = [
-            len(m & lmask) / len(m) if (m := masks.get((int(r), int(t)), frozenset())) else 0.0
-            for r, t in zip(others["rank"], others["tid"], strict=True)
-        ]
-        others["share_ns"] = others["run_ns"].to_numpy(dtype=np.float64) * np.asarray(frac)
+        # Each thread's fraction of its mask inside the launch mask, once per thread.
+        pairs = others[["rank", "tid"]].drop_duplicates()
+        frac = pd.Series(
+            [
+                len(m & lmask) / len(m) if (m := masks.get((int(r), int(t)), frozenset())) else 0.0
+                for r, t in zip(pairs["rank"], pairs["tid"], strict=True)
+            ],
+            index=pd.MultiIndex.from_frame(pairs),
+            dtype=np.float64,
+        )
+        rows = pd.MultiIndex.from_arrays([others["rank"], others["tid"]])
+        others["share_ns"] = others["run_ns"].to_numpy(dtype=np.float64) * frac.reindex(
+            rows
+        ).to_numpy(dtype=np.float64)
         others = others[others["share_ns"] > 0]
         if others.empty:
             continue
