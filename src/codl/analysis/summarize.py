@@ -807,7 +807,7 @@ def read_tables(path: Path) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
 
 
 def summarize_trace(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """``summarize_tables`` of a verified trace, whose big event tables are read block by
-    block and only in the rows and columns the summary uses (``chunked.read_summary_tables``)."""
-    tables, attrs = chunked.read_summary_tables(path)
-    return summarize_tables(tables, attrs)
+    """``summarize_tables`` of a trace, verified and reduced in one pass as ``codl summarize``
+    reads it (``chunked.read_summary``): the big event tables block by block, never whole."""
+    tables, attrs, api, loader = chunked.read_summary(path)
+    return summarize_tables(tables, attrs, api=api, loader=loader)
