@@ -543,12 +543,12 @@ def read_summary(
         with ThreadPoolExecutor(threads) if threads > 1 else contextlib.nullcontext() as pool:
             for name in present:
                 if name == Table.CUDA:
-                    for _, _, block in t.verified_blocks(name, pool=pool):
+                    for _, _, block in t.verified_blocks(name, pool=pool, reuse=True):
                         api.add(block)
                 elif name in SUMMARY_TABLES and name != Table.LOADER:
                     tables[name] = t.verified_table(name, pool=pool)
                 elif name != Table.LOADER:  # not summarized; the summary vouches for it too
-                    for _ in t.verified_blocks(name, pool=pool):
+                    for _ in t.verified_blocks(name, pool=pool, reuse=True):
                         pass
             tables[Table.CUDA] = _frame(Table.CUDA, api.kept, t.strings)
             for name in SUMMARY_TABLES:
@@ -558,7 +558,7 @@ def read_summary(
             loader = _LoaderPass(t.strings, warmup, _loader_targets(tables, warmup))
             if Table.LOADER in present:
                 marks = _Watermarks(t, Table.LOADER)
-                for _, hi, block in t.verified_blocks(Table.LOADER, pool=pool):
+                for _, hi, block in t.verified_blocks(Table.LOADER, pool=pool, reuse=True):
                     loader.add(block, marks.after(hi))
         tables[Table.LOADER] = empty_frame(Table.LOADER)
     return {n: tables[n] for n in SUMMARY_TABLES}, attrs, api.result(), loader.result()

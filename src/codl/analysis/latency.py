@@ -51,19 +51,13 @@ class ExactLatency:
         self._pending_n = 0
         self._long: list[_Ints] = []
         self._long_flagged: list[_Ints] = []
-        self.n = self.n_flagged = 0
-        self.sum_ns = self.sum_flagged_ns = 0
 
     def add(self, ns: _Ints, flagged: npt.NDArray[np.bool_] | None = None) -> None:
+        # Counts and sums come from the histogram at the end: here only the passes that fill it.
         if not len(ns):
             return
         if flagged is None:
             flagged = np.zeros(len(ns), dtype=np.bool_)
-        self.n += len(ns)
-        self.sum_ns += int(ns.sum())
-        k = int(np.count_nonzero(flagged))
-        self.n_flagged += k
-        self.sum_flagged_ns += int(np.sum(ns, where=flagged)) if k else 0
         if int(ns.min()) < 0:
             raise ValueError("negative duration: the trace is checked for these")
         if int(ns.max()) >= EXACT_CAP_NS:
@@ -84,23 +78,38 @@ class ExactLatency:
             self._counts += np.bincount(keys, minlength=2 * EXACT_CAP_NS)
             self._pending, self._pending_n = [], 0
 
+    def _set(self, flagged: bool) -> tuple[_Ints, _Ints]:
+        """(counts per ns below the cap, the longer durations) of every duration or of the
+        flagged ones."""
+        self._flush()
+        counts = self._counts[1::2] if flagged else self._counts[0::2] + self._counts[1::2]
+        pieces = self._long_flagged if flagged else self._long
+        long = np.concatenate(pieces) if pieces else np.empty(0, np.int64)
+        return counts, long
+
+    def calls(self, *, flagged: bool = False) -> int:
+        counts, long = self._set(flagged)
+        return int(counts.sum()) + len(long)
+
+    def _sum_ns(self, flagged: bool) -> int:
+        counts, long = self._set(flagged)
+        # int64: below 2^20 ns times at most 2^43 calls per bin.
+        return int(np.dot(counts, np.arange(EXACT_CAP_NS, dtype=np.int64))) + int(long.sum())
+
     def _order(self, ks: list[int], flagged: bool) -> list[int]:
         """The k-th smallest durations (0-based) for each k of ``ks``, of every duration or of
         the flagged ones."""
-        self._flush()
-        counts = self._counts[1::2] if flagged else self._counts[0::2] + self._counts[1::2]
+        counts, long = self._set(flagged)
         cum = np.cumsum(counts)
         below = int(cum[-1])
-        pieces = self._long_flagged if flagged else self._long
-        long = np.sort(np.concatenate(pieces)) if pieces else np.empty(0, np.int64)
+        long = np.sort(long)
         return [int(np.searchsorted(cum, k + 1)) if k < below else int(long[k - below]) for k in ks]
 
     def stats(self, prefix: str, *, flagged: bool = False) -> dict[str, float | int]:
         """``{prefix}_calls``, ``_us_mean``, ``_us_p50``, ``_us_p99`` as the summary has them
         from the whole column of microseconds (``summarize._latency_stats``), of every
         duration or of the flagged ones."""
-        n = self.n_flagged if flagged else self.n
-        total = self.sum_flagged_ns if flagged else self.sum_ns
+        n = self.calls(flagged=flagged)
         if not n:
             return {f"{prefix}_calls": 0} | dict.fromkeys(
                 (f"{prefix}_us_mean", f"{prefix}_us_p50", f"{prefix}_us_p99"), np.nan
@@ -115,7 +124,7 @@ class ExactLatency:
         p99 = float(np.quantile(np.array([c, d]), pos - lo)) if lo + 1 < n else float(c)
         return {
             f"{prefix}_calls": n,
-            f"{prefix}_us_mean": total / 1e3 / n,
+            f"{prefix}_us_mean": self._sum_ns(flagged) / 1e3 / n,
             f"{prefix}_us_p50": p50,
             f"{prefix}_us_p99": p99,
         }
