@@ -246,12 +246,19 @@ class Trace:
         self._chunk_index[table] = data
         return data
 
-    def _ranges(self, table: str, n: int, t0: int | None, t1: int | None) -> list[tuple[int, int]]:
+    def _ranges(
+        self,
+        table: str,
+        n: int,
+        t0: int | None,
+        t1: int | None,
+        rows: int = _VERIFY_BLOCK_ROWS,
+    ) -> list[tuple[int, int]]:
         """Row ranges to read for the window [t0, t1): the index's blocks that can hold rows of
         it (adjacent ones merged), or everything when there is no index or no window."""
         index = self.chunk_index(table) if n else None
         if index is None:
-            return [(lo, min(n, lo + _VERIFY_BLOCK_ROWS)) for lo in range(0, n, _VERIFY_BLOCK_ROWS)]
+            return [(lo, min(n, lo + rows)) for lo in range(0, n, rows)]
         keep = np.ones(len(index), dtype=bool)
         if t1 is not None:
             keep &= index[:, 2] < t1
@@ -259,7 +266,7 @@ class Trace:
             keep &= index[:, 3] >= t0
         ranges: list[tuple[int, int]] = []
         for lo, hi in index[keep, :2].tolist():
-            if ranges and ranges[-1][1] == lo and hi - ranges[-1][0] <= _VERIFY_BLOCK_ROWS:
+            if ranges and ranges[-1][1] == lo and hi - ranges[-1][0] <= rows:
                 ranges[-1] = (ranges[-1][0], hi)
             else:
                 ranges.append((lo, hi))
@@ -487,7 +494,12 @@ class Trace:
         return digests
 
     def verified_blocks(
-        self, table: str, *, pool: Executor | None = None, reuse: bool = False
+        self,
+        table: str,
+        *,
+        pool: Executor | None = None,
+        reuse: bool = False,
+        rows: int = _VERIFY_BLOCK_ROWS,
     ) -> Iterator[tuple[int, int, dict[str, npt.NDArray[Any]]]]:
         """(lo, hi, every column of rows [lo, hi)) of ``table`` block by block (its chunk-index
         blocks, else 1 Mi rows), each checked as ``verify`` checks it as it is read: dtypes,
@@ -498,7 +510,9 @@ class Trace:
         while the caller uses it (sha256 releases the GIL), so the check costs ~no wall time
         where a second core is free. ``pool``: as ``read_rows``. ``reuse``: the blocks are read
         into two sets of arrays used in turn (a fresh array costs its page faults, ~2 ns per
-        8-byte value), so a block's arrays are valid only until the next block is asked for."""
+        8-byte value), so a block's arrays are valid only until the next block is asked for.
+        ``rows``: adjacent index blocks are joined up to this many rows (one block may hold
+        more)."""
         schema = table_schema(table)
         n = self._row_count(table, schema)
         digests = self._column_digests(table)
@@ -513,7 +527,7 @@ class Trace:
         hashes = {c.name: hashlib.sha256() for c in schema}
         # Adjacent index blocks read together (up to 1 Mi rows: the per-read costs are paid
         # per block), each entry then checked against its own rows.
-        ranges = self._ranges(table, n, None, None)
+        ranges = self._ranges(table, n, None, None, rows)
         first_entry = 0
 
         def digest(block: dict[str, npt.NDArray[Any]]) -> None:
