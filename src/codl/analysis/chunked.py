@@ -554,7 +554,8 @@ def read_summary(
                         pass
             tables[Table.CUDA] = _frame(Table.CUDA, api.kept, t.strings)
             for name in SUMMARY_TABLES:
-                tables.setdefault(name, empty_frame(name))
+                if name not in tables:
+                    tables[name] = empty_frame(name)
             # The loader's overlaps are measured against the compute spans (events/app) and
             # the kernels (events/cuda): its table comes last.
             loader = _LoaderPass(t.strings, warmup, _loader_targets(tables, warmup))
