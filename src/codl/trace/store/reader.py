@@ -252,10 +252,11 @@ class Trace:
         n: int,
         t0: int | None,
         t1: int | None,
-        rows: int = _VERIFY_BLOCK_ROWS,
+        rows: int | None = None,
     ) -> list[tuple[int, int]]:
         """Row ranges to read for the window [t0, t1): the index's blocks that can hold rows of
         it (adjacent ones merged), or everything when there is no index or no window."""
+        rows = _VERIFY_BLOCK_ROWS if rows is None else rows
         index = self.chunk_index(table) if n else None
         if index is None:
             return [(lo, min(n, lo + rows)) for lo in range(0, n, rows)]
@@ -499,7 +500,7 @@ class Trace:
         *,
         pool: Executor | None = None,
         reuse: bool = False,
-        rows: int = _VERIFY_BLOCK_ROWS,
+        rows: int | None = None,
     ) -> Iterator[tuple[int, int, dict[str, npt.NDArray[Any]]]]:
         """(lo, hi, every column of rows [lo, hi)) of ``table`` block by block (its chunk-index
         blocks, else 1 Mi rows), each checked as ``verify`` checks it as it is read: dtypes,
@@ -512,7 +513,7 @@ class Trace:
         into two sets of arrays used in turn (a fresh array costs its page faults, ~2 ns per
         8-byte value), so a block's arrays are valid only until the next block is asked for.
         ``rows``: adjacent index blocks are joined up to this many rows (one block may hold
-        more)."""
+        more; default 1 Mi)."""
         schema = table_schema(table)
         n = self._row_count(table, schema)
         digests = self._column_digests(table)
