@@ -10,7 +10,7 @@ import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -21,13 +21,15 @@ from codl.analysis import summarize as sm
 from codl.analysis.steady import flag_outliers
 from codl.errors import CodlError
 from codl.figures import RUN_FIGURES
-from codl.figures.registry import FIGURES, FigureInputs, draw_figure
 from codl.figures.run_tables import timeline_window, write_run_tables
 from codl.outputs import output_unit, verify_member
 from codl.paths import FIGURE_FORMATS, compare_manifest, summarize_manifest
 from codl.trace.clock import rank_bounds
 from codl.trace.schema import Table
 from codl.trace.store import open_trace
+
+if TYPE_CHECKING:
+    from codl.figures.registry import FigureInputs
 
 log = logging.getLogger(__name__)
 
@@ -232,6 +234,8 @@ def merged_inputs(
     *, runs_table: Path, steps_table: Path, comparison_table: Path, decomposition_table: Path
 ) -> FigureInputs:
     """The merged tables as figure inputs (no per-run tables), checked as one unit."""
+    from codl.figures.registry import FigureInputs  # matplotlib: only where figures are drawn
+
     units: dict[Path, dict[str, Any]] = {}
     return FigureInputs(
         runs=_read_csv(runs_table, units),
@@ -243,6 +247,9 @@ def merged_inputs(
 
 def draw_figures(inputs: FigureInputs, figdir: Path, *, merged_only: bool = False) -> None:
     """Every run figure (only those the merged tables suffice for, if ``merged_only``)."""
+    # Imported here: matplotlib costs ~0.5 s, which `codl summarize` never needs.
+    from codl.figures.registry import FIGURES, draw_figure
+
     for fig in FIGURES:
         if fig.name not in RUN_FIGURES or (merged_only and not fig.merged_only):
             continue
