@@ -548,7 +548,12 @@ def numeric_options() -> list[tuple[str, str, list[str]]]:
     from codl.cli import build_parser
     from codl.cli.advise import build_parser as advise_parser
 
-    required = {"run": ["s.json"], "export": ["t.h5", "-o", "x.json"], "advise": ["r"]}
+    required = {
+        "run": ["s.json"],
+        "export": ["t.h5", "-o", "x.json"],
+        "advise": ["r"],
+        "plan": ["c.yaml"],
+    }
     parsers = {
         name: sub
         for action in build_parser()._actions
@@ -570,7 +575,7 @@ def numeric_options() -> list[tuple[str, str, list[str]]]:
 def test_numeric_options_are_all_typed() -> None:
     found = {(c, o) for c, o, _ in numeric_options()}
     assert {("run", "--cpus-per-task"), ("export", "--from"), ("advise", "--boot")} <= found
-    assert len(found) == 12
+    assert len(found) == 13
 
 
 @pytest.mark.parametrize(("command", "option", "rest"), numeric_options())
