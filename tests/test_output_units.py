@@ -643,3 +643,35 @@ def test_the_window_bound_is_one_number() -> None:
     from codl.trace import export
 
     assert options.MAX_WINDOW_S == export.MAX_WINDOW_S
+
+
+def test_recompare_rewrites_compares_unit_whole(tmp_path: Path) -> None:
+    """scripts/regenerate.py's recompare_tables on a results directory that compare wrote as a
+    unit: the rewritten tables and the untouched ones stay one unit under its manifest."""
+    import shutil
+
+    from codl.outputs import output_unit, verify_member, verify_unit
+    from codl.paths import compare_manifest
+    from codl.steps.analysis import recompare_tables
+
+    golden = Path(__file__).parent / "golden" / "tables"
+    names = ("runs", "steps", "comparison", "attribution", "decomposition")
+    paths = {n: tmp_path / f"{n}.csv" for n in names}
+    manifest = compare_manifest(paths["runs"])
+    with output_unit(list(paths.values()), manifest=manifest) as unit:
+        for n, p in paths.items():
+            shutil.copyfile(golden / f"{n}.csv", unit.path(p))
+    attribution = paths["attribution"].read_bytes()
+    paths["comparison"].write_text("stale\n")  # what regenerate is for: tables to redo
+    with pytest.raises(CodlError):
+        verify_member(paths["comparison"])
+    out = recompare_tables(
+        runs_table=paths["runs"],
+        steps_table=paths["steps"],
+        comparison_table=paths["comparison"],
+        decomposition_table=paths["decomposition"],
+    )
+    doc = verify_unit(manifest)  # whole again
+    assert set(doc["members"]) == {p.name for p in paths.values()}
+    assert paths["attribution"].read_bytes() == attribution
+    assert len(pd.read_csv(paths["comparison"])) == len(out) > 0

@@ -322,9 +322,10 @@ def manifest_of(member: Path) -> Path | None:
     )
 
 
-def verify_unit(manifest: Path) -> dict[str, Any]:
+def verify_unit(manifest: Path, *, only: Sequence[str] | None = None) -> dict[str, Any]:
     """The manifest, after checking that every member it lists is there with its size and
-    sha256: a unit read only whole. CodlError naming the first member that is not."""
+    sha256: a unit read only whole. CodlError naming the first member that is not. ``only``:
+    check just these members (a step that rewrites the others from them)."""
     try:
         doc = json.loads(manifest.read_text(encoding="utf-8"))
         members = doc["members"]
@@ -333,6 +334,8 @@ def verify_unit(manifest: Path) -> dict[str, Any]:
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CodlError(f"{manifest}: unreadable unit manifest ({e})") from None
     for name, entry in members.items():
+        if only is not None and name not in only:
+            continue
         path = manifest.parent / name
         try:
             ok = path.stat().st_size == entry["bytes"] and sha256_of(path) == entry["sha256"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,7 +23,7 @@ from codl.analysis.steady import flag_outliers
 from codl.errors import CodlError
 from codl.figures import RUN_FIGURES
 from codl.figures.run_tables import timeline_window, write_run_tables
-from codl.outputs import output_unit, verify_member
+from codl.outputs import manifest_of, output_unit, verify_member, verify_unit
 from codl.paths import FIGURE_FORMATS, compare_manifest, summarize_manifest
 from codl.trace.clock import rank_bounds
 from codl.trace.schema import Table
@@ -218,15 +219,30 @@ def recompare_tables(
     """
     # Ids are hex strings; one of only digits must not be read as a number (and lose its zeros).
     ids = dict.fromkeys(("run_id", cmp.GROUP_ID, *cmp.TWIN_COLUMNS), str)
+    # Of compare's unit only what this reads must be whole: the rest is what it rewrites.
+    manifest = manifest_of(comparison_table)
+    doc: dict[str, Any] = {}
+    if manifest is not None:
+        doc = verify_unit(manifest, only=[runs_table.name, steps_table.name])
     summary = pd.read_csv(runs_table, dtype=ids)
     steps = pd.read_csv(steps_table, dtype={"run_id": str})
+    new: dict[Path, pd.DataFrame] = {}
     if "outlier" not in steps:
         steps = flag_outliers(steps)
-        steps.to_csv(steps_table, index=False)
+        new[steps_table] = steps
     comparison = cmp.compare(steps, summary)
-    decomposition = dec.decompose(steps, dec.parts_from_steps(steps), summary)
-    comparison.to_csv(comparison_table, index=False)
-    decomposition.to_csv(decomposition_table, index=False)
+    new[comparison_table] = comparison
+    new[decomposition_table] = dec.decompose(steps, dec.parts_from_steps(steps), summary)
+    # Tables of compare's unit are rewritten as that unit: every member again (the unchanged
+    # ones copied), under its manifest; tables written before units, as a unit of their own.
+    members = [comparison_table.parent / name for name in doc.get("members", {})]
+    outputs = list(dict.fromkeys([*new, *members]))
+    with output_unit(outputs, manifest=manifest, run_id=str(doc.get("run_id", ""))) as unit:
+        for out in outputs:
+            if out in new:
+                new[out].to_csv(unit.path(out), index=False)
+            else:
+                shutil.copyfile(out, unit.path(out))
     return comparison
 
 
