@@ -18,6 +18,7 @@ from codl.analysis import chunked, columns
 from codl.analysis import compare as cmp
 from codl.analysis import decompose as dec
 from codl.analysis import summarize as sm
+from codl.analysis.load import flag_comparison
 from codl.analysis.steady import flag_outliers
 from codl.errors import CodlError
 from codl.figures import RUN_FIGURES
@@ -161,7 +162,7 @@ def compare_to(
     step_df = _read_all(steps, "steps", units)
     attribution = _read_all(attributions, "attribution", units)
     part_df = _read_all(parts, "parts", units)
-    comparison = cmp.compare(step_df, summary)
+    comparison = flag_comparison(cmp.compare(step_df, summary), summary)
     decomposition = dec.decompose(step_df, part_df, summary)
     for df, out in (
         (summary, runs_table),
@@ -201,7 +202,7 @@ def recompare_tables(
     if "outlier" not in steps:
         steps = flag_outliers(steps)
         steps.to_csv(steps_table, index=False)
-    comparison = cmp.compare(steps, summary)
+    comparison = flag_comparison(cmp.compare(steps, summary), summary)
     decomposition = dec.decompose(steps, dec.parts_from_steps(steps), summary)
     comparison.to_csv(comparison_table, index=False)
     decomposition.to_csv(decomposition_table, index=False)
