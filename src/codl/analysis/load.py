@@ -43,6 +43,8 @@ OUTSIDE_LOAD_FLAG = 0.2
 #: marks these runs).
 FLAG_COLUMN = "background_load"
 SHARE_COLUMN = "outside_cpu_share"
+#: How the figures label a flagged run or comparison.
+LOAD_MARK = "busy CPUs!"
 _TICK_S = 1.0 / float(os.sysconf("SC_CLK_TCK"))
 
 
@@ -124,7 +126,8 @@ def _node_share(
     # inside the window counts its part).
     run = s.groupby("tid")["run_ns"].agg(["min", "max"])
     own_s = float((run["max"] - run["min"]).clip(lower=0).sum()) / 1e9
-    return max(0.0, busy_s - own_s) / (n_cores * window_s)
+    # Ticks are counted to one either way: a share a hair past 1 is that rounding.
+    return min(1.0, max(0.0, busy_s - own_s) / (n_cores * window_s))
 
 
 #: A twin (isolation run) whose step time varies this much (coefficient of variation over its
@@ -168,3 +171,27 @@ def flag_comparison(comparison: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFram
         for r, t in zip(out["runs"], twins, strict=True)
     ]
     return out
+
+
+def load_warnings(runs: pd.DataFrame, comparison: pd.DataFrame) -> list[str]:
+    """What a results set's last lines say about background load: nothing when no run and no
+    comparison row is flagged, else one line on the runs and one on the comparisons."""
+    lines = []
+    loaded = sorted(flagged_runs(runs))
+    if loaded and SHARE_COLUMN in runs:
+        share = pd.to_numeric(runs.loc[runs["run_id"].astype(str).isin(loaded), SHARE_COLUMN])
+        lines.append(
+            f"warning: {len(loaded)} of {runs['run_id'].nunique()} runs had their CPUs busy "
+            f"with other processes ({SHARE_COLUMN} {share.min():.2f}-{share.max():.2f}, flag at "
+            f">= {OUTSIDE_LOAD_FLAG:.2f}; column {FLAG_COLUMN} of runs.csv): their times "
+            "measure this machine's load, not the pipeline; re-run them on a quiet machine"
+        )
+    if FLAG_COLUMN in comparison and len(comparison):
+        flag = comparison[FLAG_COLUMN].astype(str).str.lower() == "true"
+        if flag.any():
+            lines.append(
+                f"warning: {int(flag.sum())} of {len(comparison)} comparison rows rest on such "
+                f"a run or on an unstable twin (step-time CV >= {UNSTABLE_CV:.2f}; column "
+                f"{FLAG_COLUMN} of comparison.csv); figures mark them '{LOAD_MARK}'"
+            )
+    return lines

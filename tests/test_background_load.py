@@ -1,0 +1,110 @@
+"""Background load (codl.analysis.load): a real run with a CPU hog planted on its core is flagged,
+the same run without it is not, and comparison rows inherit the flag of their runs and twins.
+
+The planted hog is strong (HOGS busy loops on the run's one core, at the run's own priority):
+whatever else the machine runs, the scheduler gives the hogs at least HOGS / (HOGS + 1) of the
+core while the run's thread wants it, so the hogged run reads far above the flag. The quiet run
+is measured on its own core only: a CPU-bound run holds its core against the ordinary load of a
+shared 2-core machine (it read 0.00-0.10 at a load average of 3.7 there), and of QUIET_TRIES
+runs the least loaded is taken, so one burst of a neighbour does not fail the test. (Hogs moved
+to the other core would not do as a quiet control: they push the machine's other tasks onto the
+run's core, 0.82 measured.)
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from codl.analysis import load
+from codl.analysis.summarize import summarize_trace
+from codl.harness.launch import launch
+from codl.spec import RunSpec
+
+HOGS = 3
+QUIET_TRIES = 3
+ALLOWED = sorted(os.sched_getaffinity(0))
+
+
+def _spec(repeat: int) -> RunSpec:
+    return RunSpec.from_dict(
+        {
+            "mode": "compute",
+            "device": "cpu",
+            "workload": {"model": "resnet_tiny", "batch_size": 4, "image_size": 32},
+            # ~1 s measured on one core: 100 ticks of /proc/stat, each 1 % of the share.
+            "steps": {"warmup": 2, "measured": 30},
+            # One CPU, the first of the allowed set (spec.PinningSpec): the one the hogs take.
+            "pinning": {"policy": "none", "cpus": 1},
+            "repeat": repeat,
+        }
+    )
+
+
+@contextmanager
+def hogs(cpu: int, n: int = HOGS) -> Iterator[None]:
+    """``n`` busy-loop processes confined to ``cpu`` while the block runs."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", "while True: pass"],
+            preexec_fn=lambda: os.sched_setaffinity(0, {cpu}),
+        )
+        for _ in range(n)
+    ]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+
+
+def _measured(tmp_path: Path, name: str, repeat: int) -> pd.Series:
+    trace = tmp_path / f"{name}.h5"
+    launch(_spec(repeat), trace_path=trace, dataset_dir=None)
+    _, summary, _ = summarize_trace(trace)
+    return summary.iloc[0]
+
+
+def test_a_hog_on_the_runs_core_is_flagged_and_a_quiet_run_is_not(tmp_path: Path) -> None:
+    with hogs(ALLOWED[0]):
+        hogged = _measured(tmp_path, "hogged", 0)
+    # The hogs hold >= 3/4 of the run's core whenever its thread is runnable, all of it else.
+    assert hogged[load.SHARE_COLUMN] >= 0.6, hogged[load.SHARE_COLUMN]
+    assert bool(hogged[load.FLAG_COLUMN])
+    quiet = min(
+        (_measured(tmp_path, f"quiet{i}", 1 + i) for i in range(QUIET_TRIES)),
+        key=lambda row: float(row[load.SHARE_COLUMN]),
+    )
+    assert quiet[load.SHARE_COLUMN] < load.OUTSIDE_LOAD_FLAG, quiet[load.SHARE_COLUMN]
+    assert not bool(quiet[load.FLAG_COLUMN])
+    # A run's flag follows its share; the share is a fraction of the run's cores.
+    for row in (hogged, quiet):
+        assert 0.0 <= row[load.SHARE_COLUMN] <= 1.0
+
+
+def test_comparison_rows_carry_the_flag_of_their_runs_and_twins() -> None:
+    runs = pd.DataFrame(
+        {
+            "run_id": ["c1", "c2", "i1", "i2"],
+            "mode": ["combined", "combined", "compute", "compute"],
+            "step_ms_cv": [0.3, 0.3, 0.01, 0.6],
+            load.FLAG_COLUMN: [True, False, False, False],
+        }
+    )
+    comparison = pd.DataFrame(
+        {"runs": ["c1", "c2", "c2", "c2 c2"], "isolation_runs": ["i1", "i1", "i2", None]}
+    )
+    got = load.flag_comparison(comparison, runs)[load.FLAG_COLUMN].tolist()
+    # c1 loaded; c2 with a stable quiet twin; c2 with an unstable compute twin (cv 0.6); no twin.
+    assert got == [True, False, True, False]
+    # A combined run's own spread is the effect measured, not instability: c2 (cv 0.3) is fine.
+    assert not load.unstable(runs).iloc[1]
