@@ -346,7 +346,16 @@ def test_the_demo_shortens_the_spec_commands_on_the_console() -> None:
     # output path on the console (Snakemake's own log keeps it whole).
     show = "print-short-specs: ; $(info $(SHORT_SPECS))"  # --eval runs before the Makefile
     sed = subprocess.run(
-        ["make", "-s", "--no-print-directory", "-C", str(REPO), "--eval", show, "print-short-specs"],
+        [
+            "make",
+            "-s",
+            "--no-print-directory",
+            "-C",
+            str(REPO),
+            "--eval",
+            show,
+            "print-short-specs",
+        ],
         capture_output=True,
         text=True,
         check=True,

@@ -421,16 +421,31 @@ def timeline_run(summary: pd.DataFrame) -> str:
     return ""
 
 
-def decomposition_runs(means: pd.DataFrame, decomposition: pd.DataFrame) -> pd.DataFrame:
-    """``decompose.decomposition_means`` plus ``runs``: how many runs each bar group pools."""
+def decomposition_runs(
+    means: pd.DataFrame, decomposition: pd.DataFrame, runs: pd.DataFrame | None = None
+) -> pd.DataFrame:
+    """``decompose.decomposition_means`` plus ``runs``: how many runs each bar group pools; with
+    the runs table, ``background_load`` where one of them is flagged (``analysis.load``)."""
     keys = [k for k in dec.DECOMPOSITION_KEYS if k in means and k in decomposition]
     if means.empty or "run_id" not in decomposition or not set(keys) <= set(decomposition):
         return means.assign(runs=np.nan) if not means.empty else means
-    counts = decomposition.groupby(keys, dropna=False)["run_id"].nunique().reset_index()
+    loaded = set()
+    if runs is not None and FLAG_COLUMN in runs and "run_id" in runs:
+        loaded = set(runs.loc[_flag(runs), "run_id"].astype(str))
+    grouped = decomposition.assign(_busy=decomposition["run_id"].astype(str).isin(loaded))
+    counts = (
+        grouped.groupby(keys, dropna=False)
+        .agg(run_id=("run_id", "nunique"), busy=("_busy", "any"))
+        .reset_index()
+    )
 
     def joined(df: pd.DataFrame) -> list[str]:
         # NaN keys (world_size of an old table) do not merge; their string form does.
         return ["|".join(map(str, row)) for row in df[keys].itertuples(index=False)]
 
-    runs = dict(zip(joined(counts), counts["run_id"], strict=True))
-    return means.assign(runs=[runs.get(k, np.nan) for k in joined(means)])
+    n_runs = dict(zip(joined(counts), counts["run_id"], strict=True))
+    busy = dict(zip(joined(counts), counts["busy"], strict=True))
+    out = means.assign(runs=[n_runs.get(k, np.nan) for k in joined(means)])
+    if runs is not None and FLAG_COLUMN in runs:
+        out[FLAG_COLUMN] = [bool(busy.get(k, False)) for k in joined(means)]
+    return out

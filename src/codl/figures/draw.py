@@ -76,16 +76,19 @@ def _save(fig: Any, outputs: Sequence[Path]) -> None:
     plt.close(fig)
 
 
-# A placeholder's line length (characters) and font size: short enough that the text stays
-# inside the smallest panel drawn (about 2.6 inches wide), clear of its frame.
-NOTE_WIDTH = 42
+# A placeholder's font size, and the average width of one of its characters in font sizes: lines
+# are wrapped to the panel's width (less a margin), so the text stays clear of the frame.
 NOTE_FONTSIZE = 8
+NOTE_CHAR_WIDTH = 0.6
+NOTE_MARGIN = 0.8
 
 
 def _note(ax: Any, text: str) -> None:
     """A panel that cannot show data says why, wrapped to stay inside its frame."""
+    width_pt = ax.get_position().width * ax.figure.get_figwidth() * 72
+    chars = max(12, int(NOTE_MARGIN * width_pt / (NOTE_CHAR_WIDTH * NOTE_FONTSIZE)))
     wrapped = "\n".join(
-        textwrap.fill(line, NOTE_WIDTH) if line.strip() else "" for line in text.splitlines()
+        textwrap.fill(line, chars) if line.strip() else "" for line in text.splitlines()
     )
     ax.text(
         0.5,

@@ -98,7 +98,7 @@ FIGURES: tuple[Figure, ...] = (
     Figure(
         FigureName.DECOMPOSITION,
         lambda t: figdata.decomposition_runs(
-            dec.decomposition_means(t.decomposition), t.decomposition
+            dec.decomposition_means(t.decomposition), t.decomposition, t.runs
         ),
         plots.decomposition,
     ),

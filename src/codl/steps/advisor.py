@@ -82,9 +82,7 @@ def fit_results(
     steps = _read_table(steps_table, results)
     source_cfg = _source_config(results)
     cores = (
-        fit_cores
-        or (source_cfg.get("slurm") or {}).get("cpus_per_rank")
-        or _measured_cores(runs)
+        fit_cores or (source_cfg.get("slurm") or {}).get("cpus_per_rank") or _measured_cores(runs)
     )
     if cores is None:
         raise CodlError(
