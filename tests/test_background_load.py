@@ -21,7 +21,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
-import pytest
 
 from codl.analysis import load
 from codl.analysis.summarize import summarize_trace
@@ -51,14 +50,10 @@ def _spec(repeat: int) -> RunSpec:
 @contextmanager
 def hogs(cpu: int, n: int = HOGS) -> Iterator[None]:
     """``n`` busy-loop processes confined to ``cpu`` while the block runs."""
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", "while True: pass"],
-            preexec_fn=lambda: os.sched_setaffinity(0, {cpu}),
-        )
-        for _ in range(n)
-    ]
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
     try:
+        for p in procs:
+            os.sched_setaffinity(p.pid, {cpu})
         yield
     finally:
         for p in procs:

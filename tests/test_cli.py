@@ -363,7 +363,11 @@ def test_the_demo_shortens_the_spec_commands_on_the_console() -> None:
     spec = json.dumps(RunSpec().to_dict())
     line = f"Shell command: codl write-spec '{spec}' --out results/runs/ab/spec.json > x 2>&1"
     out = subprocess.run(
-        ["bash", "-c", sed], input=f"{line}\nrule run:\n", capture_output=True, text=True
+        ["bash", "-c", sed],
+        input=f"{line}\nrule run:\n",
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     assert out.splitlines() == [
         "Shell command: codl write-spec SPEC_JSON --out results/runs/ab/spec.json "

@@ -656,9 +656,8 @@ def test_placeholders_stay_inside_their_frame() -> None:
 
 
 def test_the_interference_map_colour_bar_speaks_the_cells_unit(drawn: list[Any]) -> None:
-    from test_interference_map import planted
-
     from codl.advisor import interference_map as imap
+    from test_interference_map import planted
 
     runs, steps = planted()
     plots.interference_map(imap.build_map(runs, steps, boot=20), [])

@@ -23,6 +23,7 @@ import pandas as pd
 
 from codl.advisor import interference_map as imap
 from codl.advisor.interference_map import REGIME_MARKS
+from codl.analysis.load import LOAD_MARK
 from codl.figures import data as figdata
 from codl.figures.data import OFFCPU_CAUSES
 
@@ -368,7 +369,8 @@ def launch_wait_vs_compute(steps: pd.DataFrame, outputs: Sequence[Path]) -> None
         key=lambda kv: (*figdata.order_key(kv[0][0], kv[0][1]), kv[0][2]),
     )
     # One colour per group (tab20 past ten): two groups never share colour and marker.
-    colors = plt.get_cmap("tab10" if len(groups) <= 10 else "tab20").colors
+    cmap = plt.get_cmap("tab10" if len(groups) <= 10 else "tab20")
+    colors = [cmap(i) for i in range(cmap.N)]
     for k, ((mode, policy, marks), g) in enumerate(groups):
         ax.scatter(
             g["launch_wait_ms"],
@@ -560,14 +562,14 @@ def _heat_texts(table: pd.DataFrame, col: str, policies: list[str], workers: lis
         return np.vectorize(
             lambda x, a, b, c, d, f: (
                 f"{x:.2f}\n[{a:.2f}, {b:.2f}]\n({_count(c)}/{_count(d)} runs)"
-                + (f"\n{figdata.LOAD_MARK}" if f > 0 else "")
+                + (f"\n{LOAD_MARK}" if f > 0 else "")
             )
         )(v, lo, hi, nr, ni, busy)
     runs = _heat_cells(table, "runs", policies, workers)
     busy_runs = np.nan_to_num(_heat_cells(table, "busy_runs", policies, workers))
     return np.vectorize(
         lambda x, r, b: (
-            f"{x:,.0f}\n({_n(r, 'run')})" + (f"\n{_count(b)} {figdata.LOAD_MARK}" if b > 0 else "")
+            f"{x:,.0f}\n({_n(r, 'run')})" + (f"\n{_count(b)} {LOAD_MARK}" if b > 0 else "")
         )
     )(v, runs, busy_runs)
 
