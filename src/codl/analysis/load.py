@@ -33,7 +33,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from codl.analysis.columns import LOADING_MODES
 from codl.pinning import parse_cpulist
 
 #: A run whose cores were this busy with other processes (fraction of its cores over the
@@ -130,18 +129,20 @@ def _node_share(
     return min(1.0, max(0.0, busy_s - own_s) / (n_cores * window_s))
 
 
-#: A twin (isolation run) whose step time varies this much (coefficient of variation over its
-#: steady-state steps) is unstable, for modes that do not load data: compute and communication
-#: alone read 0.007-0.09 on the quiet H200 result sets; a loader's steps vary by design.
+#: A twin whose step time varies this much (coefficient of variation over its steady-state
+#: steps) is unstable, for the modes of ``STEADY_MODES``: compute alone reads 0.007-0.09 and
+#: compute+comm 0.07-0.11 on the quiet H200 result sets (h200, h200x2, loop-h200). A loader's
+#: steps vary by design, and so do AllReduce's alone (comm: 0.32 on those same quiet nodes).
 UNSTABLE_CV = 0.25
+STEADY_MODES = frozenset({"compute", "compute+comm"})
 
 
 def unstable(runs: pd.DataFrame) -> pd.Series:
-    """Per run (the runs table's rows): a mode that loads no data whose step time varies by
+    """Per run (the runs table's rows): a mode of ``STEADY_MODES`` whose step time varies by
     ``UNSTABLE_CV`` or more."""
-    loads = runs["mode"].astype(str).isin(LOADING_MODES) if "mode" in runs else False
+    steady = runs["mode"].astype(str).isin(STEADY_MODES) if "mode" in runs else False
     cv = pd.to_numeric(runs["step_ms_cv"], errors="coerce") if "step_ms_cv" in runs else np.nan
-    return pd.Series(~loads & (cv >= UNSTABLE_CV), index=runs.index, dtype=bool)
+    return pd.Series(steady & (cv >= UNSTABLE_CV), index=runs.index, dtype=bool)
 
 
 def flagged_runs(runs: pd.DataFrame) -> set[str]:

@@ -210,6 +210,15 @@ def _wait_rows(sched: pd.DataFrame, threads: pd.DataFrame, rank: int, step: int)
     return rows
 
 
+#: Which multi-component mode's runs give a heat-map cell its throughput when several ran there.
+THROUGHPUT_MODES = (
+    Mode.COMBINED.value,
+    Mode.DATA_COMPUTE.value,
+    Mode.COMPUTE_COMM.value,
+    Mode.DATA_SLEEP.value,
+)
+
+
 def heatmap_table(summary: pd.DataFrame, comparison: pd.DataFrame) -> pd.DataFrame:
     """Per (row, workers): median throughput of the multi-component runs and their count, and
     the compute inflation ratio at the headline statistic (p95: the effect lives in the tail)
@@ -219,12 +228,14 @@ def heatmap_table(summary: pd.DataFrame, comparison: pd.DataFrame) -> pd.DataFra
 
     Runs with CUDA tracing are left out where plain runs exist (tracing slows a run by itself),
     and where several modes fill one cell, ``combined`` wins: one comparison per cell, never a
-    median of unlike ones. ``busy_runs`` counts a cell's runs flagged ``background_load``,
+    median of unlike ones (the throughput's mode: ``THROUGHPUT_MODES``, first present; ``mode``
+    says which). ``busy_runs`` counts a cell's runs flagged ``background_load``,
     ``busy`` says its comparison is flagged."""
     cols = [
         "row",
         "policy",
         "workers",
+        "mode",
         "throughput_samples_s",
         "runs",
         "busy_runs",
@@ -242,12 +253,18 @@ def heatmap_table(summary: pd.DataFrame, comparison: pd.DataFrame) -> pd.DataFra
     multi = plain if len(plain) else multi
     multi = multi.assign(row=_rows(multi), _busy=_flag(multi).astype(int))
     keys = ["row", "policy", "workers"]
+    # One mode per cell, as for the ratio: a `data+sleep` run (a sleep in place of compute)
+    # is another experiment than `data+compute`, and its throughput is not pooled with it.
+    pref = {m: i for i, m in enumerate(THROUGHPUT_MODES)}
+    multi = multi.assign(_pref=multi["mode"].astype(str).map(pref).fillna(len(pref)))
+    multi = multi[multi["_pref"] == multi.groupby(keys)["_pref"].transform("min")]
     out = (
         multi.groupby(keys)
         .agg(
             throughput_samples_s=("throughput_samples_s", "median"),
             runs=("throughput_samples_s", "size"),
             busy_runs=("_busy", "sum"),
+            mode=("mode", "first"),
         )
         .reset_index()
     )

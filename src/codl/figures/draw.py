@@ -567,11 +567,21 @@ def _heat_texts(table: pd.DataFrame, col: str, policies: list[str], workers: lis
         )(v, lo, hi, nr, ni, busy)
     runs = _heat_cells(table, "runs", policies, workers)
     busy_runs = np.nan_to_num(_heat_cells(table, "busy_runs", policies, workers))
-    return np.vectorize(
-        lambda x, r, b: (
-            f"{x:,.0f}\n({_n(r, 'run')})" + (f"\n{_count(b)} {LOAD_MARK}" if b > 0 else "")
+    # The cells' mode, where they are not all of one (figdata.THROUGHPUT_MODES).
+    modes = np.full(v.shape, "", dtype=object)
+    if "mode" in table and table["mode"].nunique() > 1:
+        grid = table.assign(policy=table["policy"].astype(str)).pivot_table(
+            index="policy", columns="workers", values="mode", aggfunc="first"
         )
-    )(v, runs, busy_runs)
+        modes = grid.reindex(index=policies, columns=workers).fillna("").to_numpy(dtype=object)
+    return np.vectorize(
+        lambda x, r, b, m: (
+            f"{x:,.0f}"
+            + (f" {m}" if m else "")
+            + f"\n({_n(r, 'run')})"
+            + (f"\n{_count(b)} {LOAD_MARK}" if b > 0 else "")
+        )
+    )(v, runs, busy_runs, modes)
 
 
 def _truthy(table: pd.DataFrame, col: str) -> pd.Series:
@@ -784,9 +794,17 @@ def decomposition(means: pd.DataFrame, outputs: Sequence[Path]) -> None:
     ax.axhline(0, color="k", lw=0.6)
     ax.set_xticks(x, _decomposition_labels(d), fontsize=6.5)
     ax.set_ylabel("ms per step beyond the twin (mean)")
+    # Only bars whose host part was measured inside the compute span are a budget; a whole-step
+    # host part (tables without phase-boundary samples) is an upper bound beside the rest.
+    budget = "host_source" not in d or (d["host_source"].astype(str) == "compute span").all()
     ax.set_title(
-        "Compute inflation against the twin, as a budget of its causes\n"
-        "(bar = host launch delay + host blocked + peer wait + transfer + GPU slowdown"
+        (
+            "Compute inflation against the twin, as a budget of its causes\n"
+            if budget
+            else "Compute inflation against the twin and its measured parts (bars marked "
+            "'not a budget': host part over the whole step)\n"
+        )
+        + "(bar = host launch delay + host blocked + peer wait + transfer + GPU slowdown"
         " + unattributed = line)",
         fontsize=9,
     )
@@ -923,6 +941,7 @@ def predicted_vs_measured(
     line = np.array([0.0, top * 1.1])
     ax.fill_between(line, line * 0.9, line * 1.1, color="#dddddd", label="+-10 %")
     ax.plot(line, line, color="#777777", lw=1, label="predicted = measured")
+    colors: dict[str, Any] = {}
     for policy, g in d.groupby("policy"):
         yerr = _yerr(_column(g, "throughput"), _column(g, "pred_lo"), _column(g, "pred_hi"))
         xerr = None
@@ -931,9 +950,10 @@ def predicted_vs_measured(
             xerr = _yerr(
                 _column(g, "measured"), _column(g, "measured_lo"), _column(g, "measured_hi")
             )
-        ax.errorbar(
+        drawn = ax.errorbar(
             g["measured"], g["throughput"], xerr=xerr, yerr=yerr, fmt="o", capsize=3, label=policy
         )
+        colors[str(policy)] = drawn[0].get_color()
     best = d[d["advised"].astype(bool)]
     if not best.empty:
         ax.plot(
@@ -946,6 +966,8 @@ def predicted_vs_measured(
         d["measured"].to_numpy(dtype=float),
         d["throughput"].to_numpy(dtype=float),
         [f"{int(w)}w" for w in d["workers"]],
+        # In its point's colour (the policy's), joined to it by a thin line.
+        [colors.get(str(p), "k") for p in d["policy"]],
     )
     ax.set_xlabel("measured throughput per rank (samples/s, mean of runs [95 % CI])")
     ax.set_ylabel("predicted (samples/s) [one-run interval]")
@@ -976,7 +998,11 @@ LABEL_OFFSETS = (
 
 
 def _point_labels(
-    ax: Any, x: npt.NDArray[np.float64], y: npt.NDArray[np.float64], labels: list[str]
+    ax: Any,
+    x: npt.NDArray[np.float64],
+    y: npt.NDArray[np.float64],
+    labels: list[str],
+    colors: list[Any],
 ) -> None:
     """Label each point with the first offset of ``LABEL_OFFSETS`` whose text box overlaps no
     label already placed: points a few pixels apart get labels that do not print over each
@@ -999,7 +1025,13 @@ def _point_labels(
                 break
         placed.append(box)
         ax.annotate(
-            labels[i], (x[i], y[i]), fontsize=7, xytext=(dx, dy), textcoords="offset points"
+            labels[i],
+            (x[i], y[i]),
+            fontsize=7,
+            color=colors[i],
+            xytext=(dx, dy),
+            textcoords="offset points",
+            arrowprops={"arrowstyle": "-", "lw": 0.5, "color": colors[i]},
         )
 
 
