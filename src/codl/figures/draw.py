@@ -568,7 +568,7 @@ def _heat_texts(table: pd.DataFrame, col: str, policies: list[str], workers: lis
     runs = _heat_cells(table, "runs", policies, workers)
     busy_runs = np.nan_to_num(_heat_cells(table, "busy_runs", policies, workers))
     # The cells' mode, where they are not all of one (figdata.THROUGHPUT_MODES).
-    modes = np.full(v.shape, "", dtype=object)
+    modes: npt.NDArray[Any] = np.full(v.shape, "", dtype=object)
     if "mode" in table and table["mode"].nunique() > 1:
         grid = table.assign(policy=table["policy"].astype(str)).pivot_table(
             index="policy", columns="workers", values="mode", aggfunc="first"
