@@ -250,8 +250,14 @@ def test_workers_per_cpu_check_counts_the_core_budget(
 
 @pytest.mark.parametrize("form", [["--log-level", "DEBUG"], ["--log-level=debug"]])
 def test_a_global_option_before_advise_is_used(
-    tmp_path: Path, form: list[str], capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    form: list[str],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # configure() exports the level for child processes: put the environment back afterwards,
+    # so that later tests' main() do not log at DEBUG.
+    monkeypatch.setenv(ENV, "INFO")
     # Not a traceback: the global option is this parser's, the rest is advise's.
     assert main([*form, "advise", str(tmp_path), "--boot", "0"]) == 2
     err = capsys.readouterr().err

@@ -18,6 +18,8 @@ the run kept busy; the largest over the run's nodes is reported. Steal counts: a
 other guests take the CPUs as surely as a neighbour process. /proc/stat counts in ticks
 (``os.sysconf('SC_CLK_TCK')``, 10 ms at 100 Hz), so a window of a few seconds on one core is
 known to a few percent; a quiet run reads near 0, one core of a busy loop per run core near 1.
+It counts what others used, not what the run was denied: a run that leaves its cores idle
+(sleeps, data waits) reads high when others fill them, whether or not that slowed it.
 
 ``OUTSIDE_LOAD_FLAG`` marks a run (``background_load`` in the runs table): a fifth of its cores
 taken by others is well above what the sampling itself and the tick granularity read on a quiet
