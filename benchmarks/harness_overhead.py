@@ -4,8 +4,10 @@ The plain loop is what a user would write: torchvision ImageFolder-style files d
 torchvision.io, the same transforms, a DataLoader with the same workers/prefetch/pinning, the
 same model, optimizer, autocast and channels_last, and a device synchronisation per step (the
 harness synchronises per step to time it; the plain loop does too, so the comparison measures
-the instrumentation, not the synchronisation). Runs alternate in one process; the statistic is
-the ratio of throughputs within a pair, median over pairs with a bootstrap 95 % interval.
+the instrumentation, not the synchronisation). The plain loop's sampler is one epoch as long as
+the run (a large data set's), since a short epoch drains the prefetch at each end. Runs
+alternate in one process; the statistic is the ratio of throughputs within a pair, geometric
+mean over pairs with a 95 % t interval on the logs (codl.analysis.runlevel).
 
     python benchmarks/harness_overhead.py --device cpu --pairs 10
 
@@ -29,11 +31,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from codl.analysis.runlevel import log_ratio_interval
 from codl.datasets import generate
+from codl.harness import data as hdata
 from codl.harness import workloads
 from codl.harness.data import train_transform
-from codl.spec import RunSpec
-from tracer_overhead import OFF, add_pair_arguments, base_spec, bootstrap_median, measured_steps
+from codl.harness.handoff import RingLoader
+from codl.spec import Handoff, RunSpec
+from tracer_overhead import OFF, add_pair_arguments, base_spec, measured_steps
 
 
 class PlainFiles(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
@@ -54,8 +59,10 @@ class PlainFiles(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
         return self.transform(decode_jpeg(read_file(path), ImageReadMode.RGB)), label
 
 
-def plain_loop(spec: RunSpec, data: Path) -> float:
-    """Samples/s over the measured steps of a plain PyTorch training loop."""
+def plain_loop(spec: RunSpec, data: Path, pipeline: str = "plain") -> float:
+    """Samples/s over the measured steps of a plain PyTorch training loop; ``pipeline``
+    ``harness`` feeds it the harness's data set and collate (per-item timing rows included)
+    instead of its own, to tell the input pipeline's share of a difference from the loop's."""
     cuda = spec.device.value == "cuda"
     device = torch.device("cuda" if cuda else "cpu")
     model = workloads.get(spec.workload.model).build_model(spec.workload).to(device)
@@ -63,15 +70,29 @@ def plain_loop(spec: RunSpec, data: Path) -> float:
     model = model.to(memory_format=fmt)
     opt = torch.optim.SGD(model.parameters(), lr=spec.workload.lr, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
+    files: Any = PlainFiles(data, spec.workload.image_size)
+    collate: Any = None
+    if pipeline == "harness" or spec.loader.handoff is Handoff.RING:
+        # The ring's slots take the harness's samples (input, target, timing row).
+        files = hdata.dataset_for("jpeg", data, spec.workload.image_size)
+        collate = hdata.collate
+    # A user's data set is larger than a run's steps: one epoch spans the run. A shuffled
+    # epoch of the (small) benchmark set would end every len/batch steps with the workers'
+    # prefetch drained, a stall the harness's endless sampler never has (issue 30 item 7: it
+    # made the harness look 1.4x faster). RandomSampler with num_samples beyond the set's size
+    # draws permutation after permutation: what a large set's one epoch is.
     loader = torch.utils.data.DataLoader(
-        PlainFiles(data, spec.workload.image_size),
+        files,
         batch_size=spec.workload.batch_size,
-        shuffle=True,
+        sampler=torch.utils.data.RandomSampler(
+            files, num_samples=spec.steps.total * spec.workload.batch_size
+        ),
         num_workers=spec.loader.workers,
         prefetch_factor=spec.loader.prefetch_factor,
         pin_memory=spec.loader.pin_memory and cuda,
         persistent_workers=spec.loader.persistent_workers,
         drop_last=True,
+        collate_fn=collate,
     )
     autocast = (
         torch.autocast(device_type=device.type, dtype=torch.bfloat16)
@@ -79,16 +100,36 @@ def plain_loop(spec: RunSpec, data: Path) -> float:
         else contextlib.nullcontext()
     )
 
+    ring = (
+        RingLoader(
+            files,
+            batch_size=spec.workload.batch_size,
+            workers=spec.loader.workers,
+            prefetch_factor=spec.loader.prefetch_factor,
+            generator=torch.Generator(),
+            page_lock=spec.loader.pin_memory and cuda,
+            device=device,
+        )
+        if spec.loader.handoff is Handoff.RING
+        else None
+    )
+
     def batches() -> Any:
-        while True:
+        if ring is None:
             yield from loader
+            return
+        try:
+            for b in ring:
+                yield ring.to_device(b, device)
+        finally:
+            ring.close()
 
     it = batches()
     t0 = 0.0
     for step in range(spec.steps.total):
         if step == spec.steps.warmup:
             t0 = time.perf_counter()
-        x, y = next(it)
+        x, y = next(it)[:2]
         x = x.to(device, non_blocking=True).to(memory_format=fmt)
         y = y.to(device, non_blocking=True)
         with autocast:
@@ -173,6 +214,23 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="only time the phase-boundary counters (READS reads per batch) and exit",
     )
+    p.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="pageable batches (no pin-memory thread, whose GIL holds slow a GIL-bound loop)",
+    )
+    p.add_argument(
+        "--handoff",
+        choices=[h.value for h in Handoff],
+        default=Handoff.TORCH.value,
+        help="the loader hand-off of both loops (ring: the harness's data set on both sides)",
+    )
+    p.add_argument(
+        "--plain-pipeline",
+        choices=["plain", "harness"],
+        default="plain",
+        help="the plain loop's data set and collate: its own, or the harness's",
+    )
     args = p.parse_args(argv)
     if args.phase_counters:
         return phase_counter_cost(args.phase_counters, args.csv.with_name("phase_counter_cost.csv"))
@@ -184,27 +242,34 @@ def main(argv: list[str] | None = None) -> int:
     spec = base_spec(args)
     if not args.traced:
         spec = dataclasses.replace(spec, trace=OFF)
+    if args.handoff == Handoff.RING.value:
+        spec = dataclasses.replace(
+            spec, loader=dataclasses.replace(spec.loader, handoff=Handoff.RING)
+        )
+    if args.no_pin:
+        spec = dataclasses.replace(spec, loader=dataclasses.replace(spec.loader, pin_memory=False))
     ratios, h_all, p_all = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         data = out / "data"
         generate(spec.dataset, data)
-        plain_loop(spec, data)  # process warm-up
+        plain_loop(spec, data, args.plain_pipeline)  # process warm-up
         for i in range(args.pairs):
             if i % 2:
-                p_s = plain_loop(spec, data)
+                p_s = plain_loop(spec, data, args.plain_pipeline)
                 h_s = harness(spec, data, out)
             else:
                 h_s = harness(spec, data, out)
-                p_s = plain_loop(spec, data)
+                p_s = plain_loop(spec, data, args.plain_pipeline)
             h_all.append(h_s)
             p_all.append(p_s)
             ratios.append(h_s / p_s)
             print(f"pair {i}: harness {h_s:.1f} samples/s, plain {p_s:.1f} -> {h_s / p_s:.4f}")
-    lo, hi = bootstrap_median(ratios)
-    med = statistics.median(ratios)
+    iv = log_ratio_interval(ratios)
+    med, lo, hi = iv.ratio, iv.lo, iv.hi
     print(
-        f"\nharness/plain throughput: median {med:.4f} [{lo:.4f}, {hi:.4f}] over {len(ratios)} "
+        f"\nharness/plain throughput: {med:.4f} [{lo:.4f}, {hi:.4f}] (geometric mean, 95 % t "
+        f"interval on logs) over {len(ratios)} "
         f"pairs (harness {statistics.median(h_all):.1f}, plain {statistics.median(p_all):.1f} "
         "samples/s)"
     )
@@ -213,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     args.csv.parent.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(
         {"pair": range(len(ratios)), "harness_sps": h_all, "plain_sps": p_all, "ratio": ratios}
-    ).assign(device=args.device, traced=args.traced, median=med, ci_low=lo, ci_high=hi).to_csv(
+    ).assign(device=args.device, traced=args.traced, geomean=med, ci_low=lo, ci_high=hi).to_csv(
         args.csv, index=False
     )
     print(f"wrote {args.csv}")

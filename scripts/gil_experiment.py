@@ -12,7 +12,10 @@ them to the launch roles' sleeps per run and the compute inflation over blocks.
     python scripts/gil_experiment.py --reduce CONFIG WORKDIR OUT   the second half alone
     python scripts/gil_experiment.py --pool OUT.csv RUNS.csv...
         gil_inflation of several calls' gil_runs.csv together: each loading run stays paired with
-        its twin of its own block, and the blocks of every call count
+        its twin of its own block, and the blocks of every call count; with ring hand-off runs
+        also OUT_throughput.csv (each ring setting over the best torch setting of its block), and
+        where every RUNS.csv has its decomposition.csv.gz beside it, OUT.png (inflation per
+        setting with a point per block; the host-blocked part per setting)
     python scripts/gil_experiment.py --stacks S CONFIG WORKDIR OUT
         after the runs: one more loading run at CPython's default interval, in its own process,
         while py-spy records for S seconds which thread holds the GIL and in what code
@@ -57,6 +60,8 @@ def setting(spec: RunSpec) -> tuple[str, ...]:
         spec.loader.sharing_strategy.value,
         str(spec.loader.pin_memory).lower(),
         spec.pinning.pin_memory.value,
+        spec.loader.handoff.value,
+        str(spec.loader.workers),
     )
 
 
@@ -131,6 +136,8 @@ def run_row(spec: RunSpec, files: RunFiles) -> dict[str, object]:
         "sharing_strategy": spec.loader.sharing_strategy.value,
         "pin_memory": spec.loader.pin_memory,
         "pin_memory_place": spec.pinning.pin_memory.value,
+        "handoff": spec.loader.handoff.value,
+        "workers": spec.loader.workers,
         "repeat": spec.repeat,
         "twin_id": twin_id(spec) if spec.mode.loads else "",
         "switch_interval_s": attrs.get("switch_interval_s"),
@@ -148,11 +155,27 @@ def run_row(spec: RunSpec, files: RunFiles) -> dict[str, object]:
     return row
 
 
-KNOBS = ["policy", FACTOR, "sharing_strategy", "pin_memory", "pin_memory_place"]
+KNOBS = [
+    "policy",
+    FACTOR,
+    "sharing_strategy",
+    "pin_memory",
+    "pin_memory_place",
+    "handoff",
+    "workers",
+]
 
 
-#: What a knob is when a runs table predates its column (the spec's default).
-KNOB_DEFAULTS = {"policy": "none", FACTOR: 0.0, "sharing_strategy": "file_descriptor"}
+#: What a knob is when a runs table predates its column: the spec's default, and for
+#: ``workers`` the 12 of every config measured before the column (config/gil-h200.yaml,
+#: config/blocks-h200*.yaml).
+KNOB_DEFAULTS: dict[str, object] = {
+    "policy": "none",
+    FACTOR: 0.0,
+    "sharing_strategy": "file_descriptor",
+    "handoff": "torch",
+    "workers": 12,
+}
 
 
 def inflation(runs: pd.DataFrame) -> pd.DataFrame:
@@ -316,7 +339,61 @@ def pool(tables: Sequence[Path], out: Path) -> pd.DataFrame:
     table = inflation(runs)
     table.to_csv(out, index=False)
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    if "handoff" in runs and (runs["handoff"] == "ring").any():
+        versus = throughput_versus_torch(runs)
+        versus.to_csv(out.with_name(f"{out.stem}_throughput.csv"), index=False)
+        print(versus.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    decompositions = [t.with_name("decomposition.csv.gz") for t in tables]
+    if all(d.exists() for d in decompositions):
+        draw(table, runs, decompositions, out.with_suffix(".png"))
     return table
+
+
+def throughput_versus_torch(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per ring setting: in each block, its throughput over the best torch setting's with the
+    same workers in that block (any policy: the stricter comparison); over blocks the
+    geometric mean with a 95 % t interval."""
+    loading = runs[runs["mode"] == "data+compute"].assign(
+        **{k: v for k, v in KNOB_DEFAULTS.items() if k not in runs}
+    )
+    rows = []
+    for (policy, workers), g in loading[loading["handoff"] == "ring"].groupby(
+        ["policy", "workers"]
+    ):
+        ratios = []
+        for (source, rep), r in g.groupby(["source", "repeat"]):
+            same = loading[
+                (loading["source"] == source)
+                & (loading["repeat"] == rep)
+                & (loading["handoff"] == "torch")
+                & (loading["workers"] == workers)
+            ]
+            if len(same):
+                best = float(same["throughput_samples_s"].max())
+                ratios.append(float(r["throughput_samples_s"].iloc[0]) / best)
+        iv = log_ratio_interval(ratios)
+        rows.append(
+            {
+                "policy": policy,
+                "workers": workers,
+                "n_blocks": iv.n,
+                "ring_over_best_torch": iv.ratio,
+                "lo": iv.lo,
+                "hi": iv.hi,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def draw(
+    table: pd.DataFrame, runs: pd.DataFrame, decompositions: Sequence[Path], png: Path
+) -> None:
+    from codl.figures.intervention import draw_intervention, host_blocked, inflation_points
+
+    decomposition = pd.concat([pd.read_csv(d) for d in decompositions], ignore_index=True)
+    runs = runs.assign(**{k: v for k, v in KNOB_DEFAULTS.items() if k not in runs})
+    draw_intervention(inflation_points(table), host_blocked(decomposition, runs), [png])
+    print(f"wrote {png}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -121,3 +121,101 @@ def test_the_gil_holders_are_counted_per_thread_and_frame(gil: ModuleType) -> No
     top_pin = t[t["thread"].str.contains("pin")].iloc[0]
     assert top_pin["native_leaf"] == "munmap (libc.so.6)" and top_pin["samples"] == 30
     assert gil.gil_holders("py-spy failed (1):\nPermission denied").empty
+
+
+def _handoff_runs() -> pd.DataFrame:
+    """Two blocks, torch under two policies and the ring under one, planted throughputs."""
+    rows = []
+    planted = {  # (repeat, handoff, policy) -> samples/s
+        (0, "torch", "none"): 3000.0,
+        (0, "torch", "isolated-main"): 3200.0,
+        (0, "ring", "none"): 4000.0,
+        (1, "torch", "none"): 2500.0,
+        (1, "torch", "isolated-main"): 2000.0,
+        (1, "ring", "none"): 3000.0,
+    }
+    for (rep, handoff, policy), thr in planted.items():
+        rows.append(
+            {
+                "run_id": f"{rep}{handoff}{policy}",
+                "mode": "data+compute",
+                "policy": policy,
+                "handoff": handoff,
+                "workers": 12,
+                "repeat": rep,
+                "source": 0,
+                "throughput_samples_s": thr,
+            }
+        )
+    # A torch run with other workers in block 0 must not be the ring's comparison.
+    rows.append({**rows[1], "run_id": "w24", "workers": 24, "throughput_samples_s": 9e9})
+    return pd.DataFrame(rows)
+
+
+def test_the_ring_is_compared_with_the_best_torch_setting_of_its_block(gil: ModuleType) -> None:
+    out = gil.throughput_versus_torch(_handoff_runs())
+    row = out.iloc[0]
+    assert (row["policy"], row["workers"], row["n_blocks"]) == ("none", 12, 2)
+    # Block 0: 4000 / max(3000, 3200); block 1: 3000 / max(2500, 2000); geometric mean.
+    assert row["ring_over_best_torch"] == pytest.approx(math.sqrt(4000 / 3200 * 3000 / 2500))
+    assert row["lo"] < row["ring_over_best_torch"] < row["hi"]
+
+
+def test_the_intervention_figure_shows_every_block_and_the_host_blocked_part(
+    tmp_path: Path,
+) -> None:
+    from codl.figures.intervention import draw_intervention, host_blocked, inflation_points
+
+    pooled = pd.DataFrame(
+        [
+            {
+                "handoff": "torch",
+                "policy": "none",
+                "workers": 12,
+                "pin_memory_place": "own",
+                "per_block": "+20.0 +30.0 +40.0",
+                "inflation": 0.3,
+                "inflation_lo": 0.1,
+                "inflation_hi": 0.5,
+                "n_blocks": 3,
+            },
+            {
+                "handoff": "ring",
+                "policy": "none",
+                "workers": 12,
+                "pin_memory_place": "own",
+                "per_block": "-1.0 +1.0 +0.5",
+                "inflation": 0.002,
+                "inflation_lo": -0.02,
+                "inflation_hi": 0.03,
+                "n_blocks": 3,
+            },
+        ]
+    )
+    points = inflation_points(pooled)
+    assert len(points) == 6
+    assert sorted(points[points["handoff"] == "torch"]["block_pct"]) == [20.0, 30.0, 40.0]
+    runs = pd.DataFrame(
+        {
+            "run_id": ["a", "b", "c", "d"],
+            "handoff": ["torch", "torch", "ring", "ring"],
+            "policy": "none",
+            "workers": 12,
+            "pin_memory_place": "own",
+        }
+    )
+    decomposition = pd.DataFrame(
+        {
+            "run_id": ["a", "a", "b", "c", "d", "d"],
+            "outlier": [False, True, False, False, False, False],
+            # The outlier step (100 ms) is left out: run a's mean is 8, run b's 12.
+            "host_blocked_ms": [8.0, 100.0, 12.0, 0.0, 0.0, 0.0],
+        }
+    )
+    blocked = host_blocked(decomposition, runs).set_index("handoff")
+    assert blocked.loc["torch", "host_blocked_ms"] == pytest.approx(10.0)
+    assert blocked.loc["torch", "n_runs"] == 2
+    assert blocked.loc["ring", "host_blocked_ms"] == 0.0
+    png = tmp_path / "f.png"
+    draw_intervention(points, blocked.reset_index(), [png])
+    assert png.stat().st_size > 10_000

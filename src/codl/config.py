@@ -10,9 +10,11 @@ import copy
 import itertools
 import math
 import os
+import random
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -718,3 +720,70 @@ def check_config_files(paths: Iterable[str | os.PathLike[str]]) -> None:
 
 def load_plan(path: Path) -> Plan:
     return build_plan(load_yaml(path), source=str(path))
+
+
+class BlockOrder(StrEnum):
+    """How the runs of a block are ordered (config key ``blocks.order``)."""
+
+    ABBA = "abba"
+    SHUFFLE = "shuffle"
+
+
+@dataclass(frozen=True)
+class Block:
+    """The runs of one block, in the order they run: back to back, on one machine, in one
+    invocation (under Slurm: one job)."""
+
+    index: int
+    run_ids: tuple[str, ...]
+    # The seed this block's order was drawn from (shuffle), None for abba.
+    seed: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"block{self.index}"
+
+
+def plan_blocks(cfg: Mapping[str, Any], plan: Plan) -> tuple[Block, ...]:
+    """The blocks of a checked config's plan (``build_plan``): block b holds every distinct run
+    of repeat b, so a multi-component run and its isolation twins (same repeat) share a block.
+    ``abba`` runs even blocks in config order and odd ones reversed, so that drift within a
+    block cancels over two; ``shuffle`` draws each block's order from ``"{seed}:{b}"``.
+    Empty without a ``blocks`` section (every run on its own, in no set order)."""
+    section = cfg.get("blocks")
+    if not section:
+        return ()
+    order = BlockOrder(section["order"])
+    seed = int(section.get("seed", 0))
+    by_repeat: dict[int, list[str]] = {}
+    for rid, spec in plan.specs.items():
+        by_repeat.setdefault(spec.repeat, []).append(rid)
+    blocks = []
+    for b in sorted(by_repeat):
+        ids = list(by_repeat[b])
+        drawn: str | None = None
+        if order is BlockOrder.ABBA and b % 2:
+            ids.reverse()
+        elif order is BlockOrder.SHUFFLE:
+            drawn = f"{seed}:{b}"
+            # A string seed is hashed (sha512) by random: the same order on every Python.
+            random.Random(drawn).shuffle(ids)
+        blocks.append(Block(index=b, run_ids=tuple(ids), seed=drawn))
+    return tuple(blocks)
+
+
+@dataclass(frozen=True)
+class BlockSlot:
+    """Where a run sits in its block: the block's name and the run before it (None: first)."""
+
+    block: str
+    previous: str | None
+
+
+def block_slots(blocks: Iterable[Block]) -> dict[str, BlockSlot]:
+    """run id -> its ``BlockSlot``: what the workflow chains and groups runs by."""
+    out: dict[str, BlockSlot] = {}
+    for blk in blocks:
+        for i, rid in enumerate(blk.run_ids):
+            out[rid] = BlockSlot(blk.name, blk.run_ids[i - 1] if i else None)
+    return out

@@ -118,7 +118,7 @@ from pathlib import Path
 from typing import Any
 
 from codl.errors import PlacementError
-from codl.spec import AUTO, DeviceKind, PinningSpec, Policy, RolePlace, RunSpec
+from codl.spec import AUTO, DeviceKind, Handoff, PinningSpec, Policy, RolePlace, RunSpec
 
 # Messages list small CPU sets one by one ("{0,1,2}") and large ones as kernel ranges.
 _LIST_CPUS_UP_TO = 16
@@ -210,14 +210,15 @@ def roles_for(spec: RunSpec) -> frozenset[Role]:
     """The helper roles whose threads a rank process of ``spec`` will have.
 
     ``autograd``: a backward on CUDA (a CPU backward runs on the calling thread); ``pin_memory``:
-    a loader with ``pin_memory`` on CUDA (the harness pins only on CUDA); ``comm``: a process
+    torch's loader with ``pin_memory`` on CUDA (the harness pins only on CUDA; the ring hand-off
+    page-locks its slots once and has no such thread); ``comm``: a process
     group, which every run of more than one rank starts.
     """
     cuda = spec.device is DeviceKind.CUDA
     roles: set[Role] = set()
     if cuda and spec.mode.computes:
         roles.add(Role.AUTOGRAD)
-    if cuda and spec.mode.loads and spec.loader.pin_memory:
+    if cuda and spec.mode.loads and spec.loader.pin_memory and spec.loader.handoff is Handoff.TORCH:
         roles.add(Role.PIN_MEMORY)
     if spec.layout.world_size > 1:
         roles.add(Role.COMM)

@@ -38,6 +38,7 @@ _ID_OPTIONAL_DEFAULTS: dict[tuple[str, str], Any] = {
     ("dataset", "cost"): "standard",
     ("pinning", "cpus"): 0,
     ("loader", "sharing_strategy"): "file_descriptor",
+    ("loader", "handoff"): "torch",
     ("runtime", "switch_interval_ms"): 0.0,
 }
 #: The longest switch interval a run may ask for: past a second a thread waiting for the GIL
@@ -224,6 +225,17 @@ class SharingStrategy(enum.StrEnum):
     FILE_SYSTEM = "file_system"
 
 
+class Handoff(enum.StrEnum):
+    """How a batch gets from the loader workers into the rank (``codl.harness.handoff``):
+    ``torch`` is torch's DataLoader (batches pickled to the rank, a pin-memory thread copies
+    them into page-locked memory when ``pin_memory``); ``ring`` is ours: the workers collate
+    into a ring of shared slots that the rank page-locks once (when ``pin_memory``), so per
+    batch the rank waits on a semaphore and starts one copy, with no thread of its own."""
+
+    TORCH = "torch"
+    RING = "ring"
+
+
 @dataclass(frozen=True, kw_only=True)
 class LoaderSpec:
     workers: int = 2
@@ -231,6 +243,14 @@ class LoaderSpec:
     pin_memory: bool = False
     persistent_workers: bool = True
     sharing_strategy: SharingStrategy = SharingStrategy.FILE_DESCRIPTOR
+    handoff: Handoff = Handoff.TORCH
+
+    def normalized(self) -> LoaderSpec:
+        """The ring shares no tensor through torch.multiprocessing: its sharing strategy is
+        never read, and must not make two ids of one run."""
+        if self.handoff is Handoff.RING:
+            return dataclasses.replace(self, sharing_strategy=SharingStrategy.FILE_DESCRIPTOR)
+        return self
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -344,7 +364,9 @@ class RunSpec:
 
     def normalized(self) -> RunSpec:
         """The spec with fields its mode never reads reset to defaults: they must not change ids."""
-        spec = dataclasses.replace(self, pinning=self.pinning.normalized())
+        spec = dataclasses.replace(
+            self, pinning=self.pinning.normalized(), loader=self.loader.normalized()
+        )
         if not self.mode.loads:
             spec = dataclasses.replace(spec, loader=LoaderSpec(), dataset=DatasetSpec())
         return spec

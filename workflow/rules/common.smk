@@ -2,14 +2,17 @@
 # (config -> runs), the paths (codl.paths.ResultPaths) and the per-run resources.
 import json
 import os
+import uuid
 from pathlib import Path
 
 from codl.advisor.settings import advisor_settings
-from codl.config import build_plan, check_config_files
+from codl.config import block_slots, build_plan, check_config_files, plan_blocks
 from codl.figures import RUN_FIGURES, FigureName
 from codl.paths import FIGURE_FORMATS, ResultPaths
 from codl.steps.workflow import (
     advisor_targets,
+    block_after,
+    block_group,
     share_inputs,
     share_resources,
     dataset_arg,
@@ -20,6 +23,14 @@ from codl.steps.workflow import (
 )
 
 PATHS = ResultPaths()
+# The codl checkout this file belongs to (workflow/rules/ -> the root): not workflow.basedir,
+# which is the directory of the Snakefile that was run, another workflow's when this one is used
+# as a module.
+CHECKOUT = (
+    Path(workflow.current_basedir.get_path_or_uri(secret_free=True))
+    .resolve()
+    .parents[1]
+)
 # The files Snakemake loaded, read again by codl's loader (duplicate keys, alias bombs), so the
 # workflow and `codl plan` accept exactly the same files.
 check_config_files(workflow.configfiles)
@@ -27,9 +38,14 @@ check_config_files(workflow.configfiles)
 PLAN = build_plan(
     config,
     source="the workflow config",
-    project_dirs=(Path.cwd(), Path(workflow.basedir)),
+    project_dirs=(Path.cwd(), CHECKOUT),
 )
 SPECS = PLAN.specs
+# The `blocks` section: run id -> its block and predecessor (empty without one).
+BLOCK_SLOTS = block_slots(plan_blocks(config, PLAN))
+# The block token of runs outside Slurm: one per invocation of the workflow (Slurm jobs use
+# SLURM_JOB_ID), inherited by every job it starts.
+os.environ.setdefault("CODL_INVOCATION", uuid.uuid4().hex[:12])
 ADVISOR = advisor_settings(config)
 # Data sets of the shared-node jobs (config section `share`); empty without one.
 SHARE_INPUTS = share_inputs(config, PLAN, PATHS)
@@ -38,7 +54,7 @@ SHARE_RESOURCES = share_resources(config, PLAN)
 # environment"); without it, in the one that runs Snakemake. Its file installs this checkout from
 # CODL_ROOT.
 CONDA_ENV = "../envs/codl.yaml"
-os.environ.setdefault("CODL_ROOT", str(Path(workflow.basedir).resolve()))
+os.environ.setdefault("CODL_ROOT", str(CHECKOUT))
 
 
 wildcard_constraints:
@@ -75,10 +91,23 @@ def get_dataset_arg(wildcards):
     return dataset_arg(PATHS, PLAN.tiers, get_spec(wildcards))
 
 
-def get_run_resource(name):
+def get_block_after(wildcards):
+    return block_after(PATHS, BLOCK_SLOTS, wildcards.run_id)
+
+
+def get_block_group(wildcards):
+    return block_group(BLOCK_SLOTS, wildcards.run_id)
+
+
+def get_run_resource(name, missing=0):
+    """A run job's resource `name`; `missing` where run_resources sets none. None leaves the
+    resource undeclared: the Slurm jobstep plugin checks only that `mpi` exists, and a one-rank
+    job that declared it (even as 0) would skip the plugin's `srun --cpu-bind` wrapper.
+    """
+
     def lookup(wildcards, attempt):
         return run_resources(get_spec(wildcards), config.get("slurm", {}), attempt).get(
-            name, 0
+            name, missing
         )
 
     return lookup

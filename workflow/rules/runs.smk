@@ -24,10 +24,15 @@ rule run:
     input:
         spec=PATHS.spec("{run_id}"),
         dataset=get_dataset_input,
+        # With a `blocks` section: the previous run of the block (order), and the block as
+        # one Slurm job (group).
+        after=get_block_after,
     output:
         trace=PATHS.trace("{run_id}"),
     log:
         PATHS.run_log("{run_id}"),
+    group:
+        get_block_group
     conda:
         CONDA_ENV
     threads: workflow.cores
@@ -37,7 +42,7 @@ rule run:
         cpus_per_task=get_run_resource("cpus_per_task"),
         gpu=get_run_resource("gpu"),
         tasks_per_gpu=get_run_resource("tasks_per_gpu"),
-        mpi=get_run_resource("mpi"),
+        mpi=get_run_resource("mpi", missing=None),
         mem_mb=get_run_resource("mem_mb"),
         runtime=get_run_resource("runtime"),
     params:

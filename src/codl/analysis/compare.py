@@ -10,12 +10,22 @@ columns for runs tables written before summarize wrote them).
 Interference lives in the tail, so every (run group, component, metric) gets one row per
 statistic (``STATS``): p50, mean, p90, p95 and p99 of the steps, each as the mean over runs of the
 per-run statistic; ``above_p99``, the fraction of steps above the twin's p99; and
-``excess_share``, the share of the combined run's step time lost against its twin. Each has a
-two-level bootstrap interval (runs, then steps within runs), so one repeat still gets an honest
-interval from its step-to-step spread. Steps flagged as anomalous (``steady.flag_outliers``) are
-left out on both sides by default and counted. Where the twin's statistic is exactly 0 (the
-launch thread never waits alone) a ratio is undefined: ``effect`` then says ``difference`` and
-``diff`` carries it - a measured zero is not "not measured".
+``excess_share``, the share of the combined run's step time lost against its twin.
+
+The headline interval is over runs (``RUN_LEVEL_COLUMNS``, design in codl.analysis.runlevel):
+runs are paired with their twins inside a *block* (the runs of one repeat made back to back on
+one machine in one invocation, ``runlevel.block_id``), each block gives one ratio of the
+per-run statistics' means, and ``run_ratio`` with ``run_ci_low``/``run_ci_high`` is the
+geometric mean of the block ratios with a Student-t interval on their logs (``run_diff``
+likewise for differences); ``n_blocks`` counts the blocks.
+Where no block holds both a run and its twins the row is kept, its ``status`` says the pair
+crosses blocks, and its run-level values are unpaired (Welch on the logs): it is not a headline.
+``ratio``/``ci_low``/``ci_high`` keep the older two-level bootstrap (runs, then steps within
+runs), step-level detail that treats steps as independent and is too narrow when runs scatter
+(tests/test_runlevel.py measures its coverage). Steps flagged as anomalous
+(``steady.flag_outliers``) are left out on both sides by default and counted. Where the twin's
+statistic is exactly 0 (the launch thread never waits alone) a ratio is undefined: ``effect``
+then says ``difference`` and ``diff`` carries it - a measured zero is not "not measured".
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from codl.analysis.columns import LOADING_MODES
+from codl.analysis.runlevel import log_ratio_interval, mean_interval, runs_blocks, welch_interval
 from codl.errors import ConfigError
 from codl.spec import Mode, RunSpec
 
@@ -107,8 +118,8 @@ def twin_column(mode: Mode | str) -> str:
 
 TWIN_COLUMNS = tuple(twin_column(m) for m in TWIN_MODES)
 # Read only by modes that load; replaced by NO_LOADER for the others (the normalisation).
-LOADER_COLUMNS = ("workers", "prefetch_factor", "pin_memory")
-NO_LOADER: tuple[Any, ...] = (0, None, None)
+LOADER_COLUMNS = ("workers", "prefetch_factor", "pin_memory", "handoff")
+NO_LOADER: tuple[Any, ...] = (0, None, None, None)
 BOOTSTRAP = 2000
 QUANTILES = {"p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99}
 # Distribution statistics, each a mean over runs of the per-run statistic of the steps.
@@ -129,7 +140,17 @@ VALUE_COLUMNS = (
     "diff_ci_low",
     "diff_ci_high",
     "effect",
+    "run_ratio",
+    "run_ci_low",
+    "run_ci_high",
+    "run_diff",
+    "run_diff_ci_low",
+    "run_diff_ci_high",
 )
+# The run-level (headline) values: over blocks of paired runs (see the module docstring).
+RUN_LEVEL_COLUMNS = VALUE_COLUMNS[-6:]
+# The status of a row whose runs and twins share no block (prefix; the blocks follow).
+ACROSS_BLOCKS = "across blocks"
 PER_STAT_COLUMNS = ("stat", "status", "steps", "isolation_steps")
 RESULT_COLUMNS = (
     "mode",
@@ -142,6 +163,7 @@ RESULT_COLUMNS = (
     "isolation_runs",
     "n_runs",
     "n_isolation_runs",
+    "n_blocks",
     "steps",
     "isolation_steps",
     "flagged",
@@ -170,9 +192,18 @@ def _norm(value: Any) -> Any:
     return value
 
 
+#: What a loader column is in a table written before it (the spec's default then).
+LOADER_DEFAULTS: dict[str, Any] = {"handoff": "torch"}
+
+
 def _key(row: pd.Series, mode: str) -> tuple[Any, ...]:
     loader = (
-        tuple(_norm(row.get(c)) for c in LOADER_COLUMNS) if mode in LOADING_MODES else NO_LOADER
+        tuple(
+            _norm(row.get(c)) if _norm(row.get(c)) is not None else LOADER_DEFAULTS.get(c)
+            for c in LOADER_COLUMNS
+        )
+        if mode in LOADING_MODES
+        else NO_LOADER
     )
     return (mode, *(_norm(row.get(c)) for c in GROUP_COLUMNS), *loader)
 
@@ -502,6 +533,7 @@ def compare(steps: pd.DataFrame, summaries: pd.DataFrame, *, steady: bool = True
         return pd.DataFrame(columns=list(RESULT_COLUMNS))
     ids = with_twin_ids(summaries)
     groups = groups_by_id(ids)
+    blocks = runs_blocks(ids)
     values: dict[str, pd.DataFrame] = (
         {str(rid): g for rid, g in steps.groupby("run_id")} if "run_id" in steps else {}
     )
@@ -537,26 +569,28 @@ def compare(steps: pd.DataFrame, summaries: pd.DataFrame, *, steady: bool = True
                     "flagged": _flagged(values, runs),
                     "isolation_flagged": _flagged(values, twins),
                 }
-                rows += _metric_rows(base, values, runs, twins, metric, r, comp, steady=steady)
+                rows += _metric_rows(
+                    base, values, (runs, twins, blocks), metric, r, comp, steady=steady
+                )
     return pd.DataFrame(rows, columns=list(RESULT_COLUMNS))
 
 
 def _metric_rows(
     base: dict[str, Any],
     values: dict[str, pd.DataFrame],
-    runs: list[str],
-    twins: list[str],
+    pairing: tuple[list[str], list[str], Mapping[str, str]],
     metric: str,
     row: pd.Series,
     comp: str,
     *,
     steady: bool,
 ) -> list[dict[str, Any]]:
+    runs, twins, blocks = pairing
     empty = dict.fromkeys(VALUE_COLUMNS, np.nan)
     if not twins:
         # One row per statistic whatever the status: filtering on `stat` never hides a gap.
         missing = _describe_missing(row, comp)
-        return [base | empty | {"stat": st, "status": missing} for st in STATS]
+        return [base | empty | {"stat": st, "status": missing, "n_blocks": 0} for st in STATS]
     num = [_col(values, rid, metric, steady) for rid in runs]
     den = [_col(values, rid, metric, steady) for rid in twins]
     step_ms = None
@@ -571,13 +605,120 @@ def _metric_rows(
     }
     if not stats:
         return [
-            base | empty | counts | {"stat": st, "status": "metric not measured"} for st in STATS
+            base | empty | counts | {"stat": st, "status": "metric not measured", "n_blocks": 0}
+            for st in STATS
         ]
+    level, n_blocks, status = run_level_stats(
+        [(blocks.get(r, ""), a) for r, a in zip(runs, num, strict=True)],
+        [(blocks.get(r, ""), a) for r, a in zip(twins, den, strict=True)],
+        step_ms,
+    )
     out = []
     for stat, v in stats.items():
         effect = "ratio" if np.isfinite(v["ratio"]) else "difference"
-        out.append(base | counts | v | {"stat": stat, "status": "ok", "effect": effect})
+        extra = {"stat": stat, "status": status, "effect": effect, "n_blocks": n_blocks}
+        out.append(base | counts | v | level.get(stat, {}) | extra)
     return out
+
+
+BlockRuns = Sequence[tuple[str, npt.NDArray[np.float64]]]
+
+
+def _per_run_values(
+    num: BlockRuns, den: BlockRuns, step_ms: Sequence[npt.NDArray[np.float64]] | None
+) -> dict[str, tuple[list[tuple[str, float]], list[tuple[str, float]]]]:
+    """Per statistic: (block, value) of every combined run and of every twin run. ``above_p99``
+    counts steps above the p99 of the twins of the run's own block (all twins where the block
+    has none); ``excess_share`` is per combined run against the twins' mean of its block."""
+    c = [(b, a[np.isfinite(a)]) for b, a in num]
+    d = [(b, a[np.isfinite(a)]) for b, a in den]
+    c = [(b, a) for b, a in c if len(a)]
+    d = [(b, a) for b, a in d if len(a)]
+    out: dict[str, tuple[list[tuple[str, float]], list[tuple[str, float]]]] = {}
+    for stat in DISTRIBUTION_STATS:
+        f = run_statistic(stat)
+        out[stat] = ([(b, float(f(a))) for b, a in c], [(b, float(f(a))) for b, a in d])
+    pooled = np.concatenate([a for _, a in d])
+    thr = {
+        b: float(np.quantile(np.concatenate([a for bb, a in d if bb == b]), QUANTILES["p99"]))
+        for b in {b for b, _ in d}
+    }
+    p99 = float(np.quantile(pooled, QUANTILES["p99"]))
+    out["above_p99"] = (
+        [(b, float(np.mean(a > thr.get(b, p99)))) for b, a in c],
+        [(b, float(np.mean(a > thr[b]))) for b, a in d],
+    )
+    if step_ms is not None:
+        all_twins = float(np.mean([a.mean() for _, a in d]))
+        twin_mean = {b: float(np.mean([a.mean() for bb, a in d if bb == b])) for b in thr}
+        shares = []
+        for (b, a), t in zip(num, step_ms, strict=True):
+            ok = np.isfinite(a) & np.isfinite(t)
+            if ok.any() and t[ok].mean():
+                share = (a[ok].mean() - twin_mean.get(b, all_twins)) / t[ok].mean()
+                shares.append((b, float(share)))
+        out["excess_share"] = (shares, [(b, 0.0) for b, _ in d])
+    return out
+
+
+def run_level_stats(
+    num: BlockRuns, den: BlockRuns, step_ms: Sequence[npt.NDArray[np.float64]] | None = None
+) -> tuple[dict[str, dict[str, float]], int, str]:
+    """The run-level values (``RUN_LEVEL_COLUMNS``) of every statistic, the number of blocks
+    that pair runs with twins, and the status: "ok", or ``ACROSS_BLOCKS`` naming the blocks
+    when none pairs (then the values are unpaired: Welch on the logs of the per-run values).
+
+    ``num``/``den``: (block, per-step values) of each combined and each twin run. Per paired
+    block, the ratio of the means of the per-run statistic; Student's t over blocks on the logs
+    (``runlevel.log_ratio_interval``) and, for the difference, on the values.
+    """
+    per_run = _per_run_values(num, den, step_ms)
+    both = sorted({b for b, _ in per_run["mean"][0]} & {b for b, _ in per_run["mean"][1]})
+    out: dict[str, dict[str, float]] = {}
+    for stat, (c, d) in per_run.items():
+        out[stat] = (
+            _paired_values(c, d, both, ratio=stat != "excess_share")
+            if both
+            else _unpaired_values(c, d, ratio=stat != "excess_share")
+        )
+    if both:
+        return out, len(both), "ok"
+    where = sorted({b or "?" for b, _ in num}), sorted({b or "?" for b, _ in den})
+    status = f"{ACROSS_BLOCKS}: runs in {' '.join(where[0])}, twins in {' '.join(where[1])}"
+    return out, 0, status
+
+
+def _block_means(values: list[tuple[str, float]], blocks: Sequence[str]) -> list[float]:
+    return [float(np.mean([v for b, v in values if b == blk])) for blk in blocks]
+
+
+def _paired_values(
+    c: list[tuple[str, float]], d: list[tuple[str, float]], blocks: Sequence[str], *, ratio: bool
+) -> dict[str, float]:
+    cm, dm = _block_means(c, blocks), _block_means(d, blocks)
+    diff = mean_interval([x - y for x, y in zip(cm, dm, strict=True)])
+    out = {"run_diff": diff.mean, "run_diff_ci_low": diff.lo, "run_diff_ci_high": diff.hi}
+    ratios = [x / y for x, y in zip(cm, dm, strict=True) if y > 0 and x > 0]
+    if ratio and len(ratios) == len(blocks):
+        r = log_ratio_interval(ratios)
+        return out | {"run_ratio": r.ratio, "run_ci_low": r.lo, "run_ci_high": r.hi}
+    return out | {"run_ratio": np.nan, "run_ci_low": np.nan, "run_ci_high": np.nan}
+
+
+def _unpaired_values(
+    c: list[tuple[str, float]], d: list[tuple[str, float]], *, ratio: bool
+) -> dict[str, float]:
+    cv, dv = [v for _, v in c], [v for _, v in d]
+    diff = welch_interval(cv, dv)
+    out = {"run_diff": diff.mean, "run_diff_ci_low": diff.lo, "run_diff_ci_high": diff.hi}
+    if ratio and all(v > 0 for v in (*cv, *dv)):
+        lr = welch_interval(np.log(cv).tolist(), np.log(dv).tolist())
+        return out | {
+            "run_ratio": math.exp(lr.mean),
+            "run_ci_low": math.exp(lr.lo),
+            "run_ci_high": math.exp(lr.hi),
+        }
+    return out | {"run_ratio": np.nan, "run_ci_low": np.nan, "run_ci_high": np.nan}
 
 
 def _flagged(values: dict[str, pd.DataFrame], runs: list[str]) -> int:

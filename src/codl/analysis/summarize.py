@@ -32,6 +32,7 @@ from codl.analysis.columns import (
 from codl.analysis.compare import twin_ids
 from codl.analysis.intervals import interval_union, overlap_ns
 from codl.analysis.load import outside_cpu_share
+from codl.analysis.runlevel import block_columns
 from codl.analysis.steady import flag_outliers, steady
 from codl.pinning import parse_cpulist
 from codl.trace.schema import LOADER_ITEM_STAGES, Phase, Table
@@ -50,6 +51,7 @@ SPEC_COLUMNS = {
     "workers": ("loader", "workers"),
     "prefetch_factor": ("loader", "prefetch_factor"),
     "pin_memory": ("loader", "pin_memory"),
+    "handoff": ("loader", "handoff"),
     "nodes": ("layout", "nodes"),
     "ranks_per_node": ("layout", "ranks_per_node"),
     "backend": ("layout", "backend"),
@@ -81,6 +83,10 @@ def spec_columns(spec: Mapping[str, Any]) -> dict[str, Any]:
         out["workers"] = 0
         out["prefetch_factor"] = None
         out["pin_memory"] = None
+        out["handoff"] = None
+    else:
+        # Traces written before the key ran torch's DataLoader.
+        out["handoff"] = out["handoff"] or "torch"
     return out
 
 
@@ -739,6 +745,7 @@ def _summary_row(
             "world_size": world,
             "cpus": cpus_per_rank(attrs),
             "host": attrs.get("host", ""),
+            **block_columns(attrs),
             "steps": int(steps_all["step"].nunique()),
             "outlier_steps": int(steps_all["outlier"].sum()),
             "tail_steps": int(steps_all["tail_step"].sum()),

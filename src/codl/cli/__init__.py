@@ -1,5 +1,5 @@
-"""`codl` command line: run | inspect | export | plan | dataset | write-spec | stage | summarize |
-advise."""
+"""`codl` command line: run | inspect | export | convert | plan | dataset | write-spec | stage |
+summarize | advise."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Any
 
 from codl import __version__
 from codl.cli.options import MAX_CORES, MAX_WINDOW_S, Parser, bounded_int, finite_float
-from codl.errors import CodlError
+from codl.errors import CodlError, RunInterruptedError
 from codl.log import LEVELS, configure
 from codl.paths import RunFiles
 
@@ -94,14 +95,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     # Imported only now: torch takes seconds to import, a spec error should not.
     from codl.harness.launch import launch
 
-    launch(
-        spec,
-        trace_path=trace,
-        dataset_dir=Path(args.dataset_dir) if args.dataset_dir else None,
-        kineto_dir=Path(args.kineto_dir) if args.kineto_dir else RunFiles(trace.parent).kineto,
-        argv=[sys.executable, "-m", "codl.cli", *sys.argv[1:]],
-        cpus_per_task=args.cpus_per_task,
-    )
+    try:
+        launch(
+            spec,
+            trace_path=trace,
+            dataset_dir=Path(args.dataset_dir) if args.dataset_dir else None,
+            kineto_dir=Path(args.kineto_dir) if args.kineto_dir else RunFiles(trace.parent).kineto,
+            argv=[sys.executable, "-m", "codl.cli", *sys.argv[1:]],
+            cpus_per_task=args.cpus_per_task,
+        )
+    except RunInterruptedError:
+        # Stopped, its trace written: the exit status (2) is decided. The rest of the kill
+        # (Slurm and group-wide kills repeat it) is ignored until the process is gone: CPython
+        # puts the default handler back over every Python-level one (the runner's grace handler
+        # included) when it finalizes, and a repeat landing in the second or so that torch's
+        # teardown takes would end the process by the signal instead (rc -15).
+        for s in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(s, signal.SIG_IGN)
+        raise
     log.info("run %s: wrote %s in %.1f s", spec.run_id, trace, time.monotonic() - t0)
     print(trace)
     return 0
@@ -135,11 +146,69 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
+def cmd_convert(args: argparse.Namespace) -> int:
+    from codl.trace.store.convert import convert_trace
+
+    convert_trace(
+        Path(args.trace),
+        Path(args.output),
+        compression=args.compression,
+        allow_incomplete=args.allow_incomplete,
+    )
+    print(args.output)
+    return 0
+
+
+def _plan_target_ci(args: argparse.Namespace) -> int:
+    """``codl plan CONFIG --target-ci P``: the repeats each comparison of the pilot's runs table
+    needs for +/- P points (codl.analysis.repeats), after the config is checked."""
+    import pandas as pd
+
+    from codl.analysis.repeats import plan_repeats
     from codl.config import load_plan
+    from codl.paths import ResultPaths
+
+    load_plan(Path(args.config))
+    pilot = Path(args.pilot) if args.pilot is not None else ResultPaths().runs_table
+    candidates = (
+        [pilot]
+        if not pilot.is_dir()
+        else [
+            pilot / "runs.csv",
+            ResultPaths.merged_tables_of(pilot)[0],
+        ]
+    )
+    table = next((c for c in candidates if c.is_file()), None)
+    if table is None:
+        raise CodlError(
+            f"--pilot {pilot}: no runs table ({' or '.join(map(str, candidates))}), expected "
+            "the runs.csv of earlier results or of a pilot run"
+        )
+    out = plan_repeats(pd.read_csv(table), args.target_ci)
+    if out.empty:
+        raise CodlError(f"{table}: no run with its isolation twin to estimate run-to-run scatter")
+    if args.json:
+        print(out.to_json(orient="records", indent=2))
+        return 0
+    print(
+        f"repeats (blocks of one run and its twin) for a 95 % interval of +/- "
+        f"{args.target_ci:g} points on the mean ratio, from {table}:"
+    )
+    print(out.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from codl.config import block_slots, build_plan, load_yaml, plan_blocks
 
     _not_a_directory(args.config, "a config file (YAML, e.g. config/smoke.yaml)")
-    plan = load_plan(Path(args.config))
+    if args.target_ci is not None:
+        return _plan_target_ci(args)
+    cfg = load_yaml(Path(args.config))
+    plan = build_plan(cfg, source=str(args.config))
+    blocks = plan_blocks(cfg, plan)
+    slots = block_slots(blocks)
+    seeds = {b.name: b.seed for b in blocks}
     # One row per distinct run: a run shared by several experiments or factor combinations (a
     # `compute` run does not depend on loader workers) is measured once and listed once.
     rows: dict[str, dict[str, Any]] = {}
@@ -157,6 +226,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
         )
         if r.experiment not in row["experiments"]:
             row["experiments"].append(r.experiment)
+        if r.run_id in slots:
+            row["block"] = slots[r.run_id].block
+            if seeds[row["block"]] is not None:
+                row["block_seed"] = seeds[row["block"]]
+    if blocks:
+        # The order the runs go in: block by block, each in its planned order.
+        rows = {rid: rows[rid] for b in blocks for rid in b.run_ids}
     if args.json:
         print(json.dumps(list(rows.values()), indent=2))
         return 0
@@ -232,6 +308,21 @@ def cmd_summarize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_convert(sub: Any) -> None:
+    cv = sub.add_parser(
+        "convert", help="copy a trace with another codec (gzip: any HDF5 tool reads it)"
+    )
+    cv.add_argument("trace", type=Path)
+    cv.add_argument("-o", "--output", required=True, help="the copy (a new .h5 path)")
+    cv.add_argument(
+        "--compression",
+        default="gzip",
+        help="codec of the copy: gzip (default, no plugin needed), blosc-lz4 or lzf",
+    )
+    cv.add_argument("--allow-incomplete", action="store_true", help="copy an incomplete trace")
+    cv.set_defaults(func=cmd_convert)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="codl", description=__doc__)
     p.add_argument("--version", action="version", version=f"codl {__version__}")
@@ -274,9 +365,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.set_defaults(func=cmd_export)
 
+    _add_convert(sub)
+
     pl = sub.add_parser("plan", help="validate a config and list its runs")
     pl.add_argument("config", type=Path)
     pl.add_argument("--json", action="store_true")
+    pl.add_argument(
+        "--target-ci",
+        type=finite_float(0.01, 1000.0),
+        metavar="P",
+        help="print the repeats each comparison needs for a 95 %% interval of +/- P points on "
+        "its mean ratio, and their device time, from the scatter of --pilot's runs",
+    )
+    pl.add_argument(
+        "--pilot",
+        metavar="RESULTS",
+        help="runs.csv, or a results directory holding one, to estimate run-to-run scatter "
+        "from (default: this workflow's results/tables/runs.csv)",
+    )
     pl.set_defaults(func=cmd_plan)
 
     d = sub.add_parser("dataset", help="generate a data set from its spec")

@@ -42,7 +42,20 @@ def current_cpu() -> int:
     return int(_libc.sched_getcpu())
 
 
+class _RingWorker:
+    """Set in a worker that is not torch's (codl.harness.handoff's ring): it has no worker info."""
+
+    id: int | None = None
+
+
+def set_worker_id(worker_id: int) -> None:
+    """Name the calling process a loader worker for the timing rows (the ring's workers)."""
+    _RingWorker.id = worker_id
+
+
 def _worker_id() -> int:
+    if _RingWorker.id is not None:
+        return _RingWorker.id
     info = get_worker_info()
     return -1 if info is None else int(info.id)
 
@@ -210,11 +223,15 @@ def collate(samples: Sequence[tuple[Any, Any, np.ndarray]]) -> Batch:
         targets = torch.tensor([s[1] for s in samples], dtype=torch.long)
     items = np.stack([s[2] for s in samples])
     t1 = now_ns()
-    col = np.array(
+    return Batch(inputs, targets, items, collate_row(t0, t1))
+
+
+def collate_row(t0: int, t1: int) -> np.ndarray:
+    """The collate event of the calling worker (COLLATE_COLUMNS), from ``t0`` to ``t1``."""
+    return np.array(
         [_worker_id(), os.getpid(), threading.get_native_id(), current_cpu(), t0, t1],
         dtype=np.int64,
     )
-    return Batch(inputs, targets, items, col)
 
 
 def dataset_cost(root: Path) -> DatasetCost:

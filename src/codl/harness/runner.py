@@ -22,7 +22,7 @@ import statistics
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
+from collections.abc import Iterable, Iterator, Mapping, Sized
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -33,14 +33,16 @@ import torch
 
 from codl import pinning
 from codl.errors import CodlError, DataSetError, RunInterruptedError
+from codl.files import REPEAT_IGNORE_S, restore_after_stop
 from codl.harness import data as hdata
 from codl.harness import workloads
 from codl.harness.comm import CommRecorder, comm_group, prepare_tensors, run_comm_step
+from codl.harness.handoff import RingLoader
 from codl.harness.progress import StepProgress
 from codl.harness.recorders import Recorders, RunContext, provenance
 from codl.harness.recorders.loader_log import LoaderLog
 from codl.harness.recorders.spans import AppSpans
-from codl.spec import DeviceKind, Mode, Policy, Precision, RunSpec
+from codl.spec import DeviceKind, Handoff, Mode, Policy, Precision, RunSpec
 from codl.trace import clock
 from codl.trace.clock import Anchor, now_ns, take_anchor
 from codl.trace.schema import Phase
@@ -69,13 +71,12 @@ DRAIN_EVERY_STEPS = 50
 # what `runtime.switch_interval_ms: 0` leaves (5 ms in every CPython since 3.2).
 _CPYTHON_SWITCH_INTERVAL_S = sys.getswitchinterval()
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-_REPEAT_IGNORE_S = 5.0
 
 
 class _StopHandler:
     """SIGTERM/SIGINT handler of one run: raise RunInterruptedError to stop it.
 
-    Repeats within _REPEAT_IGNORE_S of the first (Slurm and group-wide kills deliver several)
+    Repeats within REPEAT_IGNORE_S of the first (Slurm and group-wide kills deliver several)
     are ignored, so they cannot interrupt the unwinding into the code that writes the trace
     (which then ignores both signals itself). A later one raises again: the first may have been
     swallowed, raised inside a finalizer where Python only prints it.
@@ -86,30 +87,15 @@ class _StopHandler:
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         now = time.monotonic()
-        if self.first is not None and now - self.first < _REPEAT_IGNORE_S:
+        if self.first is not None and now - self.first < REPEAT_IGNORE_S:
             return
         self.first = now
         raise RunInterruptedError(f"received {signal.Signals(signum).name}")
 
     def restore(self, previous: Mapping[signal.Signals, Any]) -> None:
         """Put the handlers from before the run back; after a stop, behind a grace handler that
-        still ignores the kill's repeats. A run whose trace is written quickly is past this
-        point before a kill's third SIGTERM arrives, and the default handler would then end the
-        process by the signal instead of its orderly exit status 2."""
-        for s, handler in previous.items():
-            signal.signal(s, handler if self.first is None else self._grace(handler))
-
-    def _grace(self, handler: Any) -> Callable[[int, FrameType | None], None]:
-        first = self.first
-
-        def grace(signum: int, frame: FrameType | None) -> None:
-            if first is not None and time.monotonic() - first < _REPEAT_IGNORE_S:
-                return
-            # A new signal, not a repeat: what was there before the run handles it.
-            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
-            signal.raise_signal(signum)
-
-        return grace
+        still ignores the kill's repeats (codl.files.restore_after_stop)."""
+        restore_after_stop(previous, self.first)
 
 
 def _seed_worker(placement: pinning.Placement, seed: int, worker_id: int) -> None:
@@ -130,7 +116,11 @@ def _batches(loader: Any) -> Iterator[Any]:
 
 def _shutdown_loader(batches: Iterator[Any] | None) -> None:
     """Stop a multi-process DataLoader iterator's workers the way it does itself (a sentinel to
-    each, then join): torch has no public call for it; single-process iterators have none."""
+    each, then join): torch has no public call for it; single-process iterators have none. The
+    ring hand-off has its own."""
+    if isinstance(batches, RingLoader):
+        batches.close()
+        return
     shutdown = getattr(batches, "_shutdown_workers", None)
     if shutdown is not None:
         shutdown()
@@ -455,7 +445,7 @@ def _build(
     if mode.loads:
         if dataset_dir is None:  # pragma: no cover - checked in execute
             raise CodlError("no dataset_dir")
-        held.loader = _build_loader(spec, env, workload, dataset_dir, placed.placement)
+        held.loader = _build_loader(spec, env, workload, dataset_dir, placed.placement, device)
     held.batches = _batches(held.loader) if held.loader is not None else None
     comm_buckets = _bucket_sizes(model, spec.layout.bucket_cap_mb) if mode is Mode.COMM else []
     return _Components(
@@ -493,6 +483,7 @@ def _build_loader(
     workload: workloads.Workload,
     dataset_dir: Path,
     placement: pinning.Placement,
+    device: torch.device,
 ) -> Any:
     bs = spec.workload.batch_size
     dataset = hdata.dataset_for(workload.dataset_kind.value, dataset_dir, spec.workload.image_size)
@@ -501,6 +492,18 @@ def _build_loader(
     if n_samples < bs:
         raise CodlError(
             f"data set {dataset_dir} has {n_samples} samples, fewer than one batch of {bs}"
+        )
+    init_fn = functools.partial(_seed_worker, placement, spec.seed)
+    if spec.loader.handoff is Handoff.RING:
+        return RingLoader(
+            dataset,
+            batch_size=bs,
+            workers=spec.loader.workers,
+            prefetch_factor=spec.loader.prefetch_factor,
+            generator=gen,
+            worker_init_fn=init_fn,
+            page_lock=spec.loader.pin_memory and spec.device is DeviceKind.CUDA,
+            device=device,
         )
     return torch.utils.data.DataLoader(
         dataset,
@@ -513,7 +516,7 @@ def _build_loader(
         persistent_workers=spec.loader.persistent_workers,
         drop_last=True,
         collate_fn=hdata.collate,
-        worker_init_fn=functools.partial(_seed_worker, placement, spec.seed),
+        worker_init_fn=init_fn,
     )
 
 
@@ -604,9 +607,12 @@ def _next_batch(
             raise DataSetError(str(exc).strip().splitlines()[-1].split("Error: ", 1)[-1]) from None
     ctx.loader.add(step, batch)
     with ctx.spans.phase(step, Phase.H2D.value):
-        x = batch.inputs.to(device, non_blocking=spec.loader.pin_memory)
+        if isinstance(batches, RingLoader):
+            x, y = batches.to_device(batch, device)
+        else:
+            x = batch.inputs.to(device, non_blocking=spec.loader.pin_memory)
+            y = batch.targets.to(device, non_blocking=spec.loader.pin_memory)
         x = x.to(memory_format=parts.memory_format)
-        y = batch.targets.to(device, non_blocking=spec.loader.pin_memory)
     return x, y
 
 
@@ -671,6 +677,7 @@ def _run_attrs(
         "spec": spec.to_dict(),
         "host": socket.gethostname(),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
+        **_block_attrs(spec, anchors[0], times[0]),
         "git_revision": provenance.git_revision(),
         "versions": provenance.versions(),
         "anchors_start": anchors[0].as_dict(),
@@ -687,6 +694,26 @@ def _run_attrs(
         "cpus_split": placed.cpus_split,
         "placement": {**placed.placement.to_dict(), "crowded": placed.crowded},
         "placement_mismatches": pinning.mismatches(r for _, r in placed.rows),
+    }
+
+
+def _block_attrs(spec: RunSpec, anchor: Anchor, t_begin_ns: int) -> dict[str, Any]:
+    """Where and when the run ran, for blocks (runs back to back on one machine, one
+    invocation: codl.analysis.runlevel.block_id): boot id, GPU UUIDs, the invocation token
+    (Slurm job, or what the workflow set) and the wall-clock start."""
+    try:
+        boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot_id = ""
+    uuids: list[str] = []
+    if spec.device is DeviceKind.CUDA and torch.cuda.is_available():
+        props = (torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count()))
+        uuids = [str(p.uuid) for p in props]
+    return {
+        "boot_id": boot_id,
+        "gpu_uuids": uuids,
+        "invocation": os.environ.get("SLURM_JOB_ID") or os.environ.get("CODL_INVOCATION", ""),
+        "start_unix_ns": anchor.to_realtime(t_begin_ns),
     }
 
 

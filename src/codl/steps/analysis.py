@@ -25,7 +25,7 @@ from codl.figures import RUN_FIGURES
 from codl.figures.registry import FIGURES, FigureInputs, draw_figure
 from codl.figures.run_tables import timeline_window, write_run_tables
 from codl.outputs import output_unit, verify_member
-from codl.paths import FIGURE_FORMATS, summarize_manifest
+from codl.paths import FIGURE_FORMATS, compare_manifest, summarize_manifest
 from codl.trace.clock import rank_bounds
 from codl.trace.schema import Table
 from codl.trace.store import open_trace
@@ -156,7 +156,16 @@ def compare_to(
     comparison_table: Path,
     attribution_table: Path,
     decomposition_table: Path,
+    manifest: Path | None = None,
 ) -> pd.DataFrame:
+    """The merged tables of every run's summarize unit, and their comparison and decomposition.
+
+    The five tables are written as one unit (``codl.outputs``) with the manifest ``manifest``
+    (default: ``paths.compare_manifest(runs_table)``, in their one directory): they appear
+    together or not at all, never over a per-run table, and their readers (figures, advise)
+    check them against it.
+    """
+    inputs = [*summaries, *steps, *attributions, *parts]
     units: dict[Path, dict[str, Any]] = {}  # a run's four tables are one unit, checked once
     summary = _read_all(summaries, "summary", units)
     step_df = _read_all(steps, "steps", units)
@@ -164,20 +173,31 @@ def compare_to(
     part_df = _read_all(parts, "parts", units)
     comparison = flag_comparison(cmp.compare(step_df, summary), summary)
     decomposition = dec.decompose(step_df, part_df, summary)
-    for df, out in (
-        (summary, runs_table),
-        (step_df, steps_table),
-        (comparison, comparison_table),
-        (attribution, attribution_table),
-        (decomposition, decomposition_table),
-    ):
-        out.parent.mkdir(parents=True, exist_ok=True)
-        df.to_csv(out, index=False)
+    tables = {
+        runs_table: summary,
+        steps_table: step_df,
+        comparison_table: comparison,
+        attribution_table: attribution,
+        decomposition_table: decomposition,
+    }
+    with output_unit(
+        list(tables),
+        inputs=[Path(p) for p in inputs],
+        manifest=manifest or compare_manifest(runs_table),
+        mkdir=True,
+    ) as unit:
+        for out, df in tables.items():
+            # The final name's suffix (.csv.gz) picks the compression; the unit keeps names.
+            df.to_csv(unit.path(out), index=False)
+    for out, df in tables.items():
         _wrote(df, out)
     return comparison
 
 
-def _read_csv(path: Path) -> pd.DataFrame:
+def _read_csv(path: Path, checked: dict[Path, dict[str, Any]] | None = None) -> pd.DataFrame:
+    """A merged table, once its unit (compare's) is whole; tables written before units, or
+    beside no manifest, are read as they are."""
+    verify_member(path, checked=checked)
     # Whole-file type inference: read in pieces, a column that is empty in the first rows
     # (outlier_reason of the steps table) is guessed once per piece and comes back mixed.
     df = pd.read_csv(path, low_memory=False)
@@ -212,12 +232,13 @@ def recompare_tables(
 def merged_inputs(
     *, runs_table: Path, steps_table: Path, comparison_table: Path, decomposition_table: Path
 ) -> FigureInputs:
-    """The merged tables as figure inputs (no per-run tables)."""
+    """The merged tables as figure inputs (no per-run tables), checked as one unit."""
+    units: dict[Path, dict[str, Any]] = {}
     return FigureInputs(
-        runs=_read_csv(runs_table),
-        steps=_read_csv(steps_table),
-        comparison=_read_csv(comparison_table),
-        decomposition=_read_csv(decomposition_table),
+        runs=_read_csv(runs_table, units),
+        steps=_read_csv(steps_table, units),
+        comparison=_read_csv(comparison_table, units),
+        decomposition=_read_csv(decomposition_table, units),
     )
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from codl.advisor.settings import advisor_settings, share_settings, share_specs
-from codl.config import Plan
+from codl.config import BlockSlot, Plan
 from codl.figures import FigureName
 from codl.paths import FIGURE_FORMATS, ResultPaths
 from codl.spec import DeviceKind, RunSpec, to_dict
@@ -50,6 +50,23 @@ def dataset_spec_json(plan: Plan, name: str) -> str:
         if dname == name:
             return json.dumps(to_dict(spec), sort_keys=True)
     raise KeyError(f"no run of the config reads data set {name!r}")
+
+
+def block_after(paths: ResultPaths, slots: Mapping[str, BlockSlot], run_id: str) -> list[str]:
+    """The trace a run of a block waits for: its predecessor's, so that the block's runs go in
+    the planned order (codl.config.plan_blocks); none for a block's first run or without
+    blocks. A rerun of one run reruns the rest of its block: a block is measured as one."""
+    slot = slots.get(run_id)
+    if slot is None or slot.previous is None:
+        return []
+    return [str(paths.trace(slot.previous))]
+
+
+def block_group(slots: Mapping[str, BlockSlot], run_id: str) -> str | None:
+    """The Snakemake group of a run: its block's name, so that under Slurm a block is one job
+    (one allocation on one node) running its chained runs in order; None without blocks."""
+    slot = slots.get(run_id)
+    return slot.block if slot is not None else None
 
 
 def run_resources(spec: RunSpec, slurm: Mapping[str, Any], attempt: int) -> dict[str, Any]:

@@ -39,6 +39,8 @@ from codl.trace.store.layout import (
     STRINGS,
     metadata_digest,
     plain_value,
+    root_attrs_problem,
+    stored_codec,
     strings_digest,
     table_schema,
     time_range,
@@ -98,6 +100,15 @@ class Trace:
         if not isinstance(spec, dict):
             raise TraceFormatError(f"{self._path}: no run spec (root attribute 'spec')")
         return spec
+
+    @property
+    def codec(self) -> str | None:
+        """The codec of the table columns (``blosc-lz4``, ``gzip``, ``lzf``; None without one),
+        from the ``compression`` attribute or, in older traces, the stored filter pipeline."""
+        try:
+            return stored_codec(self._file)
+        except H5_ERRORS as e:
+            raise self._corrupt("the filter pipeline", e) from e
 
     @property
     def strings(self) -> list[str]:
@@ -214,6 +225,22 @@ class Trace:
             codes, categories=self._categories
         ).remove_unused_categories()
 
+    def _events_out_of_order(
+        self, table: str, block: Mapping[str, npt.NDArray[Any]], lo: int
+    ) -> TraceFormatError | None:
+        """The error for rows of an event block (first row ``lo``) that end before they start;
+        None when there are none or the block lacks either time. Every read of both times
+        checks them, so no command takes such an event for a negative duration."""
+        if "start_ns" not in block or "end_ns" not in block:
+            return None
+        late = np.flatnonzero(block["end_ns"] < block["start_ns"])
+        if not late.size:
+            return None
+        return TraceFormatError(
+            f"{self._path}: /{table} has {late.size}+ event(s) ending before they start "
+            f"(first at row {lo + int(late[0])}); corrupt"
+        )
+
     def chunk_index(self, table: str) -> npt.NDArray[np.int64] | None:
         """The table's chunk index, ``(blocks, 4)`` int64 rows of (row_lo, row_hi, t_lo, t_hi),
         checked against its sha256 and the row count; None for traces written without one."""
@@ -323,6 +350,8 @@ class Trace:
                 got[c] = self._read_into(name, c, lo, hi, out[c])
             else:
                 got[c] = self._read(name, c, slice(lo, hi))
+        if (bad := self._events_out_of_order(name, got, lo)) is not None:
+            raise bad
         return got
 
     def _submit_chunks(
@@ -395,10 +424,15 @@ class Trace:
                     continue
                 if mask is not None and mask.all():
                     mask = None
+            raw: dict[str, npt.NDArray[Any]] = dict(cache)
+            for c in wanted:
+                if c.name not in raw:
+                    raw[c.name] = self._read(name, c.name, sel)
+            if (bad := self._events_out_of_order(name, raw, lo)) is not None:
+                raise bad
             block: dict[str, Any] = {}
             for c in wanted:
-                arr = cache[c.name] if c.name in cache else self._read(name, c.name, sel)
-                arr = arr if mask is None else arr[mask]
+                arr = raw[c.name] if mask is None else raw[c.name][mask]
                 block[c.name] = self._decode(name, c.name, arr) if c.is_symbol and decode else arr
             yield block
 
@@ -479,7 +513,7 @@ class Trace:
                 )
         index = self.chunk_index(table)
         hashes = {c.name: hashlib.sha256() for c in schema}
-        bad: tuple[int, int] | None = None  # (first row, count) of events ending before start
+        bad: TraceFormatError | None = None  # the first block's events ending before start
         # With an index, block by block, so that each entry is checked against its rows.
         ranges = self._ranges(table, n, None, None) if index is None else index[:, :2].tolist()
 
@@ -499,9 +533,7 @@ class Trace:
                     hashing.result()
                 hashing = pool.submit(digest, block)
                 self._check_block(table, block, lo, hi, None if index is None else index[i])
-                if "start_ns" in block and bad is None:
-                    late = np.flatnonzero(block["end_ns"] < block["start_ns"])
-                    bad = (lo + int(late[0]), int(late.size)) if late.size else None
+                bad = bad or self._events_out_of_order(table, block, lo)
             if hashing is not None:
                 hashing.result()
         for c in schema:
@@ -511,10 +543,7 @@ class Trace:
                     f"{self._path}: dataset /{table}/{c.name} does not match its sha256; corrupt"
                 )
         if bad is not None:
-            raise TraceFormatError(
-                f"{self._path}: /{table} has {bad[1]}+ event(s) ending before they start "
-                f"(first at row {bad[0]}); corrupt"
-            )
+            raise bad
 
     def _check_block(
         self,
@@ -649,6 +678,12 @@ def open_trace(path: str | os.PathLike[str], *, allow_incomplete: bool = False) 
             raise TraceFormatError(
                 f"{p}: metadata (attributes, row counts, shapes) does not match its sha256; "
                 "the file is corrupt or was edited"
+            )
+        problem = root_attrs_problem(attrs)
+        if problem is not None:
+            raise TraceFormatError(
+                f"{p}: root attribute {problem}; the file is damaged or was edited "
+                "(docs/trace-format.md, Root attributes)"
             )
         complete = attrs.get("complete") is True
         if not complete and not allow_incomplete:
