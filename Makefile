@@ -8,7 +8,7 @@ CONFIG ?= config/smoke.yaml
 PROFILE ?= profiles/local
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv lint typecheck workflow-lint unit report clean
+.PHONY: demo demo-advise test venv lint typecheck workflow-lint unit report clean
 
 # TORCH=cuda (default): torch's PyPI build (CUDA; ~6 GB with its NVIDIA wheels). TORCH=cpu: the
 # CPU wheels of the same versions from PyTorch's index, no CUDA wheels (README, "Install").
@@ -31,14 +31,26 @@ $(STAMP): pyproject.toml constraints.txt
 
 venv: $(STAMP)
 
-## demo: set up, run config/smoke.yaml through the local profile, build the report.
+# The spec rule's command carries the run's whole spec as JSON (~1.3 KB a run): on the console
+# it is cut to its output path; Snakemake's log (.snakemake/log/) keeps every command whole.
+SHORT_SPECS := sed -u -E "s/^(Shell command: codl write-spec )'.*' (--out [^ ]+).*/\1SPEC_JSON \2 (whole in .snakemake\/log\/)/"
+
+## demo: set up, run config/smoke.yaml through the local profile, build the report, then say
+## which runs had their CPUs busy with other processes (codl.analysis.load).
 demo: $(STAMP)
-	$(BIN)/snakemake --profile $(PROFILE) --configfile $(CONFIG)
+	set -o pipefail; $(BIN)/snakemake --profile $(PROFILE) --configfile $(CONFIG) 2>&1 | $(SHORT_SPECS)
 	$(BIN)/snakemake --profile $(PROFILE) --configfile $(CONFIG) --report results/report.html
 	@echo
 	@echo "figures: $$(ls results/figures/*.png | tr '\n' ' ')"
 	@echo "tables:  results/tables/runs.csv results/tables/comparison.csv"
 	@echo "report:  results/report.html"
+	@$(BIN)/python -m codl.steps.background results
+
+## demo-advise: the advisor's CPU loop (config/loop-cpu.yaml: a worker sweep, the fit, the
+## advice), then `codl advise results` on its tables as a user types it.
+demo-advise: $(STAMP)
+	$(MAKE) demo CONFIG=config/loop-cpu.yaml
+	$(BIN)/codl advise results --boot 50
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks workflow/scripts

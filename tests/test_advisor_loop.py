@@ -9,6 +9,7 @@ from typing import NoReturn
 import pandas as pd
 import pytest
 
+from codl import cli
 from codl.advisor import model as mdl
 from codl.advisor import verify
 from codl.config import Plan, build_plan, load_yaml
@@ -99,6 +100,9 @@ def test_the_loop_closes_on_cpu(tmp_path: Path) -> None:
     except mdl.ModelError as exc:
         skip_if_the_loader_did_not_scale(paths, exc)
     assert f"{advice.workers} workers" in paths.advice_text.read_text()
+    # `codl advise` as a user types it on these results, what `make demo-advise` ends with: no
+    # config.yaml beside the tables here, so the cores per rank come from runs.csv's `cpus`.
+    assert cli.main(["advise", str(paths.results), "--boot", "0"]) == 0
     verify_cfg = load_yaml(paths.verify_config)
     assert verify_cfg["advisor"] == {"predictions": str(paths.predictions_table)}
     predictions = pd.read_csv(paths.predictions_table)

@@ -13,6 +13,7 @@ import logging
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -242,3 +243,141 @@ def test_workers_per_cpu_check_counts_the_core_budget(
     assert main(["run", str(spec), "--trace", str(tmp_path / "t.h5")]) == 2
     assert "(1 CPUs here: at most 16)" in capsys.readouterr().err
     assert not (tmp_path / "t.h5").exists()
+
+
+# --- What a newcomer meets (issue 38) ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("form", [["--log-level", "DEBUG"], ["--log-level=debug"]])
+def test_a_global_option_before_advise_is_used(
+    tmp_path: Path,
+    form: list[str],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # configure() exports the level for child processes: put the environment back afterwards,
+    # so that later tests' main() do not log at DEBUG.
+    monkeypatch.setenv(ENV, "INFO")
+    # Not a traceback: the global option is this parser's, the rest is advise's.
+    assert main([*form, "advise", str(tmp_path), "--boot", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("codl advise: error: ") and "tables/runs.csv: missing table" in err
+    assert "Traceback" not in err
+    assert logging.getLogger("codl").level == logging.DEBUG
+    with pytest.raises(SystemExit) as bad:
+        main(["--log-level", "loud", "advise", str(tmp_path)])
+    assert bad.value.code == 2
+    assert "argument --log-level" in capsys.readouterr().err
+
+
+def test_advise_reads_committed_tables_without_a_pandas_warning(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # results/h200x2's steps table has a sparse text column (outlier_reason) that a chunked
+    # read types differently per chunk: pandas' DtypeWarning reached the user.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pd.errors.DtypeWarning)
+        rc = main(["advise", str(REPO / "results" / "h200x2"), "--boot", "0"])
+    err = capsys.readouterr().err
+    # That set has data runs at one worker count: advise says so in one line.
+    assert rc == 2 and err.count("\n") == 1 and "worker count" in err, err
+
+
+def test_summarize_writes_beside_the_trace_by_default(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    trace = run / "trace.h5"
+    with gzip.open(GOLDEN_TRACE, "rb") as src, trace.open("wb") as dst:
+        shutil.copyfileobj(src, dst)
+    assert main(["summarize", str(trace)]) == 0
+    capsys.readouterr()
+    assert all(p.is_file() for p in RunFiles(run).tables().values())
+    # The option says where the tables go when it is left out.
+    from codl.cli import build_parser
+
+    sub = build_parser()._subparsers._group_actions[0].choices["summarize"]  # type: ignore[union-attr]
+    assert "default: the trace's own directory" in " ".join(sub.format_help().split())
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["inspect", "{d}"], "is a directory, expected a trace file"),
+        (["run", "{d}"], "is a directory, expected a run's spec file"),
+        (["plan", "{d}"], "is a directory, expected a config file"),
+        (["summarize", "{d}"], "is a directory, expected a trace file"),
+        (["export", "{d}", "-o", "{d}/x.json"], "is a directory, expected a trace file"),
+    ],
+)
+def test_a_directory_for_a_file_is_one_line(
+    tmp_path: Path, argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([a.format(d=tmp_path) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and fragment in err and "Errno" not in err, err
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_a_run_directory_points_at_its_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "spec.json").write_text("{}")
+    assert main(["run", str(tmp_path)]) == 2
+    assert f"(did you mean {tmp_path / 'spec.json'}?)" in capsys.readouterr().err
+
+
+def test_a_config_with_two_problems_reports_both(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A broken `defaults` key used to stop the checks before the experiments were read.
+    config = tmp_path / "two.yaml"
+    config.write_text(
+        "defaults: {device: cpu, loader: {workers: -1}, dataset: {name: d, samples: 64}}\n"
+        "experiments:\n"
+        "  - {name: a, factors: {mode: [compute, bogus]}}\n"
+        "  - {name: a}\n"
+    )
+    assert main(["plan", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "3 problem(s)" in err, err
+    assert "defaults.loader.workers: -1 is less than the minimum of 0" in err
+    assert "mode: got 'bogus'" in err
+    assert "experiments[1].name: duplicate experiment name 'a'" in err
+
+
+def test_the_demo_shortens_the_spec_commands_on_the_console() -> None:
+    # The spec rule's command line holds the run's whole spec; `make demo` cuts it to the
+    # output path on the console (Snakemake's own log keeps it whole).
+    show = "print-short-specs: ; $(info $(SHORT_SPECS))"  # --eval runs before the Makefile
+    sed = subprocess.run(
+        [
+            "make",
+            "-s",
+            "--no-print-directory",
+            "-C",
+            str(REPO),
+            "--eval",
+            show,
+            "print-short-specs",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()[0]
+    spec = json.dumps(RunSpec().to_dict())
+    line = f"Shell command: codl write-spec '{spec}' --out results/runs/ab/spec.json > x 2>&1"
+    out = subprocess.run(
+        ["bash", "-c", sed],
+        input=f"{line}\nrule run:\n",
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert out.splitlines() == [
+        "Shell command: codl write-spec SPEC_JSON --out results/runs/ab/spec.json "
+        "(whole in .snakemake/log/)",
+        "rule run:",
+    ]
+    assert len(line) > 1000

@@ -557,3 +557,153 @@ def test_per_step_figures_keep_traced_and_unpinned_runs_apart() -> None:
     )
     marks = plots._with_marks(steps)["_marks"].tolist()
     assert marks == ["", "", "+API +ftrace", "+ftrace no pin", "+ftrace"]
+
+
+GOLDEN_TABLES = Path(__file__).resolve().parent / "golden" / "tables"
+# What makes runs unlike: rank count and tracing level (and the loader's pinned memory).
+UNLIKE = ["nodes", "ranks_per_node", "cupti", "cuda_api", "sched_events", "pin_memory"]
+
+
+def test_no_figure_groups_runs_of_other_ranks_or_tracing_under_one_label() -> None:
+    # The golden tables (real CPU runs) hold a 1-rank and a 2-rank `combined` run under `none`;
+    # a CUDA-API-traced copy of the 1-rank one adds the case of results/h200's `none` row.
+    runs = pd.read_csv(GOLDEN_TABLES / "runs.csv", dtype={"run_id": str})
+    steps = pd.read_csv(GOLDEN_TABLES / "steps.csv", dtype={"run_id": str})
+    comparison = pd.read_csv(GOLDEN_TABLES / "comparison.csv")
+    combined = runs[(runs["mode"] == "combined") & (runs["policy"] == "none")]
+    assert set(combined["ranks_per_node"]) == {1, 2}
+    one = str(combined.loc[combined["ranks_per_node"] == 1, "run_id"].iloc[0])
+    runs = pd.concat([runs, runs[runs["run_id"] == one].assign(run_id="traced", cuda_api=True)])
+    steps = pd.concat([steps, steps[steps["run_id"] == one].assign(run_id="traced", cuda_api=True)])
+
+    def alike(group: pd.DataFrame) -> bool:
+        cols = [c for c in UNLIKE if c in group]
+        return len(group[cols].astype(str).replace({"nan": ""}).drop_duplicates()) == 1
+
+    # launch_wait_vs_compute and step_time_distributions: a legend entry or box per group.
+    per_step = plots._with_marks(figdata.with_run_flags(steps, runs))
+    groups = per_step.groupby(["mode", "policy", "_marks"])
+    assert all(alike(g) for _, g in groups)
+    assert groups.ngroups > per_step.groupby(["mode", "policy"]).ngroups
+    # component_durations: a tick label per comparison row, unlike rows never share one.
+    for _, rows in comparison[comparison["status"] == "ok"].groupby(["metric", "stat"]):
+        labelled = plots._labelled_pairs(rows.copy())
+        assert all(alike(g) for _, g in labelled.groupby("label"))
+    # policy_heatmap: the 2-rank run has a row of its own, the traced run is in no cell.
+    table = figdata.heatmap_table(runs, comparison)
+    none = table[table["policy"] == "none"]
+    two = none["row"].str.contains("x2 ranks", regex=False)
+    assert two.any() and (~two).any()
+    multi = runs[~runs["mode"].isin(list(figdata.COMPONENT_MODES))]
+    plain_one_rank = multi[
+        (multi["policy"] == "none") & (multi["ranks_per_node"] == 1) & (multi["run_id"] != "traced")
+    ]
+    assert none.loc[~two, "runs"].sum() == len(plain_one_rank)
+    two_ranks = multi[(multi["policy"] == "none") & (multi["ranks_per_node"] == 2)]
+    assert none.loc[two, "runs"].sum() == len(two_ranks) > 0
+
+
+def test_busy_cpu_runs_are_marked_in_every_figure_that_draws_runs(tmp_path: Path) -> None:
+    runs = pd.read_csv(GOLDEN_TABLES / "runs.csv", dtype={"run_id": str})
+    steps = pd.read_csv(GOLDEN_TABLES / "steps.csv", dtype={"run_id": str})
+    comparison = pd.read_csv(GOLDEN_TABLES / "comparison.csv")
+    decomposition = pd.read_csv(GOLDEN_TABLES / "decomposition.csv", dtype={"run_id": str})
+    from codl.analysis import decompose as dec
+    from codl.analysis.load import FLAG_COLUMN, LOAD_MARK
+
+    # Recorded on a shared 2-core VM: every golden run is flagged, so every group is marked.
+    assert runs[FLAG_COLUMN].all()
+    marks = plots._with_marks(figdata.with_run_flags(steps, runs))["_marks"]
+    assert marks.str.contains(LOAD_MARK, regex=False).all()
+    assert all(LOAD_MARK in plots._run_marks(r) for _, r in comparison.iterrows())
+    bars = figdata.decomposition_runs(dec.decomposition_means(decomposition), decomposition, runs)
+    assert all(LOAD_MARK in label for label in plots._decomposition_labels(bars))
+    table = figdata.heatmap_table(runs, comparison)
+    assert (table["busy_runs"].fillna(0) > 0).any()
+    # A quiet set (the flag cleared) carries no mark.
+    quiet = runs.assign(**{FLAG_COLUMN: False})
+    marks = plots._with_marks(figdata.with_run_flags(steps, quiet))["_marks"]
+    assert not marks.str.contains(LOAD_MARK, regex=False).any()
+    # And the figures draw with the marks in place.
+    plots.policy_heatmap(table, outputs(tmp_path, "heat"))
+    check(outputs(tmp_path, "heat"))
+
+
+@pytest.fixture
+def drawn(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The figures the draw functions make, kept open instead of saved."""
+    figs: list[Any] = []
+    monkeypatch.setattr(plots, "_save", lambda fig, _outputs: figs.append(fig))
+    return figs
+
+
+def test_a_near_zero_twin_gets_a_difference_not_a_percentage() -> None:
+    # A run-queue wait of 2 us against 11 us: +449 % said nothing readable.
+    assert plots._effect_label(5.49, 0.009, 2.0, base=0.002, scale=100.0) == "+0.009 ms"
+    assert plots._effect_label(1.44, 44.0, 1.2, base=100.0, scale=150.0) == "+44%\n(p50 +20%)"
+
+
+def test_placeholders_stay_inside_their_frame() -> None:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(2.6, 2.6))
+    reason = "no comparison has both arms: " + "the twin runs are missing for this policy " * 4
+    plots._note(ax, reason)
+    fig.canvas.draw()
+    box, frame = ax.texts[0].get_window_extent(), ax.get_window_extent()
+    plt.close(fig)
+    assert frame.x0 < box.x0 and box.x1 < frame.x1 and frame.y0 < box.y0 and box.y1 < frame.y1
+
+
+def test_the_interference_map_colour_bar_speaks_the_cells_unit(drawn: list[Any]) -> None:
+    from codl.advisor import interference_map as imap
+    from test_interference_map import planted
+
+    runs, steps = planted()
+    plots.interference_map(imap.build_map(runs, steps, boot=20), [])
+    (fig,) = drawn
+    fig.canvas.draw()
+    cells = {t.get_text() for ax in fig.axes for t in ax.texts}
+    bars = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
+    labels = [[t.get_text() for t in ax.get_yticklabels() if t.get_text()] for ax in bars]
+    # Lost throughput: cells in percent and so its bars; inflation: ratios both.
+    assert any(c.endswith("%") for c in cells)
+    percent = [ls for ls in labels if ls and all(x.endswith("%") for x in ls)]
+    ratios = [ls for ls in labels if ls and not any(x.endswith("%") for x in ls)]
+    assert percent and ratios and len(percent) + len(ratios) == len(bars)
+
+
+def test_predicted_vs_measured_labels_do_not_overlap(drawn: list[Any]) -> None:
+    # Twelve settings within a few percent of each other (verify-headroom's crowding).
+    n = 12
+    measured = 1000.0 + 4.0 * np.arange(n)
+    table = pd.DataFrame(
+        {
+            "policy": ["none", "isolated-main"] * (n // 2),
+            "workers": np.arange(n) + 8,
+            "measured": measured,
+            "throughput": measured * (1 + 0.01 * np.sin(np.arange(n))),
+            "pred_lo": measured * 0.97,
+            "pred_hi": measured * 1.03,
+            "advised": [True] + [False] * (n - 1),
+            "n_runs": 3,
+        }
+    )
+    summary = {
+        "settings": n,
+        "median_abs_error": 0.01,
+        "worst_abs_error": 0.02,
+        "advised_vs_best": 0.0,
+        "advised_vs_other": np.nan,
+    }
+    plots.predicted_vs_measured(table, [], summary=summary)
+    (fig,) = drawn
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    from matplotlib.text import Text
+
+    # The text's own box (an Annotation's includes its leader line).
+    boxes = [Text.get_window_extent(t) for t in ax.texts if t.get_text().endswith("w")]
+    assert len(boxes) == n
+    overlaps = [(i, j) for i in range(n) for j in range(i + 1, n) if boxes[i].overlaps(boxes[j])]
+    assert not overlaps, overlaps

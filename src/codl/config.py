@@ -399,8 +399,15 @@ def build_plan(
         raise ConfigError(problems or ["<root>: expected a mapping"], source=source)
     if "experiments" not in cfg:
         problems.append("experiments: missing, expected a list of experiments (each with a name)")
+    # A broken key of `defaults` is reported and left out, so that the experiments are still
+    # checked (against the key's default): a config with two mistakes reports both.
+    defaults = _without_keys(
+        cfg.get("defaults", {}) or {}, [p[1:] for p, _ in errors if p[:1] == ("defaults",)]
+    )
     # Shared sections broken: nothing downstream can be trusted.
-    shared_broken = any(not path or path[0] in {"defaults", "tiers"} for path, _ in errors)
+    shared_broken = any(
+        not path or path[0] == "tiers" or path == ("defaults",) for path, _ in errors
+    )
     broken_experiments = {
         path[1] for path, _ in errors if len(path) >= 2 and path[0] == "experiments"
     }
@@ -413,9 +420,7 @@ def build_plan(
     if tier_problems:
         raise ConfigError(problems + tier_problems, source=source)
     expansion = _Expansion(tiers=tiers, problems=problems)
-    _expand_experiments(
-        expansion, cfg.get("experiments", []), cfg.get("defaults", {}) or {}, broken_experiments
-    )
+    _expand_experiments(expansion, cfg.get("experiments", []), defaults, broken_experiments)
     problems += _staging_problems(expansion.datasets, tiers, project_dirs)
     plan = Plan(runs=tuple(expansion.runs), tiers=tiers)
     if not any(path and path[0] == "share" for path, _ in errors):
@@ -425,6 +430,22 @@ def build_plan(
     if unique:
         raise ConfigError(unique, source=source)
     return plan
+
+
+def _without_keys(section: Any, paths: Iterable[tuple[Any, ...]]) -> Any:
+    """A copy of ``section`` without the key at each path (cut at its first list index: the
+    whole list goes); a path that names the section itself leaves nothing of it."""
+    out = copy.deepcopy(section)
+    for path in paths:
+        keys = list(itertools.takewhile(lambda k: not isinstance(k, int), path))
+        if not keys:
+            return {}
+        parent = out
+        for k in keys[:-1]:
+            parent = parent.get(k) if isinstance(parent, Mapping) else None
+        if isinstance(parent, dict):
+            parent.pop(keys[-1], None)
+    return out
 
 
 def share_problems(

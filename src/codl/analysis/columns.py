@@ -66,6 +66,8 @@ SUMMARY_TABLES: tuple[str, ...] = (
 # Read for analysis.decompose only (phase-boundary schedstat, GPU arrivals of the buckets, the
 # kernel's scheduler record); optional: older traces lack them and read as empty.
 SUMMARY_TABLES += (Table.PHASE_SCHED, Table.COMM_GPU, Table.SCHED_SWITCH, Table.SCHED_WAKING)
+# Read for analysis.load only (per-core busy ticks: the run's background load).
+SUMMARY_TABLES += (Table.CPU,)
 
 
 def warmup_steps(attrs: Mapping[str, Any]) -> int:

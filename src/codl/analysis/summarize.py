@@ -31,6 +31,7 @@ from codl.analysis.columns import (
 )
 from codl.analysis.compare import twin_ids
 from codl.analysis.intervals import interval_union, overlap_ns
+from codl.analysis.load import outside_cpu_share
 from codl.analysis.runlevel import block_columns
 from codl.analysis.steady import flag_outliers, steady
 from codl.pinning import parse_cpulist
@@ -708,6 +709,16 @@ def summarize_tables(
         row.update(overlaps(t[Table.APP], t[Table.LOADER], t[Table.CUDA], warmup=warm))
     else:
         row.update(loader.overlaps)
+    row.update(
+        outside_cpu_share(
+            t[Table.CPU],
+            t[Table.SCHED],
+            t[Table.THREADS],
+            attrs,
+            warmup=warm,
+            ranks_per_node=ranks_per_node(attrs),
+        )
+    )
     # Call-level latency (not a mean of per-step means): what the API CDF figure shows.
     if api is None:
         rt = _runtime_calls(t[Table.CUDA], warm)

@@ -22,9 +22,20 @@ from codl.paths import RunFiles
 log = logging.getLogger(__name__)
 
 
+def _not_a_directory(path: Path, expected: str, name: str | None = None) -> None:
+    """A one-line error when ``path`` is a directory: ``codl inspect results/runs`` names the file
+    it expected (and the file called ``name`` inside, when there is one) instead of
+    ``[Errno 21]`` or "no such file"."""
+    if Path(path).is_dir():
+        inside = Path(path) / name if name else None
+        hint = f" (did you mean {inside}?)" if inside is not None and inside.is_file() else ""
+        raise CodlError(f"{path}: is a directory, expected {expected}{hint}")
+
+
 def _load_spec(path: Path) -> Any:
     from codl.spec import RunSpec, loads_json
 
+    _not_a_directory(path, "a run's spec file", RunFiles(Path(path)).spec.name)
     try:
         text = Path(path).read_text()
     except FileNotFoundError:
@@ -110,6 +121,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     from codl.analysis.inspect import describe, render
 
+    _not_a_directory(args.trace, "a trace file", RunFiles(Path(args.trace)).trace.name)
     info = describe(Path(args.trace), allow_incomplete=args.allow_incomplete)
     if args.json:
         print(json.dumps(info, indent=2, sort_keys=True, default=str))
@@ -124,6 +136,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     if args.from_s is not None and args.to_s is not None and args.to_s <= args.from_s:
         raise CodlError(f"--to {args.to_s:g} must be after --from {args.from_s:g}")
+    _not_a_directory(args.trace, "a trace file", RunFiles(Path(args.trace)).trace.name)
     out = Path(args.output)
     # Checked before the trace is read: a refused output costs no time.
     kind = check_output(out, inputs=(Path(args.trace),), option="-o/--output")
@@ -188,6 +201,7 @@ def _plan_target_ci(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     from codl.config import block_slots, build_plan, load_yaml, plan_blocks
 
+    _not_a_directory(args.config, "a config file (YAML, e.g. config/smoke.yaml)")
     if args.target_ci is not None:
         return _plan_target_ci(args)
     cfg = load_yaml(Path(args.config))
@@ -275,7 +289,9 @@ def cmd_summarize(args: argparse.Namespace) -> int:
     from codl.outputs import check_outputs
     from codl.steps.analysis import summarize_to
 
-    out = Path(args.out_dir)
+    _not_a_directory(args.trace, "a trace file", RunFiles(Path(args.trace)).trace.name)
+    # Beside the trace by default: the run directory the workflow's summarize rule writes into.
+    out = Path(args.out_dir) if args.out_dir is not None else Path(args.trace).parent
     if out.exists() and not out.is_dir():
         raise CodlError(f"--out-dir {out} exists and is not a directory")
     files = RunFiles(out)
@@ -387,7 +403,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("summarize", help="per-step and per-run tables of one trace")
     s.add_argument("trace", type=Path)
-    s.add_argument("--out-dir", required=True)
+    s.add_argument(
+        "--out-dir",
+        help="directory for the tables (default: the trace's own directory, where the "
+        "workflow's summarize rule writes them)",
+    )
     s.set_defaults(func=cmd_summarize)
 
     # Its own parser (codl.cli.advise), handed the rest of the line: importing it here would
@@ -401,13 +421,37 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _advise_split(argv: list[str]) -> int | None:
+    """Where ``advise`` stands in ``argv`` when it is the subcommand (after global options
+    only), else None."""
+    i = 0
+    while i < len(argv):
+        if argv[i] == "advise":
+            return i
+        if argv[i] == "--log-level":
+            i += 2
+        elif argv[i].startswith("--log-level="):
+            i += 1
+        else:
+            return None
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["advise"]:
+    at = _advise_split(argv)
+    if at is not None:
         # Handed over whole (its options, --help included), imported only now: see build_parser.
+        # The global options before it are this parser's (`codl --log-level DEBUG advise R`).
+        glob = build_parser().parse_args([*argv[:at], "advise"])
+        try:
+            configure(glob.log_level)
+        except CodlError as exc:
+            print(f"codl advise: error: {exc}", file=sys.stderr)
+            return 2
         from codl.cli import advise
 
-        return advise.main(argv[1:])
+        return advise.main(argv[at + 1 :])
     args = build_parser().parse_args(argv)
     try:
         configure(args.log_level)

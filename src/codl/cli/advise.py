@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--fit-cores",
         type=cores,
         help="cores per rank of the runs whose runs.csv row has no `cpus` (summarized before "
-        "the column; default: slurm.cpus_per_rank of RESULTS/config.yaml)",
+        "the column; default: slurm.cpus_per_rank of RESULTS/config.yaml, else the most common "
+        "`cpus` of runs.csv)",
     )
     p.add_argument("--out", type=Path, help="write the verification config here")
     p.add_argument(

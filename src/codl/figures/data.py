@@ -8,6 +8,7 @@ import pandas as pd
 from codl.analysis import decompose as dec
 from codl.analysis import offcpu
 from codl.analysis.compare import HEADLINE_STAT, QUANTILES, arm_interval
+from codl.analysis.load import FLAG_COLUMN, LOAD_MARK
 from codl.analysis.summarize import sched_deltas
 from codl.spec import Mode, Policy
 from codl.trace.schema import Phase, Table
@@ -209,33 +210,62 @@ def _wait_rows(sched: pd.DataFrame, threads: pd.DataFrame, rank: int, step: int)
     return rows
 
 
+#: Which multi-component mode's runs give a heat-map cell its throughput when several ran there.
+THROUGHPUT_MODES = (
+    Mode.COMBINED.value,
+    Mode.DATA_COMPUTE.value,
+    Mode.COMPUTE_COMM.value,
+    Mode.DATA_SLEEP.value,
+)
+
+
 def heatmap_table(summary: pd.DataFrame, comparison: pd.DataFrame) -> pd.DataFrame:
-    """Per (policy, workers): median throughput of the multi-component runs and their count,
-    and the compute inflation ratio at the headline statistic (p95: the effect lives in the
-    tail) with its 95 % CI and run counts.
+    """Per (row, workers): median throughput of the multi-component runs and their count, and
+    the compute inflation ratio at the headline statistic (p95: the effect lives in the tail)
+    with its 95 % CI and run counts. ``row`` is the policy with the marks of ``run_marks``
+    other than background load (``x2 ranks``, ``+API``, ``no pin``): runs of another rank
+    count or tracing level get a row of their own, never a cell of the plain runs.
 
     Runs with CUDA tracing are left out where plain runs exist (tracing slows a run by itself),
     and where several modes fill one cell, ``combined`` wins: one comparison per cell, never a
-    median of unlike ones."""
+    median of unlike ones (the throughput's mode: ``THROUGHPUT_MODES``, first present; ``mode``
+    says which). ``busy_runs`` counts a cell's runs flagged ``background_load``,
+    ``busy`` says its comparison is flagged."""
     cols = [
+        "row",
         "policy",
         "workers",
+        "mode",
         "throughput_samples_s",
         "runs",
+        "busy_runs",
         "ratio",
         "ci_low",
         "ci_high",
         "n_runs",
         "n_isolation_runs",
+        "busy",
     ]
     if summary.empty or not {"mode", "policy", "workers", "throughput_samples_s"} <= set(summary):
         return pd.DataFrame(columns=cols)
     multi = summary[~summary["mode"].isin(list(COMPONENT_MODES))]
     plain = multi[~instrumented(multi)]
     multi = plain if len(plain) else multi
+    multi = multi.assign(row=_rows(multi), _busy=_flag(multi).astype(int))
+    keys = ["row", "policy", "workers"]
+    # One mode per cell, as for the ratio: a `data+sleep` run (a sleep in place of compute)
+    # is another experiment than `data+compute`, and its throughput is not pooled with it.
+    pref = {m: i for i, m in enumerate(THROUGHPUT_MODES)}
+    multi = multi.assign(_pref=multi["mode"].astype(str).map(pref).fillna(len(pref)))
+    multi = multi[multi["_pref"] == multi.groupby(keys)["_pref"].transform("min")]
     out = (
-        multi.groupby(["policy", "workers"])["throughput_samples_s"]
-        .agg(throughput_samples_s="median", runs="size")
+        multi.groupby(keys)
+        .agg(
+            throughput_samples_s=("throughput_samples_s", "median"),
+            runs=("throughput_samples_s", "size"),
+            busy_runs=("_busy", "sum"),
+            mode=("mode", "first"),
+        )
         .reset_index()
     )
     need = {"metric", "status", "ratio", "ci_low", "ci_high", "mode"}
@@ -245,13 +275,67 @@ def heatmap_table(summary: pd.DataFrame, comparison: pd.DataFrame) -> pd.DataFra
             c = c[c["stat"] == HEADLINE_STAT]
         plain_c = c[~instrumented(c)]
         c = plain_c if len(plain_c) else c
-        c = c.assign(_o=(c["mode"] == Mode.COMBINED.value).astype(int)).sort_values("_o")
-        keep = ["ratio", "ci_low", "ci_high", "n_runs", "n_isolation_runs"]
-        c = c.reindex(columns=["policy", "workers", *keep])
+        c = c.assign(
+            _o=(c["mode"] == Mode.COMBINED.value).astype(int), row=_rows(c), busy=_flag(c)
+        ).sort_values("_o", kind="stable")
+        keep = ["ratio", "ci_low", "ci_high", "n_runs", "n_isolation_runs", "busy"]
+        c = c.reindex(columns=[*keys, *keep])
         # tail(1), not last(): last() takes each column's last non-null, mixing rows.
-        best = c.groupby(["policy", "workers"]).tail(1)
-        out = out.merge(best, on=["policy", "workers"], how="outer")
+        best = c.groupby(keys).tail(1)
+        out = out.merge(best, on=keys, how="outer")
     return out.reindex(columns=cols)
+
+
+# Runs with a costly tracing level are slower by themselves, runs without the loader's pinned
+# memory are another experiment, runs of several ranks another job, and runs whose CPUs other
+# processes kept busy (analysis.load) measured the machine: a label says so, so that no one
+# compares across and no group pools them with the others.
+TRACING_MARKS = (("cupti", "+CUPTI"), ("cuda_api", "+API"), ("sched_events", "+ftrace"))
+
+
+def world_size(r: pd.Series) -> int | None:
+    """The ranks of a row's run: ``world_size``, else ``nodes x ranks_per_node``."""
+    for value in (r.get("world_size"), None):
+        if value is not None and pd.notna(value):
+            return int(value)
+    try:
+        return int(r.get("nodes")) * int(r.get("ranks_per_node"))  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+
+
+def run_marks(r: pd.Series, *, ranks: bool = True, load: bool = True) -> list[str]:
+    """The marks of a run's (or comparison's) row: ``x2 ranks``, tracing levels, ``no pin``,
+    ``LOAD_MARK``; a figure groups rows by them, so no label pools unlike runs."""
+    n = world_size(r) if ranks else None
+    marks = [f"x{n} ranks"] if n is not None and n > 1 else []
+    marks += [mark for col, mark in TRACING_MARKS if str(r.get(col)).lower() == "true"]
+    # pin_memory is empty for modes without a loader (the normalisation of summarize).
+    if str(r.get("pin_memory")).lower() == "false":
+        marks.append("no pin")
+    if load and str(r.get(FLAG_COLUMN)).lower() == "true":
+        marks.append(LOAD_MARK)
+    return marks
+
+
+def _rows(df: pd.DataFrame) -> list[str]:
+    return [" ".join([str(r["policy"]), *run_marks(r, load=False)]) for _, r in df.iterrows()]
+
+
+def _flag(df: pd.DataFrame) -> pd.Series:
+    if FLAG_COLUMN not in df:
+        return pd.Series(False, index=df.index)
+    return df[FLAG_COLUMN].astype(str).str.lower() == "true"
+
+
+def with_run_flags(steps: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """``steps`` with its runs' ``background_load`` (the runs table's), for the per-step figures
+    that mark loaded runs; unchanged when either table lacks the columns."""
+    if "run_id" not in steps or "run_id" not in runs or FLAG_COLUMN not in runs:
+        return steps
+    r = runs.drop_duplicates("run_id")
+    flag = pd.Series(_flag(r).to_numpy(), index=r["run_id"].astype(str))
+    return steps.assign(**{FLAG_COLUMN: steps["run_id"].astype(str).map(flag).fillna(False)})
 
 
 # Instrumented runs (CUPTI, API callbacks, the kernel's scheduler record) are slower by
@@ -354,16 +438,31 @@ def timeline_run(summary: pd.DataFrame) -> str:
     return ""
 
 
-def decomposition_runs(means: pd.DataFrame, decomposition: pd.DataFrame) -> pd.DataFrame:
-    """``decompose.decomposition_means`` plus ``runs``: how many runs each bar group pools."""
+def decomposition_runs(
+    means: pd.DataFrame, decomposition: pd.DataFrame, runs: pd.DataFrame | None = None
+) -> pd.DataFrame:
+    """``decompose.decomposition_means`` plus ``runs``: how many runs each bar group pools; with
+    the runs table, ``background_load`` where one of them is flagged (``analysis.load``)."""
     keys = [k for k in dec.DECOMPOSITION_KEYS if k in means and k in decomposition]
     if means.empty or "run_id" not in decomposition or not set(keys) <= set(decomposition):
         return means.assign(runs=np.nan) if not means.empty else means
-    counts = decomposition.groupby(keys, dropna=False)["run_id"].nunique().reset_index()
+    loaded = set()
+    if runs is not None and FLAG_COLUMN in runs and "run_id" in runs:
+        loaded = set(runs.loc[_flag(runs), "run_id"].astype(str))
+    grouped = decomposition.assign(_busy=decomposition["run_id"].astype(str).isin(loaded))
+    counts = (
+        grouped.groupby(keys, dropna=False)
+        .agg(run_id=("run_id", "nunique"), busy=("_busy", "any"))
+        .reset_index()
+    )
 
     def joined(df: pd.DataFrame) -> list[str]:
         # NaN keys (world_size of an old table) do not merge; their string form does.
         return ["|".join(map(str, row)) for row in df[keys].itertuples(index=False)]
 
-    runs = dict(zip(joined(counts), counts["run_id"], strict=True))
-    return means.assign(runs=[runs.get(k, np.nan) for k in joined(means)])
+    n_runs = dict(zip(joined(counts), counts["run_id"], strict=True))
+    busy = dict(zip(joined(counts), counts["busy"], strict=True))
+    out = means.assign(runs=[n_runs.get(k, np.nan) for k in joined(means)])
+    if runs is not None and FLAG_COLUMN in runs:
+        out[FLAG_COLUMN] = [bool(busy.get(k, False)) for k in joined(means)]
+    return out

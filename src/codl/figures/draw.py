@@ -16,12 +16,14 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+import matplotlib.ticker
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
 from codl.advisor import interference_map as imap
 from codl.advisor.interference_map import REGIME_MARKS
+from codl.analysis.load import LOAD_MARK
 from codl.figures import data as figdata
 from codl.figures.data import OFFCPU_CAUSES
 
@@ -75,21 +77,57 @@ def _save(fig: Any, outputs: Sequence[Path]) -> None:
     plt.close(fig)
 
 
+# A placeholder's font size, and the average width of one of its characters in font sizes: lines
+# are wrapped to the panel's width (less a margin), so the text stays clear of the frame.
+NOTE_FONTSIZE = 8
+NOTE_CHAR_WIDTH = 0.6
+NOTE_MARGIN = 0.8
+
+
 def _note(ax: Any, text: str) -> None:
-    ax.text(0.5, 0.5, text, ha="center", va="center", wrap=True, transform=ax.transAxes)
+    """A panel that cannot show data says why, wrapped to stay inside its frame."""
+    width_pt = ax.get_position().width * ax.figure.get_figwidth() * 72
+    chars = max(12, int(NOTE_MARGIN * width_pt / (NOTE_CHAR_WIDTH * NOTE_FONTSIZE)))
+    wrapped = "\n".join(
+        textwrap.fill(line, chars) if line.strip() else "" for line in text.splitlines()
+    )
+    ax.text(
+        0.5,
+        0.5,
+        wrapped,
+        ha="center",
+        va="center",
+        fontsize=NOTE_FONTSIZE,
+        transform=ax.transAxes,
+        clip_on=True,
+    )
     ax.set_xticks([])
     ax.set_yticks([])
 
 
 # Beyond this ratio the twin is next to zero and a percentage says nothing readable.
 MAX_LABEL_RATIO = 10.0
+# A twin whose bar is shorter than this fraction of its panel's tallest is next to zero too
+# (a run-queue wait of microseconds): the label gives the difference, not a percentage.
+MIN_LABEL_BASE = 0.02
 
 
-def _effect_label(ratio: float, diff: float, p50_ratio: float, unit: str = "ms") -> str:
-    """'+44%' (or '+0.36 ms' when the twin is ~0 and the difference carries it), p50 beside."""
-    readable = np.isfinite(ratio) and ratio <= MAX_LABEL_RATIO
+def _effect_label(
+    ratio: float,
+    diff: float,
+    p50_ratio: float,
+    unit: str = "ms",
+    *,
+    base: float = np.nan,
+    scale: float = np.nan,
+) -> str:
+    """'+44%' (or '+0.36 ms' when the twin is ~0 and the difference carries it), p50 beside.
+    ``base`` is the twin's value and ``scale`` the panel's tallest bar: a twin next to zero on
+    that scale gets the difference, however moderate the ratio."""
+    tiny = np.isfinite(base) and np.isfinite(scale) and scale > 0 and base < MIN_LABEL_BASE * scale
+    readable = np.isfinite(ratio) and ratio <= MAX_LABEL_RATIO and not tiny
     main = f"{(ratio - 1) * 100:+.0f}%" if readable else f"{diff:+.2g} {unit}"
-    readable50 = np.isfinite(p50_ratio) and p50_ratio <= MAX_LABEL_RATIO
+    readable50 = readable and np.isfinite(p50_ratio) and p50_ratio <= MAX_LABEL_RATIO
     side = f"\n(p50 {(p50_ratio - 1) * 100:+.0f}%)" if readable50 else ""
     return main + side
 
@@ -221,10 +259,12 @@ def _component_panel(ax: Any, d: pd.DataFrame, metric: str, stat: str) -> None:
     tops = _arm_bars(ax, x, d)
     p50 = _column(d, "p50_ratio")
     unit = "us" if metric.endswith("_us_mean") else "ms"
-    for xi, top, r, df_, r50 in zip(x, tops, d["ratio"], d["diff"], p50, strict=True):
+    scale = float(np.nanmax(tops)) if np.isfinite(tops).any() else np.nan
+    base = _column(d, "isolation")
+    for xi, top, r, df_, r50, b in zip(x, tops, d["ratio"], d["diff"], p50, base, strict=True):
         if np.isfinite(top):
             ax.annotate(
-                _effect_label(r, df_, r50, unit),
+                _effect_label(r, df_, r50, unit, base=b, scale=scale),
                 (xi, top),
                 xytext=(0, 3),
                 textcoords="offset points",
@@ -328,11 +368,15 @@ def launch_wait_vs_compute(steps: pd.DataFrame, outputs: Sequence[Path]) -> None
         _with_marks(d).groupby(["mode", "policy", "_marks"]),
         key=lambda kv: (*figdata.order_key(kv[0][0], kv[0][1]), kv[0][2]),
     )
-    for (mode, policy, marks), g in groups:
+    # One colour per group (tab20 past ten): two groups never share colour and marker.
+    cmap = plt.get_cmap("tab10" if len(groups) <= 10 else "tab20")
+    colors = [cmap(i) for i in range(cmap.N)]
+    for k, ((mode, policy, marks), g) in enumerate(groups):
         ax.scatter(
             g["launch_wait_ms"],
             g["compute_eff_ms"],
             s=12,
+            color=colors[k % len(colors)],
             marker=markers.get(str(policy), "o"),
             label=f"{mode} / {policy}{f' {marks}' if marks else ''} ({_group_n(g)})",
             alpha=0.6,
@@ -512,11 +556,38 @@ def _heat_texts(table: pd.DataFrame, col: str, policies: list[str], workers: lis
             _heat_cells(table, c, policies, workers)
             for c in ("ci_low", "ci_high", "n_runs", "n_isolation_runs")
         )
+        busy = np.nan_to_num(
+            _heat_cells(table.assign(busy=_truthy(table, "busy")), "busy", policies, workers)
+        )
         return np.vectorize(
-            lambda x, a, b, c, d: f"{x:.2f}\n[{a:.2f}, {b:.2f}]\n({_count(c)}/{_count(d)} runs)"
-        )(v, lo, hi, nr, ni)
+            lambda x, a, b, c, d, f: (
+                f"{x:.2f}\n[{a:.2f}, {b:.2f}]\n({_count(c)}/{_count(d)} runs)"
+                + (f"\n{LOAD_MARK}" if f > 0 else "")
+            )
+        )(v, lo, hi, nr, ni, busy)
     runs = _heat_cells(table, "runs", policies, workers)
-    return np.vectorize(lambda x, r: f"{x:,.0f}\n({_n(r, 'run')})")(v, runs)
+    busy_runs = np.nan_to_num(_heat_cells(table, "busy_runs", policies, workers))
+    # The cells' mode, where they are not all of one (figdata.THROUGHPUT_MODES).
+    modes: npt.NDArray[Any] = np.full(v.shape, "", dtype=object)
+    if "mode" in table and table["mode"].nunique() > 1:
+        grid = table.assign(policy=table["policy"].astype(str)).pivot_table(
+            index="policy", columns="workers", values="mode", aggfunc="first"
+        )
+        modes = grid.reindex(index=policies, columns=workers).fillna("").to_numpy(dtype=object)
+    return np.vectorize(
+        lambda x, r, b, m: (
+            f"{x:,.0f}"
+            + (f" {m}" if m else "")
+            + f"\n({_n(r, 'run')})"
+            + (f"\n{_count(b)} {LOAD_MARK}" if b > 0 else "")
+        )
+    )(v, runs, busy_runs, modes)
+
+
+def _truthy(table: pd.DataFrame, col: str) -> pd.Series:
+    if col not in table:
+        return pd.Series(0.0, index=table.index)
+    return (table[col].astype(str).str.lower() == "true").astype(float)
 
 
 def policy_heatmap(table: pd.DataFrame, outputs: Sequence[Path]) -> None:
@@ -524,8 +595,21 @@ def policy_heatmap(table: pd.DataFrame, outputs: Sequence[Path]) -> None:
     (combined / isolation at p95; diverging colours centred at 1) with its 95 % CI and runs.
     Both panels share one grid, so a cell means the same (policy, workers) in each."""
     have = {"policy", "workers"} <= set(table) and len(table) > 0
+    if have and "row" in table:
+        # A row per policy and marks (figdata.heatmap_table): in the policy's order, its
+        # plain row first.
+        order = {
+            str(row): (figdata.order_key("", pol), len(str(row)), str(row))
+            for row, pol in zip(table["row"], table["policy"], strict=True)
+        }
+        table = table.assign(policy=table["row"].astype(str))
+    else:
+        order = {}
     policies = (
-        sorted(table["policy"].astype(str).unique(), key=lambda p: figdata.order_key("", p))
+        sorted(
+            table["policy"].astype(str).unique(),
+            key=lambda p: order.get(p, (figdata.order_key("", p), 0, p)),
+        )
         if have
         else []
     )
@@ -710,9 +794,17 @@ def decomposition(means: pd.DataFrame, outputs: Sequence[Path]) -> None:
     ax.axhline(0, color="k", lw=0.6)
     ax.set_xticks(x, _decomposition_labels(d), fontsize=6.5)
     ax.set_ylabel("ms per step beyond the twin (mean)")
+    # Only bars whose host part was measured inside the compute span are a budget; a whole-step
+    # host part (tables without phase-boundary samples) is an upper bound beside the rest.
+    budget = "host_source" not in d or (d["host_source"].astype(str) == "compute span").all()
     ax.set_title(
-        "Compute inflation against the twin, as a budget of its causes\n"
-        "(bar = host launch delay + host blocked + peer wait + transfer + GPU slowdown"
+        (
+            "Compute inflation against the twin, as a budget of its causes\n"
+            if budget
+            else "Compute inflation against the twin and its measured parts (bars marked "
+            "'not a budget': host part over the whole step)\n"
+        )
+        + "(bar = host launch delay + host blocked + peer wait + transfer + GPU slowdown"
         " + unattributed = line)",
         fontsize=9,
     )
@@ -720,17 +812,8 @@ def decomposition(means: pd.DataFrame, outputs: Sequence[Path]) -> None:
     _save(fig, outputs)
 
 
-# Runs with a costly tracing level are slower by themselves, and runs without the loader's
-# pinned memory are another experiment: a label says so, so that no one compares across.
-TRACING_MARKS = (("cupti", "+CUPTI"), ("cuda_api", "+API"), ("sched_events", "+ftrace"))
-
-
-def _run_marks(r: pd.Series) -> list[str]:
-    marks = [mark for col, mark in TRACING_MARKS if str(r.get(col)).lower() == "true"]
-    # pin_memory is empty for modes without a loader (the normalisation of summarize).
-    if str(r.get("pin_memory")).lower() == "false":
-        marks.append("no pin")
-    return marks
+def _run_marks(r: pd.Series, *, ranks: bool = True) -> list[str]:
+    return figdata.run_marks(r, ranks=ranks)
 
 
 def _with_marks(steps: pd.DataFrame) -> pd.DataFrame:
@@ -749,7 +832,8 @@ def _decomposition_labels(d: pd.DataFrame) -> list[str]:
         ranks = r.get("world_size")
         on_ranks = f" x{int(ranks)} ranks" if pd.notna(ranks) and int(ranks) > 1 else ""
         label = f"{r['mode']}{on_ranks}\n{r['policy']} w={r['workers']}"
-        marks = _run_marks(r)
+        # The rank count is on the first line already.
+        marks = _run_marks(r, ranks=False)
         if marks:
             label += "\n" + " ".join(marks)
         label += f"\n{r['view']}\n{_n(r.get('runs'), 'run')}, {_n(r.get('steps'), 'step')}"
@@ -834,6 +918,9 @@ def _map_panel(fig: Any, ax: Any, grid: Any, metric: str) -> None:
         ticks = np.unique(np.round(np.geomspace(norm.vmin, norm.vmax, 5), 2))
         bar.set_ticks(ticks.tolist(), labels=[f"{t:.2f}" for t in ticks])
         bar.ax.minorticks_off()
+    else:
+        # The cells print the fraction as a percentage; the bar speaks the same unit.
+        bar.ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(xmax=1, decimals=0))
 
 
 def predicted_vs_measured(
@@ -854,6 +941,7 @@ def predicted_vs_measured(
     line = np.array([0.0, top * 1.1])
     ax.fill_between(line, line * 0.9, line * 1.1, color="#dddddd", label="+-10 %")
     ax.plot(line, line, color="#777777", lw=1, label="predicted = measured")
+    colors: dict[str, Any] = {}
     for policy, g in d.groupby("policy"):
         yerr = _yerr(_column(g, "throughput"), _column(g, "pred_lo"), _column(g, "pred_hi"))
         xerr = None
@@ -862,17 +950,10 @@ def predicted_vs_measured(
             xerr = _yerr(
                 _column(g, "measured"), _column(g, "measured_lo"), _column(g, "measured_hi")
             )
-        ax.errorbar(
+        drawn = ax.errorbar(
             g["measured"], g["throughput"], xerr=xerr, yerr=yerr, fmt="o", capsize=3, label=policy
         )
-        for _, r in g.iterrows():
-            ax.annotate(
-                f"{int(r['workers'])}w",
-                (r["measured"], r["throughput"]),
-                fontsize=7,
-                xytext=(4, 3),
-                textcoords="offset points",
-            )
+        colors[str(policy)] = drawn[0].get_color()
     best = d[d["advised"].astype(bool)]
     if not best.empty:
         ax.plot(
@@ -880,6 +961,14 @@ def predicted_vs_measured(
         )
     ax.set_xlim(0, top * 1.1)
     ax.set_ylim(0, top * 1.1)
+    _point_labels(
+        ax,
+        d["measured"].to_numpy(dtype=float),
+        d["throughput"].to_numpy(dtype=float),
+        [f"{int(w)}w" for w in d["workers"]],
+        # In its point's colour (the policy's), joined to it by a thin line.
+        [colors.get(str(p), "k") for p in d["policy"]],
+    )
     ax.set_xlabel("measured throughput per rank (samples/s, mean of runs [95 % CI])")
     ax.set_ylabel("predicted (samples/s) [one-run interval]")
     versus = f"advised vs best measured {summary['advised_vs_best'] * 100:+.1f} %"
@@ -898,6 +987,52 @@ def predicted_vs_measured(
     )
     ax.legend(fontsize=8, loc="lower right")
     _save(fig, outputs)
+
+
+# Where a point's label may sit, in points from the point: right, left, above, below, then
+# further out; the first that overlaps no label placed before is taken.
+LABEL_OFFSETS = (
+    (4, 3), (4, -10), (-16, 3), (-16, -10), (-6, 8), (-6, -15), (10, 12), (10, -18),
+    (-22, 12), (-22, -18), (16, 20), (-28, 20), (16, -26), (-28, -26),
+)  # fmt: skip
+
+
+def _point_labels(
+    ax: Any,
+    x: npt.NDArray[np.float64],
+    y: npt.NDArray[np.float64],
+    labels: list[str],
+    colors: list[Any],
+) -> None:
+    """Label each point with the first offset of ``LABEL_OFFSETS`` whose text box overlaps no
+    label already placed: points a few pixels apart get labels that do not print over each
+    other (the last candidate is taken when all collide)."""
+    fig = ax.figure
+    to_px = ax.transData.transform
+    pt = fig.dpi / 72.0
+    placed: list[tuple[float, float, float, float]] = []
+    order = np.lexsort((x, -y))  # top first: its labels take the free places above
+    for i in order:
+        if not (np.isfinite(x[i]) and np.isfinite(y[i])):
+            continue
+        px, py = to_px((x[i], y[i]))
+        w, h = (4.3 * len(labels[i]) + 2) * pt, 9 * pt  # 7-pt text
+        for dx, dy in LABEL_OFFSETS:
+            box = (px + dx * pt, py + dy * pt, px + dx * pt + w, py + dy * pt + h)
+            if not any(
+                box[0] < b[2] and b[0] < box[2] and box[1] < b[3] and b[1] < box[3] for b in placed
+            ):
+                break
+        placed.append(box)
+        ax.annotate(
+            labels[i],
+            (x[i], y[i]),
+            fontsize=7,
+            color=colors[i],
+            xytext=(dx, dy),
+            textcoords="offset points",
+            arrowprops={"arrowstyle": "-", "lw": 0.5, "color": colors[i]},
+        )
 
 
 def share_throughput(report: pd.DataFrame, outputs: Sequence[Path], *, jobs: Sequence[str]) -> None:

@@ -80,8 +80,16 @@ FIGURES: tuple[Figure, ...] = (
         lambda t: figdata.with_arm_intervals(cmp.headline(t.comparison), t.steps),
         plots.component_durations,
     ),
-    Figure(FigureName.LAUNCH_WAIT_VS_COMPUTE, lambda t: t.steps, plots.launch_wait_vs_compute),
-    Figure(FigureName.STEP_TIME_DISTRIBUTIONS, lambda t: t.steps, plots.step_time_distributions),
+    Figure(
+        FigureName.LAUNCH_WAIT_VS_COMPUTE,
+        lambda t: figdata.with_run_flags(t.steps, t.runs),
+        plots.launch_wait_vs_compute,
+    ),
+    Figure(
+        FigureName.STEP_TIME_DISTRIBUTIONS,
+        lambda t: figdata.with_run_flags(t.steps, t.runs),
+        plots.step_time_distributions,
+    ),
     Figure(
         FigureName.POLICY_HEATMAP,
         lambda t: figdata.heatmap_table(t.runs, t.comparison),
@@ -90,7 +98,7 @@ FIGURES: tuple[Figure, ...] = (
     Figure(
         FigureName.DECOMPOSITION,
         lambda t: figdata.decomposition_runs(
-            dec.decomposition_means(t.decomposition), t.decomposition
+            dec.decomposition_means(t.decomposition), t.decomposition, t.runs
         ),
         plots.decomposition,
     ),

@@ -43,7 +43,9 @@ def _read_table(path: Path, results: Path) -> pd.DataFrame:
     if not path.is_file():
         raise CodlError(f"{path}: missing table ({results} must hold the workflow's tables/)")
     verify_member(path)  # compare's tables are read only as a whole unit
-    return pd.read_csv(path)
+    # Whole-file type inference: chunked reading guesses a sparse text column (outlier_reason)
+    # differently per chunk and warns (DtypeWarning).
+    return pd.read_csv(path, low_memory=False)
 
 
 def _source_config(results: Path) -> dict[str, Any]:
@@ -84,11 +86,13 @@ def fit_results(
     runs = _read_table(runs_table, results)
     steps = _read_table(steps_table, results)
     source_cfg = _source_config(results)
-    cores = fit_cores or (source_cfg.get("slurm") or {}).get("cpus_per_rank")
+    cores = (
+        fit_cores or (source_cfg.get("slurm") or {}).get("cpus_per_rank") or _measured_cores(runs)
+    )
     if cores is None:
         raise CodlError(
             f"cores per rank of the measured runs unknown: {results / CONFIG_NAME} has no "
-            "slurm.cpus_per_rank; pass --fit-cores"
+            "slurm.cpus_per_rank and runs.csv no `cpus` on every row; pass --fit-cores"
         )
     runs, steps, chosen = choose_handoff(runs, steps, handoff=handoff, combined_mode=mode)
     data = mdl.run_data(runs, steps, combined_mode=mode)
@@ -98,11 +102,22 @@ def fit_results(
     )
 
 
+def _measured_cores(runs: pd.DataFrame) -> int | None:
+    """The CPUs per rank the runs had (runs.csv ``cpus``, from each trace) when every row says,
+    the most common count; None when a row does not (summarized before the column)."""
+    if "cpus" not in runs:
+        return None
+    cpus = pd.to_numeric(runs["cpus"], errors="coerce")
+    if cpus.isna().any() or not (cpus >= 1).all() or cpus.empty:
+        return None
+    return int(cpus.mode().max())
+
+
 def _read(path: Path) -> pd.DataFrame:
     if not Path(path).is_file():
         raise CodlError(f"{path}: no such table")
     verify_member(Path(path))  # compare's tables are read only as a whole unit
-    return pd.read_csv(path)
+    return pd.read_csv(path, low_memory=False)
 
 
 def map_to(

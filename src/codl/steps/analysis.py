@@ -19,6 +19,7 @@ from codl.analysis import chunked, columns
 from codl.analysis import compare as cmp
 from codl.analysis import decompose as dec
 from codl.analysis import summarize as sm
+from codl.analysis.load import flag_comparison
 from codl.analysis.steady import flag_outliers
 from codl.errors import CodlError
 from codl.figures import RUN_FIGURES
@@ -173,7 +174,7 @@ def compare_to(
     step_df = _read_all(steps, "steps", units)
     attribution = _read_all(attributions, "attribution", units)
     part_df = _read_all(parts, "parts", units)
-    comparison = cmp.compare(step_df, summary)
+    comparison = flag_comparison(cmp.compare(step_df, summary), summary)
     decomposition = dec.decompose(step_df, part_df, summary)
     tables = {
         runs_table: summary,
@@ -230,7 +231,7 @@ def recompare_tables(
     if "outlier" not in steps:
         steps = flag_outliers(steps)
         new[steps_table] = steps
-    comparison = cmp.compare(steps, summary)
+    comparison = flag_comparison(cmp.compare(steps, summary), summary)
     new[comparison_table] = comparison
     new[decomposition_table] = dec.decompose(steps, dec.parts_from_steps(steps), summary)
     # Tables of compare's unit are rewritten as that unit: every member again (the unchanged
