@@ -75,9 +75,14 @@ def test_shuffle_is_drawn_from_the_recorded_seed() -> None:
     assert len(others) > 1
 
 
-def test_a_blocks_section_without_an_order_is_refused() -> None:
-    with pytest.raises(ConfigError, match="order"):
-        build_plan({**BASE, "blocks": {"seed": 1}})
+def test_blocks_default_to_off_and_their_order_to_abba() -> None:
+    # The schema's defaults: an empty section (the default) plans no blocks; a section that
+    # names only a seed orders ABBA; an order that does not exist is refused by name.
+    cfg = {**BASE, "blocks": {}}
+    assert plan_blocks(cfg, build_plan(cfg)) == ()
+    seeded = {**BASE, "blocks": {"seed": 1}}
+    abba = {**BASE, "blocks": {"order": "abba"}}
+    assert plan_blocks(seeded, build_plan(seeded)) == plan_blocks(abba, build_plan(abba))
     with pytest.raises(ConfigError, match=r"blocks\.order"):
         build_plan({**BASE, "blocks": {"order": "random"}})
 

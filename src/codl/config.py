@@ -753,7 +753,7 @@ def plan_blocks(cfg: Mapping[str, Any], plan: Plan) -> tuple[Block, ...]:
     section = cfg.get("blocks")
     if not section:
         return ()
-    order = BlockOrder(section["order"])
+    order = BlockOrder(section.get("order", BlockOrder.ABBA.value))
     seed = int(section.get("seed", 0))
     by_repeat: dict[int, list[str]] = {}
     for rid, spec in plan.specs.items():
