@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,6 @@ from codl.harness import workloads
 from codl.harness.launch import launch
 from codl.spec import DatasetKind, DatasetSpec, RunSpec
 from codl.trace.store import open_trace
-
 from test_workflow import snakemake
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,7 +73,10 @@ def bad_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _config(model: str) -> dict[str, Any]:
-    return {"defaults": {"device": "cpu"}, "experiments": [{"name": "e", "base": {"workload": {"model": model}}}]}
+    return {
+        "defaults": {"device": "cpu"},
+        "experiments": [{"name": "e", "base": {"workload": {"model": model}}}],
+    }
 
 
 @pytest.mark.parametrize(("ref", "says"), BAD_REFERENCES)
@@ -102,10 +103,17 @@ def test_codl_plan_refuses_the_five_kinds_without_a_traceback(
     }
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    env = {**os.environ, "PYTHONPATH": f"{bad_module}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{bad_module}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    }
     proc = subprocess.run(
         [sys.executable, "-m", "codl.cli", "plan", str(path)],
-        capture_output=True, text=True, env=env, timeout=300, check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
     )
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
@@ -115,7 +123,14 @@ def test_codl_plan_refuses_the_five_kinds_without_a_traceback(
 
 
 def test_the_shipped_workloads_are_the_interface() -> None:
-    assert set(workloads.names()) >= {"resnet50", "resnet18", "resnet_tiny", "cosmoflow", "gpt2_small", "gpt_tiny"}
+    assert set(workloads.names()) >= {
+        "resnet50",
+        "resnet18",
+        "resnet_tiny",
+        "cosmoflow",
+        "gpt2_small",
+        "gpt_tiny",
+    }
     for name in workloads.names():
         impl = workloads.get(name).impl
         assert isinstance(impl, workloads.Workload), name
@@ -194,7 +209,7 @@ def test_text_data_set_packs_bpe_tokens_into_shifted_sequences(tmp_path: Path) -
     first = (tmp_path / "t" / "documents.txt").read_bytes()[offsets[0] : offsets[1]].decode()
     ids = ds.tokenizer.encode(first).ids
     assert ds[0][0][: min(16, len(ids))].tolist() == ids[: min(16, len(ids))]
-    with pytest.raises(Exception, match="more than workload.classes"):
+    with pytest.raises(Exception, match=r"more than workload\.classes"):
         PackedDocuments(tmp_path / "t", 32, vocab=300)
 
 
@@ -209,13 +224,18 @@ def test_gpt_tiny_runs_end_to_end_through_codl_run(tmp_path: Path) -> None:
     data = tmp_path / "txt"
     cli = [sys.executable, "-m", "codl.cli"]
     ds_json = json.dumps(spec["dataset"])
-    subprocess.run([*cli, "dataset", "--spec-json", ds_json, "--out", str(data)], check=True, timeout=300)
+    subprocess.run(
+        [*cli, "dataset", "--spec-json", ds_json, "--out", str(data)], check=True, timeout=300
+    )
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(RunSpec.from_dict(spec).to_dict()))
     trace = tmp_path / "trace.h5"
     proc = subprocess.run(
         [*cli, "run", str(spec_path), "--trace", str(trace), "--dataset-dir", str(data)],
-        capture_output=True, text=True, timeout=600, check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open_trace(trace) as t:
@@ -269,5 +289,7 @@ def test_an_installed_example_package_runs_through_the_workflow(
     assert jobs["dataset"] == 1 and jobs["run"] == 3
     runs = pd.read_csv(work / "results" / "tables" / "runs.csv")
     assert set(runs["model"]) == {"example-signals"}, runs.columns.tolist()
-    manifest = json.loads((work / "resources" / "datasets" / "example-signals" / "MANIFEST.json").read_text())
+    manifest = json.loads(
+        (work / "resources" / "datasets" / "example-signals" / "MANIFEST.json").read_text()
+    )
     assert manifest["spec"]["generator"] == "example-signals" and manifest["files"] == 64

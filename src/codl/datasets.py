@@ -23,6 +23,7 @@ delete a directory codl did not create.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -214,7 +215,9 @@ def _lexicon(rng: np.random.Generator) -> np.ndarray:
     """Made-up words of 1-4 syllables, ranked: word r is drawn with weight 1 / (r + 1)^1.1."""
     lengths = rng.choice([1, 2, 3, 4], size=_LEXICON, p=[0.2, 0.4, 0.3, 0.1])
     picks = rng.integers(0, len(_SYLLABLES), size=(_LEXICON, 4))
-    return np.array(["".join(_SYLLABLES[j] for j in p[:n]) for p, n in zip(picks, lengths)])
+    return np.array(
+        ["".join(_SYLLABLES[j] for j in p[:n]) for p, n in zip(picks, lengths, strict=True)]
+    )
 
 
 def _document(rng: np.random.Generator, lexicon: np.ndarray, cdf: np.ndarray) -> str:
@@ -269,9 +272,7 @@ def _generate_text(
         show_progress=False,
     )
     text = (root / DOCUMENTS).read_bytes()
-    docs = [
-        text[a:b].decode("utf-8") for a, b in zip(offsets[:-1], offsets[1:], strict=True)
-    ]
+    docs = [text[a:b].decode("utf-8") for a, b in itertools.pairwise(offsets)]
     tok.train_from_iterator(docs, trainer=trainer)
     tok.save(str(root / TOKENIZER))
     tokens = sum(len(e.ids) for e in tok.encode_batch(docs, add_special_tokens=False))

@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
+from torch.nn import functional
 from torch.utils.data import Dataset
 
 from codl.errors import DataSetError
@@ -143,9 +143,10 @@ class _Block(nn.Module):
         b, t, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
         q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        a = functional.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
-        return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+        out: torch.Tensor = x + self.out(functional.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+        return out
 
 
 class Gpt(nn.Module):
@@ -164,7 +165,11 @@ class Gpt(nn.Module):
         for name, p in self.named_parameters():
             if p.dim() == 2:
                 # Residual projections scaled by depth, as GPT-2 does.
-                std = 0.02 / math.sqrt(2 * shape.layers) if name.endswith(("proj.weight", "out.weight")) else 0.02
+                std = (
+                    0.02 / math.sqrt(2 * shape.layers)
+                    if name.endswith(("proj.weight", "out.weight"))
+                    else 0.02
+                )
                 nn.init.normal_(p, 0.0, std)
             elif name.endswith("bias"):
                 nn.init.zeros_(p)
@@ -180,4 +185,4 @@ class Gpt(nn.Module):
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Next-token cross entropy over every position."""
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    return functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))

@@ -264,7 +264,9 @@ def _checked(ref: str, obj: Any) -> Any:
     kind = getattr(obj, "dataset_kind", None)
     kinds = [k.value for k in DatasetKind]
     if kind not in kinds:
-        raise _error(ref, f"{type(obj).__name__}.dataset_kind: got {kind!r}, expected one of {kinds}")
+        raise _error(
+            ref, f"{type(obj).__name__}.dataset_kind: got {kind!r}, expected one of {kinds}"
+        )
     if kind == DatasetKind.WORKLOAD and getattr(obj, "generate_dataset", None) is None:
         raise _error(
             ref, f"{type(obj).__name__} reads kind 'workload' but has no method 'generate_dataset'"
@@ -290,10 +292,10 @@ def plan_problems(spec: RunSpec) -> list[str]:
         gen = problem(ds.generator, "dataset.generator")
         if gen is not None:
             out.append(gen)
-        elif get(ds.generator).dataset_kind is not DatasetKind.WORKLOAD:
+        elif (kind := get(ds.generator).dataset_kind) is not DatasetKind.WORKLOAD:
             out.append(
-                f"dataset.generator: {ds.generator!r} reads {get(ds.generator).dataset_kind.value!r}"
-                " data sets, which codl generates; expected a workload of kind 'workload'"
+                f"dataset.generator: {ds.generator!r} reads {kind.value!r} data sets, which "
+                "codl generates; expected a workload of kind 'workload'"
             )
     if spec.mode.loads and spec.loader.handoff is Handoff.RING and w.own_collate:
         out.append(
@@ -407,7 +409,9 @@ class LanguageModel:
     def build_model(self, spec: WorkloadSpec) -> Any:
         from codl.harness import text
 
-        return text.Gpt(text.GptShape(spec.classes, spec.seq_len, self.layers, self.heads, self.width))
+        return text.Gpt(
+            text.GptShape(spec.classes, spec.seq_len, self.layers, self.heads, self.width)
+        )
 
     def open_dataset(self, root: Path, spec: WorkloadSpec) -> Any:
         from codl.harness import text

@@ -73,7 +73,10 @@ class SignalWorkload:
 
     def build_model(self, spec: WorkloadSpec) -> nn.Module:
         return nn.Sequential(
-            nn.Linear(FEATURES, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+            nn.Linear(FEATURES, 256),
+            nn.ReLU(),
+            nn.Linear(256, 256),
+            nn.ReLU(),
             nn.Linear(256, spec.classes),
         )
 
