@@ -14,12 +14,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 import yaml
 
 from codl.config import build_plan
 from codl.datasets import generate
 from codl.errors import ConfigError
 from codl.harness import workloads
+from codl.harness.handoff import RingLoader
 from codl.harness.launch import launch
 from codl.spec import DatasetKind, DatasetSpec, RunSpec
 from codl.trace.store import open_trace
@@ -211,6 +213,18 @@ def test_text_data_set_packs_bpe_tokens_into_shifted_sequences(tmp_path: Path) -
     assert ds[0][0][: min(16, len(ids))].tolist() == ids[: min(16, len(ids))]
     with pytest.raises(Exception, match=r"more than workload\.classes"):
         PackedDocuments(tmp_path / "t", 32, vocab=300)
+    # The ring hand-off takes the samples as they are: token batches and their timing rows.
+    ring = RingLoader(
+        ds, batch_size=4, workers=2, prefetch_factor=2, generator=torch.Generator().manual_seed(0)
+    )
+    try:
+        batches = [next(iter(ring)) for _ in range(2)]
+        x, y = ring.to_device(batches[-1], torch.device("cpu"))
+    finally:
+        ring.close()
+    assert x.shape == y.shape == (4, 32) and x.dtype == torch.long
+    assert bool((x[:, 1:] == y[:, :-1]).all())
+    assert {int(w) for b in batches for w in b.items[:, 1]} <= {0, 1}
 
 
 def test_gpt_tiny_runs_end_to_end_through_codl_run(tmp_path: Path) -> None:
@@ -293,3 +307,56 @@ def test_an_installed_example_package_runs_through_the_workflow(
         (work / "resources" / "datasets" / "example-signals" / "MANIFEST.json").read_text()
     )
     assert manifest["spec"]["generator"] == "example-signals" and manifest["files"] == 64
+
+
+GREEDY_MODULE = """
+from codl.harness.workloads import ImageClassifier, _resnet_tiny
+
+
+class Greedy(ImageClassifier):
+    def ddp_options(self, spec):
+        return {"bucket_cap_mb": 1, "static_graph": True}
+
+
+greedy = Greedy("greedy", "asks DDP for what the harness sets", _resnet_tiny)
+"""
+
+
+def test_ddp_options_outside_the_hints_are_refused_at_plan_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "codl_greedy_wl.py").write_text(GREEDY_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError) as info:
+        build_plan(_config("codl_greedy_wl:greedy"))
+    (line,) = info.value.problems
+    assert "asks DistributedDataParallel for ['bucket_cap_mb']" in line, line
+    assert workloads.get("gpt_tiny").ddp_options(RunSpec().workload) == {
+        "gradient_as_bucket_view": True
+    }
+
+
+@pytest.mark.slow
+def test_gpt_tiny_trains_under_ddp_on_two_ranks(tmp_path: Path) -> None:
+    spec = RunSpec.from_dict(
+        {
+            "mode": "combined",
+            "workload": {"model": "gpt_tiny", "batch_size": 2, "classes": 512, "seq_len": 16},
+            "dataset": {"kind": "text", "samples": 24, "classes": 512},
+            "loader": {"workers": 1},
+            "layout": {"ranks_per_node": 2},
+            "steps": {"warmup": 1, "measured": 2},
+        }
+    )
+    data = tmp_path / "txt"
+    generate(spec.dataset, data)
+    trace = tmp_path / "trace.h5"
+    launch(spec, trace_path=trace, dataset_dir=data)
+    with open_trace(trace) as t:
+        comm = t.table("events/comm")
+    # Both ranks reduced every gradient once a step (the tied head and embedding are one).
+    model = workloads.get("gpt_tiny").build_model(spec.workload)
+    n_params = sum(p.numel() for p in model.parameters())
+    for rank in (0, 1):
+        step0 = comm[(comm["rank"] == rank) & (comm["step"] == 0)]
+        assert step0["bytes"].sum() == 4 * n_params

@@ -472,11 +472,6 @@ class RunSpec:
                 f"{p}dataset.cost: got {self.dataset.cost.value!r} with dataset.kind "
                 f"{self.dataset.kind.value!r}, expected 'standard' (cost variants are of JPEG sets)"
             )
-        if self.dataset.generator and self.dataset.kind is not DatasetKind.WORKLOAD:
-            out.append(
-                f"{p}dataset.generator: got {self.dataset.generator!r} with dataset.kind "
-                f"{self.dataset.kind.value!r}, expected it only with kind 'workload'"
-            )
         if self.dataset.classes > self.workload.classes and self.mode.loads:
             out.append(
                 f"{p}dataset.classes: got {self.dataset.classes}, expected <= "

@@ -288,6 +288,11 @@ def plan_problems(spec: RunSpec) -> list[str]:
             f"dataset.kind: got {ds.kind.value!r}, but workload {spec.workload.model!r} reads "
             f"{w.dataset_kind.value!r} data sets"
         )
+    if spec.mode.loads and ds.generator and ds.kind is not DatasetKind.WORKLOAD:
+        out.append(
+            f"dataset.generator: got {ds.generator!r} with dataset.kind {ds.kind.value!r}, "
+            "expected it only with kind 'workload' (codl generates the other kinds)"
+        )
     if spec.mode.loads and ds.kind is DatasetKind.WORKLOAD:
         gen = problem(ds.generator, "dataset.generator")
         if gen is not None:
