@@ -133,11 +133,13 @@ def generate(spec: DatasetSpec, out_dir: Path) -> dict[str, Any]:
     with _building(out_dir, "--out") as tmp:
         rng = np.random.default_rng(spec.seed)
         extra: dict[str, Any] = {}
-        if spec.kind is DatasetKind.JPEG:
+        # DatasetKind(...): callers building a DatasetSpec by hand may pass the kind's value.
+        kind = DatasetKind(spec.kind)
+        if kind is DatasetKind.JPEG:
             files, nbytes = _generate_jpeg(spec, tmp, rng)
-        elif spec.kind is DatasetKind.VOLUME:
+        elif kind is DatasetKind.VOLUME:
             files, nbytes = _generate_volumes(spec, tmp, rng)
-        elif spec.kind is DatasetKind.TEXT:
+        elif kind is DatasetKind.TEXT:
             files, nbytes, extra["text"] = _generate_text(spec, tmp, rng)
         else:
             files, nbytes = _generate_by_workload(spec, tmp)
