@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -294,7 +295,11 @@ def test_an_installed_example_package_runs_through_the_workflow(
     # in the test environment changes.
     site = tmp_path / "site"
     pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation"]
-    subprocess.run([*pip, "--target", str(site), str(EXAMPLE)], check=True, timeout=300)
+    # From a copy: building writes build/ and *.egg-info next to the sources.
+    source = shutil.copytree(
+        EXAMPLE, tmp_path / "example", ignore=shutil.ignore_patterns("build", "*.egg-info")
+    )
+    subprocess.run([*pip, "--target", str(site), str(source)], check=True, timeout=300)
     assert list(site.glob("codl_example_workload-*.dist-info/entry_points.txt"))
     monkeypatch.setenv("PYTHONPATH", f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     work = tmp_path / "w"
