@@ -10,12 +10,23 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test venv lint typecheck workflow-lint unit report clean
 
-$(STAMP): pyproject.toml
+# TORCH=cuda (default): torch's PyPI build (CUDA; ~6 GB with its NVIDIA wheels). TORCH=cpu: the
+# CPU wheels of the same versions from PyTorch's index, no CUDA wheels (README, "Install").
+TORCH ?= cuda
+TORCH_INDEX_cuda :=
+TORCH_INDEX_cpu := --index-url https://download.pytorch.org/whl/cpu
+ifeq ($(filter cpu cuda,$(TORCH)),)
+$(error TORCH=$(TORCH): expected cpu or cuda)
+endif
+
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	# torch/torchvision first, pinned: the only pair that imports together on these machines.
-	$(BIN)/pip install --quiet torch==2.14.1 torchvision==0.29.1
-	$(BIN)/pip install --quiet -e '.[dev]'
+	# torch/torchvision first, at the lock's versions (torch==2.14.1, torchvision==0.29.1: the only
+	# pair that imports together on these machines), from the index TORCH chooses.
+	$(BIN)/pip install --quiet -c constraints.txt $(TORCH_INDEX_$(TORCH)) torch torchvision
+	# Everything else at the lock's exact versions (constraints.txt); pyproject.toml has ranges.
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $@
 
 venv: $(STAMP)
@@ -37,7 +48,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 workflow-lint: $(STAMP)
-	$(BIN)/snakefmt --check Snakefile workflow/rules
+	$(BIN)/snakefmt --check workflow/Snakefile workflow/rules
 	@# Each config defines other rules (the advisor's and share rules are conditional).
 	for c in config/smoke.yaml config/config.yaml config/loop-cpu.yaml config/share-cpu.yaml; do \
 	  $(BIN)/snakemake --lint --configfile $$c || exit 1; \
@@ -45,6 +56,11 @@ workflow-lint: $(STAMP)
 
 ## test: environment + lint + type check + the full test suite.
 test: lint typecheck workflow-lint
+	@# h5dump reads a converted trace in tests/test_convert.py (skipped without it): Debian's
+	@# hdf5-tools where the machine lets us install it.
+	@command -v h5dump >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+	  && { apt-get install -y -qq hdf5-tools || { apt-get update -qq && apt-get install -y -qq hdf5-tools; }; } >/dev/null 2>&1; } \
+	  || echo "h5dump not installed"
 	$(BIN)/pytest -q
 
 clean:

@@ -33,6 +33,7 @@ from codl.paths import FIGURE_FORMATS, ResultPaths
 from codl.steps.workflow import dataset_input
 
 ROOT = Path(__file__).resolve().parents[1]
+SNAKEFILE = ROOT / "workflow" / "Snakefile"
 DEFAULT_CSV = Path(__file__).parent / "results" / "dag_cost.csv"
 WORKERS = (1, 2, 3, 4, 5)
 MODES = ("data", "combined")
@@ -136,7 +137,7 @@ def profile(config: Path, cwd: Path) -> dict[str, float]:
     out = cwd / "dag.prof"
     code = (
         "import sys, cProfile; from snakemake.cli import main; "
-        f"sys.argv=['snakemake','-n','--cores','2','-q','--snakefile',{str(ROOT / 'Snakefile')!r},"
+        f"sys.argv=['snakemake','-n','--cores','2','-q','--snakefile',{str(SNAKEFILE)!r},"
         f"'--configfile',{str(config)!r}]; cProfile.run('main()', {str(out)!r})"
     )
     subprocess.run(
@@ -178,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
         minimal = work / "Minimal.smk"
         minimal.write_text(minimal_snakefile(config), encoding="utf-8")
         runs = len(load_plan(config).specs)
-        real_args = ["--snakefile", str(ROOT / "Snakefile"), "--configfile", str(config)]
+        real_args = ["--snakefile", str(SNAKEFILE), "--configfile", str(config)]
         times: dict[str, list[float]] = {"workflow": [], "minimal": []}
         for _ in range(args.repeat):
             times["workflow"].append(dry_run(real_args, work))

@@ -36,7 +36,8 @@ from codl.datasets import generate
 from codl.harness import data as hdata
 from codl.harness import workloads
 from codl.harness.data import train_transform
-from codl.spec import RunSpec
+from codl.harness.handoff import RingLoader
+from codl.spec import Handoff, RunSpec
 from tracer_overhead import OFF, add_pair_arguments, base_spec, measured_steps
 
 
@@ -71,7 +72,8 @@ def plain_loop(spec: RunSpec, data: Path, pipeline: str = "plain") -> float:
     loss_fn = torch.nn.CrossEntropyLoss()
     files: Any = PlainFiles(data, spec.workload.image_size)
     collate: Any = None
-    if pipeline == "harness":
+    if pipeline == "harness" or spec.loader.handoff is Handoff.RING:
+        # The ring's slots take the harness's samples (input, target, timing row).
         files = hdata.dataset_for("jpeg", data, spec.workload.image_size)
         collate = hdata.collate
     # A user's data set is larger than a run's steps: one epoch spans the run. A shuffled
@@ -98,8 +100,29 @@ def plain_loop(spec: RunSpec, data: Path, pipeline: str = "plain") -> float:
         else contextlib.nullcontext()
     )
 
+    ring = (
+        RingLoader(
+            files,
+            batch_size=spec.workload.batch_size,
+            workers=spec.loader.workers,
+            prefetch_factor=spec.loader.prefetch_factor,
+            generator=torch.Generator(),
+            page_lock=spec.loader.pin_memory and cuda,
+            device=device,
+        )
+        if spec.loader.handoff is Handoff.RING
+        else None
+    )
+
     def batches() -> Any:
-        yield from loader
+        if ring is None:
+            yield from loader
+            return
+        try:
+            for b in ring:
+                yield ring.to_device(b, device)
+        finally:
+            ring.close()
 
     it = batches()
     t0 = 0.0
@@ -197,6 +220,12 @@ def main(argv: list[str] | None = None) -> int:
         help="pageable batches (no pin-memory thread, whose GIL holds slow a GIL-bound loop)",
     )
     p.add_argument(
+        "--handoff",
+        choices=[h.value for h in Handoff],
+        default=Handoff.TORCH.value,
+        help="the loader hand-off of both loops (ring: the harness's data set on both sides)",
+    )
+    p.add_argument(
         "--plain-pipeline",
         choices=["plain", "harness"],
         default="plain",
@@ -213,6 +242,10 @@ def main(argv: list[str] | None = None) -> int:
     spec = base_spec(args)
     if not args.traced:
         spec = dataclasses.replace(spec, trace=OFF)
+    if args.handoff == Handoff.RING.value:
+        spec = dataclasses.replace(
+            spec, loader=dataclasses.replace(spec.loader, handoff=Handoff.RING)
+        )
     if args.no_pin:
         spec = dataclasses.replace(spec, loader=dataclasses.replace(spec.loader, pin_memory=False))
     ratios, h_all, p_all = [], [], []

@@ -10,13 +10,12 @@ appends them to a ``TraceWriter`` in batches, and reports:
   events per CPU-second of the writer (all its compression threads together), which does not
   depend on how many cores were idle;
 - file size per event;
-- summarize rate: the chunked per-step loader and CUDA API metrics (``codl.analysis.chunked``)
-  with 1 process, 1 process of ``--processes`` decoding threads, and ``--processes`` processes,
-  in events/s and events per CPU-second; and where one process's time goes: ns per event of
-  reading the columns alone (HDF5: decompression, checksums, copies), and the rest, the
-  reduction;
-- verify rate: ``Trace.verify`` (every byte read and hashed against its sha256, as
-  ``codl summarize`` does first), and what the two together cost per event;
+- summarize rate: ``chunked.read_summary``, what ``codl summarize`` and the workflow's rule
+  read a trace with (every table verified, every byte hashed against its sha256, and reduced in
+  the same pass), in one process and in one process of ``--processes`` decoding threads, in
+  events/s and events per CPU-second; beside it the ns per event of reading the per-step
+  columns alone (HDF5: decompression, checksums, copies), the floor of any reader;
+- verify rate: ``Trace.verify`` alone (every byte read and hashed);
 - the latency of a 1-second window query (``Trace.table(name, t0, t0 + 1 s)`` of all three
   tables), median of ``--windows`` random windows;
 
@@ -75,17 +74,13 @@ class Result:
     summarize_events: int
     summarize_1p_events_per_s: float
     summarize_1p_events_per_cpu_s: float
-    summarize_1p_read_ns_per_event: float
-    summarize_1p_reduce_ns_per_event: float
+    summarize_1p_ns_per_event: float
+    read_columns_ns_per_event: float
+    summarize_threads: int
     summarize_threads_events_per_s: float
     summarize_threads_events_per_cpu_s: float
-    summarize_np: int
-    summarize_np_events_per_s: float
-    summarize_np_events_per_s_per_process: float
-    summarize_np_events_per_cpu_s: float
     verify_events_per_s: float
     verify_events_per_cpu_s: float
-    summarize_verified_events_per_s: float
     window_query_s_median: float
     window_query_rows_median: int
 
@@ -186,20 +181,18 @@ def write(path: Path, args: argparse.Namespace, compression: str) -> tuple[float
     return spent, cpu, peak - base
 
 
-def summarize_rate(path: Path, processes: int, threads: int) -> tuple[int, float, float]:
-    """(rows, rows per second, rows per CPU-second) of the chunked per-step metrics."""
+def summarize_rate(path: Path, events: int, threads: int) -> tuple[float, float]:
+    """(events per second, events per CPU-second) of ``chunked.read_summary``: the trace
+    verified and its big tables reduced in one pass, as ``codl summarize`` reads it."""
     t, c = time.perf_counter(), cpu_seconds()
-    rows = 0
-    for which in ("loader", "api"):
-        _, n = chunked.step_partials(path, which, warmup=0, processes=processes, threads=threads)
-        rows += n
-    return rows, rows / (time.perf_counter() - t), rows / max(1e-9, cpu_seconds() - c)
+    chunked.read_summary(path, threads=threads)
+    return events / (time.perf_counter() - t), events / max(1e-9, cpu_seconds() - c)
 
 
 def verify_rate(path: Path, events: int) -> tuple[float, float]:
     """(events per second, events per CPU-second) of ``Trace.verify``: every byte of every
     column read (HDF5's checksums) and hashed against its sha256, which ``codl summarize``
-    does before it trusts a trace; the hashing runs on a thread beside the reading."""
+    does as it reads; the hashing runs on a thread beside the reading."""
     t, c = time.perf_counter(), cpu_seconds()
     with open_trace(path) as trace:
         trace.verify()
@@ -208,7 +201,7 @@ def verify_rate(path: Path, events: int) -> tuple[float, float]:
 
 def read_seconds(path: Path) -> tuple[int, float]:
     """(rows, seconds) of reading the per-step metrics' columns block by block into reused
-    arrays, reducing nothing: the decoding part of ``summarize_rate`` in one process."""
+    arrays, reducing and hashing nothing: the floor of reading what the summary uses."""
     rows, spent = 0, 0.0
     with open_trace(path) as t:
         for table, columns in chunked.STEP_TABLES.values():
@@ -244,11 +237,9 @@ def run(directory: Path, args: argparse.Namespace, compression: str) -> Result:
     load = os.getloadavg()[0]
     write_s, write_cpu, growth = write(path, args, compression)
     size = path.stat().st_size
-    rows, rate_1, cpu_1 = summarize_rate(path, 1, 1)
+    rate_1, cpu_1 = summarize_rate(path, args.events, 1)
     read_rows, read_s = read_seconds(path)
-    read_ns = read_s / max(1, read_rows) * 1e9
-    _, rate_t, cpu_t = summarize_rate(path, 1, args.processes)
-    _, rate_n, cpu_n = summarize_rate(path, args.processes, 1)
+    rate_t, cpu_t = summarize_rate(path, args.events, args.processes)
     verify, verify_cpu = verify_rate(path, args.events)
     query_s, query_rows = window_queries(path, args)
     path.unlink()  # two 10^8-event traces need not share the disk
@@ -265,22 +256,16 @@ def run(directory: Path, args: argparse.Namespace, compression: str) -> Result:
         write_events_per_cpu_s=round(args.events / write_cpu),
         file_bytes=size,
         bytes_per_event=round(size / args.events, 2),
-        summarize_events=rows,
+        summarize_events=args.events,
         summarize_1p_events_per_s=round(rate_1),
         summarize_1p_events_per_cpu_s=round(cpu_1),
-        summarize_1p_read_ns_per_event=round(read_ns, 2),
-        summarize_1p_reduce_ns_per_event=round(1e9 / rate_1 - read_ns, 2),
+        summarize_1p_ns_per_event=round(1e9 / rate_1, 2),
+        read_columns_ns_per_event=round(read_s / max(1, read_rows) * 1e9, 2),
+        summarize_threads=args.processes,
         summarize_threads_events_per_s=round(rate_t),
         summarize_threads_events_per_cpu_s=round(cpu_t),
-        summarize_np=args.processes,
-        summarize_np_events_per_s=round(rate_n),
-        summarize_np_events_per_s_per_process=round(rate_n / args.processes),
-        summarize_np_events_per_cpu_s=round(cpu_n),
         verify_events_per_s=round(verify),
         verify_events_per_cpu_s=round(verify_cpu),
-        # What `codl summarize` pays per event for these tables: the verification pass, then
-        # the per-step sums (one process).
-        summarize_verified_events_per_s=round(1 / (1 / verify + rows / args.events / rate_1)),
         window_query_s_median=round(query_s, 4),
         window_query_rows_median=query_rows,
     )
@@ -296,19 +281,12 @@ def _rows(r: Result) -> list[tuple[str, str, str]]:
         ("file size (B/event)", f"{r.bytes_per_event}", "<= 8"),
         ("summarize, 1 process (ev/s)", f"{r.summarize_1p_events_per_s:,}", ">= 50,000,000/core"),
         ("  per CPU-s", f"{r.summarize_1p_events_per_cpu_s:,}", ""),
-        ("  ns/event reading", f"{r.summarize_1p_read_ns_per_event}", ""),
-        ("  ns/event reducing, the rest", f"{r.summarize_1p_reduce_ns_per_event}", ""),
-        (f"summarize, {r.summarize_np} threads", f"{r.summarize_threads_events_per_s:,}", ""),
+        ("  ns/event", f"{r.summarize_1p_ns_per_event}", ""),
+        ("read the columns alone, ns/event", f"{r.read_columns_ns_per_event}", ""),
+        (f"summarize, {r.summarize_threads} threads", f"{r.summarize_threads_events_per_s:,}", ""),
         ("  per CPU-s", f"{r.summarize_threads_events_per_cpu_s:,}", ""),
-        (
-            f"summarize, {r.summarize_np} processes",
-            f"{r.summarize_np_events_per_s:,}",
-            "",
-        ),
-        ("  per CPU-s", f"{r.summarize_np_events_per_cpu_s:,}", ""),
         ("verify (every byte, sha256)", f"{r.verify_events_per_s:,}", ""),
         ("  per CPU-s", f"{r.verify_events_per_cpu_s:,}", ""),
-        ("verify + per-step sums", f"{r.summarize_verified_events_per_s:,}", ""),
         (
             "1 s window query",
             f"{r.window_query_s_median:.3f} s ({r.window_query_rows_median:,} rows)",
@@ -326,7 +304,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--compression", nargs="+", choices=COMPRESSIONS, default=["blosc-lz4", "gzip"]
     )
-    parser.add_argument("--processes", type=int, default=os.cpu_count() or 1)
+    parser.add_argument(
+        "--processes", type=int, default=os.cpu_count() or 1, help="decoding threads of a run"
+    )
     parser.add_argument(
         "--threads", type=int, default=None, help="writer compression threads (default: cores)"
     )

@@ -230,3 +230,58 @@ def test_advice_below_the_fitted_budgets_says_it_is_pessimistic() -> None:
     below = adv.advise(two, cores=6)
     assert any("6 cores is below every fitted budget (8)" in n for n in below.notes)
     assert not any("below every fitted budget" in n for n in adv.advise(two, cores=8).notes)
+
+
+def _with_ring(speedup: float = 1.2) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The planted torch runs, plus the same loading runs as `ring` runs whose steps are
+    ``speedup`` times faster; the compute twins serve both."""
+    runs, steps = planted_tables()
+    loads = runs["mode"] != "compute"
+    runs = runs.assign(handoff=runs["mode"].where(~loads, "torch").where(loads, None))
+    ring = runs[loads].assign(handoff="ring", run_id=lambda r: r["run_id"] + "-ring")
+    ring["throughput_samples_s"] *= speedup
+    ring_steps = steps[steps["run_id"].isin(runs.loc[loads, "run_id"])].copy()
+    ring_steps["run_id"] += "-ring"
+    ring_steps["step_ms"] /= speedup
+    return pd.concat([runs, ring], ignore_index=True), pd.concat([steps, ring_steps])
+
+
+def test_the_advisor_fits_one_hand_off_and_takes_the_faster() -> None:
+    runs, steps = _with_ring()
+    r, s, chosen = adv.choose_handoff(runs, steps)
+    assert chosen.handoff == "ring"
+    assert set(r["handoff"].dropna()) == {"ring"}
+    assert (r["mode"] == "compute").sum() == (runs["mode"] == "compute").sum()  # twins kept
+    assert set(s["run_id"]) == set(r["run_id"])
+    fit = mdl.fit(mdl.run_data(r, s), cores=CORES, boot=0)
+    # The ring has no pin-memory thread: one launch role fewer than torch's pinned loader.
+    assert fit.node.handoff == "ring"
+    assert fit.node.roles("data+compute") == 2
+    a = adv.advise(fit, cores=CORES, handoff=chosen)
+    assert a.handoff == "ring"
+    assert any("loader.handoff ring" in n for n in a.notes)
+    cfg = adv.verification_config(a, fit, defaults={"device": "cuda"})
+    assert cfg["defaults"]["loader"]["handoff"] == "ring"
+    loading = [s for s in build_plan(cfg).specs.values() if s.mode.loads]
+    assert loading and all(s.loader.handoff.value == "ring" for s in loading)
+    # Asked for, the slower hand-off is fitted; one the tables lack is refused in one line.
+    assert adv.choose_handoff(runs, steps, handoff="torch")[2].handoff == "torch"
+    with pytest.raises(mdl.ModelError, match="no loading run with it"):
+        adv.choose_handoff(runs[runs["handoff"] != "ring"], steps, handoff="ring")
+    # Pooled hand-offs are refused by the model itself.
+    with pytest.raises(mdl.ModelError, match="one hand-off at a time"):
+        mdl.run_data(runs, steps)
+
+
+def test_advice_on_torchs_pinned_loader_points_at_the_ring_when_compute_inflates(
+    fit: mdl.Fit,
+) -> None:
+    a = adv.advise(fit, cores=CORES)
+    pointed = any("loader.handoff: ring" in n for n in a.notes)
+    assert a.handoff == "torch"
+    assert pointed == (a.inflation > adv.GIL_NOTE_INFLATION)
+    # Past the loader's cores the planted model inflates compute: there the note must appear.
+    crowded = adv.advise(fit, cores=CORES, max_workers=32, policies=["none"], tie=0.0)
+    grid = crowded.grid
+    worst = grid.loc[grid["inflation"].idxmax()]
+    assert float(worst["inflation"]) > adv.GIL_NOTE_INFLATION

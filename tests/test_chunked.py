@@ -237,3 +237,36 @@ def test_reduced_runtime_calls_give_the_same_tables(tmp_path: Path, by_rank: boo
         us = np.sort(per_call.loc[per_call["name"] == name, "us"].to_numpy())
         at_or_below = np.searchsorted(us, g["us"].to_numpy() + 1e-9, side="right")
         np.testing.assert_array_equal(at_or_below, np.cumsum(g["calls"].to_numpy()))
+
+
+@pytest.mark.parametrize("item_offset", [0, 1 << 62])
+def test_loader_items_counted_once_per_key_across_blocks(item_offset: int) -> None:
+    # An item's stage rows may fall in two blocks: counted once, against the block before.
+    # Keys too wide for one int64 (item_offset) take pandas' hashing, with the same counts.
+    rng = np.random.default_rng(5)
+    blocks = []
+    for b in range(4):
+        n = 5_000
+        blocks.append(
+            [
+                rng.integers(0, 2, n),  # rank
+                np.sort(rng.integers(3 * b, 3 * b + 4, n)),  # steps overlap the next block's
+                rng.integers(100, 104, n),  # pid
+                rng.integers(0, 300, n) + item_offset,  # item
+            ]
+        )
+    counter = chunked._LoaderPass([""], 0, {})
+    for keys in blocks:
+        counter._count_items([k.astype(np.int64) for k in keys])
+    got = pd.concat(counter._counts).groupby(level=["rank", "step"]).sum().sort_index()
+    want_parts = []
+    last = pd.DataFrame(columns=["rank", "step", "pid", "item"], dtype="int64")
+    for keys in blocks:
+        frame = pd.DataFrame(dict(zip(["rank", "step", "pid", "item"], keys, strict=True)))
+        frame = frame.drop_duplicates()
+        new = frame.merge(last, how="left", indicator=True)["_merge"] == "left_only"
+        want_parts.append(frame[new.to_numpy()].groupby(["rank", "step"]).size())
+        last = frame
+    want = pd.concat(want_parts).groupby(level=["rank", "step"]).sum().sort_index()
+    pd.testing.assert_series_equal(got, want, check_names=False, check_dtype=False)
+    assert got.sum() > 0

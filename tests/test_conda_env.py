@@ -44,4 +44,4 @@ def test_the_rules_name_the_env_file_and_the_workflow_sets_codl_root() -> None:
     common = (REPO / "workflow" / "rules" / "common.smk").read_text()
     assert 'CONDA_ENV = "../envs/codl.yaml"' in common
     assert (REPO / "workflow" / "rules" / "../envs/codl.yaml").resolve() == ENV_FILE
-    assert 'os.environ.setdefault("CODL_ROOT", str(Path(workflow.basedir).resolve()))' in common
+    assert 'os.environ.setdefault("CODL_ROOT", str(CHECKOUT))' in common

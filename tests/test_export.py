@@ -9,7 +9,15 @@ from typing import Any
 
 import pytest
 
-from codl.trace.export import comm_pid, export_chrome, gpu_pid, to_chrome_trace
+from codl.trace.export import (
+    comm_pid,
+    comm_tid,
+    export_chrome,
+    flow_id,
+    gpu_pid,
+    stream_tid,
+    to_chrome_trace,
+)
 from codl.trace.store import TraceWriter, open_trace
 
 BASE = 7_000_000_000_000  # a realistic CLOCK_MONOTONIC origin: days of uptime, in ns
@@ -189,10 +197,10 @@ def test_document_shape(exported: dict[str, Any]) -> None:
     assert int(other["time_base_unix_ns"]) == 1_700_000_000 * 10**9
     for e in exported["traceEvents"]:
         assert isinstance(e["pid"], int)
-        assert e["ph"] in {"M", "X", "C"}
+        assert e["ph"] in {"M", "X", "C", "s", "f"}
         if e["ph"] != "M":
             assert isinstance(e["ts"], float)
-        if e["ph"] in {"X", "M"}:
+        if e["ph"] in {"X", "M", "s", "f"}:
             assert isinstance(e["tid"], int)
 
 
@@ -212,8 +220,8 @@ def test_processes_are_named_by_rank_worker_gpu_and_comm(exported: dict[str, Any
         e["pid"]: e["args"]["name"] for e in events(exported, "M") if e["name"] == "process_name"
     }
     assert procs[MAIN] == "rank 0"
-    assert procs[WORKER0] == "loader worker 0"
-    assert procs[WORKER1] == "loader worker 1"
+    assert procs[WORKER0] == "rank 0 loader worker 0"
+    assert procs[WORKER1] == "rank 0 loader worker 1"
     assert procs[gpu_pid(0)] == "GPU rank 0"
     assert procs[comm_pid(0)] == "comm rank 0"
     assert len(set(procs.values())) == len(procs)
@@ -254,15 +262,16 @@ def test_cuda_runtime_on_host_thread_and_kernels_on_gpu_streams(exported: dict[s
     _check_times(xs, [(c[4], c[5]) for c in CUDA])
     where = {e["name"]: (e["pid"], e["tid"]) for e in xs}
     assert where["cudaLaunchKernel"] == (MAIN, MAIN)
-    assert where["gemm"] == (gpu_pid(0), 7)
-    assert where["Memcpy HtoD"] == (gpu_pid(0), 13)
+    assert where["gemm"] == (gpu_pid(0), stream_tid(0, 7))
+    assert where["Memcpy HtoD"] == (gpu_pid(0), stream_tid(0, 13))
     stream_names = {e["tid"]: e["args"]["name"] for e in events(exported, "M")
                     if e["name"] == "thread_name" and e["pid"] == gpu_pid(0)}  # fmt: skip
-    assert stream_names == {7: "stream 7", 13: "stream 13"}
+    assert stream_names == {stream_tid(0, 7): "stream 7", stream_tid(0, 13): "stream 13"}
 
 
 def test_comm_events(exported: dict[str, Any]) -> None:
     (x,) = events(exported, "X", "comm")
+    assert x["tid"] == comm_tid(0)
     assert (x["pid"], x["name"], x["args"]["bucket"], x["args"]["bytes"]) == (
         comm_pid(0),
         "allreduce",
@@ -322,3 +331,133 @@ def test_cli_export_window_in_seconds_since_the_run_began(tmp_path: Path) -> Non
     doc = json.loads(out.read_text(encoding="utf-8"))
     assert sorted(e["name"] for e in events(doc, "X")) == ["allreduce", "forward"]
     assert doc["traceEvents"] == whole["traceEvents"]
+
+
+def _innermost(doc: dict[str, Any], pid: int, tid: int, ts: float) -> dict[str, Any]:
+    """The innermost X event on the track (pid, tid) whose span holds ``ts``: the slice a flow
+    event there binds to (the top of the track's slice stack)."""
+    holding = [
+        e
+        for e in events(doc, "X")
+        if (e["pid"], e["tid"]) == (pid, tid) and e["ts"] <= ts <= e["ts"] + e["dur"]
+    ]
+    assert holding, (pid, tid, ts)
+    return max(holding, key=lambda e: (e["ts"], -e["dur"]))
+
+
+def test_flows_go_from_each_launch_to_its_kernel(exported: dict[str, Any]) -> None:
+    starts, ends = events(exported, "s", "launch"), events(exported, "f", "launch")
+    # Correlation 1: cudaLaunchKernel -> gemm; correlation 2 has device work but no runtime call
+    # (the memcpy was not launched through the traced API): no flow.
+    assert [e["id"] for e in starts] == [e["id"] for e in ends] == [flow_id(0, 1)]
+    (s,), (f,) = starts, ends
+    assert f["bp"] == "e"
+    # Each end binds to exactly the slice it names, by Perfetto's rules: "s" to the slice open on
+    # its thread at its time, "f" with bp "e" to the slice enclosing its time.
+    launch = _innermost(exported, s["pid"], s["tid"], s["ts"])
+    kernel = _innermost(exported, f["pid"], f["tid"], f["ts"])
+    assert (launch["name"], kernel["name"]) == ("cudaLaunchKernel", "gemm")
+    assert launch["args"]["correlation"] == kernel["args"]["correlation"] == 1
+    assert s["ts"] == launch["ts"] and f["ts"] == kernel["ts"]
+
+
+def test_every_track_has_a_sort_index_in_role_order(exported: dict[str, Any]) -> None:
+    meta = events(exported, "M")
+    named = {(e["pid"], e["tid"]) for e in meta if e["name"] == "thread_name"}
+    order = {(e["pid"], e["tid"]): e["args"]["sort_index"] for e in meta
+             if e["name"] == "thread_sort_index"}  # fmt: skip
+    assert set(order) == named
+    assert all(isinstance(v, int) for v in order.values())
+    # In the rank's process: the main (launch) thread, autograd, pin_memory, comm.
+    host = [order[(MAIN, t)] for t in (MAIN, 4250, 4251, 4252)]
+    assert host == sorted(host) and len(set(host)) == len(host)
+    procs = {e["pid"]: e["args"]["sort_index"] for e in meta if e["name"] == "process_sort_index"}
+    assert procs[MAIN] < procs[WORKER0] == procs[WORKER1] < procs[gpu_pid(0)] < procs[comm_pid(0)]
+    assert order[(gpu_pid(0), stream_tid(0, 7))] < order[(gpu_pid(0), stream_tid(0, 13))]
+
+
+def test_two_ranks_get_distinct_tracks_and_names(tmp_path: Path) -> None:
+    """A merged two-rank trace: every process and track of rank 1 is told apart from rank 0's
+    by name and by tid (Perfetto's JSON importer keys threads by tid alone)."""
+    path = tmp_path / "two.h5"
+    with TraceWriter(path) as w:
+        w.set_attrs(run_id="tw0rnk")
+        threads = [(0, 100, 100, "launch"), (0, 200, 200, "loader"),
+                   (1, 300, 300, "launch"), (1, 400, 400, "loader")]  # fmt: skip
+        w.append(
+            "threads",
+            {
+                "t_ns": [BASE] * 4,
+                "rank": [t[0] for t in threads],
+                "pid": [t[1] for t in threads],
+                "tid": [t[2] for t in threads],
+                "role": [t[3] for t in threads],
+                "name": ["python3", "pt_data_worker"] * 2,
+                "cpus_planned": [""] * 4,
+                "cpus_actual": ["0"] * 4,
+            },
+        )
+        w.append(
+            "events/loader",
+            {
+                "rank": [0, 1],
+                "worker": [0, 0],
+                "pid": [200, 400],
+                "tid": [200, 400],
+                "stage": ["fetch", "fetch"],
+                "item": [1, 2],
+                "step": [0, 0],
+                "cpu": [0, 1],
+                "start_ns": [BASE, BASE + 10],
+                "end_ns": [BASE + 5, BASE + 20],
+            },
+        )
+        cuda = [(r, k, n, tid, st, c) for r, tid in ((0, 100), (1, 300))
+                for k, n, st, c in (("runtime", "cudaLaunchKernel", -1, 5),
+                                    ("kernel", "gemm", 7, 5))]  # fmt: skip
+        w.append(
+            "events/cuda",
+            {
+                "rank": [c[0] for c in cuda],
+                "kind": [c[1] for c in cuda],
+                "name": [c[2] for c in cuda],
+                "tid": [c[3] for c in cuda],
+                "stream": [c[4] for c in cuda],
+                "correlation": [c[5] for c in cuda],
+                "step": [0] * len(cuda),
+                "start_ns": [BASE + 100, BASE + 200] * 2,
+                "end_ns": [BASE + 110, BASE + 300] * 2,
+            },
+        )
+        w.append(
+            "events/comm",
+            {
+                "rank": [0, 1],
+                "op": ["allreduce"] * 2,
+                "bucket": [0, 0],
+                "bytes": [8, 8],
+                "step": [0, 0],
+                "gpu_ns": [-1, -1],
+                "start_ns": [BASE + 400] * 2,
+                "end_ns": [BASE + 500] * 2,
+            },
+        )
+        w.finish()
+    with open_trace(path) as t:
+        doc = json.loads(json.dumps(to_chrome_trace(t), allow_nan=False))
+    procs = {e["pid"]: e["args"]["name"] for e in events(doc, "M") if e["name"] == "process_name"}
+    assert procs[200] == "rank 0 loader worker 0" and procs[400] == "rank 1 loader worker 0"
+    assert len(set(procs.values())) == len(procs)
+    tracks = [(e["pid"], e["tid"]) for e in events(doc, "M") if e["name"] == "thread_name"]
+    tids = [tid for _, tid in tracks]
+    assert len(set(tids)) == len(tids), tracks  # no tid shared by two tracks
+    assert all(0 <= tid < 2**32 for tid in tids)  # Perfetto coerces tids to uint32
+    for x in events(doc, "X"):
+        assert (x["pid"], x["tid"]) in tracks, x
+    # One flow per rank, each from that rank's launch to that rank's kernel.
+    ids = sorted(e["id"] for e in events(doc, "s"))
+    assert ids == sorted(e["id"] for e in events(doc, "f")) == [flow_id(0, 5), flow_id(1, 5)]
+    for f in events(doc, "f"):
+        rank = f["id"] >> 32
+        assert (f["pid"], f["tid"]) == (gpu_pid(rank), stream_tid(rank, 7))
+        assert max(ids) < 2**53  # exact as a JSON double

@@ -275,3 +275,35 @@ def test_batches_over_passes_match_the_samplers_stream() -> None:
     flat = list(itertools.islice(iter(hdata.EndlessShuffle(10, gen_a)), 40))
     batches = list(itertools.islice(_batch_indices(10, gen_b, 4), 10))
     assert [i for b in batches for i in b] == flat
+
+
+@pytest.mark.slow
+# isolated-main on one rank: two ranks of it need more than the two CPUs a CI machine has
+# (a launch CPU each plus loader CPUs), which the planner refuses whatever the hand-off.
+@pytest.mark.parametrize(("policy", "ranks"), [("none", 2), ("isolated-main", 1)])
+def test_ddp_ranks_load_through_their_own_rings(
+    tmp_path: Path, jpegs: Path, policy: str, ranks: int
+) -> None:
+    from codl.harness.launch import launch
+
+    spec = RunSpec.from_dict(
+        {
+            "mode": "combined",
+            "workload": {"batch_size": BATCH, "image_size": 32},
+            "dataset": {"samples": 12, "height": 40, "width": 48},
+            "loader": {"workers": 2, "handoff": "ring"},
+            "layout": {"ranks_per_node": ranks},
+            "pinning": {"policy": policy},
+            "steps": {"warmup": 1, "measured": 3},
+        }
+    )
+    trace = tmp_path / "trace.h5"
+    before = _shm()
+    launch(spec, trace_path=trace, dataset_dir=jpegs)
+    assert _shm() == before
+    with open_trace(trace) as t:
+        loader = t.table("events/loader")
+        comm = t.table("events/comm")
+    # Each rank fed by two workers of its own; with a peer, each rank's step reduced with it.
+    assert loader.groupby("rank")["pid"].nunique().to_dict() == dict.fromkeys(range(ranks), 2)
+    assert set(comm["rank"].unique()) == (set(range(ranks)) if ranks > 1 else set())

@@ -383,6 +383,157 @@ def test_a_second_summarize_replaces_the_whole_unit(trace: Path, tmp_path: Path)
     assert set(pd.read_parquet(files.steps)["run_id"]) == {doc["run_id"]}
 
 
+# compare: the five merged tables as one unit, which figures and advise check
+
+
+@pytest.fixture
+def summarized(tmp_path: Path) -> dict[str, list[Path]]:
+    """compare_to's per-run inputs: the summarize units of two golden runs."""
+    inputs: dict[str, list[Path]] = {"summaries": [], "steps": [], "attributions": [], "parts": []}
+    for name in ("r1_data", "r1_compute"):
+        trace = unpack(name, tmp_path / "runs" / name / "trace.h5")
+        files = RunFiles(trace.parent)
+        assert main(["summarize", str(trace), "--out-dir", str(trace.parent)]) == 0
+        for key, path in zip(
+            inputs, (files.summary, files.steps, files.attribution, files.parts), strict=True
+        ):
+            inputs[key].append(path)
+    return inputs
+
+
+def merged_tables(results: Path) -> dict[str, Path]:
+    from codl.paths import ResultPaths
+
+    paths = ResultPaths(results.parent)
+    assert paths.results == results
+    return {
+        "runs_table": paths.runs_table,
+        "steps_table": paths.steps_table,
+        "comparison_table": paths.comparison_table,
+        "attribution_table": paths.attribution_table,
+        "decomposition_table": paths.decomposition_table,
+    }
+
+
+def compare_in_process(
+    inputs: dict[str, list[Path]], results: Path, *, plant: str = ""
+) -> subprocess.CompletedProcess[str]:
+    """compare_to in a fresh process, with ``plant`` (Python) run first to set a fault."""
+    kw = {k: [str(p) for p in v] for k, v in inputs.items()}
+    kw |= {k: str(v) for k, v in merged_tables(results).items()}
+    call = (
+        "from pathlib import Path\nfrom codl.steps.analysis import compare_to\n"
+        f"kw = {kw!r}\n"
+        "compare_to(**{k: [Path(p) for p in v] if isinstance(v, list) else Path(v) "
+        "for k, v in kw.items()})\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", f"{textwrap.dedent(plant)}\n{call}"],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+
+
+def test_compare_writes_one_unit_that_figures_and_advise_check(
+    summarized: dict[str, list[Path]], tmp_path: Path
+) -> None:
+    from codl.paths import ResultPaths
+    from codl.steps.advisor import fit_results
+    from codl.steps.analysis import merged_inputs
+
+    results = tmp_path / "results"
+    tables = merged_tables(results)
+    compare_to(**summarized, **tables)  # type: ignore[arg-type]
+    manifest = ResultPaths(tmp_path).compare_unit
+    doc = verify_unit(manifest)
+    assert set(doc["members"]) == {p.name for p in tables.values()}
+    assert not list(manifest.parent.glob(".codl-unit.*"))
+    figure_tables = {k: v for k, v in tables.items() if k != "attribution_table"}
+    assert len(merged_inputs(**figure_tables).runs) == 2
+    # A member changed after the fact (or by another writer) is refused by both readers.
+    runs = tables["runs_table"]
+    runs.write_text(runs.read_text() + runs.read_text().splitlines()[-1] + "\n")
+    with pytest.raises(CodlError, match=r"runs\.csv: missing or not the file"):
+        merged_inputs(**figure_tables)
+    with pytest.raises(CodlError, match=r"runs\.csv: missing or not the file"):
+        fit_results(results, fit_cores=2)
+
+
+def test_compare_refuses_to_write_over_its_inputs(
+    summarized: dict[str, list[Path]], tmp_path: Path
+) -> None:
+    before = tree(tmp_path / "runs")
+    tables = merged_tables(tmp_path / "results")
+    tables["comparison_table"] = summarized["summaries"][0]
+    with pytest.raises(CodlError, match=r"summary\.parquet"):
+        compare_to(**summarized, **tables)  # type: ignore[arg-type]
+    assert tree(tmp_path / "runs") == before
+    assert not (tmp_path / "results" / "tables" / "runs.csv").exists()
+
+
+KILL_AT_CSV = """
+import os, signal
+import pandas as pd
+real = pd.DataFrame.to_csv
+n = [0]
+def planted(self, *a, **k):
+    n[0] += 1
+    if n[0] == {at}:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(self, *a, **k)
+pd.DataFrame.to_csv = planted
+"""
+KILL_AT_CSV_RENAME = KILL_AT_RENAME.replace(
+    '(".parquet", ".unit.json")', '(".csv", ".gz", ".json")'
+)
+
+
+@pytest.mark.parametrize(
+    ("label", "plant"),
+    [
+        ("killed at the third table's write", KILL_AT_CSV.format(at=3)),
+        (
+            "killed after the manifest and two tables were renamed",
+            KILL_AT_CSV_RENAME.format(at=3, sig="SIGKILL"),
+        ),
+    ],
+)
+def test_a_killed_compare_leaves_nothing_that_reads_as_its_tables(
+    summarized: dict[str, list[Path]], tmp_path: Path, label: str, plant: str
+) -> None:
+    from codl.paths import ResultPaths
+    from codl.steps.analysis import merged_inputs
+
+    results = tmp_path / "results"
+    tables = merged_tables(results)
+    # An old unit of the first run alone, to be replaced.
+    compare_to(**{k: v[:1] for k, v in summarized.items()}, **tables)  # type: ignore[arg-type]
+    before = tree(results)
+    inputs_before = tree(tmp_path / "runs")
+    done = compare_in_process(summarized, results, plant=plant)
+    assert done.returncode == -signal.SIGKILL, (label, done.stderr)
+    assert tree(tmp_path / "runs") == inputs_before, label  # nothing lost
+    figure_tables = {k: v for k, v in tables.items() if k != "attribution_table"}
+    if "write" in label:
+        # Nothing renamed: the old unit, whole, and only it.
+        visible = {k: v for k, v in tree(results).items() if "/." not in f"/{k}"}
+        assert visible == before, label
+        assert len(merged_inputs(**figure_tables).runs) == 1, label
+    else:
+        # A set that mixes two writes: its manifest gives it away.
+        with pytest.raises(CodlError, match="missing or not the file"):
+            verify_unit(ResultPaths(tmp_path).compare_unit)
+        with pytest.raises(CodlError, match="missing or not the file"):
+            merged_inputs(**figure_tables)
+    # The next compare replaces it whole and clears the killed writer's temporary directory.
+    compare_to(**summarized, **tables)  # type: ignore[arg-type]
+    assert len(merged_inputs(**figure_tables).runs) == 2
+    assert not list((results / "tables").glob(".codl-unit.*"))
+
+
 # --------------------------------------------------------------------------------------------
 # Class 5: every numeric option of every subcommand, finite and in range, or exit 2
 
@@ -397,7 +548,12 @@ def numeric_options() -> list[tuple[str, str, list[str]]]:
     from codl.cli import build_parser
     from codl.cli.advise import build_parser as advise_parser
 
-    required = {"run": ["s.json"], "export": ["t.h5", "-o", "x.json"], "advise": ["r"]}
+    required = {
+        "run": ["s.json"],
+        "export": ["t.h5", "-o", "x.json"],
+        "advise": ["r"],
+        "plan": ["c.yaml"],
+    }
     parsers = {
         name: sub
         for action in build_parser()._actions
@@ -419,7 +575,7 @@ def numeric_options() -> list[tuple[str, str, list[str]]]:
 def test_numeric_options_are_all_typed() -> None:
     found = {(c, o) for c, o, _ in numeric_options()}
     assert {("run", "--cpus-per-task"), ("export", "--from"), ("advise", "--boot")} <= found
-    assert len(found) == 12
+    assert len(found) == 13
 
 
 @pytest.mark.parametrize(("command", "option", "rest"), numeric_options())

@@ -99,10 +99,11 @@ def bad_tiers(project: Path, canary: Path) -> list[tuple[str, str, str]]:
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
-    """A copy of the workflow (Snakefile, rules, configs, profiles) to run Snakemake in."""
+    """A copy of the workflow (workflow/ with its Snakefile, configs, profiles) to run
+    Snakemake in."""
     proj = tmp_path / "project"
     proj.mkdir()
-    for name in ("Snakefile", "workflow", "config", "profiles"):
+    for name in ("workflow", "config", "profiles"):
         src = REPO / name
         if src.is_dir():
             shutil.copytree(src, proj / name)  # the schema link becomes a file
@@ -953,21 +954,10 @@ def wait_for_loader_workers(proc: subprocess.Popen[str], n: int, timeout: float 
         time.sleep(0.2)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    ("label", "sig", "group", "repeats"),
-    [
-        ("SIGTERM three times to the run", signal.SIGTERM, False, 3),
-        ("SIGTERM twice to the process group (Slurm)", signal.SIGTERM, True, 2),
-        ("SIGINT to the process group (Ctrl-C)", signal.SIGINT, True, 1),
-    ],
-)
-def test_signals_leave_exactly_one_incomplete_trace_with_its_reason(
-    tmp_path: Path, label: str, sig: signal.Signals, group: bool, repeats: int
-) -> None:
+def _start_endless_loading_run(tmp_path: Path) -> tuple[Path, subprocess.Popen[str]]:
+    """A 1-rank combined run with 2 loader workers and no end, in its own process group."""
     from codl.harness.runner import write_spec_json
     from codl.spec import RunSpec
-    from codl.trace.store import open_trace
 
     data = tmp_path / "data"
     generate(DatasetSpec(samples=16, classes=2, height=16, width=16), data)
@@ -989,6 +979,24 @@ def test_signals_leave_exactly_one_incomplete_trace_with_its_reason(
         text=True,
         start_new_session=True,  # its own process group, as a Slurm job step has
     )
+    return run_dir, proc
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("label", "sig", "group", "repeats"),
+    [
+        ("SIGTERM three times to the run", signal.SIGTERM, False, 3),
+        ("SIGTERM twice to the process group (Slurm)", signal.SIGTERM, True, 2),
+        ("SIGINT to the process group (Ctrl-C)", signal.SIGINT, True, 1),
+    ],
+)
+def test_signals_leave_exactly_one_incomplete_trace_with_its_reason(
+    tmp_path: Path, label: str, sig: signal.Signals, group: bool, repeats: int
+) -> None:
+    from codl.trace.store import open_trace
+
+    run_dir, proc = _start_endless_loading_run(tmp_path)
     wait_for_loader_workers(proc, 2)
     time.sleep(5)  # some steps after the workers came up
     assert proc.poll() is None, proc.communicate()
@@ -1008,6 +1016,40 @@ def test_signals_leave_exactly_one_incomplete_trace_with_its_reason(
         steps = t.table("events/app")
         assert (steps["phase"].astype(str) == "step").sum() >= 1, label
         assert len(t.table("events/loader")) > 0, label
+
+
+@pytest.mark.slow
+def test_a_repeat_after_the_trace_is_written_leaves_exit_status_2(tmp_path: Path) -> None:
+    """The rest of a kill landing after the stopped run wrote its trace, while the process ends
+    (torch's teardown takes a second or more), as a loaded machine delays a kill's repeats:
+    CPython resets Python-level handlers to the default when it finalizes, so without the run
+    command ignoring them then, a repeat ended the process by SIGTERM (rc -15)."""
+    from codl.files import REPEAT_IGNORE_S
+    from codl.trace.store import open_trace
+
+    run_dir, proc = _start_endless_loading_run(tmp_path)
+    wait_for_loader_workers(proc, 2)
+    time.sleep(2)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signal.SIGTERM)
+    first = time.monotonic()
+    kept = run_dir / "trace.incomplete.h5"
+    while not kept.exists() and proc.poll() is None and time.monotonic() < first + 120:
+        time.sleep(0.01)
+    # From the moment the trace is there until the process is gone, a repeat every 20 ms; all
+    # of them repeats of the kill (a signal later than REPEAT_IGNORE_S is a new one).
+    repeats = 0
+    while proc.poll() is None and time.monotonic() < first + 0.8 * REPEAT_IGNORE_S:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+            repeats += 1
+        time.sleep(0.02)
+    _, err = proc.communicate(timeout=60)
+    assert repeats > 0, "the run ended before any repeat could be sent"
+    assert proc.returncode == 2, (repeats, err[-3000:])
+    assert sorted(p.name for p in run_dir.iterdir()) == ["spec.json", "trace.incomplete.h5"]
+    with open_trace(kept, allow_incomplete=True) as t:
+        assert "SIGTERM" in t.attrs["incomplete_reason"]
 
 
 @pytest.mark.slow
@@ -1083,13 +1125,17 @@ def _start_endless_two_rank_run(tmp_path: Path) -> tuple[Any, Path, subprocess.P
 
 
 @pytest.mark.slow
-def test_killing_one_rank_keeps_the_survivors_data(tmp_path: Path) -> None:
+@pytest.mark.parametrize("killed", [1, 0])
+def test_killing_one_rank_keeps_the_survivors_data(tmp_path: Path, killed: int) -> None:
+    """SIGKILL of either rank of a 2-rank local run: the other's data, merged into the run's
+    one incomplete trace with the reasons."""
     from codl.trace.store import open_trace
 
+    survivor = 1 - killed
     spec, run_dir, proc = _start_endless_two_rank_run(tmp_path)
     try:
         time.sleep(3)
-        os.kill(spawned_ranks(proc.pid)[1], signal.SIGKILL)
+        os.kill(spawned_ranks(proc.pid)[killed], signal.SIGKILL)
         _, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
@@ -1105,12 +1151,176 @@ def test_killing_one_rank_keeps_the_survivors_data(tmp_path: Path) -> None:
     assert visible == ["spec.json", "trace.incomplete.h5"]
     assert str(kept) in err
     with open_trace(kept, allow_incomplete=True) as t:
-        assert [r["rank"] for r in t.attrs["ranks"]] == [0]
+        assert [r["rank"] for r in t.attrs["ranks"]] == [survivor]
         assert t.attrs["run_id"] == spec.run_id
         # Why it stopped: the collective that lost its peer, or the launcher's SIGTERM. How many
         # steps it holds depends on how far the ranks got on a loaded machine: not asserted.
-        assert "rank 1 of 2 failed" in t.attrs["incomplete_reason"]
+        assert f"rank {killed} of 2 failed" in t.attrs["incomplete_reason"]
+        assert f"rank {survivor}: " in t.attrs["incomplete_reason"]
+        # What the survivor measured before it stopped: its threads and the scheduler sample
+        # taken before its first step (the test waited for it).
+        for table in ("threads", "samples/sched"):
+            assert set(t.table(table)["rank"]) == {survivor}, table
+
+
+FAKE_SRUN = """\
+import os, subprocess, sys
+# srun as codl's launcher calls it (codl.harness.launch.srun_command), on this one machine:
+# --ntasks copies of the command, each with the SLURM_* variables of its place (what submitit
+# reads); exits 1 when any task failed, once all have ended.
+args = sys.argv[1:]
+n = next(int(a.split("=")[1]) for a in args if a.startswith("--ntasks="))
+cmd = args[next(i for i, a in enumerate(args) if not a.startswith("--")) :]
+place = {"SLURM_JOB_NUM_NODES": "1", "SLURM_NODEID": "0", "SLURM_NTASKS": str(n)}
+ranks = [{"SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)} for r in range(n)]
+tasks = [subprocess.Popen(cmd, env={**os.environ, **place, **rank}) for rank in ranks]
+sys.exit(1 if any(t.wait() != 0 for t in tasks) else 0)
+"""
+
+
+@pytest.mark.slow
+def test_a_failed_srun_step_keeps_the_survivors_data_in_one_incomplete_trace(
+    tmp_path: Path,
+) -> None:
+    """The run's ranks as the tasks of an srun step (a stand-in srun on this machine) and one of
+    them SIGKILLed: the process that started srun merges what the other wrote into the run's
+    one incomplete trace, as a local run does; it used to leave the rank's own file only."""
+    from codl.harness.runner import write_spec_json
+    from codl.spec import RunSpec
+    from codl.trace.store import open_trace
+
+    srun = tmp_path / "bin" / "srun"
+    srun.parent.mkdir()
+    srun.write_text(f"#!{sys.executable}\n{FAKE_SRUN}")
+    srun.chmod(0o755)
+    spec = RunSpec.from_dict(
+        {
+            "mode": "compute+comm",
+            "workload": {"batch_size": 2, "image_size": 16},
+            "layout": {"ranks_per_node": 2},
+            "steps": {"warmup": 1, "measured": 100_000},
+        }
+    )
+    run_dir = tmp_path / "run"
+    write_spec_json(spec, run_dir / "spec.json")
+    env = {
+        **os.environ,
+        "PATH": f"{srun.parent}{os.pathsep}{os.environ['PATH']}",
+        # A job id of its own: submitit derives the rendezvous port from it.
+        "SLURM_JOB_ID": str(10_000 + os.getpid() % 50_000),
+    }
+    proc = subprocess.Popen(
+        run_cmd(run_dir / "spec.json", run_dir / "trace.h5"),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        tasks: list[int] = []
+        while len(tasks) < 2 or not all(map(sampling, tasks)):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the tasks never reached their first step"
+            time.sleep(0.2)
+            steps = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+            with contextlib.suppress(FileNotFoundError, IndexError):
+                tasks = sorted(
+                    map(int, Path(f"/proc/{steps[0]}/task/{steps[0]}/children").read_text().split())
+                )
+        time.sleep(2)
+        os.kill(tasks[1], signal.SIGKILL)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 2, err[-3000:]
+    # The launcher's one line last (each task's own log, above it, may hold its traceback: on
+    # a cluster it is the job's output).
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("codl run: error: srun exited with 1"), err[-3000:]
+    kept = run_dir / "trace.incomplete.h5"
+    assert str(kept) in last, err[-3000:]
+    names = [p.name for p in run_dir.iterdir()]
+    visible = sorted(n for n in names if not n.startswith(".") and not n.endswith(".partial"))
+    assert visible == ["spec.json", "trace.incomplete.h5"], names
+    with open_trace(kept, allow_incomplete=True) as t:
+        assert [r["rank"] for r in t.attrs["ranks"]] == [0]
+        assert t.attrs["run_id"] == spec.run_id
+        assert t.attrs["incomplete_reason"].startswith("srun exited with 1")
         assert "rank 0: " in t.attrs["incomplete_reason"]
+        for table in ("threads", "samples/sched"):
+            assert set(t.table(table)["rank"]) == {0}, table
+
+
+def test_a_stale_rank_file_of_an_earlier_attempt_is_kept_but_never_merged(
+    tmp_path: Path,
+) -> None:
+    """A rank trace an earlier attempt left (complete, or incomplete after it failed) is set
+    aside under a stale name before the ranks start: not merged into this attempt's trace, not
+    taken by rank 0's merge for this attempt's rank having failed, and not lost."""
+    from codl.errors import TraceFormatError
+    from codl.harness.launch import launch
+    from codl.spec import RunSpec
+    from codl.trace.store import incomplete_path, open_trace
+    from codl.trace.store.merge import merge_rank_traces
+
+    trace = tmp_path / "trace.h5"
+    # What rank 0 of an srun step saw: rank 1 not done yet, and an earlier attempt's
+    # trace.rank1.incomplete.h5 there. Without setting it aside, the merge gives up at once.
+    fake_rank(trace, 0, 2, "a" * 12)
+    fake_rank(trace, 1, 2, "a" * 12, complete=False)
+    assert (tmp_path / "trace.rank1.incomplete.h5").exists()
+    with pytest.raises(TraceFormatError, match="rank 1 did not finish"):
+        merge_rank_traces(trace, 2, run_id="a" * 12)
+    for p in tmp_path.iterdir():
+        p.unlink()
+    # A real 2-rank run over an earlier attempt's leftovers of both kinds.
+    stale_bytes = {}
+    for complete in (True, False):
+        p = fake_rank(trace, 1, 2, "b" * 12, complete=complete)
+        p = p if complete else incomplete_path(p)
+        stale_bytes[p.name] = p.read_bytes()
+    spec = RunSpec.from_dict(
+        {
+            "mode": "compute+comm",
+            "workload": {"batch_size": 2, "image_size": 16},
+            "layout": {"ranks_per_node": 2},
+            "steps": {"warmup": 1, "measured": 2},
+        }
+    )
+    launch(spec, trace_path=trace, dataset_dir=None)
+    with open_trace(trace) as t:
+        assert [r["rank"] for r in t.attrs["ranks"]] == [0, 1]
+        assert t.attrs["run_id"] == spec.run_id
+    assert not (tmp_path / "trace.rank1.h5").exists()
+    assert not (tmp_path / "trace.rank1.incomplete.h5").exists()
+    kept = sorted(p for p in tmp_path.iterdir() if ".stale-" in p.name)
+    assert len(kept) == 2
+    assert sorted(p.read_bytes() for p in kept) == sorted(stale_bytes.values())
+
+
+@pytest.mark.slow
+def test_an_earlier_attempts_incomplete_trace_is_kept_by_the_next_attempt(
+    tmp_path: Path,
+) -> None:
+    """A rerun of a run that failed (the workflow's retry, a user's second try) keeps what the
+    failed attempt measured: its trace.incomplete.h5 is set aside under a stale name, never
+    replaced by the next attempt's own incomplete trace."""
+    from codl.harness.launch import launch
+    from codl.spec import RunSpec
+    from codl.trace.store import TraceWriter
+
+    trace = tmp_path / "trace.h5"
+    with TraceWriter(trace) as w:
+        w.set_attrs(run_id="c" * 12, t_begin_ns=1, t_end_ns=2)
+        w.abort("killed in the earlier attempt")
+    earlier = (tmp_path / "trace.incomplete.h5").read_bytes()
+    launch(RunSpec.from_dict(COMPUTE_SPEC), trace_path=trace, dataset_dir=None)
+    kept = [p for p in tmp_path.iterdir() if ".stale-" in p.name]
+    assert [p.read_bytes() for p in kept] == [earlier]
+    assert trace.exists() and not (tmp_path / "trace.incomplete.h5").exists()
 
 
 def sampling(pid: int) -> bool:
@@ -1220,6 +1430,55 @@ def test_cluster_sh_apt_get_waits_for_the_dpkg_lock(
         assert "installed" in proc.stdout, label
     else:
         assert message in proc.stderr, label
+
+
+def cluster_sh_functions(*names: str) -> str:
+    """The named shell functions of cluster.sh, to run on their own."""
+    text = (REPO / "tests" / "slurm" / "cluster.sh").read_text()
+    out = []
+    for name in names:
+        start = text.index(f"\n{name}() {{") + 1
+        one_line = text[start:].split("\n", 1)[0]
+        end = (
+            start + len(one_line) + 1 if one_line.endswith("}") else text.index("\n}\n", start) + 3
+        )
+        out.append(text[start:end])
+    return "\n".join(out)
+
+
+@pytest.mark.parametrize(
+    ("label", "chain", "expected_rc", "within_s"),
+    [
+        # The PID runs bash for 1.5 s before it execs the daemon: `alive` would say no.
+        ("slow chain of execs, then the daemon", 'sleep 1.5; exec "$0"', 0, 30),
+        ("the starter fails before the daemon", "sleep 0.5; exit 1", 1, 10),
+    ],
+)
+def test_cluster_sh_waits_for_a_daemon_still_being_started(
+    tmp_path: Path, label: str, chain: str, expected_rc: int, within_s: float
+) -> None:
+    """cluster.sh's wait_daemon on a daemon whose start is slow (as under load): it waits while
+    the PID is still in start's chain of execs, and gives up at once when it exited."""
+    daemon = tmp_path / "bin" / "fakedmn"
+    daemon.parent.mkdir()
+    daemon.write_text(f"#!/usr/bin/env bash\nsleep 1\ntouch {tmp_path}/ready\nexec sleep 60\n")
+    daemon.chmod(0o755)
+    (tmp_path / "pid").mkdir()
+    (tmp_path / "log").mkdir()
+    functions = cluster_sh_functions("log", "pid_of", "alive", "running", "start", "wait_daemon")
+    script = (
+        f"set -euo pipefail\nSTATE={tmp_path}\n{functions}\n"
+        f"start fakedmn bash -c '{chain}' {daemon}\n"
+        f"rc=0; wait_daemon fakedmn 60 test -e {tmp_path}/ready || rc=$?\n"
+        'kill "$(pid_of fakedmn)" 2>/dev/null || true\nexit $rc\n'
+    )
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        ["bash", "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == expected_rc, (label, proc.stderr)
+    assert time.monotonic() - t0 < within_s, label
+    assert (tmp_path / "ready").exists() == (expected_rc == 0), label
 
 
 # --------------------------------------------------------------------------------------------
@@ -1405,6 +1664,7 @@ def test_a_stopped_runs_handlers_still_ignore_the_kills_repeats() -> None:
     back behind a grace handler: the rest of a Slurm/group kill (repeats within the window)
     cannot end the process by the signal instead of its exit status 2; a later signal goes to
     the old handler."""
+    from codl.files import REPEAT_IGNORE_S
     from codl.harness import runner
 
     seen: list[int] = []
@@ -1427,7 +1687,7 @@ def test_a_stopped_runs_handlers_still_ignore_the_kills_repeats() -> None:
         with pytest.raises(runner.RunInterruptedError):
             stop(signal.SIGUSR1, None)
         assert stop.first is not None
-        stop.first -= 2 * runner._REPEAT_IGNORE_S
+        stop.first -= 2 * REPEAT_IGNORE_S
         stop.restore({signal.SIGUSR1: lambda signum, _frame: seen.append(signum)})
         signal.raise_signal(signal.SIGUSR1)
         assert seen == [signal.SIGUSR1]

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from codl.config import build_plan, load_yaml
 from codl.spec import Mode
@@ -86,7 +87,7 @@ def local_rules(config: Path, workdir: Path) -> set[str]:
         wf = api.workflow(
             resource_settings=ResourceSettings(cores=2),
             config_settings=ConfigSettings(configfiles=[config]),
-            snakefile=REPO / "Snakefile",
+            snakefile=REPO / "workflow" / "Snakefile",
             workdir=workdir,
         )
         # The API exposes no rule list. Workflow.is_local answers True for every rule when the
@@ -134,3 +135,46 @@ def test_the_shared_node_rule_holds_a_whole_node(tmp_path: Path) -> None:
     # named 8/24) x 3 repeats x 30 min.
     assert res["runtime"] == str(30 * 4 * 3)
     assert "results/loop-h200-jpeg/tables/runs.csv" in blocks["share"]
+
+
+def test_only_multi_rank_run_jobs_declare_mpi(tmp_path: Path) -> None:
+    """The Slurm jobstep plugin runs a job's command under `srun -n1 --cpu-bind=q ...` unless
+    the job declares `mpi` at all (it checks the key, not its value); a one-rank run must get
+    that srun and its CPU binding, a multi-rank run must start its ranks with one srun itself."""
+    cfg = {
+        "defaults": {
+            "dataset": {"name": "mpi-jpeg", "samples": 32, "height": 40, "width": 48},
+            "steps": {"warmup": 1, "measured": 3},
+        },
+        "slurm": {"cpus_per_rank": 1},
+        "experiments": [
+            {"name": "one", "factors": {"mode": ["data", "compute", "combined"]}},
+            {
+                "name": "two",
+                "base": {"layout": {"ranks_per_node": 2, "backend": "gloo"}},
+                "factors": {"mode": ["compute+comm"]},
+            },
+        ],
+    }
+    config = tmp_path / "mpi.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    specs = build_plan(cfg).specs
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    log = dry_run(config, workdir)
+    jobs = {}
+    for rule, body in _JOB.findall(log):
+        if rule == "run":
+            run_id = re.search(r"results/runs/([0-9a-f]{12})/", body)
+            m = _RESOURCES.search(body)
+            assert run_id and m, body
+            jobs[run_id.group(1)] = dict(item.split("=", 1) for item in m.group(1).split(", "))
+    assert set(jobs) == set(specs)
+    ranks = {rid: s.layout.world_size for rid, s in specs.items()}
+    assert sorted(ranks.values()) == [1, 1, 1, 2]
+    for rid, res in jobs.items():
+        assert res["tasks"] == str(ranks[rid])
+        if ranks[rid] == 1:
+            assert "mpi" not in res, res
+        else:
+            assert res["mpi"] == "srun", res

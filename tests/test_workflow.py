@@ -44,7 +44,7 @@ def snakemake(
     cmd = [
         str(Path(sys.executable).parent / "snakemake"),
         "-s",
-        str(REPO / "Snakefile"),
+        str(REPO / "workflow" / "Snakefile"),
         "-d",
         str(workdir),
         "--configfile",

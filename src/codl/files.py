@@ -13,9 +13,11 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Final
+from types import FrameType
+from typing import Any, Final
 
 from codl.errors import TraceFormatError
 
@@ -109,6 +111,35 @@ def signals_deferred() -> Iterator[None]:
             signal.signal(s, signal.SIG_DFL if handler is None else handler)
         for signum in dict.fromkeys(caught):
             signal.raise_signal(signum)
+
+
+# How long after a stop the repeats of its kill are ignored: Slurm and group-wide kills deliver
+# several SIGTERMs within milliseconds; a signal later than this is a new one.
+REPEAT_IGNORE_S: Final = 5.0
+
+
+def restore_after_stop(previous: Mapping[signal.Signals, Any], first: float | None) -> None:
+    """Put the stop signals' handlers from before a run (or launch) back; after a stop taken at
+    monotonic time ``first``, behind a grace handler that still ignores the kill's repeats.
+
+    Code that stopped and wrote its data is past this point before a kill's later SIGTERMs
+    arrive, and the default handler would then end the process by the signal instead of its
+    orderly exit status 2. A signal later than REPEAT_IGNORE_S is a new one: it goes to the
+    handler that was there before.
+    """
+    for s, handler in previous.items():
+        signal.signal(s, handler if first is None else _grace(handler, first))
+
+
+def _grace(handler: Any, first: float) -> Callable[[int, FrameType | None], None]:
+    def grace(signum: int, frame: FrameType | None) -> None:
+        if time.monotonic() - first < REPEAT_IGNORE_S:
+            return
+        # A new signal, not a repeat: what was there before handles it.
+        signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+        signal.raise_signal(signum)
+
+    return grace
 
 
 def glob_escape(name: str) -> str:

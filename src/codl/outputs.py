@@ -1,5 +1,5 @@
-"""Outputs as units: how `codl export`, `codl summarize` (and the summarize rule) and `codl
-advise` write their files. (The compare rule still writes its five tables one by one.)
+"""Outputs as units: how `codl export`, `codl summarize` (and the summarize rule), the compare
+rule and `codl advise` write their files.
 
 A command names its outputs and its inputs before it works (:func:`output_unit`). Each output
 is checked first (:func:`check_output`): it is none of the inputs (by path, symlink or hard
@@ -11,11 +11,12 @@ the command is written and fsync'ed. A character device or a pipe (``/dev/null``
 ``/dev/stdout``, anything reached through ``/proc``) is written in place as a stream: renaming
 a file over it would replace the device node or the shell's link.
 
-Several outputs that readers take as one set (summarize's tables) carry a manifest,
-``<unit>.unit.json``: the run id and every member's size and sha256. It is renamed into place
-*before* the members, with SIGTERM/SIGINT held back until the last rename, so a write killed
-at any point (SIGKILL, power loss) leaves either the old set or a manifest that its members do
-not match, never a set that reads as finished; :func:`verify_member` is the readers' check.
+Several outputs that readers take as one set (summarize's tables, compare's merged tables)
+carry a manifest, ``<unit>.unit.json``: the run id (summarize's; compare's spans runs and
+gives none) and every member's size and sha256. It is renamed into place *before* the
+members, with SIGTERM/SIGINT held back until the last rename, so a write killed at any point
+(SIGKILL, power loss) leaves either the old set or a manifest that its members do not match,
+never a set that reads as finished; :func:`verify_member` is the readers' check.
 Members of the old set that the new one lacks are removed, so two units never mix.
 
 Every output is locked for the write (``exclusive_lock``, purpose ``write``, the same lock a

@@ -26,6 +26,17 @@ def summarize_manifest(summary: Path) -> Path:
     return summary.with_name(f"{prefix}summarize.unit.json")
 
 
+def compare_manifest(runs_table: Path) -> Path:
+    """The unit manifest of the merged tables compare writes beside its runs table
+    ``runs_table``: ``compare.unit.json`` beside ``runs.csv``, ``<stem>.compare.unit.json``
+    beside another name."""
+    name = runs_table.name
+    prefix = name.removesuffix("runs.csv")
+    if prefix == name:
+        prefix = f"{runs_table.name.split('.')[0]}."
+    return runs_table.with_name(f"{prefix}compare.unit.json")
+
+
 @dataclass(frozen=True)
 class RunFiles:
     """The file names inside one run's directory, wherever that directory is: the workflow's
@@ -211,6 +222,11 @@ class ResultPaths:
     @property
     def comparison_table(self) -> Path:
         return self.tables / "comparison.csv"
+
+    @property
+    def compare_unit(self) -> Path:
+        """The manifest of the five tables compare writes as one unit (codl.outputs)."""
+        return compare_manifest(self.runs_table)
 
     @property
     def attribution_table(self) -> Path:

@@ -47,6 +47,8 @@ die() {
     exit 1
 }
 
+# Deadlines are generous: they are polls, so a healthy start costs no more; a loaded 2-core
+# machine can take many seconds to start a daemon (munged, MariaDB, slurmctld).
 # Polls "$@" every 0.5 s for at most $1 seconds.
 wait_for() {
     local timeout=$1
@@ -58,15 +60,26 @@ wait_for() {
     done
 }
 
-# Like wait_for, but gives up at once when daemon $1 has exited.
+# Like wait_for, but gives up at once when daemon $1, just started, has exited. Not `alive`:
+# until `start`'s chain of execs (setsid, setpriv, nsenter, ...) reaches the daemon, its PID
+# has another name, and under load a poll sees that name ("munged did not start" while munged
+# was starting).
 wait_daemon() {
     local name=$1 timeout=$2
     shift 2
     local end=$((SECONDS + timeout))
     until "$@" >/dev/null 2>&1; do
-        alive "$name" && ((SECONDS < end)) || return 1
+        running "$(pid_of "$name")" && ((SECONDS < end)) || return 1
         sleep 0.5
     done
+}
+
+# PID $1 exists and has not exited (a child not yet reaped is a zombie, state Z).
+running() {
+    local stat
+    [[ -n $1 ]] && stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+    stat=${stat##*) }
+    [[ ${stat%% *} != Z ]]
 }
 
 pid_of() { cat "$STATE/pid/$1.pid" 2>/dev/null || true; }
@@ -348,9 +361,9 @@ start_twonode() {
     twonode_on || return 0
     local n
     for n in "${TWO_NODES[@]}"; do start_node "$n"; done
-    if ! wait_for 30 twonode_ready; then
+    if ! wait_for 120 twonode_ready; then
         scontrol update nodename="$(two_nodes_csv)" state=resume 2>/dev/null || true
-        wait_for 15 twonode_ready ||
+        wait_for 60 twonode_ready ||
             die "partition $TWO_PARTITION is not idle: $STATE/log/slurmd-codl-n*.log, slurmctld.log"
     fi
 }
@@ -389,7 +402,7 @@ start_munge() {
     install -d -m 700 -o munge -g munge /var/log/munge
     [[ -s /etc/munge/munge.key ]] || as_user munge mungekey --create
     start munged setpriv --reuid=munge --regid=munge --init-groups -- munged --foreground
-    wait_daemon munged 20 bash -c 'munge -n | unmunge' || die "munged did not start: $STATE/log/munged.out, /var/log/munge/munged.log"
+    wait_daemon munged 120 bash -c 'munge -n | unmunge' || die "munged did not start: $STATE/log/munged.out, /var/log/munge/munged.log"
 }
 
 mysql_root() { mariadb --no-defaults --protocol=socket --socket="$STATE/mysql/mysqld.sock" -uroot "$@"; }
@@ -409,7 +422,7 @@ start_mariadb() {
         --socket="$STATE/mysql/mysqld.sock" --pid-file="$STATE/mysql/mysqld.pid" \
         --bind-address=127.0.0.1 --port="$DB_PORT" --skip-name-resolve \
         --innodb-buffer-pool-size=64M --innodb-lock-wait-timeout=900
-    wait_daemon mariadbd 60 mysql_root -e 'SELECT 1' || die "mariadbd did not start: $STATE/log/mariadbd.out"
+    wait_daemon mariadbd 300 mysql_root -e 'SELECT 1' || die "mariadbd did not start: $STATE/log/mariadbd.out"
     mysql_root -e "CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY 'codl-test';
         GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1'; FLUSH PRIVILEGES;"
 }
@@ -417,7 +430,7 @@ start_mariadb() {
 start_slurmdbd() {
     alive slurmdbd && return 0
     start slurmdbd slurmdbd -D
-    wait_daemon slurmdbd 60 sacctmgr -n show cluster || die "slurmdbd did not start: $STATE/log/slurmdbd.log"
+    wait_daemon slurmdbd 300 sacctmgr -n show cluster || die "slurmdbd did not start: $STATE/log/slurmdbd.log"
 }
 
 # Cluster, account and root's association; `sacctmgr -i add` of an existing entity is a no-op.
@@ -439,14 +452,14 @@ start_slurm() {
         # Job state is kept across down/up: job IDs keep increasing, so `sacct -j ID` never
         # returns a record of an older cluster with the same ID.
         start slurmctld slurmctld -D -i
-        wait_daemon slurmctld 30 scontrol ping || die "slurmctld did not start: $STATE/log/slurmctld.log"
+        wait_daemon slurmctld 120 scontrol ping || die "slurmctld did not start: $STATE/log/slurmctld.log"
     fi
     if ! alive slurmd; then
         start slurmd slurmd -D
     fi
-    if ! wait_for 30 node_ready; then
+    if ! wait_for 120 node_ready; then
         scontrol update nodename="$NODE" state=resume 2>/dev/null || true
-        wait_for 15 node_ready ||
+        wait_for 60 node_ready ||
             die "node $NODE is '$(node_state)', not idle: $STATE/log/slurmd.log, slurmctld.log"
     fi
 }

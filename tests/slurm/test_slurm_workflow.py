@@ -37,7 +37,7 @@ from codl.trace.store import open_trace
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
-SNAKEFILE = REPO / "Snakefile"
+SNAKEFILE = REPO / "workflow" / "Snakefile"
 PROFILE = REPO / "profiles" / "slurm"
 SNAKEMAKE_TIMEOUT_S = 600
 SUBMITTED = re.compile(r"submitted with SLURM jobid (\d+) \(log: (\S+)\)")

@@ -23,6 +23,14 @@ from codl.steps.workflow import (
 )
 
 PATHS = ResultPaths()
+# The codl checkout this file belongs to (workflow/rules/ -> the root): not workflow.basedir,
+# which is the directory of the Snakefile that was run, another workflow's when this one is used
+# as a module.
+CHECKOUT = (
+    Path(workflow.current_basedir.get_path_or_uri(secret_free=True))
+    .resolve()
+    .parents[1]
+)
 # The files Snakemake loaded, read again by codl's loader (duplicate keys, alias bombs), so the
 # workflow and `codl plan` accept exactly the same files.
 check_config_files(workflow.configfiles)
@@ -30,7 +38,7 @@ check_config_files(workflow.configfiles)
 PLAN = build_plan(
     config,
     source="the workflow config",
-    project_dirs=(Path.cwd(), Path(workflow.basedir)),
+    project_dirs=(Path.cwd(), CHECKOUT),
 )
 SPECS = PLAN.specs
 # The `blocks` section: run id -> its block and predecessor (empty without one).
@@ -46,7 +54,7 @@ SHARE_RESOURCES = share_resources(config, PLAN)
 # environment"); without it, in the one that runs Snakemake. Its file installs this checkout from
 # CODL_ROOT.
 CONDA_ENV = "../envs/codl.yaml"
-os.environ.setdefault("CODL_ROOT", str(Path(workflow.basedir).resolve()))
+os.environ.setdefault("CODL_ROOT", str(CHECKOUT))
 
 
 wildcard_constraints:
@@ -91,10 +99,15 @@ def get_block_group(wildcards):
     return block_group(BLOCK_SLOTS, wildcards.run_id)
 
 
-def get_run_resource(name):
+def get_run_resource(name, missing=0):
+    """A run job's resource `name`; `missing` where run_resources sets none. None leaves the
+    resource undeclared: the Slurm jobstep plugin checks only that `mpi` exists, and a one-rank
+    job that declared it (even as 0) would skip the plugin's `srun --cpu-bind` wrapper.
+    """
+
     def lookup(wildcards, attempt):
         return run_resources(get_spec(wildcards), config.get("slurm", {}), attempt).get(
-            name, 0
+            name, missing
         )
 
     return lookup

@@ -42,7 +42,7 @@ rule run:
         cpus_per_task=get_run_resource("cpus_per_task"),
         gpu=get_run_resource("gpu"),
         tasks_per_gpu=get_run_resource("tasks_per_gpu"),
-        mpi=get_run_resource("mpi"),
+        mpi=get_run_resource("mpi", missing=None),
         mem_mb=get_run_resource("mem_mb"),
         runtime=get_run_resource("runtime"),
     params:

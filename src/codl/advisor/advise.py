@@ -25,7 +25,7 @@ import pandas as pd
 import yaml
 
 from codl.advisor import model as mdl
-from codl.spec import Policy
+from codl.spec import Handoff, Policy
 
 #: Added to the fitted runs' seed in a verification config (see ``verification_config``).
 VERIFY_SEED_OFFSET = 1
@@ -70,6 +70,7 @@ class Advice:
     inflation: float
     grid: pd.DataFrame = field(repr=False, compare=False)
     notes: tuple[str, ...] = ()
+    handoff: str = Handoff.TORCH.value  # loader.handoff of the runs the model was fitted on
 
 
 def launch_set_size(policy: str, launch_cores: int | None, *, roles: int) -> int:
@@ -119,8 +120,10 @@ def advise(
     policies: Sequence[str] | None = None,
     tie: float = 0.01,
     prefer: Prefer = Prefer.HEADROOM,
+    handoff: HandoffChoice | None = None,
 ) -> Advice:
-    """The best setting for ``cores`` cores per rank; ``grid`` holds every evaluated one."""
+    """The best setting for ``cores`` cores per rank; ``grid`` holds every evaluated one.
+    ``handoff`` is how the fitted runs were chosen by hand-off (``choose_handoff``)."""
     if cores < 1:
         raise mdl.ModelError(f"--cores: got {cores}, expected >= 1")
     grid = mdl.predict(
@@ -160,6 +163,20 @@ def advise(
             "whole core, which under-predicts a small budget"
         )
         notes.append(f"{cores} cores is below every fitted budget ({min(fit.budgets)}): {why}")
+    chosen = handoff or HandoffChoice()
+    notes += chosen.notes
+    if (
+        chosen.handoff == Handoff.TORCH.value
+        and fit.node.pin_memory
+        and fit.node.cuda
+        and float(pick["inflation"]) > GIL_NOTE_INFLATION
+    ):
+        notes.append(
+            f"compute {float(pick['inflation']):.2f}x slower with the loader, through torch's "
+            "DataLoader with pinned memory: its pin-memory thread holds the rank's GIL "
+            "(docs/results-gil.md); measure loader.handoff: ring, which removed the inflation "
+            "on one H200 (docs/results-handoff.md), and advise on those runs"
+        )
     lc = pick["launch_cores"]
     return Advice(
         policy=str(pick["policy"]),
@@ -177,7 +194,74 @@ def advise(
         inflation=float(pick["inflation"]),
         grid=grid.reset_index(drop=True),
         notes=tuple(notes),
+        handoff=chosen.handoff,
     )
+
+
+#: Above this compute inflation of the advised setting under torch's pinned loader, the advice
+#: points at the ring hand-off: +5 %, the inflation the ring left at 12 workers on one H200 had
+#: its interval's upper end below it (docs/results-handoff.md).
+GIL_NOTE_INFLATION = 1.05
+
+
+@dataclass(frozen=True, kw_only=True)
+class HandoffChoice:
+    """Which hand-off's runs the model is fitted on, and why (``choose_handoff``)."""
+
+    handoff: str = Handoff.TORCH.value
+    notes: tuple[str, ...] = ()
+
+
+def _handoff_of(runs: pd.DataFrame) -> pd.Series:
+    """Each run's hand-off: the column, ``torch`` where a table predates it; empty (None) for
+    the modes that do not load (their twins serve every hand-off)."""
+    loads = runs["mode"].isin((mdl.LOADER_MODE, *mdl.COMBINED_MODES))
+    col = runs["handoff"] if "handoff" in runs else pd.Series(None, index=runs.index)
+    return col.where(~loads | col.notna(), Handoff.TORCH.value).where(loads, None)
+
+
+def choose_handoff(
+    runs: pd.DataFrame,
+    steps: pd.DataFrame,
+    *,
+    handoff: str | None = None,
+    combined_mode: str | None = None,
+) -> tuple[pd.DataFrame, pd.DataFrame, HandoffChoice]:
+    """The runs (and their steps) of one hand-off, the twins with them: ``handoff`` if given,
+    else the one whose best measured combined setting delivers the most samples/s per rank.
+    One model describes one hand-off: the ring removes the GIL wait that torch's loader adds,
+    so their runs pooled would fit neither."""
+    of = _handoff_of(runs)
+    present = sorted({str(h) for h in of.dropna()})
+    if handoff is not None and handoff not in present:
+        raise mdl.ModelError(
+            f"--handoff {handoff!r}: no loading run with it; the tables hold {present}"
+        )
+    if len(present) <= 1 and handoff is None:
+        return runs, steps, HandoffChoice(handoff=present[0] if present else Handoff.TORCH.value)
+
+    def subset(h: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+        keep = runs[(of == h) | of.isna()]
+        return keep, steps[steps["run_id"].isin(keep["run_id"])]
+
+    best: dict[str, float] = {}
+    for h in present:
+        try:
+            data = mdl.run_data(*subset(h), combined_mode=combined_mode)
+        except mdl.ModelError:
+            continue  # no combined run of this hand-off the model could use
+        best[h] = best_measured(data).throughput
+    if not best:
+        raise mdl.ModelError(f"no hand-off of {present} has combined runs the model can fit")
+    chosen = handoff if handoff is not None else max(best, key=lambda h: best[h])
+    others = ", ".join(f"{h} {v:.0f}" for h, v in sorted(best.items()) if h != chosen)
+    note = (
+        f"loader.handoff {chosen}: the model is fitted on its runs only (best measured setting "
+        f"{best.get(chosen, float('nan')):.0f} samples/s per rank; {others or 'no other'}"
+        + ("; chosen by --handoff)" if handoff is not None else "; the best of them)")
+    )
+    keep_runs, keep_steps = subset(chosen)
+    return keep_runs, keep_steps, HandoffChoice(handoff=chosen, notes=(note,))
 
 
 def best_setting(grid: pd.DataFrame, tie: float, prefer: Prefer = Prefer.HEADROOM) -> pd.Series:
@@ -348,6 +432,8 @@ def verification_config(
     # A verification run with the spec of a fitted run would have its run id, and the workflow
     # would reuse that run: a new seed makes every verification run a new measurement.
     d["seed"] = int(d.get("seed", 0)) + VERIFY_SEED_OFFSET
+    if advice.handoff != Handoff.TORCH.value:
+        d.setdefault("loader", {})["handoff"] = advice.handoff
     if "pinning" in d:
         # The experiments set policy and launch cores; other pinning keys (helper placement)
         # stay as the measured runs had them.
@@ -403,7 +489,7 @@ def render_config(cfg: Mapping[str, Any], advice: Advice, source: str) -> str:
     header = (
         f"# Verification of `codl advise {source}` (docs/advisor.md): the advice and its\n"
         f"# neighbours, re-run. Advice per rank on {advice.cores} cores: policy {advice.policy},\n"
-        f"# {advice.workers} workers, {describe_launch(advice)};\n"
+        f"# {advice.workers} workers, {describe_launch(advice)}, loader.handoff {advice.handoff};\n"
         f"# predicted {advice.throughput:.0f} samples/s per rank "
         f"[{advice.throughput_lo:.0f}, {advice.throughput_hi:.0f}] (model), "
         f"[{advice.pred_lo:.0f}, {advice.pred_hi:.0f}] (one run), {advice.bound}-bound.\n"
@@ -435,7 +521,7 @@ def defaults_from_runs(runs: pd.DataFrame, mode: str) -> dict[str, Any]:
         out["device"] = str(row["device"])
     for key in ("model", "batch_size", "image_size", "precision"):
         put(out, "workload", key, key)
-    for key in ("prefetch_factor", "pin_memory"):
+    for key in ("prefetch_factor", "pin_memory", "handoff"):
         put(out, "loader", key, key)
     for key in ("nodes", "ranks_per_node", "backend"):
         put(out, "layout", key, key)
@@ -469,7 +555,7 @@ def print_advice(
     )
     print(
         f"\nadvice for {advice.cores} cores per rank: policy {advice.policy}, "
-        f"{advice.workers} workers, {describe_launch(advice)}\n"
+        f"{advice.workers} workers, {describe_launch(advice)}, loader.handoff {advice.handoff}\n"
         f"predicted {advice.throughput:.0f} samples/s per rank{intervals}; "
         f"{advice.total_throughput:.0f} samples/s in all; {advice.bound}-bound, "
         f"compute inflation {advice.inflation:.3f}"

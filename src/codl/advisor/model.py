@@ -135,6 +135,13 @@ class Node:
     world: int
     batch: int
     pin_memory: bool
+    # loader.handoff of the fitted runs: the ring has no pin-memory thread (advise.choose_handoff
+    # fits one hand-off at a time).
+    handoff: str = "torch"
+
+    @property
+    def cuda(self) -> bool:
+        return self.device == "cuda"
 
     def roles(self, mode: str) -> int:
         """Busy launch roles ``a`` of a rank in ``mode`` (``pinning.roles_for``)."""
@@ -144,7 +151,7 @@ class Node:
         return (
             1
             + int(cuda and computes)
-            + int(cuda and loads and self.pin_memory)
+            + int(cuda and loads and self.pin_memory and self.handoff == "torch")
             + int(self.world > 1 and mode != LOADER_MODE)
         )
 
@@ -369,12 +376,21 @@ def run_data(
     r = r[r["mode"].isin((LOADER_MODE, mode, COMPUTE_TWIN[mode]))].copy()
     r = _configurations(r)
     pin = combined["pin_memory"].iloc[0] if "pin_memory" in combined else False
+    handoffs: list[str] = (
+        sorted(map(str, combined["handoff"].dropna().unique())) if "handoff" in combined else []
+    )
+    if len(handoffs) > 1:
+        raise ModelError(
+            f"runs.csv: loader.handoff {handoffs} among the combined runs; "
+            "fit one hand-off at a time (codl advise --handoff)"
+        )
     node = Node(
         device=str(combined["device"].iloc[0]) if "device" in combined else "cpu",
         combined_mode=mode,
         world=world,
         batch=int(combined["batch_size"].iloc[0]),
         pin_memory=bool(pin) if pd.notna(pin) else False,
+        handoff=handoffs[0] if handoffs else "torch",
     )
     step_ms, compute_ms, items, roles = _step_arrays(steps[steps["run_id"].isin(r["run_id"])])
     r = r[r["run_id"].astype(str).map(lambda x: len(step_ms.get(x, ())) > 0)]

@@ -435,12 +435,12 @@ def read_summary_tables(
 @dataclass
 class ApiReduction:
     """The measured CUDA runtime calls of a run, reduced block by block: per-step metrics
-    (``summarize.api_metrics``), exact latency statistics of every call and of the launches
-    (``summarize._latency_stats``), and each name's latency histogram (the CDF figure)."""
+    (``summarize.api_metrics``), exact latency statistics of every call and, flagged, of the
+    launches (``summarize._latency_stats``), and each name's latency histogram (the CDF
+    figure)."""
 
     steps: pd.DataFrame
-    every: ExactLatency
-    launch: ExactLatency
+    latency: ExactLatency
     names: NameHistogram
 
 
@@ -456,22 +456,35 @@ class _ApiPass:
         self._warmup, self._keep_from = warmup, keep_from
         self._work = _Scratch()
         self._parts: list[_Part] = []
-        self.every, self.launch = ExactLatency(), ExactLatency()
+        self.latency = ExactLatency()
         self.names = NameHistogram(strings)
         self.kept: dict[str, list[npt.NDArray[Any]]] = {c: [] for c in SUMMARY_COLUMNS[_CUDA]}
 
     def add(self, cols: dict[str, npt.NDArray[Any]]) -> None:
-        self._parts += self._reducer(cols, self._warmup, self._work)
         kind, step = cols["kind"], cols["step"]
+        n = len(step)
+        if not n:
+            return
+        self._parts += self._reducer(cols, self._warmup, self._work)
+        runtime = 0
         if self._runtime is not None:
-            rt = np.flatnonzero((kind == self._runtime) & (step >= self._warmup))
-            if len(rt):
-                ns = cols["end_ns"][rt] - cols["start_ns"][rt]
-                names = cols["name"][rt]
-                self.every.add(ns)
-                self.launch.add(ns[self._is_launch[names]])
-                self.names.add(names, ns)
-        if self._gpu:
+            is_rt = np.equal(kind, self._runtime, out=self._work.get("rt", n, np.bool_))
+            runtime = int(np.count_nonzero(is_rt))
+        if runtime == n and int(step.min()) >= self._warmup:
+            # A cuda_api trace's block of measured steps: every row, no gathers.
+            ns = self._work.get("ns", n, np.int64)
+            np.subtract(cols["end_ns"], cols["start_ns"], out=ns)
+            names = cols["name"]
+        elif runtime:
+            rt = np.flatnonzero(is_rt & (step >= self._warmup))
+            ns = cols["end_ns"][rt] - cols["start_ns"][rt]
+            names = cols["name"][rt]
+        else:
+            ns = names = np.empty(0, np.int64)
+        if len(ns):
+            self.latency.add(ns, np.take(self._is_launch, names))
+            self.names.add(names, ns)
+        if self._gpu and runtime < n:
             keep = np.isin(kind, self._gpu) & (step >= self._keep_from)
             if keep.any():
                 for c, pieces in self.kept.items():
@@ -479,7 +492,7 @@ class _ApiPass:
 
     def result(self) -> ApiReduction:
         partial = _partial_frame(self._parts).astype({"sum": np.float64})
-        return ApiReduction(_api_frame(partial), self.every, self.launch, self.names)
+        return ApiReduction(_api_frame(partial), self.latency, self.names)
 
 
 _CUDA = "events/cuda"
@@ -509,31 +522,73 @@ def _frame(
 def read_summary(
     path: Path, *, threads: int = 1, warmup_rows: bool = False
 ) -> tuple[dict[str, pd.DataFrame], dict[str, Any], ApiReduction, LoaderReduction]:
-    """What ``summarize.summarize_tables`` needs of a verified trace, with the two big tables
-    reduced as they are read, block by block: the CUDA runtime calls (``ApiReduction``) and
-    the loader's rows (``LoaderReduction``). events/cuda comes back with its GPU activity rows
+    """What ``summarize.summarize_tables`` needs of a trace, with the two big tables reduced
+    as they are read, block by block: the CUDA runtime calls (``ApiReduction``) and the
+    loader's rows (``LoaderReduction``). events/cuda comes back with its GPU activity rows
     only (none in a ``cuda_api`` trace; ``warmup_rows`` keeps the warm-up's), events/loader
     empty (the step timeline reads its window itself). Memory does not grow with the calls or
-    the loader's rows."""
+    the loader's rows.
+
+    The trace is verified (``Trace.verify``) in the same pass: each table's blocks are
+    checked and hashed as they are read (``Trace.verified_blocks``), so every byte is decoded
+    once; a table that fails its check raises before anything made of it is returned.
+    """
     with open_trace(path) as t:
-        t.verify()
+        t.verify_structure()
         attrs = dict(t.attrs)
         warmup = warmup_steps(attrs)
-        present = set(t.tables())
-        big = (Table.CUDA, Table.LOADER)
-        tables = {n: t.table(n) for n in SUMMARY_TABLES if n not in big}
+        present = t.tables()
+        tables: dict[str, pd.DataFrame] = {}
         api = _ApiPass(t.strings, warmup, 0 if warmup_rows else warmup)
         with ThreadPoolExecutor(threads) if threads > 1 else contextlib.nullcontext() as pool:
-            if Table.CUDA in present:
-                for lo, hi in t.block_ranges(Table.CUDA):
-                    api.add(t.read_rows(Table.CUDA, lo, hi, SUMMARY_COLUMNS[Table.CUDA], pool=pool))
+            for name in present:
+                if name == Table.CUDA:
+                    blocks = t.verified_blocks(name, pool=pool, reuse=True, rows=_STREAM_ROWS)
+                    for _, _, block in blocks:
+                        api.add(block)
+                    block = {}  # its arrays, and the reused buffers they are views of, freed
+                elif name in SUMMARY_TABLES and name != Table.LOADER:
+                    tables[name] = t.verified_table(name, pool=pool)
+                elif name != Table.LOADER:  # not summarized; the summary vouches for it too
+                    for _ in t.verified_blocks(name, pool=pool, reuse=True, rows=_STREAM_ROWS):
+                        pass
             tables[Table.CUDA] = _frame(Table.CUDA, api.kept, t.strings)
+            for name in SUMMARY_TABLES:
+                if name not in tables:
+                    tables[name] = empty_frame(name)
+            # The loader's overlaps are measured against the compute spans (events/app) and
+            # the kernels (events/cuda): its table comes last.
             loader = _LoaderPass(t.strings, warmup, _loader_targets(tables, warmup))
-            ranges = t.block_ranges(Table.LOADER) if Table.LOADER in present else []
-            for (lo, hi), mark in zip(ranges, _watermarks(t, Table.LOADER, ranges), strict=True):
-                loader.add(t.read_rows(Table.LOADER, lo, hi, _LOADER_READ, pool=pool), mark)
+            if Table.LOADER in present:
+                marks = _Watermarks(t, Table.LOADER)
+                blocks = t.verified_blocks(Table.LOADER, pool=pool, reuse=True, rows=_STREAM_ROWS)
+                for _, hi, block in blocks:
+                    loader.add(block, marks.after(hi))
         tables[Table.LOADER] = empty_frame(Table.LOADER)
-    return tables, attrs, api.result(), loader.result()
+    return {n: tables[n] for n in SUMMARY_TABLES}, attrs, api.result(), loader.result()
+
+
+# Rows per block of the streamed tables: two sets of every column's arrays (~54 B a row of
+# events/cuda) stay ~30 MiB, and a block's fixed costs (~30 numpy calls) stay below 1 ns a row.
+_STREAM_ROWS: Final = 1 << 18
+
+
+class _Watermarks:
+    """For the rows read so far (up to row ``hi``), the earliest start of any later row (the
+    chunk index's t_lo); the int64 minimum, which keeps every union piece open, for traces
+    without an index."""
+
+    def __init__(self, t: Trace, name: str) -> None:
+        index = t.chunk_index(name)
+        self._index = index if index is not None and len(index) else None
+        if self._index is not None:
+            suffix = np.minimum.accumulate(self._index[::-1, 2])[::-1]
+            self._suffix = np.append(suffix, np.iinfo(np.int64).max)
+
+    def after(self, hi: int) -> int:
+        if self._index is None:
+            return int(np.iinfo(np.int64).min)
+        return int(self._suffix[int(np.searchsorted(self._index[:, 0], hi))])
 
 
 _LOADER_READ = ["rank", "step", "pid", "item", "stage", "start_ns", "end_ns"]
@@ -582,7 +637,7 @@ class _LoaderPass:
         self._parts: list[_Part] = []
         self._item_parts: list[_Part] = []
         self._counts: list[pd.Series] = []
-        self._last = pd.DataFrame({k: pd.Series(dtype="int64") for k in _ITEM_KEYS})
+        self._last: list[_Ints] = [np.empty(0, np.int64) for _ in _ITEM_KEYS]
         self._targets = targets
         self._unions: dict[str, dict[int, UnionOverlap]] = {k: {} for k in targets}
         self._ranks: set[int] = set()
@@ -594,24 +649,55 @@ class _LoaderPass:
         busy = measured & (item >= 0)
         is_item = busy & np.isin(cols["stage"], self._items)
         self._item_parts += _masked_sums(cols, [is_item], self._warmup, self._work)
-        keys = pd.DataFrame({k: cols[k][is_item].astype(np.int64) for k in _ITEM_KEYS})
-        keys = keys.drop_duplicates()
-        new = keys.merge(self._last, how="left", indicator=True)["_merge"] == "left_only"
-        self._counts.append(keys[new.to_numpy()].groupby(KEYS).size())
-        self._last = keys
+        rows = np.flatnonzero(is_item)
+        self._count_items([cols[k][rows].astype(np.int64) for k in _ITEM_KEYS])
         self._busy(cols, busy, watermark)
 
+    def _count_items(self, keys: list[_Ints]) -> None:
+        """Count this block's distinct (rank, step, pid, item) keys that the block before did
+        not have, per (rank, step): each key as one int64 (``_pack``), sorted and compared."""
+        m = len(self._last[0])
+        both = [np.concatenate((last, k)) for last, k in zip(self._last, keys, strict=True)]
+        packed = _pack(both)
+        if packed is None:  # ranges too wide for 63 bits: pandas' hashing
+            self._count_items_hashed(keys)
+            return
+        code, lows, bits = packed
+        # The last block's keys were unique and sorted, and packing keeps their order.
+        last, unique = code[:m], _sorted_unique(code[m:])
+        at = np.minimum(np.searchsorted(last, unique), max(m - 1, 0))
+        new = unique if not m else unique[last[at] != unique]
+        # New keys sorted by (rank, step, ...): a (rank, step)'s are one run of the top bits.
+        group = new >> (bits[2] + bits[3])
+        starts = np.flatnonzero(np.diff(group, prepend=-1))
+        counts = np.diff(starts, append=len(group))
+        rank, step = _unpack(group[starts], lows[:2], bits[:2])
+        index = pd.MultiIndex.from_arrays([rank, step], names=KEYS)
+        self._counts.append(pd.Series(counts, index=index, dtype=np.int64))
+        self._last = _unpack(unique, lows, bits)
+
+    def _count_items_hashed(self, keys: list[_Ints]) -> None:
+        frame = pd.DataFrame(dict(zip(_ITEM_KEYS, keys, strict=True))).drop_duplicates()
+        last = pd.DataFrame(dict(zip(_ITEM_KEYS, self._last, strict=True)))
+        new = frame.merge(last, how="left", indicator=True)["_merge"] == "left_only"
+        self._counts.append(frame[new.to_numpy()].groupby(KEYS).size())
+        order = frame.sort_values(_ITEM_KEYS)
+        self._last = [order[k].to_numpy(np.int64) for k in _ITEM_KEYS]
+
     def _busy(self, cols: dict[str, npt.NDArray[Any]], busy: Any, watermark: int) -> None:
-        rank = cols["rank"][busy]
-        for r in np.unique(rank).tolist():
-            on = rank == r
-            self._ranks.add(int(r))
-            s, e = cols["start_ns"][busy][on], cols["end_ns"][busy][on]
+        rows = np.flatnonzero(busy)
+        rank = cols["rank"][rows]
+        start = cols["start_ns"][rows].astype(np.int64)
+        end = cols["end_ns"][rows].astype(np.int64)
+        ranks = [int(rank[0])] if len(rank) and rank.min() == rank.max() else np.unique(rank)
+        for r in [int(x) for x in ranks]:
+            on = slice(None) if len(ranks) == 1 else rank == r
+            self._ranks.add(r)
             for name, by_rank in self._targets.items():
-                target = by_rank.get(int(r))
+                target = by_rank.get(r)
                 if target is not None:
-                    u = self._unions[name].setdefault(int(r), UnionOverlap(target))
-                    u.add(s.astype(np.int64), e.astype(np.int64), watermark)
+                    u = self._unions[name].setdefault(r, UnionOverlap(target))
+                    u.add(start[on], end[on], watermark)
 
     def _overlap(self, name: str) -> float:
         total = covered = 0
@@ -652,19 +738,42 @@ class _LoaderPass:
         return out.astype(LOADER_COLUMNS)[list(LOADER_COLUMNS)]
 
 
-def _watermarks(t: Trace, name: str, ranges: list[tuple[int, int]]) -> list[int]:
-    """Per row range, the earliest start of any later row (the chunk index's t_lo); the
-    int64 minimum, which keeps every union piece open, for traces without an index."""
-    if not ranges:
-        return []
-    index = t.chunk_index(name)
-    lowest = int(np.iinfo(np.int64).min)
-    if index is None or not len(index):
-        return [lowest] * len(ranges)
-    suffix = np.minimum.accumulate(index[::-1, 2])[::-1]
-    suffix = np.append(suffix, np.iinfo(np.int64).max)
-    first_after = np.searchsorted(index[:, 0], [hi for _, hi in ranges])
-    return [int(suffix[i]) for i in first_after]
+def _pack(columns: list[_Ints]) -> tuple[_Ints, list[int], list[int]] | None:
+    """Rows of int64 columns as one int64 each, in their lexicographic order: each column
+    less its minimum (``lows``), in the bits its range needs (``bits``); None when the ranges
+    need more than 63 bits."""
+    if not len(columns[0]):
+        return np.empty(0, np.int64), [0] * len(columns), [0] * len(columns)
+    lows = [int(c.min()) for c in columns]
+    bits = [(int(c.max()) - lo).bit_length() for c, lo in zip(columns, lows, strict=True)]
+    if sum(bits) > 63:
+        return None
+    code = np.zeros(len(columns[0]), dtype=np.int64)
+    for c, lo, b in zip(columns, lows, bits, strict=True):
+        code <<= b
+        code += c - lo
+    return code, lows, bits
+
+
+def _unpack(code: _Ints, lows: list[int], bits: list[int]) -> list[_Ints]:
+    """The columns ``_pack`` packed into ``code``."""
+    out = []
+    rest = code.copy()
+    for lo, b in zip(reversed(lows), reversed(bits), strict=True):
+        out.append((rest & ((1 << b) - 1)) + lo)
+        rest >>= b
+    return out[::-1]
+
+
+def _sorted_unique(x: _Ints) -> _Ints:
+    """np.unique of int64 values: one sort, one compare (np.unique's own is ~10x slower)."""
+    x = np.sort(x)
+    if len(x) < 2:
+        return x
+    first = np.empty(len(x), dtype=np.bool_)
+    first[0] = True
+    np.not_equal(x[1:], x[:-1], out=first[1:])
+    return x[first]
 
 
 def _loader_targets(tables: dict[str, pd.DataFrame], warmup: int) -> dict[str, dict[int, Any]]:

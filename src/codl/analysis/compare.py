@@ -118,8 +118,8 @@ def twin_column(mode: Mode | str) -> str:
 
 TWIN_COLUMNS = tuple(twin_column(m) for m in TWIN_MODES)
 # Read only by modes that load; replaced by NO_LOADER for the others (the normalisation).
-LOADER_COLUMNS = ("workers", "prefetch_factor", "pin_memory")
-NO_LOADER: tuple[Any, ...] = (0, None, None)
+LOADER_COLUMNS = ("workers", "prefetch_factor", "pin_memory", "handoff")
+NO_LOADER: tuple[Any, ...] = (0, None, None, None)
 BOOTSTRAP = 2000
 QUANTILES = {"p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99}
 # Distribution statistics, each a mean over runs of the per-run statistic of the steps.
@@ -192,9 +192,18 @@ def _norm(value: Any) -> Any:
     return value
 
 
+#: What a loader column is in a table written before it (the spec's default then).
+LOADER_DEFAULTS: dict[str, Any] = {"handoff": "torch"}
+
+
 def _key(row: pd.Series, mode: str) -> tuple[Any, ...]:
     loader = (
-        tuple(_norm(row.get(c)) for c in LOADER_COLUMNS) if mode in LOADING_MODES else NO_LOADER
+        tuple(
+            _norm(row.get(c)) if _norm(row.get(c)) is not None else LOADER_DEFAULTS.get(c)
+            for c in LOADER_COLUMNS
+        )
+        if mode in LOADING_MODES
+        else NO_LOADER
     )
     return (mode, *(_norm(row.get(c)) for c in GROUP_COLUMNS), *loader)
 

@@ -216,7 +216,7 @@ def _arrivals(comm: pd.DataFrame, comm_gpu: pd.DataFrame | None) -> pd.DataFrame
         c = c.merge(g[[*key, "gpu_start_ns", "gpu_end_ns"]], on=key, how="left")
     else:
         c = c.assign(gpu_start_ns=np.nan, gpu_end_ns=np.nan)
-    every = c.groupby(["step", "bucket"])["gpu_start_ns"].transform(lambda x: x.notna().all())
+    every = c["gpu_start_ns"].notna().groupby([c["step"], c["bucket"]]).transform("all")
     on_gpu = every.astype(bool).to_numpy()
     return c.assign(
         arrive_ns=np.where(on_gpu, c["gpu_start_ns"], c["start_ns"]).astype("int64"),
@@ -278,16 +278,6 @@ def _wait_bound(c: pd.DataFrame, clock_bound_ns: Mapping[int, int] | None) -> pd
     return b + others
 
 
-def _clipped_union_ms(starts: npt.NDArray[Any], ends: npt.NDArray[Any], lo: int) -> float:
-    """Length of the union of [start, end) intervals from ``lo`` on, in ms."""
-    s = np.maximum(starts, lo)
-    keep = ends > s
-    if not keep.any():
-        return 0.0
-    u = interval_union(s[keep], ends[keep])
-    return float((u[:, 1] - u[:, 0]).sum()) / 1e6
-
-
 def exposed(b: pd.DataFrame) -> pd.DataFrame:
     """Per (rank, step): the peer wait and transfer that lie *after* the rank's own last arrival.
 
@@ -295,21 +285,45 @@ def exposed(b: pd.DataFrame) -> pd.DataFrame:
     collective waiting meanwhile; from then on it can only wait, so the step's compute span
     grows by exactly the time a collective is still in flight. Both are unions over the buckets
     (a peer late for several buckets at once costs its lateness once, not once per bucket).
+    Every bucket starts at or before the last arrival ``lo``, so each one's piece after ``lo``
+    is [lo, its end) and their union is [lo, the latest end): one grouped max per step.
     """
     cols = {"rank": "int64", "step": "int64", "peer_wait_ms": "float64", "transfer_ms": "float64"}
-    rows = []
-    for (rank, step), g in b.groupby(KEYS):
-        if g["peer_wait_ms"].isna().any():
-            rows.append((rank, step, np.nan, np.nan))
-            continue
-        arrive = g["arrive_ns"].to_numpy(dtype=np.int64)
-        lo = int(arrive.max())
-        wait_end = arrive + np.round(g["peer_wait_ms"].to_numpy() * 1e6).astype(np.int64)
-        busy_end = arrive + np.round(g["duration_ms"].to_numpy() * 1e6).astype(np.int64)
-        wait = _clipped_union_ms(arrive, wait_end, lo)
-        busy = _clipped_union_ms(arrive, busy_end, lo)
-        rows.append((rank, step, wait, max(0.0, busy - wait)))
-    return pd.DataFrame(rows, columns=list(cols)).astype(cols)
+    arrive = b["arrive_ns"].to_numpy(dtype=np.int64)
+    wait_ms = b["peer_wait_ms"].to_numpy(dtype=np.float64)
+    unknown = np.isnan(wait_ms)
+    wait_end = arrive + np.round(np.where(unknown, 0.0, wait_ms) * 1e6).astype(np.int64)
+    busy_end = arrive + np.round(b["duration_ms"].to_numpy(dtype=np.float64) * 1e6).astype(np.int64)
+    g = pd.DataFrame(
+        {
+            "rank": b["rank"].to_numpy(),
+            "step": b["step"].to_numpy(),
+            "lo": arrive,
+            "wait_end": wait_end,
+            "busy_end": busy_end,
+            "unknown": unknown,
+        }
+    ).groupby(KEYS)
+    m = g.agg(
+        lo=("lo", "max"),
+        wait_end=("wait_end", "max"),
+        busy_end=("busy_end", "max"),
+        unknown=("unknown", "any"),
+    )
+    lo = m["lo"].to_numpy()
+    wait = np.maximum(m["wait_end"].to_numpy() - lo, 0) / 1e6
+    busy = np.maximum(m["busy_end"].to_numpy() - lo, 0) / 1e6
+    transfer = np.maximum(busy - wait, 0.0)
+    nan = m["unknown"].to_numpy()
+    out = pd.DataFrame(
+        {
+            "rank": m.index.get_level_values("rank"),
+            "step": m.index.get_level_values("step"),
+            "peer_wait_ms": np.where(nan, np.nan, wait),
+            "transfer_ms": np.where(nan, np.nan, transfer),
+        }
+    )
+    return out.astype(cols)
 
 
 def comm_parts(
@@ -348,9 +362,8 @@ def comm_parts(
     sums = b.groupby(KEYS)[["peer_wait_ms", "transfer_ms"]].sum(min_count=1)
     out = sums.rename(columns=lambda c: f"bucket_{c}")
     out["peer_wait_bound_ms"] = b.groupby(KEYS)["peer_wait_bound_ms"].sum(min_count=1)
-    out["arrival_clock"] = b.groupby(KEYS)["arrival_clock"].agg(
-        lambda x: GPU_CLOCK if (x == GPU_CLOCK).all() else HOST_CLOCK
-    )
+    all_gpu = (b["arrival_clock"] == GPU_CLOCK).groupby([b["rank"], b["step"]]).all()
+    out["arrival_clock"] = np.where(all_gpu.reindex(out.index), GPU_CLOCK, HOST_CLOCK)
     out = out.join(exposed(b).set_index(KEYS))
     waited = b[b["peer_wait_ms"] > 0]
     rows = waited.loc[waited.groupby(KEYS)["peer_wait_ms"].idxmax()]

@@ -7,6 +7,22 @@ from typing import Any
 
 from codl.trace.schema import Phase, Table
 from codl.trace.store import open_trace
+from codl.trace.store.layout import FILTER_IDS
+
+
+def read_hint(codec: str | None) -> str:
+    """How to read a trace's columns without codl, for the codec they are stored with."""
+    if codec == "gzip" or codec is None:
+        return "any HDF5 reader (h5py, h5dump, xarray) reads the columns without a plugin"
+    if codec == "lzf":
+        return "h5py reads the columns; other HDF5 tools need the LZF filter plugin"
+    import hdf5plugin
+
+    return (
+        "HDF5 tools need the Blosc plugin: `import hdf5plugin` before h5py opens it, or "
+        f"HDF5_PLUGIN_PATH={hdf5plugin.PLUGIN_PATH} for h5dump and other HDF5 readers; "
+        "`codl convert TRACE -o OUT.h5` writes a gzip copy any HDF5 reader opens"
+    )
 
 
 def describe(path: Path, *, allow_incomplete: bool = False) -> dict[str, Any]:
@@ -20,8 +36,12 @@ def describe(path: Path, *, allow_incomplete: bool = False) -> dict[str, Any]:
         dur = (measured["end_ns"] - measured["start_ns"]) / 1e6
         threads = t.table(Table.THREADS)
         roles = threads.drop_duplicates("tid")["role"].astype(str).value_counts().to_dict()
+        codec = t.codec
         return {
             "path": str(path),
+            "compression": codec,
+            "hdf5_filter_id": FILTER_IDS.get(codec or ""),
+            "read_without_codl": read_hint(codec),
             "run_id": attrs.get("run_id"),
             "complete": bool(attrs.get("complete", False)),
             "incomplete_reason": attrs.get("incomplete_reason", ""),
@@ -77,6 +97,12 @@ def render(info: dict[str, Any]) -> str:
         lines.append(
             f"steps      {info['measured_steps']} measured, median {info['step_ms_median']:.2f} ms"
         )
+    codec = info["compression"]
+    lines.append(
+        f"codec      {codec} (HDF5 filter {info['hdf5_filter_id']}): {info['read_without_codl']}"
+        if codec
+        else f"codec      none: {info['read_without_codl']}"
+    )
     lines.append("tables     " + ", ".join(f"{k}={v}" for k, v in sorted(info["rows"].items())))
     lines.append(
         "threads    " + ", ".join(f"{k}={v}" for k, v in sorted(info["thread_roles"].items()))

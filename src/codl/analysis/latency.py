@@ -16,6 +16,7 @@ API-latency figure their CDF per name. Neither needs the calls themselves:
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Final
 
 import numpy as np
@@ -34,45 +35,81 @@ _Ints = npt.NDArray[np.int64]
 HIST_COLUMNS: Final = {"name": "str", "us": "float64", "calls": "int64"}
 
 
+# Keys are bincounted once this many have gathered: one bincount's fresh count array and
+# its addition cost ~2 ns per bin, as much as counting a 1 Mi-row block's keys.
+_PENDING_KEYS: Final = 1 << 22
+
+
 class ExactLatency:
-    """Exact order statistics of int64 nanosecond durations added block by block."""
+    """Exact order statistics of int64 nanosecond durations added block by block, in two sets
+    at once: every duration, and those flagged (the launches among the runtime calls). One
+    histogram counts both: bin ``2 * ns + flag``."""
 
     def __init__(self) -> None:
-        self._counts = np.zeros(EXACT_CAP_NS, dtype=np.int64)
+        self._counts = np.zeros(2 * EXACT_CAP_NS, dtype=np.int64)
+        self._pending: list[_Ints] = []
+        self._pending_n = 0
         self._long: list[_Ints] = []
-        self.n = 0
-        self.sum_ns = 0
+        self._long_flagged: list[_Ints] = []
 
-    def add(self, ns: _Ints) -> None:
+    def add(self, ns: _Ints, flagged: npt.NDArray[np.bool_] | None = None) -> None:
+        # Counts and sums come from the histogram at the end: here only the passes that fill it.
         if not len(ns):
             return
-        self.n += len(ns)
-        self.sum_ns += int(ns.sum())
+        if flagged is None:
+            flagged = np.zeros(len(ns), dtype=np.bool_)
         if int(ns.min()) < 0:
             raise ValueError("negative duration: the trace is checked for these")
-        long = ns >= EXACT_CAP_NS
-        if long.any():
+        if int(ns.max()) >= EXACT_CAP_NS:
+            long = ns >= EXACT_CAP_NS
             self._long.append(ns[long])
-            ns = ns[~long]
-        self._counts += np.bincount(ns, minlength=EXACT_CAP_NS)
+            self._long_flagged.append(ns[long & flagged])
+            ns, flagged = ns[~long], flagged[~long]
+        key = np.left_shift(ns, 1)
+        key += flagged
+        self._pending.append(key)
+        self._pending_n += len(key)
+        if self._pending_n >= _PENDING_KEYS:
+            self._flush()
 
-    def merge(self, other: ExactLatency) -> None:
-        self._counts += other._counts
-        self._long += other._long
-        self.n += other.n
-        self.sum_ns += other.sum_ns
+    def _flush(self) -> None:
+        if self._pending:
+            keys = np.concatenate(self._pending) if len(self._pending) > 1 else self._pending[0]
+            self._counts += np.bincount(keys, minlength=2 * EXACT_CAP_NS)
+            self._pending, self._pending_n = [], 0
 
-    def _order(self, ks: list[int]) -> list[int]:
-        """The k-th smallest durations (0-based) for each k of ``ks``."""
-        cum = np.cumsum(self._counts)
+    def _set(self, flagged: bool) -> tuple[_Ints, _Ints]:
+        """(counts per ns below the cap, the longer durations) of every duration or of the
+        flagged ones."""
+        self._flush()
+        counts = self._counts[1::2] if flagged else self._counts[0::2] + self._counts[1::2]
+        pieces = self._long_flagged if flagged else self._long
+        long = np.concatenate(pieces) if pieces else np.empty(0, np.int64)
+        return counts, long
+
+    def calls(self, *, flagged: bool = False) -> int:
+        counts, long = self._set(flagged)
+        return int(counts.sum()) + len(long)
+
+    def _sum_ns(self, flagged: bool) -> int:
+        counts, long = self._set(flagged)
+        # int64: below 2^20 ns times at most 2^43 calls per bin.
+        return int(np.dot(counts, np.arange(EXACT_CAP_NS, dtype=np.int64))) + int(long.sum())
+
+    def _order(self, ks: list[int], flagged: bool) -> list[int]:
+        """The k-th smallest durations (0-based) for each k of ``ks``, of every duration or of
+        the flagged ones."""
+        counts, long = self._set(flagged)
+        cum = np.cumsum(counts)
         below = int(cum[-1])
-        long = np.sort(np.concatenate(self._long)) if self._long else np.empty(0, np.int64)
+        long = np.sort(long)
         return [int(np.searchsorted(cum, k + 1)) if k < below else int(long[k - below]) for k in ks]
 
-    def stats(self, prefix: str) -> dict[str, float | int]:
+    def stats(self, prefix: str, *, flagged: bool = False) -> dict[str, float | int]:
         """``{prefix}_calls``, ``_us_mean``, ``_us_p50``, ``_us_p99`` as the summary has them
-        from the whole column of microseconds (``summarize._latency_stats``)."""
-        n = self.n
+        from the whole column of microseconds (``summarize._latency_stats``), of every
+        duration or of the flagged ones."""
+        n = self.calls(flagged=flagged)
         if not n:
             return {f"{prefix}_calls": 0} | dict.fromkeys(
                 (f"{prefix}_us_mean", f"{prefix}_us_p50", f"{prefix}_us_p99"), np.nan
@@ -81,13 +118,13 @@ class ExactLatency:
         lo = int(np.floor(pos))
         mid = (n - 1) // 2
         ks = [mid, n // 2, lo, min(lo + 1, n - 1)]
-        a, b, c, d = (np.float64(v) / 1e3 for v in self._order(ks))
+        a, b, c, d = (np.float64(v) / 1e3 for v in self._order(ks, flagged))
         # numpy's median (the two middle values' mean) and linear quantile, on those values.
         p50 = float(np.mean([a, b])) if n % 2 == 0 else float(a)
         p99 = float(np.quantile(np.array([c, d]), pos - lo)) if lo + 1 < n else float(c)
         return {
             f"{prefix}_calls": n,
-            f"{prefix}_us_mean": self.sum_ns / 1e3 / n,
+            f"{prefix}_us_mean": self._sum_ns(flagged) / 1e3 / n,
             f"{prefix}_us_p50": p50,
             f"{prefix}_us_p99": p99,
         }
@@ -107,15 +144,38 @@ def bucket_upper_us(b: _Ints) -> npt.NDArray[np.float64]:
     return np.where(b > 0, np.ceil(bound) - 1.0, 0.0) / 1e3
 
 
+# A name table this small gets one bin per (name code, bucket); a larger one is mapped to the
+# names present in each block first.
+_DIRECT_BINS: Final = 1 << 18
+
+
+@functools.cache
+def _short_buckets() -> npt.NDArray[np.int16]:
+    """The bucket of every duration below EXACT_CAP_NS, looked up instead of computed."""
+    return buckets(np.arange(EXACT_CAP_NS, dtype=np.int64)).astype(np.int16)
+
+
 class NameHistogram:
     """Calls per (name code, bucket), added block by block."""
 
     def __init__(self, strings: list[str]) -> None:
         self._strings = strings
         self._counts: dict[int, npt.NDArray[np.int64]] = {}
+        self._direct = len(strings) * _BUCKETS <= _DIRECT_BINS
+        self._matrix = np.zeros(len(strings) * _BUCKETS if self._direct else 0, dtype=np.int64)
 
     def add(self, names: npt.NDArray[Any], ns: _Ints) -> None:
         if not len(ns):
+            return
+        if self._direct:
+            key = names.astype(np.int64)
+            key *= _BUCKETS
+            # Short calls' buckets looked up (clipped: the few long ones are redone).
+            key += np.take(_short_buckets(), ns, mode="clip")
+            long = np.flatnonzero(ns >= EXACT_CAP_NS)
+            if len(long):
+                key[long] = names[long].astype(np.int64) * _BUCKETS + buckets(ns[long])
+            self._matrix += np.bincount(key, minlength=len(self._matrix))
             return
         b = buckets(ns)
         present = np.flatnonzero(np.bincount(names, minlength=len(self._strings)))
@@ -133,10 +193,16 @@ class NameHistogram:
         have = self._counts.get(code)
         self._counts[code] = counts if have is None else have + counts
 
+    def _by_code(self) -> dict[int, npt.NDArray[np.int64]]:
+        if not self._direct:
+            return self._counts
+        rows = self._matrix.reshape(len(self._strings), _BUCKETS)
+        return {int(c): rows[c] for c in np.flatnonzero(rows.any(axis=1))}
+
     def frame(self) -> pd.DataFrame:
         """(name, us, calls): each non-empty bucket's upper edge and its calls."""
         parts = []
-        for code, counts in sorted(self._counts.items()):
+        for code, counts in sorted(self._by_code().items()):
             used = np.flatnonzero(counts)
             parts.append(
                 pd.DataFrame(

@@ -50,6 +50,7 @@ SPEC_COLUMNS = {
     "workers": ("loader", "workers"),
     "prefetch_factor": ("loader", "prefetch_factor"),
     "pin_memory": ("loader", "pin_memory"),
+    "handoff": ("loader", "handoff"),
     "nodes": ("layout", "nodes"),
     "ranks_per_node": ("layout", "ranks_per_node"),
     "backend": ("layout", "backend"),
@@ -81,6 +82,10 @@ def spec_columns(spec: Mapping[str, Any]) -> dict[str, Any]:
         out["workers"] = 0
         out["prefetch_factor"] = None
         out["pin_memory"] = None
+        out["handoff"] = None
+    else:
+        # Traces written before the key ran torch's DataLoader.
+        out["handoff"] = out["handoff"] or "torch"
     return out
 
 
@@ -209,22 +214,47 @@ def sched_deltas(sched: pd.DataFrame) -> pd.DataFrame:
     """
     if sched.empty:
         return _empty(SCHED_DELTA_COLUMNS)
-    thread = ["rank", "pid", "tid"]
-    s = sched.sort_values([*thread, "t_ns"], kind="stable")
-    g = s.groupby(thread, sort=False)
-    out = s[[*thread, "step", "cpu"]].copy()
+    thread = [sched[k].to_numpy(np.int64) for k in ("rank", "pid", "tid")]
+    # By thread, then time; stable, as the samples of one instant keep their order.
+    order = np.lexsort((sched["t_ns"].to_numpy(), *thread[::-1]))
+    rank, pid, tid = (k[order] for k in thread)
+    same = (rank[1:] == rank[:-1]) & (pid[1:] == pid[:-1]) & (tid[1:] == tid[:-1])
+    cur = order[1:][same]  # samples with a predecessor of their thread, and that predecessor
+    prev = order[:-1][same]
+    delta = {}
     for col in SCHED_COUNTERS:
-        out[col] = g[col].diff()
-    out = out.dropna(subset=["run_ns"])
+        values = sched[col].to_numpy(np.int64)
+        delta[col] = values[cur] - values[prev]
     # A negative difference means the TID was reused by a new thread: not a measurement.
-    out = out[(out["run_ns"] >= 0) & (out["wait_ns"] >= 0)]
-    if out.empty:
+    ok = (delta["run_ns"] >= 0) & (delta["wait_ns"] >= 0)
+    if not ok.any():
         return _empty(SCHED_DELTA_COLUMNS)
-    # Two samples tagged with one step (e.g. a final flush) add up to that step.
-    agg: dict[str, Any] = dict.fromkeys(SCHED_COUNTERS, "sum")
-    agg["cpu"] = "last"
-    out = out.groupby([*thread, "step"], as_index=False, sort=True).agg(agg)
-    return out.astype(SCHED_DELTA_COLUMNS)[list(SCHED_DELTA_COLUMNS)]
+    cur = cur[ok]
+    keys = {
+        "rank": sched["rank"].to_numpy(np.int64)[cur],
+        "pid": sched["pid"].to_numpy(np.int64)[cur],
+        "tid": sched["tid"].to_numpy(np.int64)[cur],
+        "step": sched["step"].to_numpy(np.int64)[cur],
+    }
+    cpu = sched["cpu"].to_numpy(np.int64)[cur]
+    counters = {col: d[ok] for col, d in delta.items()}
+    # Two samples tagged with one step (e.g. a final flush) add up to that step; its cpu is
+    # the later sample's. Rows are in time order per thread, and the sort by step is stable.
+    by = np.lexsort(tuple(keys[k] for k in ("step", "tid", "pid", "rank")))
+    keys = {k: v[by] for k, v in keys.items()}
+    cpu = cpu[by]
+    counters = {k: v[by] for k, v in counters.items()}
+    change = np.zeros(len(by), dtype=np.bool_)
+    change[0] = True
+    for v in keys.values():
+        change[1:] |= v[1:] != v[:-1]
+    starts = np.flatnonzero(change)
+    last = np.append(starts[1:], len(by)) - 1
+    out = {k: v[starts] for k, v in keys.items()}
+    out["cpu"] = cpu[last]
+    for col, v in counters.items():
+        out[col] = np.add.reduceat(v, starts)
+    return pd.DataFrame(out).astype(SCHED_DELTA_COLUMNS)[list(SCHED_DELTA_COLUMNS)]
 
 
 LAUNCH_COLUMNS: dict[str, str] = {
@@ -524,28 +554,49 @@ def attribute_launch_wait(
         others = d[(node == my_node) & ~((d["rank"] == rank) & (d["tid"] == ltid))].copy()
         if others.empty:
             continue
-        frac = [
-            len(m & lmask) / len(m) if (m := masks.get((int(r), int(t)), frozenset())) else 0.0
-            for r, t in zip(others["rank"], others["tid"], strict=True)
-        ]
-        others["share_ns"] = others["run_ns"].to_numpy(dtype=np.float64) * np.asarray(frac)
+        # Each thread's fraction of its mask inside the launch mask, once per thread.
+        pairs = others[["rank", "tid"]].drop_duplicates()
+        frac = pd.Series(
+            [
+                len(m & lmask) / len(m) if (m := masks.get((int(r), int(t)), frozenset())) else 0.0
+                for r, t in zip(pairs["rank"], pairs["tid"], strict=True)
+            ],
+            index=pd.MultiIndex.from_frame(pairs),
+            dtype=np.float64,
+        )
+        rows = pd.MultiIndex.from_arrays([others["rank"], others["tid"]])
+        others["share_ns"] = others["run_ns"].to_numpy(dtype=np.float64) * frac.reindex(
+            rows
+        ).to_numpy(dtype=np.float64)
         others = others[others["share_ns"] > 0]
         if others.empty:
             continue
         tot = others.groupby("step")["share_ns"].transform("sum")
         others["launch_wait_ns"] = others["step"].map(lw).fillna(0).to_numpy(dtype=np.int64)
         others["attributed_wait_ns"] = others["launch_wait_ns"] * others["share_ns"] / tot
-        idx = pd.MultiIndex.from_arrays([others["rank"], others["tid"]])
-        others["role"] = info["role"].reindex(idx).fillna("other").to_numpy()
-        others["name"] = info["name"].reindex(idx).fillna("").to_numpy()
+        # As categoricals (a code per row; every rank's with the same categories, so they
+        # join as such), made strings once, after the sort: a long run has ~10^6 rows here.
+        at = info.index.get_indexer(pd.MultiIndex.from_arrays([others["rank"], others["tid"]]))
+        for col, missing in (("role", "other"), ("name", "")):
+            values = pd.Index([*info[col], missing]).unique()
+            # Each thread's code, and last the missing value's (get_indexer's -1 picks it).
+            codes = values.get_indexer(pd.Index([*info[col], missing])).astype(np.int64)
+            others[col] = pd.Categorical.from_codes(codes[at], categories=values)
         others["thread_rank"] = others["rank"]
         others["rank"] = rank
         out.append(others[list(ATTRIBUTION_COLUMNS)])
     if not out:
         return _empty(ATTRIBUTION_COLUMNS)
-    res = pd.concat(out, ignore_index=True).astype(ATTRIBUTION_COLUMNS)
-    res = res.sort_values(["rank", "step", "attributed_wait_ns"], ascending=[True, True, False])
-    return res.reset_index(drop=True)
+    res = pd.concat(out, ignore_index=True)
+    # By rank, step, then the largest attributed wait first; ties in their order (stable).
+    order = np.lexsort(
+        (
+            -res["attributed_wait_ns"].to_numpy(dtype=np.float64),
+            res["step"].to_numpy(dtype=np.int64),
+            res["rank"].to_numpy(dtype=np.int64),
+        )
+    )
+    return res.take(order).reset_index(drop=True).astype(ATTRIBUTION_COLUMNS)
 
 
 # Per-step columns whose median and mean over measured steps go into the summary.
@@ -663,8 +714,8 @@ def summarize_tables(
         row.update(_latency_stats(rt["us"], "api"))
         row.update(_latency_stats(rt.loc[_is_launch_kernel(rt["name"]), "us"], "launch_kernel"))
     else:
-        row.update(api.every.stats("api"))
-        row.update(api.launch.stats("launch_kernel"))
+        row.update(api.latency.stats("api"))
+        row.update(api.latency.stats("launch_kernel", flagged=True))
     columns = list(row)
     # The latency columns sit where they always were: after launch_wait_ms_p99.
     at = columns.index("launch_wait_ms_p99") + 1
@@ -775,7 +826,7 @@ def read_tables(path: Path) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
 
 
 def summarize_trace(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """``summarize_tables`` of a verified trace, whose big event tables are read block by
-    block and only in the rows and columns the summary uses (``chunked.read_summary_tables``)."""
-    tables, attrs = chunked.read_summary_tables(path)
-    return summarize_tables(tables, attrs)
+    """``summarize_tables`` of a trace, verified and reduced in one pass as ``codl summarize``
+    reads it (``chunked.read_summary``): the big event tables block by block, never whole."""
+    tables, attrs, api, loader = chunked.read_summary(path)
+    return summarize_tables(tables, attrs, api=api, loader=loader)

@@ -1,5 +1,5 @@
-"""`codl` command line: run | inspect | export | plan | dataset | write-spec | stage | summarize |
-advise."""
+"""`codl` command line: run | inspect | export | convert | plan | dataset | write-spec | stage |
+summarize | advise."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Any
 
 from codl import __version__
 from codl.cli.options import MAX_CORES, MAX_WINDOW_S, Parser, bounded_int, finite_float
-from codl.errors import CodlError
+from codl.errors import CodlError, RunInterruptedError
 from codl.log import LEVELS, configure
 from codl.paths import RunFiles
 
@@ -83,14 +84,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     # Imported only now: torch takes seconds to import, a spec error should not.
     from codl.harness.launch import launch
 
-    launch(
-        spec,
-        trace_path=trace,
-        dataset_dir=Path(args.dataset_dir) if args.dataset_dir else None,
-        kineto_dir=Path(args.kineto_dir) if args.kineto_dir else RunFiles(trace.parent).kineto,
-        argv=[sys.executable, "-m", "codl.cli", *sys.argv[1:]],
-        cpus_per_task=args.cpus_per_task,
-    )
+    try:
+        launch(
+            spec,
+            trace_path=trace,
+            dataset_dir=Path(args.dataset_dir) if args.dataset_dir else None,
+            kineto_dir=Path(args.kineto_dir) if args.kineto_dir else RunFiles(trace.parent).kineto,
+            argv=[sys.executable, "-m", "codl.cli", *sys.argv[1:]],
+            cpus_per_task=args.cpus_per_task,
+        )
+    except RunInterruptedError:
+        # Stopped, its trace written: the exit status (2) is decided. The rest of the kill
+        # (Slurm and group-wide kills repeat it) is ignored until the process is gone: CPython
+        # puts the default handler back over every Python-level one (the runner's grace handler
+        # included) when it finalizes, and a repeat landing in the second or so that torch's
+        # teardown takes would end the process by the signal instead (rc -15).
+        for s in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(s, signal.SIG_IGN)
+        raise
     log.info("run %s: wrote %s in %.1f s", spec.run_id, trace, time.monotonic() - t0)
     print(trace)
     return 0
@@ -119,6 +130,19 @@ def cmd_export(args: argparse.Namespace) -> int:
     export_chrome(Path(args.trace), out, from_s=args.from_s, to_s=args.to_s, option="-o/--output")
     if kind is OutputKind.FILE:  # a stream (-o /dev/stdout) gets the JSON alone
         print(args.output)
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from codl.trace.store.convert import convert_trace
+
+    convert_trace(
+        Path(args.trace),
+        Path(args.output),
+        compression=args.compression,
+        allow_incomplete=args.allow_incomplete,
+    )
+    print(args.output)
     return 0
 
 
@@ -268,6 +292,21 @@ def cmd_summarize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_convert(sub: Any) -> None:
+    cv = sub.add_parser(
+        "convert", help="copy a trace with another codec (gzip: any HDF5 tool reads it)"
+    )
+    cv.add_argument("trace", type=Path)
+    cv.add_argument("-o", "--output", required=True, help="the copy (a new .h5 path)")
+    cv.add_argument(
+        "--compression",
+        default="gzip",
+        help="codec of the copy: gzip (default, no plugin needed), blosc-lz4 or lzf",
+    )
+    cv.add_argument("--allow-incomplete", action="store_true", help="copy an incomplete trace")
+    cv.set_defaults(func=cmd_convert)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="codl", description=__doc__)
     p.add_argument("--version", action="version", version=f"codl {__version__}")
@@ -309,6 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--to", dest="to_s", type=seconds, help="window end, seconds since the run began"
     )
     e.set_defaults(func=cmd_export)
+
+    _add_convert(sub)
 
     pl = sub.add_parser("plan", help="validate a config and list its runs")
     pl.add_argument("config", type=Path)

@@ -40,6 +40,7 @@ from codl.config import build_plan
 from codl.errors import CodlError, ConfigError
 from codl.outputs import OutputUnit, output_unit
 from codl.paths import ResultPaths
+from codl.spec import Handoff
 from codl.steps.advisor import CONFIG_NAME, fit_results
 
 
@@ -63,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--mode",
         choices=mdl.COMBINED_MODES,
         help="the combined mode to fit when the tables hold both",
+    )
+    p.add_argument(
+        "--handoff",
+        choices=[h.value for h in Handoff],
+        help="fit the runs of this loader.handoff (default: the one whose best measured setting "
+        "is fastest, when the tables hold several)",
     )
     p.add_argument(
         "--max-workers",
@@ -197,12 +204,22 @@ def run(args: argparse.Namespace) -> int:
         # at all, checked (and locked) before the fit, so a refused output costs no time.
         with output_unit(_outputs(args), inputs=_inputs(results), mkdir=True) as unit:
             fitted = fit_results(
-                results, fit_cores=args.fit_cores, mode=args.mode, boot=args.boot, seed=args.seed
+                results,
+                fit_cores=args.fit_cores,
+                mode=args.mode,
+                boot=args.boot,
+                seed=args.seed,
+                handoff=args.handoff,
             )
             runs, steps, data, fit = fitted.runs, fitted.steps, fitted.data, fitted.fit
             cores = args.cores if args.cores is not None else fit.cores
             advice = advise(
-                fit, cores=cores, max_workers=args.max_workers, tie=args.tie, prefer=args.prefer
+                fit,
+                cores=cores,
+                max_workers=args.max_workers,
+                tie=args.tie,
+                prefer=args.prefer,
+                handoff=fitted.handoff,
             )
             if args.out is not None:
                 _write_verification(args, advice, fit, runs, data, fitted.source_cfg, unit)

@@ -6,7 +6,8 @@ spec runs unchanged in both places. Each rank writes ``trace.rank<R>.h5``; rank 
 of them and merges them into the run's single ``trace.h5``.
 A local run that does not finish (a rank failed, or SIGTERM/SIGINT reached the launcher or its
 whole process group, as Slurm's time limit does) leaves exactly one file: ``trace.incomplete.h5``,
-every rank's data merged, with the reason and each rank's own.
+every rank's data merged, with the reason and each rank's own; so does a multi-rank run whose
+srun step failed (the process that started srun merges what the ranks wrote).
 """
 
 from __future__ import annotations
@@ -16,16 +17,17 @@ import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 
 from codl.errors import CodlError, RunInterruptedError, TraceFormatError
-from codl.files import exclusive_lock
+from codl.files import exclusive_lock, restore_after_stop
 from codl.harness.runner import RankEnv, execute
 from codl.log import configure
 from codl.spec import DeviceKind, RunSpec
-from codl.trace.store import check_trace_target, set_aside_stale
+from codl.trace.store import check_trace_target, incomplete_path, set_aside_stale
 from codl.trace.store.merge import merge_incomplete_ranks, merge_rank_traces, rank_trace_path
 
 # How long the other ranks get to stop by themselves (and keep their data) after one failed.
@@ -147,6 +149,9 @@ def launch(
     env = cluster_env() if spec.layout.world_size > 1 else None
     mine = trace_path if env is None else rank_trace_path(trace_path, env.rank)
     with exclusive_lock(mine, "run"):
+        if env is None or env.rank == 0:
+            # An earlier attempt's incomplete trace is kept, not replaced by this attempt's.
+            set_aside_stale(incomplete_path(trace_path))
         return _launch(
             spec,
             trace_path=trace_path,
@@ -173,14 +178,26 @@ def _launch(
         return execute(spec, trace_path=trace_path, dataset_dir=dataset_dir, kineto_dir=kineto_dir)
     if env is None:
         for r in range(world):
-            set_aside_stale(rank_trace_path(trace_path, r))
+            _set_aside_stale_rank(trace_path, r)
     if env is None and os.environ.get("SLURM_JOB_ID") and argv and not os.environ.get(SRUN_MARK):
         import subprocess
 
         cmd = srun_command(spec, argv, cpus_per_task=cpus_per_task)
         proc = subprocess.run(cmd, env={**os.environ, SRUN_MARK: "1"}, check=False)
         if proc.returncode != 0:
-            raise CodlError(f"srun exited with {proc.returncode}: {' '.join(cmd)}")
+            # What the ranks wrote before they stopped (a rank's own trace, complete or
+            # incomplete), merged into the run's one incomplete trace, as a local run does.
+            why = f"srun exited with {proc.returncode}"
+            kept = merge_incomplete_ranks(
+                trace_path,
+                world,
+                reason=why,
+                run_id=spec.run_id,
+                compression=spec.trace.compression,
+            )
+            raise CodlError(
+                f"{why}: {' '.join(cmd)}; what the ranks measured is kept in {kept or 'no file'}"
+            )
         if not trace_path.exists():
             raise TraceFormatError(f"{trace_path}: srun finished but rank 0 wrote no trace")
         return trace_path
@@ -190,7 +207,7 @@ def _launch(
                 f"spec asks for {world} ranks (layout.nodes x layout.ranks_per_node) but srun "
                 f"started {env.world_size} tasks"
             )
-        set_aside_stale(rank_trace_path(trace_path, env.rank))
+        _set_aside_stale_rank(trace_path, env.rank)
         execute(
             spec,
             trace_path=rank_trace_path(trace_path, env.rank),
@@ -209,6 +226,15 @@ def _launch(
             "(snakemake --profile profiles/slurm), which starts one task per rank with srun"
         )
     return _spawn_local(spec, trace_path, dataset_dir, kineto_dir)
+
+
+def _set_aside_stale_rank(trace_path: Path, rank: int) -> None:
+    """Keep what an earlier attempt's rank ``rank`` left (its trace, complete or incomplete)
+    under a stale name: never merged as this attempt's, and an incomplete one never taken for
+    this attempt's rank having failed (merge_rank_traces stops waiting when it sees one)."""
+    part = rank_trace_path(trace_path, rank)
+    for p in (part, incomplete_path(part)):
+        set_aside_stale(p)
 
 
 def _spawn_local(
@@ -248,7 +274,11 @@ def _spawn_local(
                 f"{str(exc).strip().splitlines()[-1]}"
             )
             kept = merge_incomplete_ranks(
-                trace_path, world, reason=why, compression=spec.trace.compression
+                trace_path,
+                world,
+                reason=why,
+                run_id=spec.run_id,
+                compression=spec.trace.compression,
             )
             error = RunInterruptedError if stopped else CodlError
             raise error(f"{why}; what the ranks measured is kept in {kept or 'no file'}") from exc
@@ -265,14 +295,17 @@ def _forwarded_stop(pids: list[int]) -> Iterator[list[str]]:
     Slurm's time limit and Ctrl-C signal the whole process group: the launcher must outlive its
     ranks, which stop and write their data, so that it can merge what they measured into one
     incomplete trace. A signal sent to the launcher alone reaches the ranks this way; a rank
-    that got it from the group too ignores the repeat (runner._StopHandler).
+    that got it from the group too ignores the repeat (runner._StopHandler). The handlers from
+    before come back behind codl.files.restore_after_stop's grace handler.
     """
     stopped: list[str] = []
+    first: list[float] = []
     if threading.current_thread() is not threading.main_thread():
         yield stopped  # signal handlers can only be set from the main thread
         return
 
     def forward(signum: int, frame: FrameType | None) -> None:
+        first[:] = first or [time.monotonic()]
         stopped.append(signal.Signals(signum).name)
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
@@ -283,5 +316,6 @@ def _forwarded_stop(pids: list[int]) -> Iterator[list[str]]:
     try:
         yield stopped
     finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
+        # After a stop, the kill's repeats stay ignored for a while: the launcher ends with the
+        # merged trace and exit status 2, not by the signal.
+        restore_after_stop(previous, first[0] if first else None)

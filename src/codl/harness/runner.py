@@ -22,7 +22,7 @@ import statistics
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
+from collections.abc import Iterable, Iterator, Mapping, Sized
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -33,6 +33,7 @@ import torch
 
 from codl import pinning
 from codl.errors import CodlError, DataSetError, RunInterruptedError
+from codl.files import REPEAT_IGNORE_S, restore_after_stop
 from codl.harness import data as hdata
 from codl.harness import workloads
 from codl.harness.comm import CommRecorder, comm_group, prepare_tensors, run_comm_step
@@ -70,13 +71,12 @@ DRAIN_EVERY_STEPS = 50
 # what `runtime.switch_interval_ms: 0` leaves (5 ms in every CPython since 3.2).
 _CPYTHON_SWITCH_INTERVAL_S = sys.getswitchinterval()
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-_REPEAT_IGNORE_S = 5.0
 
 
 class _StopHandler:
     """SIGTERM/SIGINT handler of one run: raise RunInterruptedError to stop it.
 
-    Repeats within _REPEAT_IGNORE_S of the first (Slurm and group-wide kills deliver several)
+    Repeats within REPEAT_IGNORE_S of the first (Slurm and group-wide kills deliver several)
     are ignored, so they cannot interrupt the unwinding into the code that writes the trace
     (which then ignores both signals itself). A later one raises again: the first may have been
     swallowed, raised inside a finalizer where Python only prints it.
@@ -87,30 +87,15 @@ class _StopHandler:
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         now = time.monotonic()
-        if self.first is not None and now - self.first < _REPEAT_IGNORE_S:
+        if self.first is not None and now - self.first < REPEAT_IGNORE_S:
             return
         self.first = now
         raise RunInterruptedError(f"received {signal.Signals(signum).name}")
 
     def restore(self, previous: Mapping[signal.Signals, Any]) -> None:
         """Put the handlers from before the run back; after a stop, behind a grace handler that
-        still ignores the kill's repeats. A run whose trace is written quickly is past this
-        point before a kill's third SIGTERM arrives, and the default handler would then end the
-        process by the signal instead of its orderly exit status 2."""
-        for s, handler in previous.items():
-            signal.signal(s, handler if self.first is None else self._grace(handler))
-
-    def _grace(self, handler: Any) -> Callable[[int, FrameType | None], None]:
-        first = self.first
-
-        def grace(signum: int, frame: FrameType | None) -> None:
-            if first is not None and time.monotonic() - first < _REPEAT_IGNORE_S:
-                return
-            # A new signal, not a repeat: what was there before the run handles it.
-            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
-            signal.raise_signal(signum)
-
-        return grace
+        still ignores the kill's repeats (codl.files.restore_after_stop)."""
+        restore_after_stop(previous, self.first)
 
 
 def _seed_worker(placement: pinning.Placement, seed: int, worker_id: int) -> None:

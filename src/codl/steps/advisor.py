@@ -25,11 +25,13 @@ import pandas as pd
 from codl.advisor import advise as adv
 from codl.advisor import interference_map as imap
 from codl.advisor import model as mdl
+from codl.advisor.advise import HandoffChoice, choose_handoff
 from codl.advisor.settings import advisor_settings, cores_per_rank
 from codl.advisor.verify import score_predictions, verification_predictions
 from codl.config import build_plan, load_yaml
 from codl.errors import CodlError, ConfigError
 from codl.figures import FigureName
+from codl.outputs import verify_member
 from codl.paths import ResultPaths
 from codl.spec import RunSpec
 
@@ -40,6 +42,7 @@ CONFIG_NAME = "config.yaml"
 def _read_table(path: Path, results: Path) -> pd.DataFrame:
     if not path.is_file():
         raise CodlError(f"{path}: missing table ({results} must hold the workflow's tables/)")
+    verify_member(path)  # compare's tables are read only as a whole unit
     return pd.read_csv(path)
 
 
@@ -63,6 +66,7 @@ class FittedResults:
     data: mdl.RunData
     fit: mdl.Fit
     source_cfg: Mapping[str, Any]
+    handoff: HandoffChoice
 
 
 def fit_results(
@@ -72,6 +76,7 @@ def fit_results(
     mode: str | None = None,
     boot: int = 200,
     seed: int = 0,
+    handoff: str | None = None,
 ) -> FittedResults:
     """Fit the model on RESULTS/tables/{runs.csv,steps.csv.gz}; the cores per rank of the runs
     are ``fit_cores`` or RESULTS/config.yaml's ``slurm.cpus_per_rank``."""
@@ -85,14 +90,18 @@ def fit_results(
             f"cores per rank of the measured runs unknown: {results / CONFIG_NAME} has no "
             "slurm.cpus_per_rank; pass --fit-cores"
         )
+    runs, steps, chosen = choose_handoff(runs, steps, handoff=handoff, combined_mode=mode)
     data = mdl.run_data(runs, steps, combined_mode=mode)
     fit = mdl.fit(data, cores=int(cores), boot=boot, seed=seed)
-    return FittedResults(runs=runs, steps=steps, data=data, fit=fit, source_cfg=source_cfg)
+    return FittedResults(
+        runs=runs, steps=steps, data=data, fit=fit, source_cfg=source_cfg, handoff=chosen
+    )
 
 
 def _read(path: Path) -> pd.DataFrame:
     if not Path(path).is_file():
         raise CodlError(f"{path}: no such table")
+    verify_member(Path(path))  # compare's tables are read only as a whole unit
     return pd.read_csv(path)
 
 
@@ -144,10 +153,16 @@ def advise_to(
     run_table, step_table = _read(runs), _read(steps)
     _one_workload(run_table, build_plan(cfg, source="the config").specs)
     fit_cores = cores_per_rank(cfg)
+    run_table, step_table, chosen = choose_handoff(run_table, step_table)
     data = mdl.run_data(run_table, step_table)
     fit = mdl.fit(data, cores=fit_cores, boot=boot, seed=seed)
     settings = advisor_settings(cfg)
-    advice = adv.advise(fit, cores=settings.cores or fit_cores, prefer=adv.Prefer(settings.prefer))
+    advice = adv.advise(
+        fit,
+        cores=settings.cores or fit_cores,
+        prefer=adv.Prefer(settings.prefer),
+        handoff=chosen,
+    )
     vcfg = adv.verification_config(
         advice,
         fit,

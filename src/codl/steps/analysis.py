@@ -10,7 +10,7 @@ import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -21,13 +21,15 @@ from codl.analysis import summarize as sm
 from codl.analysis.steady import flag_outliers
 from codl.errors import CodlError
 from codl.figures import RUN_FIGURES
-from codl.figures.registry import FIGURES, FigureInputs, draw_figure
 from codl.figures.run_tables import timeline_window, write_run_tables
 from codl.outputs import output_unit, verify_member
-from codl.paths import FIGURE_FORMATS, summarize_manifest
+from codl.paths import FIGURE_FORMATS, compare_manifest, summarize_manifest
 from codl.trace.clock import rank_bounds
 from codl.trace.schema import Table
 from codl.trace.store import open_trace
+
+if TYPE_CHECKING:
+    from codl.figures.registry import FigureInputs
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +157,16 @@ def compare_to(
     comparison_table: Path,
     attribution_table: Path,
     decomposition_table: Path,
+    manifest: Path | None = None,
 ) -> pd.DataFrame:
+    """The merged tables of every run's summarize unit, and their comparison and decomposition.
+
+    The five tables are written as one unit (``codl.outputs``) with the manifest ``manifest``
+    (default: ``paths.compare_manifest(runs_table)``, in their one directory): they appear
+    together or not at all, never over a per-run table, and their readers (figures, advise)
+    check them against it.
+    """
+    inputs = [*summaries, *steps, *attributions, *parts]
     units: dict[Path, dict[str, Any]] = {}  # a run's four tables are one unit, checked once
     summary = _read_all(summaries, "summary", units)
     step_df = _read_all(steps, "steps", units)
@@ -163,20 +174,31 @@ def compare_to(
     part_df = _read_all(parts, "parts", units)
     comparison = cmp.compare(step_df, summary)
     decomposition = dec.decompose(step_df, part_df, summary)
-    for df, out in (
-        (summary, runs_table),
-        (step_df, steps_table),
-        (comparison, comparison_table),
-        (attribution, attribution_table),
-        (decomposition, decomposition_table),
-    ):
-        out.parent.mkdir(parents=True, exist_ok=True)
-        df.to_csv(out, index=False)
+    tables = {
+        runs_table: summary,
+        steps_table: step_df,
+        comparison_table: comparison,
+        attribution_table: attribution,
+        decomposition_table: decomposition,
+    }
+    with output_unit(
+        list(tables),
+        inputs=[Path(p) for p in inputs],
+        manifest=manifest or compare_manifest(runs_table),
+        mkdir=True,
+    ) as unit:
+        for out, df in tables.items():
+            # The final name's suffix (.csv.gz) picks the compression; the unit keeps names.
+            df.to_csv(unit.path(out), index=False)
+    for out, df in tables.items():
         _wrote(df, out)
     return comparison
 
 
-def _read_csv(path: Path) -> pd.DataFrame:
+def _read_csv(path: Path, checked: dict[Path, dict[str, Any]] | None = None) -> pd.DataFrame:
+    """A merged table, once its unit (compare's) is whole; tables written before units, or
+    beside no manifest, are read as they are."""
+    verify_member(path, checked=checked)
     # Whole-file type inference: read in pieces, a column that is empty in the first rows
     # (outlier_reason of the steps table) is guessed once per piece and comes back mixed.
     df = pd.read_csv(path, low_memory=False)
@@ -211,17 +233,23 @@ def recompare_tables(
 def merged_inputs(
     *, runs_table: Path, steps_table: Path, comparison_table: Path, decomposition_table: Path
 ) -> FigureInputs:
-    """The merged tables as figure inputs (no per-run tables)."""
+    """The merged tables as figure inputs (no per-run tables), checked as one unit."""
+    from codl.figures.registry import FigureInputs  # matplotlib: only where figures are drawn
+
+    units: dict[Path, dict[str, Any]] = {}
     return FigureInputs(
-        runs=_read_csv(runs_table),
-        steps=_read_csv(steps_table),
-        comparison=_read_csv(comparison_table),
-        decomposition=_read_csv(decomposition_table),
+        runs=_read_csv(runs_table, units),
+        steps=_read_csv(steps_table, units),
+        comparison=_read_csv(comparison_table, units),
+        decomposition=_read_csv(decomposition_table, units),
     )
 
 
 def draw_figures(inputs: FigureInputs, figdir: Path, *, merged_only: bool = False) -> None:
     """Every run figure (only those the merged tables suffice for, if ``merged_only``)."""
+    # Imported here: matplotlib costs ~0.5 s, which `codl summarize` never needs.
+    from codl.figures.registry import FIGURES, draw_figure
+
     for fig in FIGURES:
         if fig.name not in RUN_FIGURES or (merged_only and not fig.merged_only):
             continue

@@ -8,6 +8,16 @@ that order) expects: HDF5's shuffle, a standard zlib stream, HDF5's fletcher32, 
 reader - h5py, C, Julia - reads the file as before and checks the same checksums. Only the
 deflate stream differs from the one HDF5 would write: byte planes that are noise go in stored
 blocks instead of being compressed for nothing (``deflate_planes``).
+
+Hand-written rather than numcodecs' C ``Shuffle`` and ``Fletcher32``, for a measured reason
+(``benchmarks/chunkcodec_cost.py``, CPU time per 0.5 MiB chunk on the 2-core CI machine, two
+runs): the numpy shuffle costs no more (0.19-0.21 ms against numcodecs' 0.25-0.52 ms), numcodecs'
+fletcher32 saves 0.05-0.15 ms of a chunk's 1.0-3.1 ms, and ``encode_chunk`` with numcodecs' pair
+is no cheaper (1.43-1.81 against 1.58-1.63 ms for int64 timestamps; within 5 % for the int32
+columns), with identical stored bytes. A dependency for no gain, and numcodecs' fletcher32 holds
+the GIL, which the writer's thread pool relies on the pipeline to release. ``deflate_planes`` has
+no library equivalent: on timestamps it costs 1.0-1.2 ms where one zlib stream at level 1 (HDF5's
+filter, numcodecs' Zlib) costs 4.0 ms, at +4 % bytes.
 """
 
 from __future__ import annotations

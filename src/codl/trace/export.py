@@ -2,11 +2,18 @@
 
 Open the output in https://ui.perfetto.dev (or chrome://tracing). Layout:
 
-- one process per OS process: ``rank N`` (the training process of rank N) and ``loader worker W``
-  (DataLoader worker processes, labelled with their rank), one track per thread named
-  ``role: comm`` from ``/threads``;
+- one process per OS process: ``rank N`` (the training process of rank N) and ``rank N loader
+  worker W`` (its DataLoader worker processes), one track per thread named ``role: comm`` from
+  ``/threads``;
 - synthetic processes ``GPU rank N`` (one track per CUDA stream: kernels, memcpy, memset) and
-  ``comm rank N`` (one track of AllReduce buckets);
+  ``comm rank N`` (one track of AllReduce buckets); their tracks have tids of their own, unique
+  across ranks (Perfetto's JSON importer tells threads apart by tid alone, like OS tids);
+- flows (``ph`` ``s``/``f``, category ``launch``) from each CUDA runtime call to the kernel or
+  copy it launched, matched by the rank's CUPTI ``correlation`` id, drawn as arrows;
+- a sort order: ``process_sort_index`` (rank by rank: main, loader workers, GPU, comm) and
+  ``thread_sort_index`` (main thread first, then by role, loader threads by worker, streams by
+  id), in metadata events that Chrome's viewer honours; Perfetto's JSON importer reads names
+  only, so the pids and tids Perfetto sorts by are kept as they are (real OS ids);
 - counters: per-thread run-queue wait per sampling interval (``samples/sched``) in the thread's
   process, and NVML utilisation, memory, clock and power in ``GPU rank N``.
 
@@ -39,7 +46,15 @@ from codl.trace.store import Trace, open_trace
 # real process and stay inside int32 for viewers that parse pids as int.
 GPU_PID_BASE: Final = 1 << 30
 COMM_PID_BASE: Final = (1 << 30) + (1 << 20)
-COMM_TID: Final = 1
+# Synthetic tids of the GPU stream and collectives tracks: above 2**31, where Linux tids never
+# are, and distinct for every (rank, stream) and rank.
+STREAM_TID_BASE: Final = 1 << 31
+COMM_TID_BASE: Final = (1 << 31) + (1 << 30)
+# A flow's id: the rank above the CUPTI correlation id (a per-process counter), below 2**53 so
+# that JSON readers parsing numbers as doubles keep it exact.
+_FLOW_RANK_SHIFT: Final = 32
+# Thread order within a rank's process (thread_sort_index), by role; unknown roles go last.
+_ROLE_ORDER: Final = ("launch", "autograd", "pin_memory", "comm", "loader")
 
 _EVENT_TABLES: Final = (Table.APP, Table.LOADER, Table.CUDA, Table.COMM)
 _SAMPLE_TABLES: Final = (Table.SCHED, Table.DEVICE)
@@ -54,6 +69,22 @@ def gpu_pid(rank: int) -> int:
 def comm_pid(rank: int) -> int:
     """Synthetic pid of the ``comm rank N`` process."""
     return COMM_PID_BASE + rank
+
+
+def stream_tid(rank: int, stream: int) -> int:
+    """Synthetic tid of CUDA stream ``stream``'s track in ``GPU rank N`` (stream ids are CUPTI's
+    small per-context numbers; 20 bits of them and 10 of the rank are kept)."""
+    return STREAM_TID_BASE + ((rank & 0x3FF) << 20) + (stream & 0xFFFFF)
+
+
+def comm_tid(rank: int) -> int:
+    """Synthetic tid of the collectives track in ``comm rank N``."""
+    return COMM_TID_BASE + rank
+
+
+def flow_id(rank: int, correlation: int) -> int:
+    """The id of the launch -> kernel flow of ``correlation`` on ``rank``."""
+    return (rank << _FLOW_RANK_SHIFT) + correlation
 
 
 def _ints(s: pd.Series[Any]) -> list[int]:
@@ -104,13 +135,31 @@ class _Builder:
                 }
             )
 
-    def thread(self, pid: int, tid: int, name: str) -> None:
+    def thread(self, pid: int, tid: int, name: str, sort_index: int) -> None:
         if (pid, tid) in self._named_threads:
             return
         self._named_threads.add((pid, tid))
         self.meta.append(
             {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}}
         )
+        self.meta.append(
+            {
+                "ph": "M",
+                "name": "thread_sort_index",
+                "pid": pid,
+                "tid": tid,
+                "args": {"sort_index": sort_index},
+            }
+        )
+
+    def flow(self, fid: int, ph: str, pid: int, tid: int, ts_us: float) -> None:
+        # "f" binds to the slice enclosing its time on its track (bp "e"), here the kernel that
+        # starts there; "s" binds to the launch call it starts in, as Kineto's flows do.
+        e: dict[str, Any] = {"name": "launch", "cat": "launch", "ph": ph, "id": fid}
+        e.update({"pid": pid, "tid": tid, "ts": ts_us})
+        if ph == "f":
+            e["bp"] = "e"
+        self.events.append(e)
 
     def complete(
         self,
@@ -233,7 +282,8 @@ def _host_processes(b: _Builder, loader: pd.DataFrame, threads: pd.DataFrame) ->
     main_pid_of_rank: dict[int, int] = {}
     for pid, rank in sorted(rank_of_pid.items()):
         if pid in loader_pids:
-            b.process(pid, f"loader worker {worker_of.get(pid, '?')}", 4 * rank + 1, f"rank {rank}")
+            name = f"rank {rank} loader worker {worker_of.get(pid, '?')}"
+            b.process(pid, name, 4 * rank + 1, f"rank {rank}")
         else:
             main_pid_of_rank.setdefault(rank, pid)
             b.process(pid, f"rank {rank}", 4 * rank, None)
@@ -247,7 +297,7 @@ def _host_processes(b: _Builder, loader: pd.DataFrame, threads: pd.DataFrame) ->
         strict=True,
     ):
         pid_of_tid[tid] = pid
-        b.thread(pid, tid, f"{role}: {name}")
+        b.thread(pid, tid, f"{role}: {name}", _thread_order(role, pid == tid))
     label_of_tid = {
         tid: f"{role}: {name}"
         for tid, role, name in zip(
@@ -255,6 +305,14 @@ def _host_processes(b: _Builder, loader: pd.DataFrame, threads: pd.DataFrame) ->
         )
     }
     return _Hosts(worker_of, pid_of_tid, main_pid_of_rank, label_of_tid)
+
+
+def _thread_order(role: str, main: bool) -> int:
+    """thread_sort_index of a host thread: the process's main thread first, then by role."""
+    if main:
+        return 0
+    rank = _ROLE_ORDER.index(role) if role in _ROLE_ORDER else len(_ROLE_ORDER)
+    return 1 + rank
 
 
 def _app_events(b: _Builder, app: pd.DataFrame, hosts: _Hosts) -> None:
@@ -281,7 +339,8 @@ def _loader_events(b: _Builder, loader: pd.DataFrame, hosts: _Hosts) -> None:
         return
     pids, tids = _ints(loader["pid"]), _ints(loader["tid"])
     for pid, tid in zip(pids, tids, strict=True):
-        b.thread(pid, tid, f"loader: worker {hosts.worker_of.get(pid, '?')}")
+        name = f"loader: worker {hosts.worker_of.get(pid, '?')}"
+        b.thread(pid, tid, name, _thread_order("loader", True))
     b.complete(
         "loader",
         names=_strs(loader["stage"]),
@@ -315,9 +374,9 @@ def _cuda_events(b: _Builder, cuda: pd.DataFrame, hosts: _Hosts) -> None:
             tids_out.append(tid)
         else:
             b.process(gpu_pid(rank), f"GPU rank {rank}", 4 * rank + 2, None)
-            b.thread(gpu_pid(rank), stream, f"stream {stream}")
+            b.thread(gpu_pid(rank), stream_tid(rank, stream), f"stream {stream}", stream)
             pids_out.append(gpu_pid(rank))
-            tids_out.append(stream)
+            tids_out.append(stream_tid(rank, stream))
     b.complete(
         "cuda",
         names=_strs(cuda["name"]),
@@ -330,6 +389,25 @@ def _cuda_events(b: _Builder, cuda: pd.DataFrame, hosts: _Hosts) -> None:
             for k, s, c in zip(kinds, _ints(cuda["step"]), _ints(cuda["correlation"]), strict=True)
         ),
     )
+    _launch_flows(b, cuda, pids_out, tids_out)
+
+
+def _launch_flows(b: _Builder, cuda: pd.DataFrame, pids: list[int], tids: list[int]) -> None:
+    """One flow per correlation id that has both a runtime call and device work on its rank:
+    from the call (the last one if CUPTI reported several) to each kernel or copy."""
+    ranks, streams = _ints(cuda["rank"]), _ints(cuda["stream"])
+    corrs, ts = _ints(cuda["correlation"]), b.us(cuda["start_ns"])
+    launch: dict[tuple[int, int], int] = {}
+    for i, (rank, stream, corr) in enumerate(zip(ranks, streams, corrs, strict=True)):
+        if stream < 0 and corr > 0:
+            launch[(rank, corr)] = i
+    for i, (rank, stream, corr) in enumerate(zip(ranks, streams, corrs, strict=True)):
+        j = launch.get((rank, corr)) if stream >= 0 else None
+        if j is None:
+            continue
+        fid = flow_id(rank, corr)
+        b.flow(fid, "s", pids[j], tids[j], ts[j])
+        b.flow(fid, "f", pids[i], tids[i], ts[i])
 
 
 def _comm_events(b: _Builder, comm: pd.DataFrame) -> None:
@@ -338,12 +416,12 @@ def _comm_events(b: _Builder, comm: pd.DataFrame) -> None:
     ranks = _ints(comm["rank"])
     for rank in sorted(set(ranks)):
         b.process(comm_pid(rank), f"comm rank {rank}", 4 * rank + 3, None)
-        b.thread(comm_pid(rank), COMM_TID, "collectives")
+        b.thread(comm_pid(rank), comm_tid(rank), "collectives", 0)
     b.complete(
         "comm",
         names=_strs(comm["op"]),
         pids=(comm_pid(r) for r in ranks),
-        tids=(COMM_TID for _ in ranks),
+        tids=(comm_tid(r) for r in ranks),
         start_ns=comm["start_ns"],
         end_ns=comm["end_ns"],
         args=(

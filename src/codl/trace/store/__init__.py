@@ -21,6 +21,7 @@ The store's rooms; this module re-exports what the rest of codl uses:
 - ``layout``: what writer and reader share: names in the file, the digests, ``schema_markdown``.
 - ``merge``: merging a multi-rank run's per-rank traces into one (``merge_rank_traces``,
   ``merge_incomplete_ranks``, ``rank_trace_path``); import it as ``codl.trace.store.merge``.
+- ``convert``: ``convert_trace``, a copy of a trace with another codec (``codl convert``).
 """
 
 from __future__ import annotations

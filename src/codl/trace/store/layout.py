@@ -6,9 +6,11 @@ opens it, so both must run this one function.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Mapping
+from importlib import resources
 from typing import Any, Final
 
 import h5py
@@ -23,6 +25,13 @@ CHUNK_INDEX: Final = "chunks"
 
 # Root attributes that always hold JSON text, whatever type they were given as.
 JSON_ATTRS: Final[tuple[str, ...]] = ("spec", "versions", "anchors_start", "anchors_end")
+# Root attributes naming the codec of every table column and its HDF5 filter id, so that a tool
+# outside codl can tell what it needs without parsing `spec` (docs/trace-format.md,
+# "Compression"). Traces written before them have neither: `stored_codec` reads the pipeline.
+CODEC_ATTR: Final = "compression"
+FILTER_ATTR: Final = "hdf5_filter_id"
+# The registered HDF5 filter id of each codec (H5Zpublic.h; The HDF Group's filter registry).
+FILTER_IDS: Final[dict[str, int]] = {"blosc-lz4": 32001, "gzip": 1, "lzf": 32000}
 # Root attribute holding the sha256 of every root attribute, every table's row count, column
 # digests, and every column's shape and dtype (see metadata_digest). Written last.
 DIGEST_ATTR: Final = "attrs_sha256"
@@ -93,6 +102,59 @@ def metadata_digest(f: Any) -> str:
             sha = canonical_attr(ds.attrs.get("sha256"))
             h.update(f"[{CHUNK_INDEX}/{table}] {shape} {sha}\n".encode())
     return h.hexdigest()
+
+
+def stored_codec(f: Any) -> str | None:
+    """The codec of a trace's table columns: its ``compression`` attribute, or, in traces
+    written before it, the filter pipeline of the first column dataset; None without one."""
+    codec = f.attrs.get(CODEC_ATTR)
+    if codec is not None:
+        return str(plain_value(codec))
+    by_id = {str(i): name for name, i in FILTER_IDS.items()}
+    for table, schema in TABLES.items():
+        ds = f.get(f"{table}/{schema[0].name}")
+        if isinstance(ds, h5py.Dataset):
+            # h5py names the filters it knows ("gzip", "lzf") and others by their id.
+            for key in ds._filters:
+                if key in FILTER_IDS:
+                    return str(key)
+                if key in by_id:
+                    return by_id[key]
+            return None
+    return None
+
+
+@functools.cache
+def _attrs_validator() -> Any:
+    # Imported on first use: `codl run` imports the store before torch, and pays for neither.
+    import jsonschema
+    import yaml
+
+    text = resources.files("codl").joinpath("schemas/trace-attrs.schema.yaml").read_text()
+    return jsonschema.Draft202012Validator(yaml.safe_load(text))
+
+
+def root_attrs_problem(attrs: Mapping[str, Any]) -> str | None:
+    """What breaks the root attributes' promises (schemas/trace-attrs.schema.yaml and the run's
+    own times in order), naming the attribute, e.g. ``clock_alignment.ranks[1].bound_ns: 'x'
+    is not of type 'integer'``; None when they keep them. ``attrs`` as the reader decodes
+    them."""
+    errors = sorted(
+        _attrs_validator().iter_errors(dict(attrs)),
+        key=lambda e: [str(x) for x in e.absolute_path],
+    )
+    if errors:
+        err = errors[0]
+        where = "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in err.absolute_path)
+        return f"{where.lstrip('.') or 'the root'}: {err.message}"
+    for who, a in [
+        ("", attrs),
+        *((f"ranks[{i}].", r) for i, r in enumerate(attrs.get("ranks", []))),
+    ]:
+        begin, end = a.get("t_begin_ns"), a.get("t_end_ns")
+        if begin is not None and end is not None and end < begin:
+            return f"{who}t_end_ns ({end}) is before {who}t_begin_ns ({begin})"
+    return None
 
 
 def time_range(table: str, columns: Mapping[str, npt.NDArray[Any]], n: int) -> tuple[int, int]:

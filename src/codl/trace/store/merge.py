@@ -31,12 +31,18 @@ _RANK_ATTRS = ("host", "anchors_start", "anchors_end", "t_begin_ns", "t_end_ns",
 
 
 def merge_incomplete_ranks(
-    trace_path: Path, world: int, *, reason: str, compression: str = DEFAULT_COMPRESSION
+    trace_path: Path,
+    world: int,
+    *,
+    reason: str,
+    run_id: str | None = None,
+    compression: str = DEFAULT_COMPRESSION,
 ) -> Path | None:
-    """After a local multi-rank run stopped: every rank's data, from its complete or incomplete
-    rank trace, in one trace marked incomplete (``<stem>.incomplete.h5``), whose reason names
-    ``reason`` and each rank's own; the rank files it merged are removed. None when no rank
-    left a readable file (killed before it could write)."""
+    """After a multi-rank run stopped: every rank's data, from its complete or incomplete rank
+    trace, in one trace marked incomplete (``<stem>.incomplete.h5``), whose reason names
+    ``reason`` and each rank's own; the rank files it merged are removed. A rank file of
+    another run (``run_id`` given) or of another rank is left in place, not merged. None when
+    no rank left a readable file (killed before it could write: SIGKILL gives no say)."""
     parts = [
         (r, p)
         for r in range(world)
@@ -55,6 +61,8 @@ def merge_incomplete_ranks(
                     tables = {n: t.table(n) for n in TABLES if n in t.tables()}
             except (OSError, TraceFormatError, KeyError, ValueError):
                 continue  # unreadable: left in place for inspection, not merged
+            if attrs.get("rank", r) != r or (run_id is not None and attrs.get("run_id") != run_id):
+                continue  # not this run's rank r: left in place, not merged
             own = "complete" if attrs.get("complete") is True else attrs.get("incomplete_reason")
             kept_attrs = {k: attrs[k] for k in _RANK_ATTRS if k in attrs}
             per_rank.append(

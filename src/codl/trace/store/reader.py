@@ -39,6 +39,8 @@ from codl.trace.store.layout import (
     STRINGS,
     metadata_digest,
     plain_value,
+    root_attrs_problem,
+    stored_codec,
     strings_digest,
     table_schema,
     time_range,
@@ -48,6 +50,7 @@ from codl.trace.store.layout import (
 _MAX_EXPANSION: Final = 2048
 
 _VERIFY_BLOCK_ROWS: Final = 1 << 20
+_TIME_COLUMNS: Final = frozenset({"start_ns", "end_ns", "t_ns"})
 
 
 class Trace:
@@ -98,6 +101,15 @@ class Trace:
         if not isinstance(spec, dict):
             raise TraceFormatError(f"{self._path}: no run spec (root attribute 'spec')")
         return spec
+
+    @property
+    def codec(self) -> str | None:
+        """The codec of the table columns (``blosc-lz4``, ``gzip``, ``lzf``; None without one),
+        from the ``compression`` attribute or, in older traces, the stored filter pipeline."""
+        try:
+            return stored_codec(self._file)
+        except H5_ERRORS as e:
+            raise self._corrupt("the filter pipeline", e) from e
 
     @property
     def strings(self) -> list[str]:
@@ -214,6 +226,22 @@ class Trace:
             codes, categories=self._categories
         ).remove_unused_categories()
 
+    def _events_out_of_order(
+        self, table: str, block: Mapping[str, npt.NDArray[Any]], lo: int
+    ) -> TraceFormatError | None:
+        """The error for rows of an event block (first row ``lo``) that end before they start;
+        None when there are none or the block lacks either time. Every read of both times
+        checks them, so no command takes such an event for a negative duration."""
+        if "start_ns" not in block or "end_ns" not in block:
+            return None
+        late = np.flatnonzero(block["end_ns"] < block["start_ns"])
+        if not late.size:
+            return None
+        return TraceFormatError(
+            f"{self._path}: /{table} has {late.size}+ event(s) ending before they start "
+            f"(first at row {lo + int(late[0])}); corrupt"
+        )
+
     def chunk_index(self, table: str) -> npt.NDArray[np.int64] | None:
         """The table's chunk index, ``(blocks, 4)`` int64 rows of (row_lo, row_hi, t_lo, t_hi),
         checked against its sha256 and the row count; None for traces written without one."""
@@ -245,12 +273,20 @@ class Trace:
         self._chunk_index[table] = data
         return data
 
-    def _ranges(self, table: str, n: int, t0: int | None, t1: int | None) -> list[tuple[int, int]]:
+    def _ranges(
+        self,
+        table: str,
+        n: int,
+        t0: int | None,
+        t1: int | None,
+        rows: int | None = None,
+    ) -> list[tuple[int, int]]:
         """Row ranges to read for the window [t0, t1): the index's blocks that can hold rows of
         it (adjacent ones merged), or everything when there is no index or no window."""
+        rows = _VERIFY_BLOCK_ROWS if rows is None else rows
         index = self.chunk_index(table) if n else None
         if index is None:
-            return [(lo, min(n, lo + _VERIFY_BLOCK_ROWS)) for lo in range(0, n, _VERIFY_BLOCK_ROWS)]
+            return [(lo, min(n, lo + rows)) for lo in range(0, n, rows)]
         keep = np.ones(len(index), dtype=bool)
         if t1 is not None:
             keep &= index[:, 2] < t1
@@ -258,7 +294,7 @@ class Trace:
             keep &= index[:, 3] >= t0
         ranges: list[tuple[int, int]] = []
         for lo, hi in index[keep, :2].tolist():
-            if ranges and ranges[-1][1] == lo and hi - ranges[-1][0] <= _VERIFY_BLOCK_ROWS:
+            if ranges and ranges[-1][1] == lo and hi - ranges[-1][0] <= rows:
                 ranges[-1] = (ranges[-1][0], hi)
             else:
                 ranges.append((lo, hi))
@@ -323,6 +359,8 @@ class Trace:
                 got[c] = self._read_into(name, c, lo, hi, out[c])
             else:
                 got[c] = self._read(name, c, slice(lo, hi))
+        if (bad := self._events_out_of_order(name, got, lo)) is not None:
+            raise bad
         return got
 
     def _submit_chunks(
@@ -395,10 +433,15 @@ class Trace:
                     continue
                 if mask is not None and mask.all():
                     mask = None
+            raw: dict[str, npt.NDArray[Any]] = dict(cache)
+            for c in wanted:
+                if c.name not in raw:
+                    raw[c.name] = self._read(name, c.name, sel)
+            if (bad := self._events_out_of_order(name, raw, lo)) is not None:
+                raise bad
             block: dict[str, Any] = {}
             for c in wanted:
-                arr = cache[c.name] if c.name in cache else self._read(name, c.name, sel)
-                arr = arr if mask is None else arr[mask]
+                arr = raw[c.name] if mask is None else raw[c.name][mask]
                 block[c.name] = self._decode(name, c.name, arr) if c.is_symbol and decode else arr
             yield block
 
@@ -419,10 +462,14 @@ class Trace:
             blocks = [self.read_rows(name, 0, n)] if n else []
         else:
             blocks = list(self.iter_blocks(name, t0=t0, t1=t1, decode=False))
+        return self._frame(name, blocks)
+
+    def _frame(self, name: str, blocks: list[dict[str, npt.NDArray[Any]]]) -> pd.DataFrame:
+        """Raw column blocks of table ``name`` joined into the frame ``table`` returns."""
         if not blocks:
             return empty_frame(name)
         data: dict[str, Any] = {}
-        for c in schema:
+        for c in table_schema(name):
             parts = [b[c.name] for b in blocks]
             arr = parts[0] if len(parts) == 1 else np.concatenate(parts)
             data[c.name] = self._decode(name, c.name, arr) if c.is_symbol else arr
@@ -436,7 +483,18 @@ class Trace:
         checksum is checked, and hashed against the column digest written with it; no event
         ends before it starts; string indices are in the table; the chunk index describes the
         data; and the stored run_id is the hash of the stored spec.
+
+        A reader that needs the tables too checks them as it reads them, in one pass over the
+        data: ``verify_structure`` and each table's ``verified_blocks``.
         """
+        self.verify_structure()
+        for table in self.tables():
+            for _ in self.verified_blocks(table):
+                pass
+
+    def verify_structure(self) -> None:
+        """What ``verify`` checks besides the tables' rows: every dataset belongs to the
+        schema, and the stored run_id is the hash of the stored spec."""
         datasets: list[str] = []
         try:
             self._file.visititems(
@@ -451,9 +509,13 @@ class Trace:
             raise TraceFormatError(
                 f"{self._path}: datasets {unknown[:5]} are not in trace schema v{SCHEMA_VERSION}"
             )
-        for table in self.tables():
-            self._verify_table(table)
         self._verify_identity()
+
+    def verified_table(self, name: str, *, pool: Executor | None = None) -> pd.DataFrame:
+        """``table(name)``, every row checked as ``verify`` checks it, in the same read."""
+        if name not in self.tables():
+            return empty_frame(name)
+        return self._frame(name, [block for _, _, block in self.verified_blocks(name, pool=pool)])
 
     def _column_digests(self, table: str) -> dict[str, Any]:
         try:
@@ -466,7 +528,26 @@ class Trace:
             raise self._corrupt(f"the column digests of /{table}", e) from e
         return digests
 
-    def _verify_table(self, table: str) -> None:
+    def verified_blocks(
+        self,
+        table: str,
+        *,
+        pool: Executor | None = None,
+        reuse: bool = False,
+        rows: int | None = None,
+    ) -> Iterator[tuple[int, int, dict[str, npt.NDArray[Any]]]]:
+        """(lo, hi, every column of rows [lo, hi)) of ``table`` block by block (its chunk-index
+        blocks, else 1 Mi rows), each checked as ``verify`` checks it as it is read: dtypes,
+        string codes, the index entry's time range, events ending before they start, each
+        column's sha256 over all its rows. The digests are compared after the last block: a
+        caller keeps nothing it made of the blocks unless the iteration ran to its end (it
+        raises TraceFormatError there). The blocks are read-only: a thread hashes each one
+        while the caller uses it (sha256 releases the GIL), so the check costs ~no wall time
+        where a second core is free. ``pool``: as ``read_rows``. ``reuse``: the blocks are read
+        into two sets of arrays used in turn (a fresh array costs its page faults, ~2 ns per
+        8-byte value), so a block's arrays are valid only until the next block is asked for.
+        ``rows``: adjacent index blocks are joined up to this many rows (one block may hold
+        more; default 1 Mi)."""
         schema = table_schema(table)
         n = self._row_count(table, schema)
         digests = self._column_digests(table)
@@ -479,29 +560,54 @@ class Trace:
                 )
         index = self.chunk_index(table)
         hashes = {c.name: hashlib.sha256() for c in schema}
-        bad: tuple[int, int] | None = None  # (first row, count) of events ending before start
-        # With an index, block by block, so that each entry is checked against its rows.
-        ranges = self._ranges(table, n, None, None) if index is None else index[:, :2].tolist()
+        # Adjacent index blocks read together (up to 1 Mi rows: the per-read costs are paid
+        # per block), each entry then checked against its own rows.
+        ranges = self._ranges(table, n, None, None, rows)
+        first_entry = 0
 
         def digest(block: dict[str, npt.NDArray[Any]]) -> None:
             for name, values in block.items():
                 # The array's own buffer: hashlib reads it without the copy tobytes() makes.
                 hashes[name].update(np.ascontiguousarray(values).data.cast("B"))
 
-        # sha256 releases the GIL: block i is hashed on a thread while block i + 1 is read and
+        # Block i is hashed on a thread while the caller uses it and block i + 1 is read and
         # checked (HDF5 holds h5py's lock). At most two blocks are held, and the hashes see the
         # rows in order, since each block's hashing waits for the one before.
         hashing: Future[None] | None = None
-        with ThreadPoolExecutor(1, thread_name_prefix="codl-verify") as pool:
+        with ThreadPoolExecutor(1, thread_name_prefix="codl-verify") as hasher:
+            size = max((hi - lo for lo, hi in ranges), default=0)
+            sets = [
+                {c.name: np.empty(size, dtype=c.numpy_dtype) for c in schema}
+                for _ in range(2 if reuse else 0)
+            ]
             for i, (lo, hi) in enumerate(ranges):
-                block = {c.name: self._read(table, c.name, slice(lo, hi)) for c in schema}
+                # Set i % 2 was last hashed for block i - 2, which the wait below for block
+                # i - 1's hash has seen finish.
+                out = sets[i % 2] if reuse else None
+                block = self.read_rows(table, lo, hi, pool=pool, out=out)
+                for values in block.values():
+                    values.flags.writeable = False
                 if hashing is not None:
                     hashing.result()
-                hashing = pool.submit(digest, block)
-                self._check_block(table, block, lo, hi, None if index is None else index[i])
-                if "start_ns" in block and bad is None:
+                hashing = hasher.submit(digest, block)
+                self._check_block(table, block, lo, hi, None)
+                if index is not None:
+                    last_entry = int(np.searchsorted(index[:, 1], hi, side="right"))
+                    for entry in index[first_entry:last_entry]:
+                        e_lo, e_hi = int(entry[0]) - lo, int(entry[1]) - lo
+                        times = {k: v[e_lo:e_hi] for k, v in block.items() if k in _TIME_COLUMNS}
+                        self._check_block(table, times, int(entry[0]), int(entry[1]), entry)
+                    first_entry = last_entry
+                if "start_ns" in block:
+                    # Raised here, before the caller sees the block: a reducer would choke on a
+                    # negative duration with a less telling error.
                     late = np.flatnonzero(block["end_ns"] < block["start_ns"])
-                    bad = (lo + int(late[0]), int(late.size)) if late.size else None
+                    if late.size:
+                        raise TraceFormatError(
+                            f"{self._path}: /{table} has {late.size}+ event(s) ending before "
+                            f"they start (first at row {lo + int(late[0])}); corrupt"
+                        )
+                yield lo, hi, block
             if hashing is not None:
                 hashing.result()
         for c in schema:
@@ -510,11 +616,6 @@ class Trace:
                 raise TraceFormatError(
                     f"{self._path}: dataset /{table}/{c.name} does not match its sha256; corrupt"
                 )
-        if bad is not None:
-            raise TraceFormatError(
-                f"{self._path}: /{table} has {bad[1]}+ event(s) ending before they start "
-                f"(first at row {bad[0]}); corrupt"
-            )
 
     def _check_block(
         self,
@@ -526,7 +627,7 @@ class Trace:
     ) -> None:
         """String codes in the table; the chunk index entry's time range is the block's."""
         for c in table_schema(table):
-            if c.is_symbol:
+            if c.is_symbol and c.name in block:
                 self._check_codes(table, c.name, block[c.name])
         if entry is not None and tuple(entry[2:]) != time_range(table, block, hi - lo):
             raise TraceFormatError(
@@ -649,6 +750,12 @@ def open_trace(path: str | os.PathLike[str], *, allow_incomplete: bool = False) 
             raise TraceFormatError(
                 f"{p}: metadata (attributes, row counts, shapes) does not match its sha256; "
                 "the file is corrupt or was edited"
+            )
+        problem = root_attrs_problem(attrs)
+        if problem is not None:
+            raise TraceFormatError(
+                f"{p}: root attribute {problem}; the file is damaged or was edited "
+                "(docs/trace-format.md, Root attributes)"
             )
         complete = attrs.get("complete") is True
         if not complete and not allow_incomplete:

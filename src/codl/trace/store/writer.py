@@ -30,8 +30,11 @@ from codl.trace.schema import SCHEMA_VERSION, TABLES, Column
 from codl.trace.store.files import INCOMPLETE_SUFFIX, PARTIAL_SUFFIX, incomplete_path, partial_path
 from codl.trace.store.layout import (
     CHUNK_INDEX,
+    CODEC_ATTR,
     COLUMN_DIGESTS,
     DIGEST_ATTR,
+    FILTER_ATTR,
+    FILTER_IDS,
     H5_ERRORS,
     JSON_ATTRS,
     STRINGS,
@@ -81,7 +84,15 @@ INDEX_DOC: Final = (
 )
 # Written by the writer itself; set_attrs must not overwrite the completion protocol.
 RESERVED_ATTRS: Final = frozenset(
-    {"schema_version", "complete", "incomplete_reason", "json_attrs", "attrs_sha256"}
+    {
+        "schema_version",
+        "complete",
+        "incomplete_reason",
+        "json_attrs",
+        "attrs_sha256",
+        CODEC_ATTR,
+        FILTER_ATTR,
+    }
 )
 # Most compression threads a writer starts by default (a block has ~10 columns to share out).
 _MAX_THREADS: Final = 4
@@ -319,6 +330,8 @@ class TraceWriter:
         self._file.attrs["schema_version"] = SCHEMA_VERSION
         self._file.attrs["complete"] = False
         self._file.attrs["json_attrs"] = "[]"
+        self._file.attrs[CODEC_ATTR] = self._compression
+        self._file.attrs[FILTER_ATTR] = FILTER_IDS[self._compression]
         return self
 
     def _limit_metadata_cache(self) -> None:
@@ -611,7 +624,7 @@ class TraceWriter:
                 dtype=c.numpy_dtype,
                 chunks=(chunk_rows(c),),
                 fletcher32=True,
-                **_filter_options(self._compression),
+                **filter_options(self._compression),
             )
             ds.attrs["unit"] = c.unit
             ds.attrs["doc"] = c.doc
@@ -762,7 +775,7 @@ class TraceWriter:
         return kept
 
 
-def _filter_options(compression: Compression) -> dict[str, Any]:
+def filter_options(compression: Compression) -> dict[str, Any]:
     """h5py's create_dataset options of a column's filters (fletcher32 comes after them)."""
     if compression == "blosc-lz4":
         return dict(BLOSC)  # Blosc shuffles bytes itself
