@@ -35,6 +35,7 @@ USED_BY: dict[str, tuple[str, ...]] = {
     "snakemake-executor-plugin-slurm": ("executor: slurm",),  # profiles/slurm
     "submitit": ("from submitit",),
     "scipy": ("from scipy",),
+    "tokenizers": ("from tokenizers import",),  # the LM workload's BPE (codl.harness.text)
     "nvidia-ml-py": ("import pynvml",),
 }
 

@@ -677,17 +677,9 @@ def _plan_problems(spec: RunSpec, tiers: Mapping[str, str]) -> list[str]:
     out: list[str] = []
     from codl.harness import workloads
 
-    if spec.workload.model not in workloads.names():
-        out.append(
-            f"workload.model: got {spec.workload.model!r}, expected one of {workloads.names()}"
-        )
-    else:
-        kind = workloads.get(spec.workload.model).dataset_kind
-        if spec.mode.loads and spec.dataset.kind is not kind:
-            out.append(
-                f"dataset.kind: got {spec.dataset.kind.value!r}, but workload "
-                f"{spec.workload.model!r} reads {kind.value!r} data sets"
-            )
+    # The reference (registered, entry point or module:factory), the data set kind it reads and
+    # builds, and the workload's own checks: each a line naming the key.
+    out += workloads.plan_problems(spec)
     if spec.dataset.tier != "default" and spec.dataset.tier not in tiers:
         out.append(
             f"dataset.tier: got {spec.dataset.tier!r}, expected 'default' or one of "

@@ -6,6 +6,11 @@ noise (noise JPEGs are ~3x larger and slower to decode than ImageNet's at the sa
 A JPEG set of ``cost: light`` stores the same images pre-decoded, as uint8 CHW ``.npy`` arrays
 (``class_NNN/img_NNNNNN.npy``): the cheap end of the loader-cost axis, no decode per sample.
 Volume: HDF5 sample files of float32 4-channel cubes, CosmoFlow-like.
+Text: ``samples`` documents of varied length (log-normal, median ~250 words) drawn from a Zipfian
+lexicon of made-up words, in sentences and paragraphs, back to back in one UTF-8 file with their
+byte offsets, and a byte-level BPE of ``classes`` tokens trained on them with ``tokenizers``
+(codl.harness.text reads them).
+Workload: the files a workload's own ``generate_dataset`` writes (``dataset.generator``).
 A MANIFEST.json written last records the spec, file count and bytes; its presence marks a
 complete data set.
 
@@ -18,6 +23,7 @@ delete a directory codl did not create.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -29,13 +35,14 @@ from typing import Any
 import numpy as np
 
 from codl.errors import CodlError
+from codl.paths import DATASET_MANIFEST
 from codl.spec import DatasetCost, DatasetKind, DatasetSpec, to_dict
 
-MANIFEST = "MANIFEST.json"
+MANIFEST = DATASET_MANIFEST
 OWNER_MARKER = ".codl-dataset"
 VOLUME_CHANNELS = 4
 # Data set keys newer than the first manifests, with the value those manifests' sets have.
-_ADDED_KEY_DEFAULTS: dict[str, Any] = {"cost": DatasetCost.STANDARD.value}
+_ADDED_KEY_DEFAULTS: dict[str, Any] = {"cost": DatasetCost.STANDARD.value, "generator": ""}
 # A MANIFEST larger than this is not one of ours (ours are a few hundred bytes).
 _MAX_MANIFEST_BYTES = 1 << 20
 
@@ -125,14 +132,22 @@ def generate(spec: DatasetSpec, out_dir: Path) -> dict[str, Any]:
     out_dir = _absolute(Path(out_dir), "--out")
     with _building(out_dir, "--out") as tmp:
         rng = np.random.default_rng(spec.seed)
-        if spec.kind is DatasetKind.JPEG:
+        extra: dict[str, Any] = {}
+        # DatasetKind(...): callers building a DatasetSpec by hand may pass the kind's value.
+        kind = DatasetKind(spec.kind)
+        if kind is DatasetKind.JPEG:
             files, nbytes = _generate_jpeg(spec, tmp, rng)
-        else:
+        elif kind is DatasetKind.VOLUME:
             files, nbytes = _generate_volumes(spec, tmp, rng)
+        elif kind is DatasetKind.TEXT:
+            files, nbytes, extra["text"] = _generate_text(spec, tmp, rng)
+        else:
+            files, nbytes = _generate_by_workload(spec, tmp)
         manifest = {
             "spec": to_dict(spec),
             "files": files,
             "bytes": nbytes,
+            **extra,
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
     return manifest
@@ -188,6 +203,108 @@ def _generate_volumes(spec: DatasetSpec, root: Path, rng: np.random.Generator) -
             f.attrs["label"] = i % spec.classes
         nbytes += path.stat().st_size
     return spec.samples, nbytes
+
+
+# Documents: log-normal word counts (median ~250, a few of several thousand), clipped.
+_DOC_WORDS_MEDIAN = 250
+_DOC_WORDS_SIGMA = 1.0
+_DOC_WORDS_RANGE = (8, 6000)
+_LEXICON = 40_000
+_SYLLABLES = [c + v for c in "bcdfghjklmnprstvwz" for v in "aeiou"] + ["th", "qu", "st", "er"]
+
+
+def _lexicon(rng: np.random.Generator) -> np.ndarray:
+    """Made-up words of 1-4 syllables, ranked: word r is drawn with weight 1 / (r + 1)^1.1."""
+    lengths = rng.choice([1, 2, 3, 4], size=_LEXICON, p=[0.2, 0.4, 0.3, 0.1])
+    picks = rng.integers(0, len(_SYLLABLES), size=(_LEXICON, 4))
+    return np.array(
+        ["".join(_SYLLABLES[j] for j in p[:n]) for p, n in zip(picks, lengths, strict=True)]
+    )
+
+
+def _document(rng: np.random.Generator, lexicon: np.ndarray, cdf: np.ndarray) -> str:
+    words = int(
+        np.clip(rng.lognormal(np.log(_DOC_WORDS_MEDIAN), _DOC_WORDS_SIGMA), *_DOC_WORDS_RANGE)
+    )
+    picked = lexicon[np.searchsorted(cdf, rng.random(words))]
+    # Sentences of 4-24 words, paragraphs of 2-8 sentences, some numbers: what BPE meets in text.
+    out: list[str] = []
+    i = 0
+    sentences = 0
+    while i < words:
+        n = int(rng.integers(4, 25))
+        sentence = [str(w) for w in picked[i : i + n]]
+        if rng.random() < 0.2:
+            sentence.insert(int(rng.integers(0, len(sentence) + 1)), str(rng.integers(0, 10_000)))
+        sentence[0] = sentence[0].capitalize()
+        out.append(" ".join(sentence) + ("." if rng.random() < 0.85 else "?"))
+        sentences += 1
+        i += n
+        if sentences % int(rng.integers(2, 9)) == 0:
+            out.append("\n\n")
+    return " ".join(out).replace(" \n\n ", "\n\n").strip() + "\n"
+
+
+def _generate_text(
+    spec: DatasetSpec, root: Path, rng: np.random.Generator
+) -> tuple[int, int, dict[str, Any]]:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from codl.harness.text import DOCUMENTS, END_OF_TEXT, OFFSETS, TOKENIZER
+
+    lexicon = _lexicon(rng)
+    weights = 1.0 / np.arange(1, _LEXICON + 1) ** 1.1
+    cdf = np.cumsum(weights / weights.sum())
+    offsets = [0]
+    with open(root / DOCUMENTS, "wb") as f:
+        for _ in range(spec.samples):
+            raw = _document(rng, lexicon, cdf).encode("utf-8")
+            f.write(raw)
+            offsets.append(offsets[-1] + len(raw))
+    np.save(root / OFFSETS, np.array(offsets, dtype=np.int64))
+    # GPT-2's kind of BPE: byte-level (every byte a token, nothing unknown), trained here on
+    # this corpus to ``classes`` tokens; the end-of-text token separates packed documents.
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=spec.classes,
+        special_tokens=[END_OF_TEXT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    text = (root / DOCUMENTS).read_bytes()
+    docs = [text[a:b].decode("utf-8") for a, b in itertools.pairwise(offsets)]
+    tok.train_from_iterator(docs, trainer=trainer)
+    tok.save(str(root / TOKENIZER))
+    tokens = sum(len(e.ids) for e in tok.encode_batch(docs, add_special_tokens=False))
+    nbytes = sum(p.stat().st_size for p in root.iterdir() if p.is_file())
+    stats = {
+        "documents": spec.samples,
+        "tokens": tokens,
+        "vocab": tok.get_vocab_size(),
+        "bytes_per_token": round(len(text) / max(tokens, 1), 4),
+    }
+    return spec.samples, nbytes, stats
+
+
+def _generate_by_workload(spec: DatasetSpec, root: Path) -> tuple[int, int]:
+    """The files of a workload's own generator (kind ``workload``); its own errors pass
+    through, named."""
+    from codl.harness import workloads
+
+    w = workloads.get(spec.generator)
+    try:
+        samples = w.generate_dataset(spec, root)
+    except CodlError:
+        raise
+    except Exception as exc:
+        raise CodlError(
+            f"dataset.generator {spec.generator!r}: generate_dataset raised "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    nbytes = sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and not p.is_symlink())
+    return samples, nbytes
 
 
 def read_manifest(out_dir: Path) -> dict[str, Any]:

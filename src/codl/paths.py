@@ -11,6 +11,8 @@ from pathlib import Path
 
 # Every figure is written in each format; its name is codl.figures.FigureName's.
 FIGURE_FORMATS = ("png", "pdf")
+# Written last into a data set directory: its presence marks a complete data set.
+DATASET_MANIFEST = "MANIFEST.json"
 
 
 def summarize_manifest(summary: Path) -> Path:
@@ -143,7 +145,7 @@ class ResultPaths:
         return self.resources / "datasets" / name
 
     def dataset_manifest(self, name: str) -> Path:
-        return self.dataset_dir(name) / "MANIFEST.json"
+        return self.dataset_dir(name) / DATASET_MANIFEST
 
     def staged_marker(self, tier: str, name: str) -> Path:
         """Proof that data set ``name`` was copied to storage tier ``tier``."""

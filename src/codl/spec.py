@@ -40,6 +40,8 @@ _ID_OPTIONAL_DEFAULTS: dict[tuple[str, str], Any] = {
     ("loader", "sharing_strategy"): "file_descriptor",
     ("loader", "handoff"): "torch",
     ("runtime", "switch_interval_ms"): 0.0,
+    ("workload", "seq_len"): 128,
+    ("dataset", "generator"): "",
 }
 #: The longest switch interval a run may ask for: past a second a thread waiting for the GIL
 #: would starve for the whole of a step, which measures nothing useful.
@@ -167,6 +169,10 @@ class Precision(enum.StrEnum):
 class DatasetKind(enum.StrEnum):
     JPEG = "jpeg"
     VOLUME = "volume"
+    #: documents of varied length and the BPE tokenizer trained on them (codl.datasets)
+    TEXT = "text"
+    #: built by a workload's own generator (``dataset.generator``, codl.harness.workloads)
+    WORKLOAD = "workload"
 
 
 class DatasetCost(enum.StrEnum):
@@ -203,6 +209,10 @@ class DatasetSpec:
     seed: int = 0
     tier: str = "default"
     cost: DatasetCost = DatasetCost.STANDARD
+    #: kind ``workload``: the workload whose generator builds the set (a registered name,
+    #: ``package.module:factory`` or an entry point of ``codl.workloads``); filled with the
+    #: run's ``workload.model`` when left empty
+    generator: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -214,6 +224,8 @@ class WorkloadSpec:
     precision: Precision = Precision.FP32
     channels_last: bool = False
     lr: float = 0.01
+    #: tokens per training sequence (language-model workloads; image workloads ignore it)
+    seq_len: int = 128
 
 
 class SharingStrategy(enum.StrEnum):
@@ -403,6 +415,10 @@ class RunSpec:
             raise ConfigError(problems)
         if not isinstance(spec, RunSpec):  # pragma: no cover - _from_mapping returns cls
             raise TypeError(spec)
+        if spec.dataset.kind is DatasetKind.WORKLOAD and not spec.dataset.generator:
+            # The usual case: the run's own workload builds the set it reads.
+            dataset = dataclasses.replace(spec.dataset, generator=spec.workload.model)
+            spec = dataclasses.replace(spec, dataset=dataset)
         problems = spec.problems(where)
         if problems:
             raise ConfigError(problems)
@@ -422,6 +438,7 @@ class RunSpec:
         positive("workload.batch_size", self.workload.batch_size)
         positive("workload.image_size", self.workload.image_size, 8)
         positive("workload.classes", self.workload.classes, 2)
+        positive("workload.seq_len", self.workload.seq_len, 8)
         positive("loader.workers", self.loader.workers, 0)
         positive("loader.prefetch_factor", self.loader.prefetch_factor)
         cores = self.pinning.launch_cores

@@ -25,8 +25,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler, get_worker_info
 
-from codl.datasets import MANIFEST
 from codl.errors import DataSetError
+from codl.paths import DATASET_MANIFEST as MANIFEST
 from codl.spec import DatasetCost
 from codl.trace.clock import now_ns
 
@@ -92,7 +92,10 @@ def train_transform(image_size: int, cost: DatasetCost = DatasetCost.STANDARD) -
     )
 
 
-def _timing_row(index: int, t0: int, t1: int, t2: int, t3: int) -> np.ndarray:
+def timing_row(index: int, t0: int, t1: int, t2: int, t3: int) -> np.ndarray:
+    """The loader level's row of one sample (ITEM_COLUMNS) made in the calling worker: fetch
+    from ``t0`` to ``t1``, decode to ``t2``, transform to ``t3`` (``codl.trace.clock.now_ns``).
+    Every workload's samples carry one (codl.harness.workloads)."""
     return np.array(
         [
             index,
@@ -154,7 +157,7 @@ class ImageFolderFiles(Dataset[tuple[torch.Tensor, int, np.ndarray]]):
         t2 = now_ns()
         out = self.transform(img)
         t3 = now_ns()
-        return out, label, _timing_row(index, t0, t1, t2, t3)
+        return out, label, timing_row(index, t0, t1, t2, t3)
 
     def _decode(self, path: str, raw: bytes) -> torch.Tensor:
         from torchvision.io import ImageReadMode, decode_jpeg
@@ -210,7 +213,7 @@ class VolumeFiles(Dataset[tuple[torch.Tensor, torch.Tensor, np.ndarray]]):
                 vol = vol.flip(axis)
         vol = vol.contiguous()
         t3 = now_ns()
-        return vol, target, _timing_row(index, t0, t1, t2, t3)
+        return vol, target, timing_row(index, t0, t1, t2, t3)
 
 
 def collate(samples: Sequence[tuple[Any, Any, np.ndarray]]) -> Batch:

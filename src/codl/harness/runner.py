@@ -426,22 +426,21 @@ def _build(
     model = workload.build_model(spec.workload).to(device)
     memory_format = (
         torch.channels_last
-        if spec.workload.channels_last and workload.dataset_kind.value == "jpeg"
+        if spec.workload.channels_last and workload.channels_last
         else torch.contiguous_format
     )
     model = model.to(memory_format=memory_format)
     ddp_model: Any = model
     if held.pg_started and mode.computes and mode.communicates:
-        ddp_model = _wrap_ddp(model, spec, env, ctx.comm)
+        ddp_model = _wrap_ddp(model, spec, env, ctx.comm, workload.ddp_options(spec.workload))
     optimizer = torch.optim.SGD(model.parameters(), lr=spec.workload.lr, momentum=0.9)
-    is_volume = workload.dataset_kind.value == "volume"
-    loss_fn: Any = torch.nn.MSELoss() if is_volume else torch.nn.CrossEntropyLoss()
+    loss_fn = workload.loss(spec.workload)
     autocast = (
         torch.autocast(device_type=device.type, dtype=torch.bfloat16)
         if spec.workload.precision is Precision.BF16
         else contextlib.nullcontext()
     )
-    synthetic_x, synthetic_y = _synthetic_batch(spec, is_volume, device, memory_format)
+    synthetic_x, synthetic_y = _synthetic_batch(spec, workload, device, memory_format)
     if mode.loads:
         if dataset_dir is None:  # pragma: no cover - checked in execute
             raise CodlError("no dataset_dir")
@@ -462,31 +461,26 @@ def _build(
 
 
 def _synthetic_batch(
-    spec: RunSpec, is_volume: bool, device: torch.device, memory_format: torch.memory_format
+    spec: RunSpec,
+    workload: workloads.Loaded,
+    device: torch.device,
+    memory_format: torch.memory_format,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The batch of the modes that do not load: drawn once, on the device."""
-    bs = spec.workload.batch_size
-    s = spec.workload.image_size
-    shape = (bs, 4, s, s, s) if is_volume else (bs, 3, s, s)
-    x = torch.randn(shape, device=device).to(memory_format=memory_format)
-    y = (
-        torch.randn(bs, 4, device=device)
-        if is_volume
-        else torch.randint(0, spec.workload.classes, (bs,), device=device)
-    )
-    return x, y
+    """The batch of the modes that do not load: drawn once, on the device, by the workload."""
+    x, y = workload.synthetic_batch(spec.workload, device)
+    return x.to(memory_format=memory_format), y
 
 
 def _build_loader(
     spec: RunSpec,
     env: RankEnv,
-    workload: workloads.Workload,
+    workload: workloads.Loaded,
     dataset_dir: Path,
     placement: pinning.Placement,
     device: torch.device,
 ) -> Any:
     bs = spec.workload.batch_size
-    dataset = hdata.dataset_for(workload.dataset_kind.value, dataset_dir, spec.workload.image_size)
+    dataset = workload.open_dataset(dataset_dir, spec.workload)
     gen = torch.Generator().manual_seed(spec.seed + env.rank)
     n_samples = len(cast(Sized, dataset))
     if n_samples < bs:
@@ -515,7 +509,7 @@ def _build_loader(
         pin_memory=spec.loader.pin_memory and spec.device is DeviceKind.CUDA,
         persistent_workers=spec.loader.persistent_workers,
         drop_last=True,
-        collate_fn=hdata.collate,
+        collate_fn=workload.collate_fn(),
         worker_init_fn=init_fn,
     )
 
@@ -782,11 +776,16 @@ def _sync_clock(env: RankEnv, ctx: RunContext, held: _Open, when: str) -> None:
     sync[when] = clock.exchange(held.clock_group, env.rank, env.world_size).as_dict()
 
 
-def _wrap_ddp(model: Any, spec: RunSpec, env: RankEnv, comm: CommRecorder) -> Any:
+def _wrap_ddp(
+    model: Any, spec: RunSpec, env: RankEnv, comm: CommRecorder, options: Mapping[str, Any]
+) -> Any:
     from torch.nn.parallel import DistributedDataParallel
 
     ids = [env.local_rank] if spec.device is DeviceKind.CUDA else None
-    ddp = DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=spec.layout.bucket_cap_mb)
+    # The workload's hints (workloads.DDP_OPTIONS, checked at plan time) over DDP's defaults.
+    ddp = DistributedDataParallel(
+        model, device_ids=ids, bucket_cap_mb=spec.layout.bucket_cap_mb, **options
+    )
     if spec.trace.comm:
         ddp.register_comm_hook(comm, CommRecorder.ddp_hook)
     return ddp
