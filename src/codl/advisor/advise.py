@@ -156,8 +156,12 @@ def advise(
         # Measured on one H200 (docs/advisor.md, "Two core budgets", "Launch roles by their CPU
         # time"): whole cores 29-59 % low at 4-6 cores, CPU time still 10-15 % low at 3-5.
         why = (
-            "with the launch roles' measured CPU time the model was still 10-15 % low at 3-5 "
-            "cores on one H200 (its flat per-core loader rate)"
+            f"the per-core loader rate's change with the cores (gamma "
+            f"{fit.params.core_exponent:.2f}) is extrapolated below the data runs' budgets"
+            if fit.params.core_exponent != 0.0
+            else "with the launch roles' measured CPU time the model was still 10-15 % low at "
+            "3-5 cores on one H200 (its flat per-core loader rate; data runs at >= 3 budgets fit "
+            "one that changes)"
             if fit.params.occupancy
             else "without the launch roles' CPU time in the tables the model charges each a "
             "whole core, which under-predicts a small budget"
