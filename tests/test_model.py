@@ -37,14 +37,17 @@ def planted_throughput(
     handoff_ms: float = 0.0,
     ceiling: float = math.inf,
     core_exponent: float = 0.0,
+    rate: float = RATE,
+    compute_scale: float = 1.0,
 ) -> tuple[float, float]:
     """Combined throughput and compute inflation, solved in closed form (not by the model's
-    bisection), so that a mistake in the model's solver cannot hide in the planted data."""
+    bisection), so that a mistake in the model's solver cannot hide in the planted data.
+    ``rate`` and ``compute_scale``: another machine's worker rate and compute speed."""
     c_l = cores - 3
     # what the workers can deliver; runnable: w X / x_w
-    x_w = RATE * min(w, KAPPA * c_l * (c_l / CORES) ** core_exponent)
+    x_w = rate * min(w, KAPPA * c_l * (c_l / CORES) ** core_exponent)
     x_l = min(x_w, ceiling)
-    c, k = COMPUTE[policy], K[policy]
+    c, k = COMPUTE[policy] * compute_scale, K[policy]
     e = handoff_ms * c / (BATCH * 1000.0)  # the hand-off in units of the compute time alone
     over = max(0.0, w * x_l / x_w - c_l) / cores
     if x_l * (1 + k0 + e + k * over) <= c:
@@ -71,13 +74,18 @@ def planted_tables(
     small_budget: int | None = None,
     budgets: tuple[int, ...] = (),
     core_exponent: float = 0.0,
+    combined_workers: tuple[int, ...] = COMBINED_WORKERS,
+    rate: float = RATE,
+    compute_scale: float = 1.0,
+    policies: tuple[str, ...] = tuple(COMPUTE),
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """runs.csv and steps.csv.gz as the workflow writes them, for the planted parameters, with
     2 % step-to-step and 0.5 % run-to-run noise. ``ceiling``: the loader's per-process ceiling
     ``M``; ``small_budget``: also the data runs on that many cores per rank, and a ``cpus``
     column (the CPUs each run had) in runs.csv; ``budgets``: more such budgets.
     ``core_exponent``: a loader core sustains ``KAPPA * (c_L / CORES) ** core_exponent``
-    worker-equivalents (> 0: less on fewer cores)."""
+    worker-equivalents (> 0: less on fewer cores). ``rate`` and ``compute_scale``: another
+    machine (its workers' samples/s, its compute speed relative to the planted one)."""
     small = (*((small_budget,) if small_budget else ()), *budgets)
     small_budget = small[0] if small else None
     rng = np.random.default_rng(seed)
@@ -110,7 +118,7 @@ def planted_tables(
                     "repeat": rep,
                     "world_size": 1,
                     "throughput_samples_s": BATCH * 1000.0 / step.mean(),
-                    "loader_item_ms_mean": 1000.0 / RATE if mode == "data" else np.nan,
+                    "loader_item_ms_mean": 1000.0 / rate if mode == "data" else np.nan,
                     **({"cpus": cpus} if small_budget else {}),
                 }
             )
@@ -130,12 +138,13 @@ def planted_tables(
     for budget in (CORES, *small):
         c_l = budget - 2
         for w in data_workers:
-            x = min(RATE * min(w, KAPPA * c_l * (c_l / CORES) ** core_exponent), ceiling)
+            x = min(rate * min(w, KAPPA * c_l * (c_l / CORES) ** core_exponent), ceiling)
             add("data", "none", w, x, None, budget)
-    for policy, c in COMPUTE.items():
+    for policy in policies:
+        c = COMPUTE[policy] * compute_scale
         add("compute", policy, 0, c, BATCH * 1000.0 / c)
         if combined:
-            for w in COMBINED_WORKERS:
+            for w in combined_workers:
                 x, infl = planted_throughput(
                     w,
                     policy,
@@ -143,6 +152,8 @@ def planted_tables(
                     handoff_ms=handoff_ms,
                     ceiling=ceiling,
                     core_exponent=core_exponent,
+                    rate=rate,
+                    compute_scale=compute_scale,
                 )
                 add("data+compute", policy, w, x, BATCH * 1000.0 / c * infl)
     return pd.DataFrame(runs), pd.concat(steps_rows, ignore_index=True)
