@@ -112,6 +112,27 @@ def candidate_grid(
     return pd.DataFrame(rows)
 
 
+def _below_budgets(fit: mdl.Fit, cores: int) -> list[str]:
+    """A note when ``cores`` is below every budget the fit's runs had."""
+    notes: list[str] = []
+    if fit.budgets and cores < min(fit.budgets):
+        # Measured on one H200 (docs/advisor.md, "Two core budgets", "Launch roles by their CPU
+        # time"): whole cores 29-59 % low at 4-6 cores, CPU time still 10-15 % low at 3-5.
+        why = (
+            f"the per-core loader rate's change with the cores (gamma "
+            f"{fit.params.core_exponent:.2f}) is extrapolated below the data runs' budgets"
+            if fit.params.core_exponent != 0.0
+            else "with the launch roles' measured CPU time the model was still 10-15 % low at "
+            "3-5 cores on one H200 (its flat per-core loader rate; data runs at >= 3 budgets fit "
+            "one that changes)"
+            if fit.params.occupancy
+            else "without the launch roles' CPU time in the tables the model charges each a "
+            "whole core, which under-predicts a small budget"
+        )
+        notes.append(f"{cores} cores is below every fitted budget ({min(fit.budgets)}): {why}")
+    return notes
+
+
 def advise(
     fit: mdl.Fit,
     *,
@@ -152,21 +173,7 @@ def advise(
         )
     if cores != fit.cores:
         notes.append(f"fitted on {fit.cores} cores per rank, advised for {cores}")
-    if fit.budgets and cores < min(fit.budgets):
-        # Measured on one H200 (docs/advisor.md, "Two core budgets", "Launch roles by their CPU
-        # time"): whole cores 29-59 % low at 4-6 cores, CPU time still 10-15 % low at 3-5.
-        why = (
-            f"the per-core loader rate's change with the cores (gamma "
-            f"{fit.params.core_exponent:.2f}) is extrapolated below the data runs' budgets"
-            if fit.params.core_exponent != 0.0
-            else "with the launch roles' measured CPU time the model was still 10-15 % low at "
-            "3-5 cores on one H200 (its flat per-core loader rate; data runs at >= 3 budgets fit "
-            "one that changes)"
-            if fit.params.occupancy
-            else "without the launch roles' CPU time in the tables the model charges each a "
-            "whole core, which under-predicts a small budget"
-        )
-        notes.append(f"{cores} cores is below every fitted budget ({min(fit.budgets)}): {why}")
+    notes += _below_budgets(fit, cores)
     chosen = handoff or HandoffChoice()
     notes += chosen.notes
     if (

@@ -24,6 +24,7 @@ import copy
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -115,7 +116,7 @@ def calibrate(fit: mdl.Fit, probe: mdl.RunData, *, cores: int) -> Calibration:
     mean_b = float(np.exp(np.mean(np.log(list(measured_b.values())))))
     b = {p: float(measured_b.get(p, mean_b)) for p in fit.params.compute}
     cpu_rows = rows[rows["mode"].isin([mdl.LOADER_MODE, fit.node.combined_mode])]
-    cpu_rows = cpu_rows[cpu_rows["policy"].isin(list(fit.policies) + [Policy.NONE.value])]
+    cpu_rows = cpu_rows[cpu_rows["policy"].isin([*fit.policies, Policy.NONE.value])]
     if cpu_rows.empty:
         raise CalibrationError(
             f"probe: no {mdl.LOADER_MODE} or {fit.node.combined_mode} run: the loader's CPU "
@@ -224,28 +225,28 @@ def probe_config(
     fit: mdl.Fit,
     advice: adv.Advice,
     *,
-    defaults: Mapping[str, object],
-    slurm: Mapping[str, object] | None = None,
+    defaults: Mapping[str, Any],
+    slurm: Mapping[str, Any] | None = None,
     measured_steps: int | None = None,
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """A config (config/README.md format) of ``probe_settings``'s runs, one repeat each, the
     fitted runs' defaults with a new seed (``advise.VERIFY_SEED_OFFSET``) and the advice's
     hand-off."""
-    d = copy.deepcopy(dict(defaults))
+    d: dict[str, Any] = copy.deepcopy(dict(defaults))
     d.pop("mode", None)
     d["seed"] = int(str(d.get("seed", 0))) + adv.VERIFY_SEED_OFFSET
     if measured_steps is not None:
-        d.setdefault("steps", {})["measured"] = measured_steps  # type: ignore[union-attr]
+        d.setdefault("steps", {})["measured"] = measured_steps
     if advice.handoff != Handoff.TORCH.value:
-        d.setdefault("loader", {})["handoff"] = advice.handoff  # type: ignore[index]
+        d.setdefault("loader", {})["handoff"] = advice.handoff
     if "pinning" in d and isinstance(d["pinning"], Mapping):
         d["pinning"] = {
             k: v for k, v in d["pinning"].items() if k not in ("policy", "launch_cores")
         }
     experiments = []
-    for i, r in probe_settings(fit, advice).iterrows():
+    for i, (_, r) in enumerate(probe_settings(fit, advice).iterrows()):
         lc = r["launch_cores"]
-        base: dict[str, object] = {
+        base: dict[str, Any] = {
             "mode": r["mode"],
             "pinning": adv._pinning(
                 str(r["policy"]), None if lc is None or pd.isna(lc) else int(lc)

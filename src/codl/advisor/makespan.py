@@ -73,9 +73,7 @@ def _even(total: int, parts: int) -> tuple[int, ...]:
     return tuple(base + (i < extra) for i in range(parts))
 
 
-def advised_split(
-    remaining: Sequence[float], rates: Sequence[Rate], cores: int
-) -> tuple[int, ...]:
+def advised_split(remaining: Sequence[float], rates: Sequence[Rate], cores: int) -> tuple[int, ...]:
     """Cores per running job minimising the longest predicted remaining time."""
     even = cores / len(remaining)
     best: tuple[float, float, tuple[int, ...]] | None = None
@@ -85,8 +83,10 @@ def advised_split(
             for r, rate, c in zip(remaining, rates, split, strict=True)
         ]
         key = (max(times), sum(abs(c - even) for c in split))
-        if best is None or key[0] < best[0] * (1 - TIE) or (
-            key[0] <= best[0] * (1 + TIE) and key[1] < best[1]
+        if (
+            best is None
+            or key[0] < best[0] * (1 - TIE)
+            or (key[0] <= best[0] * (1 + TIE) and key[1] < best[1])
         ):
             best = (key[0], key[1], split)
     assert best is not None  # compositions of cores >= jobs is never empty

@@ -644,7 +644,7 @@ def fit_loader(
         )
     splits = len(w) if ceiling else 1
     if exponent_ref is None:
-        sse, rate, kappa, top = _fit_kappa(w, cl, y, splits)
+        _, rate, kappa, top = _fit_kappa(w, cl, y, splits)
         gamma = 0.0
     else:
         ref = exponent_ref
@@ -659,7 +659,7 @@ def fit_loader(
         fine = np.linspace(coarse[i] - step, coarse[i] + step, 21)
         fine = fine[(fine >= _EXPONENT_RANGE[0]) & (fine <= _EXPONENT_RANGE[1])]
         fits = [(at(float(g)), float(g)) for g in fine]
-        (sse, rate, kappa, top), gamma = min(fits, key=lambda f: f[0][0])
+        (_, rate, kappa, top), gamma = min(fits, key=lambda f: f[0][0])
         cl = effective_cores(cl, gamma, ref)
     x_w = rate * np.minimum(w, kappa * cl)
     saturated = (w > kappa * cl * (1 + 1e-9)) | (x_w > top * (1 + 1e-9))
@@ -730,6 +730,48 @@ def _fit_params(groups: pd.DataFrame, node: Node, cores: int) -> tuple[Params, l
             + ", ".join(HELPER_CPU_COLUMNS)
             + " for data and combined runs): each busy role counts a whole core"
         )
+    rate, kappa, ceiling, gamma, ref = _fit_loader_params(data, node, occupancy, notes)
+    twin = groups[groups["mode"] == COMPUTE_TWIN[node.combined_mode]]
+    if twin.empty:
+        raise ModelError(
+            f"runs.csv: no {COMPUTE_TWIN[node.combined_mode]}-mode runs: the compute capacity "
+            f"of the {node.combined_mode} runs is fitted from them"
+        )
+    by_policy = twin.groupby("policy")[["throughput", "compute_ms"]].mean()
+    compute = {str(p): float(v) for p, v in by_policy["throughput"].items()}
+    compute_ms = {str(p): float(v) for p, v in by_policy["compute_ms"].items()}
+    comb = groups[groups["mode"] == node.combined_mode]
+    missing = sorted(set(comb["policy"]) - set(compute_ms))
+    if missing:
+        notes.append(f"policies {missing} have combined runs but no compute twin: left out")
+    comb = comb[comb["policy"].isin(list(compute_ms)) & comb["compute_ms"].notna()]
+    # What a compute twin's step spends outside its compute span (~0): the hand-off's baseline.
+    twin_outside = (node.batch * 1000.0 / twin["throughput"] - twin["compute_ms"]).groupby(
+        twin["policy"]
+    )
+    outside = {str(p): float(v) for p, v in twin_outside.mean().items()}
+    loader = Params(
+        rate=rate,
+        kappa=kappa,
+        compute=compute,
+        compute_ms=compute_ms,
+        k={},
+        ceiling=ceiling,
+        occupancy=occupancy,
+        core_exponent=gamma,
+        core_ref=ref,
+    )
+    k0, k, handoff = _fit_interference(comb, node, loader, outside=outside, notes=notes)
+    return replace(loader, k=k, k0=k0, handoff_ms=handoff), notes
+
+
+def _fit_loader_params(
+    data: pd.DataFrame,
+    node: Node,
+    occupancy: Mapping[str, tuple[float, float]],
+    notes: list[str],
+) -> tuple[float, float, float, float, float]:
+    """``(r, kappa, M, gamma, c_ref)`` from the data runs' configurations; notes appended."""
     occ = occupancy.get(LOADER_MODE)
     base, tau = _loader_terms_of(data, node.roles(LOADER_MODE), occ)
     # The data runs' roles occupy their CPU per sample times the throughput the fit reads: a
@@ -777,38 +819,7 @@ def _fit_params(groups: pd.DataFrame, node: Node, cores: int) -> tuple[Params, l
             "kappa: no data run is bounded by its cores below the loader's ceiling; kappa is the "
             "smallest value the runs allow"
         )
-    twin = groups[groups["mode"] == COMPUTE_TWIN[node.combined_mode]]
-    if twin.empty:
-        raise ModelError(
-            f"runs.csv: no {COMPUTE_TWIN[node.combined_mode]}-mode runs: the compute capacity "
-            f"of the {node.combined_mode} runs is fitted from them"
-        )
-    by_policy = twin.groupby("policy")[["throughput", "compute_ms"]].mean()
-    compute = {str(p): float(v) for p, v in by_policy["throughput"].items()}
-    compute_ms = {str(p): float(v) for p, v in by_policy["compute_ms"].items()}
-    comb = groups[groups["mode"] == node.combined_mode]
-    missing = sorted(set(comb["policy"]) - set(compute_ms))
-    if missing:
-        notes.append(f"policies {missing} have combined runs but no compute twin: left out")
-    comb = comb[comb["policy"].isin(list(compute_ms)) & comb["compute_ms"].notna()]
-    # What a compute twin's step spends outside its compute span (~0): the hand-off's baseline.
-    twin_outside = (node.batch * 1000.0 / twin["throughput"] - twin["compute_ms"]).groupby(
-        twin["policy"]
-    )
-    outside = {str(p): float(v) for p, v in twin_outside.mean().items()}
-    loader = Params(
-        rate=rate,
-        kappa=kappa,
-        compute=compute,
-        compute_ms=compute_ms,
-        k={},
-        ceiling=ceiling,
-        occupancy=occupancy,
-        core_exponent=gamma,
-        core_ref=ref,
-    )
-    k0, k, handoff = _fit_interference(comb, node, loader, outside=outside, notes=notes)
-    return replace(loader, k=k, k0=k0, handoff_ms=handoff), notes
+    return rate, kappa, ceiling, gamma, ref
 
 
 def _occupancy(groups: pd.DataFrame, node: Node) -> dict[str, tuple[float, float]]:

@@ -220,7 +220,7 @@ def file_sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def _utc(values: pd.Series | Sequence[str]) -> pd.Series:
+def _utc(values: pd.Series | Sequence[str | None]) -> pd.Series:
     return pd.to_datetime(pd.Series(values, dtype=object), utc=True, errors="coerce")
 
 
@@ -264,7 +264,5 @@ def prediction_order(
         return Order.PREDICTED_FIRST if planned < start else Order.PLANNED_AFTER_RUNS
 
     out["order"] = [order(s).value for s in out["first_run_start"]]
-    out["first_run_start"] = [
-        "" if pd.isna(s) else s.isoformat() for s in out["first_run_start"]
-    ]
+    out["first_run_start"] = ["" if pd.isna(s) else s.isoformat() for s in out["first_run_start"]]
     return out

@@ -124,6 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="bootstrap replicates (0: none, and no intervals are shown)",
     )
     p.add_argument("--seed", type=bounded_int(0, MAX_BOOT_SEED), default=0)
+    _calibration_options(p)
+    return p
+
+
+def _calibration_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--calibrate",
         type=Path,
@@ -139,7 +144,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="write the probe config for a new machine: the three runs that tell the model the "
         "most about it (docs/advisor.md, 'Calibration on a new machine')",
     )
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:

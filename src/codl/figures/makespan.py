@@ -13,13 +13,17 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.patches import Rectangle
 
 
 def draw_makespan(table: pd.DataFrame, segments: pd.DataFrame, paths: Sequence[Path]) -> None:
     plans = list(table["plan"])
     kinds = [k for k in ("predicted", "simulated") if f"{k}_s" in table]
     fig, axes = plt.subplots(
-        1 + len(plans), 1, figsize=(8, 2.2 + 1.4 * len(plans)), squeeze=False,
+        1 + len(plans),
+        1,
+        figsize=(8, 2.2 + 1.4 * len(plans)),
+        squeeze=False,
         gridspec_kw={"height_ratios": [1.4] + [1] * len(plans)},
     )
     ax = axes[0][0]
@@ -57,7 +61,7 @@ def draw_makespan(table: pd.DataFrame, segments: pd.DataFrame, paths: Sequence[P
         ax.set_ylabel(f"{plan}\ncores", fontsize=8)
         ax.set_xlim(0, float(segments.loc[segments["kind"] == kind, "end"].max()) * 1.02)
     axes[-1][0].set_xlabel(f"time (s), {kind} schedule")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=colors[j]) for j in jobs]
+    handles = [Rectangle((0, 0), 1, 1, color=colors[j]) for j in jobs]
     fig.legend(handles, jobs, fontsize=8, ncol=len(jobs), loc="lower center")
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     for path in paths:
