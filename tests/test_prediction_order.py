@@ -121,3 +121,15 @@ def test_without_a_recorded_hash_or_start_times_nothing_is_proven(tmp_path: Path
     assert set(_score(tmp_path, runs, "")["order"]) == {verify.Order.UNPROVEN.value}
     no_start = runs.drop(columns=["start_time"])
     assert set(_score(tmp_path, no_start, sha)["order"]) == {verify.Order.UNPROVEN.value}
+
+
+def test_the_recorded_hash_is_checked_by_the_schema() -> None:
+    from codl.config import build_plan, load_yaml
+    from codl.errors import ConfigError
+
+    cfg = load_yaml(Path(__file__).resolve().parent.parent / "config" / "loop-cpu.yaml")
+    cfg["advisor"] = {"predictions": "p.csv", "predictions_sha256": "a" * 64}
+    build_plan(cfg, source="verify.yaml")
+    cfg["advisor"]["predictions_sha256"] = "not-a-hash"
+    with pytest.raises(ConfigError, match="advisor.predictions_sha256"):
+        build_plan(cfg, source="verify.yaml")

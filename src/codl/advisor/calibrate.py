@@ -115,8 +115,11 @@ def calibrate(fit: mdl.Fit, probe: mdl.RunData, *, cores: int) -> Calibration:
     ).to_dict()
     mean_b = float(np.exp(np.mean(np.log(list(measured_b.values())))))
     b = {p: float(measured_b.get(p, mean_b)) for p in fit.params.compute}
-    cpu_rows = rows[rows["mode"].isin([mdl.LOADER_MODE, fit.node.combined_mode])]
-    cpu_rows = cpu_rows[cpu_rows["policy"].isin([*fit.policies, Policy.NONE.value])]
+    # A data run's loader capacity is predicted under any policy; a combined run's only under
+    # a fitted one.
+    loader = rows["mode"] == mdl.LOADER_MODE
+    fitted = (rows["mode"] == fit.node.combined_mode) & rows["policy"].isin(fit.policies)
+    cpu_rows = rows[loader | fitted]
     if cpu_rows.empty:
         raise CalibrationError(
             f"probe: no {mdl.LOADER_MODE} or {fit.node.combined_mode} run: the loader's CPU "
