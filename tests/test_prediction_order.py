@@ -131,5 +131,5 @@ def test_the_recorded_hash_is_checked_by_the_schema() -> None:
     cfg["advisor"] = {"predictions": "p.csv", "predictions_sha256": "a" * 64}
     build_plan(cfg, source="verify.yaml")
     cfg["advisor"]["predictions_sha256"] = "not-a-hash"
-    with pytest.raises(ConfigError, match="advisor.predictions_sha256"):
+    with pytest.raises(ConfigError, match=r"advisor\.predictions_sha256"):
         build_plan(cfg, source="verify.yaml")
