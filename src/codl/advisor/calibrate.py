@@ -104,16 +104,12 @@ def calibrate(fit: mdl.Fit, probe: mdl.RunData, *, cores: int) -> Calibration:
     rows = probe_rows(probe, cores=cores)
     twin_mode = mdl.COMPUTE_TWIN[fit.node.combined_mode]
     twins = rows[(rows["mode"] == twin_mode) & rows["policy"].isin(list(fit.params.compute))]
-    if twins.empty:
-        raise CalibrationError(
-            f"probe: no {twin_mode} run of a fitted policy {sorted(fit.params.compute)}: the "
-            "compute speed of the new machine is measured by one"
-        )
-    measured_b = (
-        twins.groupby("policy")["measured"].mean()
-        / twins.groupby("policy")["policy"].first().map(fit.params.compute)
-    ).to_dict()
-    mean_b = float(np.exp(np.mean(np.log(list(measured_b.values())))))
+    measured_b = {
+        str(p): float(g["measured"].mean()) / fit.params.compute[str(p)]
+        for p, g in twins.groupby("policy")
+    }
+    # Without a compute run the new machine's compute is taken to be the fit's (noted).
+    mean_b = float(np.exp(np.mean(np.log(list(measured_b.values()))))) if measured_b else 1.0
     b = {p: float(measured_b.get(p, mean_b)) for p in fit.params.compute}
     # A data run's loader capacity is predicted under any policy; a combined run's only under
     # a fitted one.
@@ -145,7 +141,9 @@ def calibrate(fit: mdl.Fit, probe: mdl.RunData, *, cores: int) -> Calibration:
         + ", ".join(f"{p} {v:.3f}" for p, v in sorted(b.items()))
         + (
             f" ({sorted(set(b) - set(measured_b))} by the mean factor: no compute run)"
-            if set(b) - set(measured_b)
+            if measured_b and set(b) - set(measured_b)
+            else " (no compute run in the probe: the fit's compute kept)"
+            if not measured_b
             else ""
         )
         + "; kappa, interference and hand-off kept from the fit"
@@ -261,3 +259,50 @@ def probe_config(
     s = dict(slurm or {})
     s["cpus_per_rank"] = advice.cores
     return {"defaults": d, "experiments": experiments, "slurm": s}
+
+
+def leave_one_out(
+    fit: mdl.Fit, runs: pd.DataFrame, steps: pd.DataFrame, *, cores: int
+) -> pd.DataFrame:
+    """Each combined run of a new machine's tables predicted by ``fit`` calibrated on the
+    others (held out in turn): ``run_id``, ``policy``, ``workers``, ``cores``, ``measured``,
+    ``before`` / ``after`` (uncalibrated / calibrated prediction), their errors and the
+    ``cpu_factor`` of that calibration."""
+    data = mdl.run_data(runs, steps, combined_mode=fit.node.combined_mode)
+    comb = data.runs[data.runs["mode"] == fit.node.combined_mode]
+    rows = []
+    for _, r in comb.iterrows():
+        run_id = str(r["run_id"])
+        keep = runs[runs["run_id"].astype(str) != run_id]
+        c = calibrate(
+            fit,
+            mdl.run_data(keep, steps[steps["run_id"].isin(keep["run_id"])]),
+            cores=cores,
+        )
+        c_run = int(r["cores"]) if pd.notna(r["cores"]) else cores
+        setting = pd.DataFrame(
+            {
+                "policy": [r["policy"]],
+                "workers": [int(r["workers"])],
+                "launch_cores": [mdl._launch_cores(r["launch_cores"])],
+                "cores": [c_run],
+            }
+        )
+        measured = mdl.measured_throughput(data, run_id)
+        before = float(mdl.predict(_with(fit, fit.params), setting)["throughput"].iloc[0])
+        after = float(mdl.predict(_with(c.fit, c.fit.params), setting)["throughput"].iloc[0])
+        rows.append(
+            {
+                "run_id": run_id,
+                "policy": r["policy"],
+                "workers": int(r["workers"]),
+                "cores": c_run,
+                "measured": measured,
+                "before": before,
+                "after": after,
+                "error_before": before / measured - 1,
+                "error_after": after / measured - 1,
+                "cpu_factor": c.cpu_factor,
+            }
+        )
+    return pd.DataFrame(rows)
