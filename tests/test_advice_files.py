@@ -3,13 +3,16 @@
 config and out-of-sample table, numbers equal to their printed precision. The bootstrap is
 seeded (``--seed 0``, 200 replicates, the defaults the files were made with), so a change of the
 model or of the advice that moves a committed number fails here until the file is regenerated
-(docs/advisor.md, "Committed advice files")."""
+(docs/advisor.md, "Committed advice files"). The makespan and calibration tables regenerate
+from the command in their script's docstring."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import pandas as pd
 import pytest
@@ -115,3 +118,48 @@ def test_a_stale_number_is_caught() -> None:
         same_to_printed_precision("     kappa        0.9578 0.6712  1.589\n", want)
     with pytest.raises(AssertionError):
         same_to_printed_precision("     kappa        0.8465 0.5777  1.577 note\n", want)
+
+
+def _script(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _made_by(script: Path) -> list[str]:
+    """The arguments of the command in ``script``'s docstring that made its committed output
+    (the last ``python scripts/X.py ARGS``, continued over backslashed lines)."""
+    text = script.read_text().replace("\\\\\n", " ")
+    # The usage line comes first, the command that made the committed output last.
+    lines = [x for x in text.splitlines() if x.strip().startswith(f"python scripts/{script.name}")]
+    return lines[-1].split()[2:]
+
+
+@pytest.mark.parametrize(
+    ("name", "outputs"),
+    [
+        ("makespan", ("makespan.csv", "segments.csv", "rates.csv")),
+        ("calibration_check", ("calibrated_loo.csv",)),
+    ],
+)
+def test_committed_script_tables_regenerate(
+    name: str,
+    outputs: tuple[str, ...],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.chdir(REPO)
+    args = _made_by(REPO / "scripts" / f"{name}.py")
+    committed = Path(args[0]) if name == "makespan" else Path(args[-1]).parent
+    if name == "makespan":
+        args[0] = str(tmp_path)
+    else:
+        args[-1] = str(tmp_path / outputs[0])
+    assert _script(name).main(args) == 0
+    capsys.readouterr()
+    for out in outputs:
+        got, want = pd.read_csv(tmp_path / out), pd.read_csv(committed / out)
+        pd.testing.assert_frame_equal(got, want, rtol=1e-3)
