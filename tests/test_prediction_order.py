@@ -133,3 +133,32 @@ def test_the_recorded_hash_is_checked_by_the_schema() -> None:
     cfg["advisor"]["predictions_sha256"] = "not-a-hash"
     with pytest.raises(ConfigError, match=r"advisor\.predictions_sha256"):
         build_plan(cfg, source="verify.yaml")
+
+
+def test_codl_advise_records_the_predictions_of_its_verification_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from codl.cli import advise as advise_cli
+    from codl.config import build_plan, load_yaml
+    from test_advise import _write_results
+    from test_model import planted_tables
+
+    runs, steps = planted_tables(repeats=2, steps=20)
+    results = _write_results(tmp_path / "r", runs, steps, config=True)
+    out, pred = tmp_path / "verify.yaml", tmp_path / "predictions.csv"
+    argv = [str(results), "--boot", "0", "--out", str(out), "--predictions", str(pred)]
+    assert advise_cli.main(argv) == 0
+    cfg = load_yaml(out)
+    assert cfg["advisor"]["predictions"] == str(pred)
+    assert cfg["advisor"]["predictions_sha256"] == verify.file_sha256(pred)
+    combined = {
+        (s.pinning.policy.value, s.loader.workers)
+        for s in build_plan(cfg).specs.values()
+        if s.mode.value == "data+compute"
+    }
+    table = pd.read_csv(pred)
+    assert set(zip(table["policy"], table["workers"], strict=True)) == combined
+    assert table["advised"].sum() == 1
+    capsys.readouterr()
+    assert advise_cli.main([str(results), "--predictions", str(pred)]) == 2
+    assert "--predictions needs --out" in capsys.readouterr().err

@@ -44,7 +44,7 @@ from codl.errors import CodlError, ConfigError
 from codl.outputs import OutputUnit, output_unit
 from codl.paths import ResultPaths
 from codl.spec import Handoff
-from codl.steps.advisor import CONFIG_NAME, fit_results
+from codl.steps.advisor import CONFIG_NAME, fit_results, record_predictions
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -130,6 +130,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _calibration_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
+        "--predictions",
+        type=Path,
+        metavar="CSV",
+        help="with --out: write the model's prediction for every setting of the verification "
+        "config here and record its path, sha256 and time in the config (advisor.predictions), "
+        "so the verification runs compare with it and prove it came first",
+    )
+    p.add_argument(
         "--calibrate",
         type=Path,
         metavar="PROBE_RESULTS",
@@ -177,6 +185,8 @@ def _write_verification(
     except ConfigError as exc:
         # The defaults come from the results' config, which may predate today's schema.
         raise CodlError(f"verification config invalid: {exc.one_line()}") from None
+    if args.predictions is not None:
+        record_predictions(cfg, fit, advice, args.predictions, unit.path(args.predictions))
     unit.path(args.out).write_text(render_config(cfg, advice, str(args.results)))
 
 
@@ -259,6 +269,7 @@ def _outputs(args: argparse.Namespace) -> dict[str, Path]:
         "--out": args.out,
         "--cross-validate": args.cross_validate,
         "--probe-out": args.probe_out,
+        "--predictions": args.predictions,
     }
     return {option: path for option, path in named.items() if path is not None}
 
@@ -276,6 +287,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         # One unit: the verification config and the cross-validation appear together or not
         # at all, checked (and locked) before the fit, so a refused output costs no time.
+        if args.predictions is not None and args.out is None:
+            raise CodlError("--predictions needs --out: it predicts the verification config")
         inputs = _inputs(results, args.calibrate)
         with output_unit(_outputs(args), inputs=inputs, mkdir=True) as unit:
             fitted = fit_results(

@@ -147,6 +147,23 @@ def _one_workload(runs: pd.DataFrame, specs: Mapping[str, RunSpec]) -> None:
         )
 
 
+def record_predictions(
+    vcfg: dict[str, Any], fit: mdl.Fit, advice: adv.Advice, named: Path, write: Path
+) -> pd.DataFrame:
+    """Write the model's prediction for every setting of the verification config ``vcfg`` to
+    ``write`` (where the file is written now; ``named``: its final path, which the config
+    names) and record its sha256 and the time in ``vcfg``'s ``advisor`` section, the config
+    the verification runs start from, so the comparison can prove the predictions came first
+    (docs/advisor.md, "Predictions before measurements")."""
+    vcfg["advisor"] = {"predictions": str(named)}
+    plan = build_plan(vcfg, source="the verification config")
+    table = verification_predictions(fit, advice, plan)
+    table.to_csv(write, index=False)
+    vcfg["advisor"]["predictions_sha256"] = file_sha256(write)
+    vcfg["advisor"]["predicted_at"] = _utc_now()
+    return table
+
+
 def advise_to(
     *,
     runs: Path,
@@ -181,16 +198,9 @@ def advise_to(
         repeats=settings.repeats,
         best=adv.best_measured(data),
     )
-    vcfg["advisor"] = {"predictions": str(predictions)}
-    plan = build_plan(vcfg, source="the verification config")
-    table = verification_predictions(fit, advice, plan)
     for path in (text, verify, predictions):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-    table.to_csv(predictions, index=False)
-    # The predictions' hash and time go into the config the verification runs are started
-    # from, so the comparison can prove they were made before the runs (docs/advisor.md).
-    vcfg["advisor"]["predictions_sha256"] = file_sha256(predictions)
-    vcfg["advisor"]["predicted_at"] = _utc_now()
+    record_predictions(vcfg, fit, advice, predictions, predictions)
     # The results directory the tables are in, as `codl advise RESULTS` names it.
     Path(verify).write_text(adv.render_config(vcfg, advice, str(Path(runs).parent.parent)))
     printed = io.StringIO()
