@@ -107,7 +107,7 @@ _BISECTION_STEPS = 60
 MIN_BUDGETS_FOR_EXPONENT = 3
 # gamma is searched on a grid, then refined around the best point, as kappa is.
 _EXPONENT_RANGE = (-1.0, 1.0)
-_EXPONENT_GRID = 41
+_EXPONENT_GRID = 21
 _K_ITERATIONS = 50
 
 
@@ -649,18 +649,18 @@ def fit_loader(
     else:
         ref = exponent_ref
 
-        def at(g: float) -> tuple[float, float, float, float]:
-            return _fit_kappa(w, effective_cores(cl, g, ref), y, splits)
+        def score(g: float) -> float:
+            # kappa on its grid only while gamma is searched; refined at the chosen gamma.
+            return _fit_kappa(w, effective_cores(cl, g, ref), y, splits, refine=False)[0]
 
         coarse = np.linspace(*_EXPONENT_RANGE, _EXPONENT_GRID)
-        scores = [at(float(g))[0] for g in coarse]
-        i = int(np.argmin(scores))
+        i = int(np.argmin([score(float(g)) for g in coarse]))
         step = coarse[1] - coarse[0]
-        fine = np.linspace(coarse[i] - step, coarse[i] + step, 21)
+        fine = np.linspace(coarse[i] - step, coarse[i] + step, 11)
         fine = fine[(fine >= _EXPONENT_RANGE[0]) & (fine <= _EXPONENT_RANGE[1])]
-        fits = [(at(float(g)), float(g)) for g in fine]
-        (_, rate, kappa, top), gamma = min(fits, key=lambda f: f[0][0])
+        gamma = float(fine[int(np.argmin([score(float(g)) for g in fine]))])
         cl = effective_cores(cl, gamma, ref)
+        _, rate, kappa, top = _fit_kappa(w, cl, y, splits)
     x_w = rate * np.minimum(w, kappa * cl)
     saturated = (w > kappa * cl * (1 + 1e-9)) | (x_w > top * (1 + 1e-9))
     if saturated.all() or not saturated.any():
@@ -679,8 +679,11 @@ def _fit_kappa(
     cl: npt.NDArray[np.float64],
     y: npt.NDArray[np.float64],
     splits: int,
+    *,
+    refine: bool = True,
 ) -> tuple[float, float, float, float]:
-    """``(sse, r, kappa, M)`` of the loader's least squares at loader cores ``cl``."""
+    """``(sse, r, kappa, M)`` of the loader's least squares at loader cores ``cl``; without
+    ``refine``, kappa's grid point only."""
 
     def losses(kappas: npt.NDArray[np.float64]) -> tuple[npt.NDArray[np.float64], ...]:
         m = np.log(np.minimum(w[None, :], kappas[:, None] * cl[None, :]))
@@ -698,8 +701,10 @@ def _fit_kappa(
         return best[:, 0], best[:, 1], best[:, 2]
 
     grid = np.geomspace(*_KAPPA_RANGE, _KAPPA_GRID)
-    sse, _, _ = losses(grid)
+    sse, logr, logm = losses(grid)
     i = int(np.argmin(sse))
+    if not refine:
+        return float(sse[i]), float(np.exp(logr[i])), float(grid[i]), float(np.exp(logm[i]))
     fine = np.linspace(grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)], 801)
     fsse, flogr, flogm = losses(fine)
     j = int(np.argmin(fsse))
