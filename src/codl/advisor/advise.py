@@ -405,6 +405,31 @@ def _pinning(policy: str, launch_cores: int | None) -> dict[str, Any]:
     return out
 
 
+def _verify_defaults(
+    defaults: Mapping[str, Any], advice: Advice, measured_steps: int | None
+) -> dict[str, Any]:
+    """The verification config's defaults: the fitted runs' with a new seed, the advice's
+    hand-off, and the experiments' own pinning keys left to them."""
+    d = copy.deepcopy(dict(defaults))
+    d.pop("mode", None)
+    if measured_steps is not None:
+        # Results measured with few steps (the 30-step H200 set) deserve a verification with
+        # enough steps for the comparison to mean something (config/README.md).
+        d.setdefault("steps", {})["measured"] = measured_steps
+    # A verification run with the spec of a fitted run would have its run id, and the workflow
+    # would reuse that run: a new seed makes every verification run a new measurement.
+    d["seed"] = int(d.get("seed", 0)) + VERIFY_SEED_OFFSET
+    if advice.handoff != Handoff.TORCH.value:
+        d.setdefault("loader", {})["handoff"] = advice.handoff
+    if "pinning" in d:
+        # The experiments set policy and launch cores; other pinning keys (helper placement)
+        # stay as the measured runs had them.
+        d["pinning"] = {
+            k: v for k, v in d["pinning"].items() if k not in ("policy", "launch_cores")
+        }
+    return d
+
+
 def verification_config(
     advice: Advice,
     fit: mdl.Fit,
@@ -434,23 +459,7 @@ def verification_config(
     twin = mdl.COMPUTE_TWIN[mode]
     w = advice.workers
     workers = sorted({x for x in (w - worker_step, w, w + worker_step) if x >= 1})
-    d = copy.deepcopy(dict(defaults))
-    d.pop("mode", None)
-    if measured_steps is not None:
-        # Results measured with few steps (the 30-step H200 set) deserve a verification with
-        # enough steps for the comparison to mean something (config/README.md).
-        d.setdefault("steps", {})["measured"] = measured_steps
-    # A verification run with the spec of a fitted run would have its run id, and the workflow
-    # would reuse that run: a new seed makes every verification run a new measurement.
-    d["seed"] = int(d.get("seed", 0)) + VERIFY_SEED_OFFSET
-    if advice.handoff != Handoff.TORCH.value:
-        d.setdefault("loader", {})["handoff"] = advice.handoff
-    if "pinning" in d:
-        # The experiments set policy and launch cores; other pinning keys (helper placement)
-        # stay as the measured runs had them.
-        d["pinning"] = {
-            k: v for k, v in d["pinning"].items() if k not in ("policy", "launch_cores")
-        }
+    d = _verify_defaults(defaults, advice, measured_steps)
     experiments: list[dict[str, Any]] = [
         {
             "name": "advice",

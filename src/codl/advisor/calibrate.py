@@ -20,7 +20,6 @@ docstring).
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -31,7 +30,7 @@ import pandas as pd
 
 from codl.advisor import advise as adv
 from codl.advisor import model as mdl
-from codl.spec import Handoff, Policy
+from codl.spec import Policy
 
 #: The CPU factor is searched on a log grid over this range, then refined.
 _FACTOR_RANGE = (0.25, 4.0)
@@ -233,17 +232,8 @@ def probe_config(
     """A config (config/README.md format) of ``probe_settings``'s runs, one repeat each, the
     fitted runs' defaults with a new seed (``advise.VERIFY_SEED_OFFSET``) and the advice's
     hand-off."""
-    d: dict[str, Any] = copy.deepcopy(dict(defaults))
-    d.pop("mode", None)
-    d["seed"] = int(str(d.get("seed", 0))) + adv.VERIFY_SEED_OFFSET
-    if measured_steps is not None:
-        d.setdefault("steps", {})["measured"] = measured_steps
-    if advice.handoff != Handoff.TORCH.value:
-        d.setdefault("loader", {})["handoff"] = advice.handoff
-    if "pinning" in d and isinstance(d["pinning"], Mapping):
-        d["pinning"] = {
-            k: v for k, v in d["pinning"].items() if k not in ("policy", "launch_cores")
-        }
+    # The verification's defaults: a new seed, the advice's hand-off, pinning left to the runs.
+    d = adv._verify_defaults(defaults, advice, measured_steps)
     experiments = []
     for i, (_, r) in enumerate(probe_settings(fit, advice).iterrows()):
         lc = r["launch_cores"]
