@@ -104,7 +104,10 @@ def test_the_loop_closes_on_cpu(tmp_path: Path) -> None:
     # config.yaml beside the tables here, so the cores per rank come from runs.csv's `cpus`.
     assert cli.main(["advise", str(paths.results), "--boot", "0"]) == 0
     verify_cfg = load_yaml(paths.verify_config)
-    assert verify_cfg["advisor"] == {"predictions": str(paths.predictions_table)}
+    assert verify_cfg["advisor"]["predictions"] == str(paths.predictions_table)
+    # The predictions' hash is in the config the runs start from (docs/advisor.md).
+    recorded = verify_cfg["advisor"]["predictions_sha256"]
+    assert recorded == verify.file_sha256(paths.predictions_table)
     predictions = pd.read_csv(paths.predictions_table)
     assert predictions["advised"].sum() == 1
 
@@ -120,8 +123,11 @@ def test_the_loop_closes_on_cpu(tmp_path: Path) -> None:
         table=paths.predicted_vs_measured_table,
         figures=[out],
         steps=paths.steps_table,
+        planned_sha256=recorded,
+        planned_at=verify_cfg["advisor"]["predicted_at"],
     )
     assert out.stat().st_size > 0
+    assert set(result["order"]) == {verify.Order.PREDICTED_FIRST.value}
     # Every predicted setting was run by the verification config, the advice among them.
     assert (result["n_runs"] >= 1).all() and result["measured"].gt(0).all()
     advised = result[result["advised"]].iloc[0]

@@ -36,13 +36,18 @@ def planted_throughput(
     k0: float = 0.0,
     handoff_ms: float = 0.0,
     ceiling: float = math.inf,
+    core_exponent: float = 0.0,
+    rate: float = RATE,
+    compute_scale: float = 1.0,
 ) -> tuple[float, float]:
     """Combined throughput and compute inflation, solved in closed form (not by the model's
-    bisection), so that a mistake in the model's solver cannot hide in the planted data."""
+    bisection), so that a mistake in the model's solver cannot hide in the planted data.
+    ``rate`` and ``compute_scale``: another machine's worker rate and compute speed."""
     c_l = cores - 3
-    x_w = RATE * min(w, KAPPA * c_l)  # what the workers can deliver; runnable: w X / x_w
+    # what the workers can deliver; runnable: w X / x_w
+    x_w = rate * min(w, KAPPA * c_l * (c_l / CORES) ** core_exponent)
     x_l = min(x_w, ceiling)
-    c, k = COMPUTE[policy], K[policy]
+    c, k = COMPUTE[policy] * compute_scale, K[policy]
     e = handoff_ms * c / (BATCH * 1000.0)  # the hand-off in units of the compute time alone
     over = max(0.0, w * x_l / x_w - c_l) / cores
     if x_l * (1 + k0 + e + k * over) <= c:
@@ -67,11 +72,22 @@ def planted_tables(
     handoff_ms: float = 0.0,
     ceiling: float = math.inf,
     small_budget: int | None = None,
+    budgets: tuple[int, ...] = (),
+    core_exponent: float = 0.0,
+    combined_workers: tuple[int, ...] = COMBINED_WORKERS,
+    rate: float = RATE,
+    compute_scale: float = 1.0,
+    policies: tuple[str, ...] = tuple(COMPUTE),
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """runs.csv and steps.csv.gz as the workflow writes them, for the planted parameters, with
     2 % step-to-step and 0.5 % run-to-run noise. ``ceiling``: the loader's per-process ceiling
     ``M``; ``small_budget``: also the data runs on that many cores per rank, and a ``cpus``
-    column (the CPUs each run had) in runs.csv."""
+    column (the CPUs each run had) in runs.csv; ``budgets``: more such budgets.
+    ``core_exponent``: a loader core sustains ``KAPPA * (c_L / CORES) ** core_exponent``
+    worker-equivalents (> 0: less on fewer cores). ``rate`` and ``compute_scale``: another
+    machine (its workers' samples/s, its compute speed relative to the planted one)."""
+    small = (*((small_budget,) if small_budget else ()), *budgets)
+    small_budget = small[0] if small else None
     rng = np.random.default_rng(seed)
     runs: list[dict[str, object]] = []
     steps_rows: list[pd.DataFrame] = []
@@ -102,7 +118,7 @@ def planted_tables(
                     "repeat": rep,
                     "world_size": 1,
                     "throughput_samples_s": BATCH * 1000.0 / step.mean(),
-                    "loader_item_ms_mean": 1000.0 / RATE if mode == "data" else np.nan,
+                    "loader_item_ms_mean": 1000.0 / rate if mode == "data" else np.nan,
                     **({"cpus": cpus} if small_budget else {}),
                 }
             )
@@ -119,20 +135,25 @@ def planted_tables(
                 )
             )
 
-    for budget in (CORES, small_budget) if small_budget else (CORES,):
+    for budget in (CORES, *small):
+        c_l = budget - 2
         for w in data_workers:
-            x = min(RATE * min(w, KAPPA * (budget - 2)), ceiling)
+            x = min(rate * min(w, KAPPA * c_l * (c_l / CORES) ** core_exponent), ceiling)
             add("data", "none", w, x, None, budget)
-    for policy, c in COMPUTE.items():
+    for policy in policies:
+        c = COMPUTE[policy] * compute_scale
         add("compute", policy, 0, c, BATCH * 1000.0 / c)
         if combined:
-            for w in COMBINED_WORKERS:
+            for w in combined_workers:
                 x, infl = planted_throughput(
                     w,
                     policy,
                     k0=(k0 or {}).get(policy, 0.0),
                     handoff_ms=handoff_ms,
                     ceiling=ceiling,
+                    core_exponent=core_exponent,
+                    rate=rate,
+                    compute_scale=compute_scale,
                 )
                 add("data+compute", policy, w, x, BATCH * 1000.0 / c * infl)
     return pd.DataFrame(runs), pd.concat(steps_rows, ignore_index=True)
@@ -190,6 +211,43 @@ def test_fit_recovers_a_planted_hand_off() -> None:
             {"none": 0.3, "isolated": 0.2}[policy], abs=0.02
         )
     assert mdl.check(fit, data)["error"].abs().max() < 0.03
+
+
+def test_a_per_core_rate_that_falls_with_few_cores_is_fitted_from_three_budgets() -> None:
+    # Planted: a loader core sustains KAPPA * (c_L / 16) ** 0.4 worker-equivalents, so at 3-5
+    # cores (1-3 loader cores) each does 40-55 % of what it does at 16. Data runs at 16, 8, 5, 4
+    # and 3 cores carry it: the exponent is fitted and the few-core loader predicted; a flat
+    # per-core rate (the same tables at two budgets) over-predicts it by the planted factor.
+    gamma = 0.4
+    runs, steps = planted_tables(budgets=(8, 5, 4, 3), core_exponent=gamma, steps=50)
+    fit = mdl.fit(mdl.run_data(runs, steps), cores=CORES, boot=10, seed=2)
+    p = fit.params
+    assert p.core_exponent == pytest.approx(gamma, abs=0.05)
+    assert p.kappa == pytest.approx(KAPPA, rel=0.05) and p.rate == pytest.approx(RATE, rel=0.05)
+    assert any("gamma = 0.4" in n for n in fit.notes)
+    assert "core_exponent" in set(fit.parameters()["parameter"])
+    few = pd.DataFrame({"policy": ["none"] * 3, "workers": [8, 8, 8], "cores": [3, 4, 5]})
+    c_l = few["cores"].to_numpy(np.float64) - 2
+    truth = RATE * np.minimum(8, KAPPA * c_l * (c_l / CORES) ** gamma)
+    fitted = mdl.predict_loader(fit, few)["loader_capacity"].to_numpy()
+    assert fitted == pytest.approx(truth, rel=0.03)
+    # The combined runs at 16 cores stay as planted.
+    assert mdl.check(fit, mdl.run_data(runs, steps))["error"].abs().max() < 0.05
+    # Two budgets (16 and 8): kept out, with a note; the flat rate misses the few-core loader.
+    two = runs[runs["cpus"].isin([CORES, 8])]
+    flat = mdl.fit(mdl.run_data(two, steps), cores=CORES, boot=0)
+    assert flat.params.core_exponent == 0.0
+    assert any("per-core loader rate: flat" in n for n in flat.notes)
+    flat_pred = mdl.predict_loader(flat, few)["loader_capacity"].to_numpy()
+    assert np.all(flat_pred > 1.3 * truth)
+
+
+def test_a_flat_per_core_rate_is_fitted_flat_from_three_budgets() -> None:
+    # The exponent is free, not a built-in fall: a flat loader at three budgets fits ~0.
+    runs, steps = planted_tables(budgets=(8, 4), steps=50)
+    fit = mdl.fit(mdl.run_data(runs, steps), cores=CORES, boot=0)
+    assert fit.params.core_exponent == pytest.approx(0.0, abs=0.05)
+    assert fit.params.kappa == pytest.approx(KAPPA, rel=0.05)
 
 
 def test_two_core_budgets_separate_a_per_core_from_a_per_process_ceiling() -> None:

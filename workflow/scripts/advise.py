@@ -7,7 +7,7 @@ from codl.log import configure
 
 configure()
 
-from codl.advisor.verify import advise_to
+from codl.steps.advisor import advise_to
 
 advise_to(
     runs=Path(snakemake.input.runs),

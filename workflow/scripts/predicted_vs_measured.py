@@ -7,7 +7,8 @@ from codl.log import configure
 
 configure()
 
-from codl.advisor.verify import predicted_vs_measured_to
+from codl.advisor.settings import advisor_settings
+from codl.steps.advisor import predicted_vs_measured_to
 
 predicted_vs_measured_to(
     predictions=Path(snakemake.input.predictions),
@@ -15,4 +16,6 @@ predicted_vs_measured_to(
     steps=Path(snakemake.input.steps),
     table=Path(snakemake.output.table),
     figures=[Path(snakemake.output.png), Path(snakemake.output.pdf)],
+    planned_sha256=advisor_settings(snakemake.config).predictions_sha256,
+    planned_at=advisor_settings(snakemake.config).predicted_at,
 )

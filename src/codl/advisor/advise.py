@@ -112,6 +112,27 @@ def candidate_grid(
     return pd.DataFrame(rows)
 
 
+def _below_budgets(fit: mdl.Fit, cores: int) -> list[str]:
+    """A note when ``cores`` is below every budget the fit's runs had."""
+    notes: list[str] = []
+    if fit.budgets and cores < min(fit.budgets):
+        # Measured on one H200 (docs/advisor.md, "Two core budgets", "Launch roles by their CPU
+        # time"): whole cores 29-59 % low at 4-6 cores, CPU time still 10-15 % low at 3-5.
+        why = (
+            f"the per-core loader rate's change with the cores (gamma "
+            f"{fit.params.core_exponent:.2f}) is extrapolated below the data runs' budgets"
+            if fit.params.core_exponent != 0.0
+            else "with the launch roles' measured CPU time the model was still 10-15 % low at "
+            "3-5 cores on one H200 (its flat per-core loader rate; data runs at >= 3 budgets fit "
+            "one that changes)"
+            if fit.params.occupancy
+            else "without the launch roles' CPU time in the tables the model charges each a "
+            "whole core, which under-predicts a small budget"
+        )
+        notes.append(f"{cores} cores is below every fitted budget ({min(fit.budgets)}): {why}")
+    return notes
+
+
 def advise(
     fit: mdl.Fit,
     *,
@@ -152,17 +173,7 @@ def advise(
         )
     if cores != fit.cores:
         notes.append(f"fitted on {fit.cores} cores per rank, advised for {cores}")
-    if fit.budgets and cores < min(fit.budgets):
-        # Measured on one H200 (docs/advisor.md, "Two core budgets", "Launch roles by their CPU
-        # time"): whole cores 29-59 % low at 4-6 cores, CPU time still 10-15 % low at 3-5.
-        why = (
-            "with the launch roles' measured CPU time the model was still 10-15 % low at 3-5 "
-            "cores on one H200 (its flat per-core loader rate)"
-            if fit.params.occupancy
-            else "without the launch roles' CPU time in the tables the model charges each a "
-            "whole core, which under-predicts a small budget"
-        )
-        notes.append(f"{cores} cores is below every fitted budget ({min(fit.budgets)}): {why}")
+    notes += _below_budgets(fit, cores)
     chosen = handoff or HandoffChoice()
     notes += chosen.notes
     if (
@@ -394,6 +405,31 @@ def _pinning(policy: str, launch_cores: int | None) -> dict[str, Any]:
     return out
 
 
+def _verify_defaults(
+    defaults: Mapping[str, Any], advice: Advice, measured_steps: int | None
+) -> dict[str, Any]:
+    """The verification config's defaults: the fitted runs' with a new seed, the advice's
+    hand-off, and the experiments' own pinning keys left to them."""
+    d = copy.deepcopy(dict(defaults))
+    d.pop("mode", None)
+    if measured_steps is not None:
+        # Results measured with few steps (the 30-step H200 set) deserve a verification with
+        # enough steps for the comparison to mean something (config/README.md).
+        d.setdefault("steps", {})["measured"] = measured_steps
+    # A verification run with the spec of a fitted run would have its run id, and the workflow
+    # would reuse that run: a new seed makes every verification run a new measurement.
+    d["seed"] = int(d.get("seed", 0)) + VERIFY_SEED_OFFSET
+    if advice.handoff != Handoff.TORCH.value:
+        d.setdefault("loader", {})["handoff"] = advice.handoff
+    if "pinning" in d:
+        # The experiments set policy and launch cores; other pinning keys (helper placement)
+        # stay as the measured runs had them.
+        d["pinning"] = {
+            k: v for k, v in d["pinning"].items() if k not in ("policy", "launch_cores")
+        }
+    return d
+
+
 def verification_config(
     advice: Advice,
     fit: mdl.Fit,
@@ -423,23 +459,7 @@ def verification_config(
     twin = mdl.COMPUTE_TWIN[mode]
     w = advice.workers
     workers = sorted({x for x in (w - worker_step, w, w + worker_step) if x >= 1})
-    d = copy.deepcopy(dict(defaults))
-    d.pop("mode", None)
-    if measured_steps is not None:
-        # Results measured with few steps (the 30-step H200 set) deserve a verification with
-        # enough steps for the comparison to mean something (config/README.md).
-        d.setdefault("steps", {})["measured"] = measured_steps
-    # A verification run with the spec of a fitted run would have its run id, and the workflow
-    # would reuse that run: a new seed makes every verification run a new measurement.
-    d["seed"] = int(d.get("seed", 0)) + VERIFY_SEED_OFFSET
-    if advice.handoff != Handoff.TORCH.value:
-        d.setdefault("loader", {})["handoff"] = advice.handoff
-    if "pinning" in d:
-        # The experiments set policy and launch cores; other pinning keys (helper placement)
-        # stay as the measured runs had them.
-        d["pinning"] = {
-            k: v for k, v in d["pinning"].items() if k not in ("policy", "launch_cores")
-        }
+    d = _verify_defaults(defaults, advice, measured_steps)
     experiments: list[dict[str, Any]] = [
         {
             "name": "advice",

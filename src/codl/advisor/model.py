@@ -33,6 +33,10 @@ Equations (docs/advisor.md explains the choices):
   ceiling no core adds to (the main process collating and consuming, the pin-memory thread).
   Fitted from ``data`` runs; ``M`` only from runs at >= 2 core budgets (``inf`` otherwise: at
   one budget the two plateaus predict the same runs, and the fit reads it as the cores').
+- Few cores: a core's worker-equivalents may change with the loader's cores, ``kappa *
+  (c_L / c_ref) ** gamma`` (``c_ref`` the data runs' largest budget; ``gamma > 0``: a core
+  sustains less on fewer cores), so ``X_W = r * min(w, kappa * c_L * (c_L / c_ref) ** gamma)``.
+  ``gamma`` is fitted only from data runs at >= 3 core budgets (two place ``M``); else 0, noted.
 - Compute capacity (samples/s): ``C_p = batch * 1000 / mean step_ms`` of the policy's compute
   runs (``compute`` for ``data+compute``, ``compute+comm`` for ``combined``).
 - Runnable loader demand at throughput ``X``: ``D = w * X / X_W(w)`` (workers block when their
@@ -97,6 +101,13 @@ HELPER_CPU_COLUMNS = ("autograd_run_ms", "pin_memory_run_ms", "comm_run_ms")
 _KAPPA_RANGE = (0.02, 4.0)
 _KAPPA_GRID = 400
 _BISECTION_STEPS = 60
+#: Core budgets of the data runs from which the per-core rate's exponent is fitted: two budgets
+#: place the ceiling M (a per-process plateau against a per-core one); a third is what tells a
+#: per-core rate that changes with the cores from a flat one.
+MIN_BUDGETS_FOR_EXPONENT = 3
+# gamma is searched on a grid, then refined around the best point, as kappa is.
+_EXPONENT_RANGE = (-1.0, 1.0)
+_EXPONENT_GRID = 21
 _K_ITERATIONS = 50
 
 
@@ -120,6 +131,11 @@ class Params:
     handoff_ms: Mapping[str, float] = field(default_factory=dict)
     # M, samples/s: a ceiling of the rank's loader that no core adds to (inf: none identified)
     ceiling: float = math.inf
+    # gamma: a loader core sustains kappa * (c_L / core_ref) ** gamma worker-equivalents, so
+    # the per-core rate falls with fewer cores (gamma > 0) or rises (< 0); fitted only from data
+    # runs at >= MIN_BUDGETS_FOR_EXPONENT core budgets, else 0 (flat)
+    core_exponent: float = 0.0
+    core_ref: float = 1.0  # cores per rank at which the per-core rate is kappa
     # mode -> (tau, tau_helpers): CPU ms per sample of the rank's launch roles (main +
     # helpers) and of the helpers alone; empty when the tables do not have them (each role
     # then counts a whole core)
@@ -185,6 +201,10 @@ class Fit:
             # inf: none fitted (one core budget; a note says so).
             draws = np.array([b.ceiling for b in self.boot])
             rows.append(("ceiling", "", self.params.ceiling, draws))
+        if self.params.core_exponent != 0.0:
+            # 0: not fitted (fewer than MIN_BUDGETS_FOR_EXPONENT budgets; a note says so).
+            draws = np.array([b.core_exponent for b in self.boot])
+            rows.append(("core_exponent", "", self.params.core_exponent, draws))
         for p in self.policies:
             for name, attr in (
                 ("compute", "compute"),
@@ -574,23 +594,39 @@ def _production(n: npt.NDArray[np.float64], busy: npt.NDArray[np.float64], worke
     return workers * 1000.0 * float(n.sum()) / total if total > 0 else math.inf
 
 
+def effective_cores(
+    c_l: npt.NDArray[np.float64], exponent: float, ref: float
+) -> npt.NDArray[np.float64]:
+    """The loader's cores in units of a core at ``ref`` cores: ``c_L * (c_L / ref) ** gamma``
+    (``c_L`` itself when ``gamma`` is 0)."""
+    c = np.maximum(c_l, 0.0)
+    if exponent == 0.0:
+        return c
+    return np.asarray(c * (c / ref) ** exponent, dtype=np.float64)
+
+
 def fit_loader(
     workers: npt.ArrayLike,
     cores: npt.ArrayLike,
     throughput: npt.ArrayLike,
     *,
     ceiling: bool = False,
-) -> tuple[float, float, float]:
-    """``(r, kappa, M)``: least squares in log space (relative errors) of
-    ``X = min(r * min(w, kappa * c_L), M)``; ``cores`` are the loader's cores ``c_L``.
+    exponent_ref: float | None = None,
+) -> tuple[float, float, float, float]:
+    """``(r, kappa, M, gamma)``: least squares in log space (relative errors) of
+    ``X = min(r * min(w, kappa * c_L * (c_L / ref) ** gamma), M)``; ``cores`` are the loader's
+    cores ``c_L``.
 
     ``M`` is a ceiling of the rank's loader that no core adds to (the main process collating,
     the pin-memory thread), fitted only with ``ceiling`` (the runs had >= 2 core budgets: at one
-    a per-core and a per-process ceiling predict the same runs), else ``inf``. For a given kappa the
-    points split at a threshold of ``min(w, kappa * c_L)`` into those on the ``r`` branch and
-    those on the ``M`` branch, and for each split ``log r`` and ``log M`` are means, so only
-    kappa is searched, and every split is scored with the full loss. Needs one configuration
-    below the loader's saturation and one at it; otherwise the error says which run to add.
+    a per-core and a per-process ceiling predict the same runs), else ``inf``. ``gamma`` (a
+    per-core rate that changes with the cores) is fitted only with ``exponent_ref`` (the runs
+    had >= ``MIN_BUDGETS_FOR_EXPONENT`` budgets; ``ref`` the cores where the rate is kappa),
+    else 0. For a given kappa and gamma the points split at a threshold of ``min(w, kappa *
+    c_eff)`` into those on the ``r`` branch and those on the ``M`` branch, and for each split
+    ``log r`` and ``log M`` are means, so only kappa (and gamma, on a grid) is searched, and
+    every split is scored with the full loss. Needs one configuration below the loader's
+    saturation and one at it; otherwise the error says which run to add.
     """
     w = np.asarray(workers, dtype=np.float64)
     cl = np.asarray(cores, dtype=np.float64)
@@ -607,6 +643,47 @@ def fit_loader(
             "core is left to the loader"
         )
     splits = len(w) if ceiling else 1
+    if exponent_ref is None:
+        _, rate, kappa, top = _fit_kappa(w, cl, y, splits)
+        gamma = 0.0
+    else:
+        ref = exponent_ref
+
+        def score(g: float) -> float:
+            # kappa on its grid only while gamma is searched; refined at the chosen gamma.
+            return _fit_kappa(w, effective_cores(cl, g, ref), y, splits, refine=False)[0]
+
+        coarse = np.linspace(*_EXPONENT_RANGE, _EXPONENT_GRID)
+        i = int(np.argmin([score(float(g)) for g in coarse]))
+        step = coarse[1] - coarse[0]
+        fine = np.linspace(coarse[i] - step, coarse[i] + step, 11)
+        fine = fine[(fine >= _EXPONENT_RANGE[0]) & (fine <= _EXPONENT_RANGE[1])]
+        gamma = float(fine[int(np.argmin([score(float(g)) for g in fine]))])
+        cl = effective_cores(cl, gamma, ref)
+        _, rate, kappa, top = _fit_kappa(w, cl, y, splits)
+    x_w = rate * np.minimum(w, kappa * cl)
+    saturated = (w > kappa * cl * (1 + 1e-9)) | (x_w > top * (1 + 1e-9))
+    if saturated.all() or not saturated.any():
+        where = "above" if saturated.all() else "below"
+        need = "fewer" if saturated.all() else "more"
+        raise ModelError(
+            f"runs.csv: every data-mode run is {where} the loader's saturation point, so the "
+            f"per-worker rate and the per-core efficiency cannot be told apart; add a data run "
+            f"with {need} workers (loader cores: {_cores_text(np.asarray(cores, np.float64))})"
+        )
+    return rate, kappa, top, gamma
+
+
+def _fit_kappa(
+    w: npt.NDArray[np.float64],
+    cl: npt.NDArray[np.float64],
+    y: npt.NDArray[np.float64],
+    splits: int,
+    *,
+    refine: bool = True,
+) -> tuple[float, float, float, float]:
+    """``(sse, r, kappa, M)`` of the loader's least squares at loader cores ``cl``; without
+    ``refine``, kappa's grid point only."""
 
     def losses(kappas: npt.NDArray[np.float64]) -> tuple[npt.NDArray[np.float64], ...]:
         m = np.log(np.minimum(w[None, :], kappas[:, None] * cl[None, :]))
@@ -624,23 +701,14 @@ def fit_loader(
         return best[:, 0], best[:, 1], best[:, 2]
 
     grid = np.geomspace(*_KAPPA_RANGE, _KAPPA_GRID)
-    sse, _, _ = losses(grid)
+    sse, logr, logm = losses(grid)
     i = int(np.argmin(sse))
+    if not refine:
+        return float(sse[i]), float(np.exp(logr[i])), float(grid[i]), float(np.exp(logm[i]))
     fine = np.linspace(grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)], 801)
     fsse, flogr, flogm = losses(fine)
     j = int(np.argmin(fsse))
-    kappa, rate, top = float(fine[j]), float(np.exp(flogr[j])), float(np.exp(flogm[j]))
-    x_w = rate * np.minimum(w, kappa * cl)
-    saturated = (w > kappa * cl * (1 + 1e-9)) | (x_w > top * (1 + 1e-9))
-    if saturated.all() or not saturated.any():
-        where = "above" if saturated.all() else "below"
-        need = "fewer" if saturated.all() else "more"
-        raise ModelError(
-            f"runs.csv: every data-mode run is {where} the loader's saturation point, so the "
-            f"per-worker rate and the per-core efficiency cannot be told apart; add a data run "
-            f"with {need} workers (loader cores: {_cores_text(cl)})"
-        )
-    return rate, kappa, top
+    return float(fsse[j]), float(np.exp(flogr[j])), float(fine[j]), float(np.exp(flogm[j]))
 
 
 def _cores_text(cl: npt.NDArray[np.float64]) -> str:
@@ -667,31 +735,7 @@ def _fit_params(groups: pd.DataFrame, node: Node, cores: int) -> tuple[Params, l
             + ", ".join(HELPER_CPU_COLUMNS)
             + " for data and combined runs): each busy role counts a whole core"
         )
-    occ = occupancy.get(LOADER_MODE)
-    base, tau = _loader_terms_of(data, node.roles(LOADER_MODE), occ)
-    # The data runs' roles occupy their CPU per sample times the throughput the fit reads: a
-    # drained window's is its workers' production, the steady rate the roles would serve (the
-    # window's burst of prefetched batches is not what the loader's cores sustain).
-    cl = base - tau * data["throughput"].to_numpy(np.float64) / 1000.0
-    budgets = data["cores"].nunique() > 1
-    rate, kappa, ceiling = fit_loader(data["workers"], cl, data["throughput"], ceiling=budgets)
-    on_ceiling = int(np.sum(rate * np.minimum(data["workers"], kappa * cl) > ceiling))
-    if not budgets:
-        notes.append(
-            "ceiling: the data runs had one core budget, so the loader's plateau is read as its "
-            "cores'; data runs at a second budget (pinning.cpus) tell a ceiling no core adds to "
-            "from it"
-        )
-    elif on_ceiling == 1:
-        notes.append("ceiling: one data configuration sets it (its mean throughput)")
-    if np.isfinite(ceiling) and not np.any(
-        (data["workers"].to_numpy() > kappa * cl * (1 + 1e-9))
-        & (rate * kappa * cl < ceiling * (1 - 1e-9))
-    ):
-        notes.append(
-            "kappa: no data run is bounded by its cores below the loader's ceiling; kappa is the "
-            "smallest value the runs allow"
-        )
+    rate, kappa, ceiling, gamma, ref = _fit_loader_params(data, node, occupancy, notes)
     twin = groups[groups["mode"] == COMPUTE_TWIN[node.combined_mode]]
     if twin.empty:
         raise ModelError(
@@ -719,9 +763,68 @@ def _fit_params(groups: pd.DataFrame, node: Node, cores: int) -> tuple[Params, l
         k={},
         ceiling=ceiling,
         occupancy=occupancy,
+        core_exponent=gamma,
+        core_ref=ref,
     )
     k0, k, handoff = _fit_interference(comb, node, loader, outside=outside, notes=notes)
     return replace(loader, k=k, k0=k0, handoff_ms=handoff), notes
+
+
+def _fit_loader_params(
+    data: pd.DataFrame,
+    node: Node,
+    occupancy: Mapping[str, tuple[float, float]],
+    notes: list[str],
+) -> tuple[float, float, float, float, float]:
+    """``(r, kappa, M, gamma, c_ref)`` from the data runs' configurations; notes appended."""
+    occ = occupancy.get(LOADER_MODE)
+    base, tau = _loader_terms_of(data, node.roles(LOADER_MODE), occ)
+    # The data runs' roles occupy their CPU per sample times the throughput the fit reads: a
+    # drained window's is its workers' production, the steady rate the roles would serve (the
+    # window's burst of prefetched batches is not what the loader's cores sustain).
+    cl = base - tau * data["throughput"].to_numpy(np.float64) / 1000.0
+    budgets = data["cores"].nunique() > 1
+    # The per-core rate is kappa at the largest budget the data runs had.
+    ref = float(data["cores"].max())
+    exponent = data["cores"].nunique() >= MIN_BUDGETS_FOR_EXPONENT
+    rate, kappa, ceiling, gamma = fit_loader(
+        data["workers"],
+        cl,
+        data["throughput"],
+        ceiling=budgets,
+        exponent_ref=ref if exponent else None,
+    )
+    if exponent:
+        notes.append(
+            f"per-core loader rate: kappa x (c_L / {ref:g})^gamma, gamma = {gamma:.2f} fitted "
+            f"from data runs at {sorted(data['cores'].astype(int).unique().tolist())} cores "
+            "(> 0: a core sustains less with fewer cores)"
+        )
+    else:
+        notes.append(
+            f"per-core loader rate: flat (kappa at every budget); data runs at "
+            f"{data['cores'].nunique()} core budget(s), >= {MIN_BUDGETS_FOR_EXPONENT} fit one "
+            "that changes with the cores"
+        )
+    cl = effective_cores(cl, gamma, ref)
+    on_ceiling = int(np.sum(rate * np.minimum(data["workers"], kappa * cl) > ceiling))
+    if not budgets:
+        notes.append(
+            "ceiling: the data runs had one core budget, so the loader's plateau is read as its "
+            "cores'; data runs at a second budget (pinning.cpus) tell a ceiling no core adds to "
+            "from it"
+        )
+    elif on_ceiling == 1:
+        notes.append("ceiling: one data configuration sets it (its mean throughput)")
+    if np.isfinite(ceiling) and not np.any(
+        (data["workers"].to_numpy() > kappa * cl * (1 + 1e-9))
+        & (rate * kappa * cl < ceiling * (1 - 1e-9))
+    ):
+        notes.append(
+            "kappa: no data run is bounded by its cores below the loader's ceiling; kappa is the "
+            "smallest value the runs allow"
+        )
+    return rate, kappa, ceiling, gamma, ref
 
 
 def _occupancy(groups: pd.DataFrame, node: Node) -> dict[str, tuple[float, float]]:
@@ -755,16 +858,16 @@ def _loader_terms_of(
 
 
 def loader_capacity(
-    rate: float,
-    kappa: float,
-    ceiling: float,
+    params: Params,
     w: npt.NDArray[np.float64],
     c_l: npt.NDArray[np.float64],
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
     """``(X_W, X_L)``: what the workers can deliver on their cores, ``r * min(w, kappa *
-    c_L)``, and the loader's capacity, that capped at the ceiling ``M``."""
-    x_w = rate * np.minimum(w, kappa * np.maximum(c_l, 0.0))
-    return x_w, np.minimum(x_w, ceiling)
+    c_eff)`` (``effective_cores``), and the loader's capacity, that capped at the ceiling
+    ``M``."""
+    c_eff = effective_cores(c_l, params.core_exponent, params.core_ref)
+    x_w = params.rate * np.minimum(w, params.kappa * c_eff)
+    return x_w, np.minimum(x_w, params.ceiling)
 
 
 def _fit_interference(
@@ -987,7 +1090,7 @@ class _Settings:
 
 def _at(params: Params, s: _Settings, x: npt.NDArray[np.float64]) -> _Operating:
     c_l = s.base - s.tau * x / 1000.0
-    x_w, x_l = loader_capacity(params.rate, params.kappa, params.ceiling, s.w, c_l)
+    x_w, x_l = loader_capacity(params, s.w, c_l)
     # Workers with no core left are all runnable (and deliver nothing).
     demand = np.where(x_w > 0, s.w * x / np.where(x_w > 0, x_w, 1.0), s.w)
     infl = 1.0 + s.k0 + s.k * np.maximum(0.0, demand - c_l) / s.cores

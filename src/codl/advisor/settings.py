@@ -28,6 +28,8 @@ class AdvisorSettings:
     prefer: str = "headroom"  # advise.Prefer: which tied setting wins
     repeats: int = 3  # of every verification run
     predictions: str = ""  # a predictions.csv of `advise`: compare it with these runs
+    predictions_sha256: str = ""  # its sha256 when `advise` wrote it
+    predicted_at: str = ""  # when `advise` wrote it (UTC, ISO 8601)
 
 
 def advisor_settings(cfg: Mapping[str, Any]) -> AdvisorSettings:
@@ -39,6 +41,8 @@ def advisor_settings(cfg: Mapping[str, Any]) -> AdvisorSettings:
         prefer=str(section.get("prefer", "headroom")),
         repeats=int(section.get("repeats", 3)),
         predictions=str(section.get("predictions", "")),
+        predictions_sha256=str(section.get("predictions_sha256", "")),
+        predicted_at=str(section.get("predicted_at", "")),
     )
 
 

@@ -7,8 +7,11 @@ workflow's: ``codl.steps.advisor`` reads and writes the files and calls these fu
 
 from __future__ import annotations
 
+import enum
 import functools
+import hashlib
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -186,4 +189,80 @@ def prediction_summary(table: pd.DataFrame) -> dict[str, float]:
         out["advised_vs_other"] = float(best["advice_ratio"])
         out["advised_vs_other_lo"] = float(best["advice_ratio_lo"])
         out["advised_vs_other_hi"] = float(best["advice_ratio_hi"])
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Predictions before measurements
+
+
+class Order(enum.StrEnum):
+    """What the verification table can prove about when a setting's prediction was made.
+
+    ``predicted-first``: the predictions file is the one planned (its sha256 is the one the
+    verification config recorded) and it was planned before every run of the setting started.
+    ``changed-after-runs-started``: the file differs from the one planned and was modified
+    after the setting's first run started (a prediction edited with the answer in view).
+    ``changed``: the file differs from the one planned, modified before the runs (not the
+    prediction the config recorded, but not written with the runs in view).
+    ``planned-after-runs-started``: the recorded planning time is after a run of the setting
+    started (e.g. runs reused from before the plan). ``unproven``: no hash or planning time
+    recorded, or the runs have no ``start_time`` (tables summarized before the column)."""
+
+    PREDICTED_FIRST = "predicted-first"
+    CHANGED_AFTER_RUNS = "changed-after-runs-started"
+    CHANGED = "changed"
+    PLANNED_AFTER_RUNS = "planned-after-runs-started"
+    UNPROVEN = "unproven"
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _utc(values: pd.Series | Sequence[str | None]) -> pd.Series:
+    return pd.to_datetime(pd.Series(values, dtype=object), utc=True, errors="coerce")
+
+
+def prediction_order(
+    table: pd.DataFrame,
+    runs: pd.DataFrame,
+    *,
+    sha256: str,
+    modified_at: str,
+    planned_sha256: str = "",
+    planned_at: str = "",
+) -> pd.DataFrame:
+    """``table`` (``score_predictions``'s) with the proof of order per setting: the predictions
+    file's ``predictions_sha256`` as scored and ``modified_at`` (UTC, ISO 8601), what the
+    verification config recorded at planning (``planned_sha256``, ``planned_at``), the setting's
+    ``first_run_start`` (the earliest ``start_time`` of its runs in ``runs``) and ``order``
+    (``Order``)."""
+    r = runs[runs["mode"].isin(mdl.COMBINED_MODES)].copy()
+    out = table.copy()
+    budgets = "cpus" in r and "cores" in out and r["cpus"].nunique() > 1
+    r["key"] = _setting_keys(r, r["cpus"] if budgets else None)
+    starts = _utc(r["start_time"] if "start_time" in r else [None] * len(r))
+    first = starts.groupby(r["key"].to_numpy()).min()
+    keys = _setting_keys(out, out["cores"] if budgets else None)
+    out["first_run_start"] = [first.get(k, pd.NaT) for k in keys]
+    out["predictions_sha256"] = sha256
+    out["modified_at"] = modified_at
+    out["planned_sha256"] = planned_sha256
+    out["planned_at"] = planned_at
+    modified = _utc([modified_at]).iloc[0]
+    planned = _utc([planned_at]).iloc[0] if planned_at else pd.NaT
+
+    def order(start: pd.Timestamp) -> Order:
+        if not planned_sha256 or pd.isna(start):
+            return Order.UNPROVEN
+        if planned_sha256 != sha256:
+            after = pd.notna(modified) and modified >= start
+            return Order.CHANGED_AFTER_RUNS if after else Order.CHANGED
+        if pd.isna(planned):
+            return Order.UNPROVEN
+        return Order.PREDICTED_FIRST if planned < start else Order.PLANNED_AFTER_RUNS
+
+    out["order"] = [order(s).value for s in out["first_run_start"]]
+    out["first_run_start"] = ["" if pd.isna(s) else s.isoformat() for s in out["first_run_start"]]
     return out

@@ -1,4 +1,5 @@
-"""``codl advise RESULTS_DIR [--cores N] [--out verify.yaml] [--cross-validate CSV]``.
+"""``codl advise RESULTS_DIR [--cores N] [--out verify.yaml] [--cross-validate CSV]
+[--probe-out probe.yaml] [--calibrate PROBE_RESULTS]``.
 
 RESULTS_DIR holds the merged tables as the workflow writes them (``tables/runs.csv``,
 ``tables/steps.csv.gz``) and, when the workflow made it, the ``config.yaml`` the runs came from
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import yaml
 
 from codl.advisor import model as mdl
 from codl.advisor.advise import (
@@ -26,6 +28,7 @@ from codl.advisor.advise import (
     render_config,
     verification_config,
 )
+from codl.advisor.calibrate import calibrate, probe_config
 from codl.cli.options import (
     MAX_BOOT_SEED,
     MAX_CORES,
@@ -36,12 +39,12 @@ from codl.cli.options import (
     bounded_int,
     finite_float,
 )
-from codl.config import build_plan
+from codl.config import build_plan, load_yaml
 from codl.errors import CodlError, ConfigError
 from codl.outputs import OutputUnit, output_unit
 from codl.paths import ResultPaths
 from codl.spec import Handoff
-from codl.steps.advisor import CONFIG_NAME, fit_results
+from codl.steps.advisor import CONFIG_NAME, fit_results, record_predictions
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -122,7 +125,34 @@ def build_parser() -> argparse.ArgumentParser:
         help="bootstrap replicates (0: none, and no intervals are shown)",
     )
     p.add_argument("--seed", type=bounded_int(0, MAX_BOOT_SEED), default=0)
+    _calibration_options(p)
     return p
+
+
+def _calibration_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--predictions",
+        type=Path,
+        metavar="CSV",
+        help="with --out: write the model's prediction for every setting of the verification "
+        "config here and record its path, sha256 and time in the config (advisor.predictions), "
+        "so the verification runs compare with it and prove it came first",
+    )
+    p.add_argument(
+        "--calibrate",
+        type=Path,
+        metavar="PROBE_RESULTS",
+        help="re-fit the machine's parameters (loader and launch CPU speed, compute per policy) "
+        "on a probe's results directory measured on the new machine, keep the rest, and advise "
+        "with the calibrated model",
+    )
+    p.add_argument(
+        "--probe-out",
+        type=Path,
+        metavar="PROBE.yaml",
+        help="write the probe config for a new machine: the three runs that tell the model the "
+        "most about it (docs/advisor.md, 'Calibration on a new machine')",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,6 +186,8 @@ def _write_verification(
     except ConfigError as exc:
         # The defaults come from the results' config, which may predate today's schema.
         raise CodlError(f"verification config invalid: {exc.one_line()}") from None
+    if args.predictions is not None:
+        record_predictions(cfg, fit, advice, args.predictions, unit.path(args.predictions))
     unit.path(args.out).write_text(render_config(cfg, advice, str(args.results)))
 
 
@@ -186,14 +218,67 @@ def _cross_validate(
         print(f"note: a fold was not fitted: {note}")
 
 
+def _calibrate(args: argparse.Namespace, fit: mdl.Fit) -> mdl.Fit:
+    """The fit calibrated on the probe in ``args.calibrate``, its probe table printed."""
+    probe: Path = args.calibrate
+    runs_csv, steps_csv = ResultPaths.merged_tables_of(probe)
+    for path in (runs_csv, steps_csv):
+        if not path.is_file():
+            raise CodlError(f"--calibrate {probe}: missing table {path}")
+    data = mdl.run_data(
+        pd.read_csv(runs_csv), pd.read_csv(steps_csv), combined_mode=fit.node.combined_mode
+    )
+    cfg_path = probe / CONFIG_NAME
+    cfg = load_yaml(cfg_path) if cfg_path.is_file() else {}
+    cores = (cfg.get("slurm") or {}).get("cpus_per_rank") or args.cores or fit.cores
+    c = calibrate(fit, data, cores=int(cores))
+    print(f"calibration on {probe} (per probe configuration, samples/s per rank):")
+    cols = ["mode", "policy", "workers", "cores", "measured", "before", "after"]
+    print(c.table[cols].to_string(index=False, float_format=lambda v: f"{v:.0f}"))
+    print()
+    return c.fit
+
+
+def _write_probe(
+    args: argparse.Namespace,
+    advice: Advice,
+    fit: mdl.Fit,
+    runs: pd.DataFrame,
+    source_cfg: Mapping[str, Any],
+    unit: OutputUnit,
+) -> None:
+    defaults = source_cfg.get("defaults") or defaults_from_runs(runs, fit.node.combined_mode)
+    cfg = probe_config(
+        fit, advice, defaults=defaults, slurm=source_cfg.get("slurm"), measured_steps=args.steps
+    )
+    try:
+        build_plan(cfg, source=str(args.probe_out))
+    except ConfigError as exc:
+        raise CodlError(f"probe config invalid: {exc.one_line()}") from None
+    header = (
+        f"# Probe of a new machine for `codl advise {args.results}` (docs/advisor.md,\n"
+        "# 'Calibration on a new machine'): run it there, then\n"
+        f"# `codl advise {args.results} --calibrate PROBE_RESULTS`.\n"
+    )
+    unit.path(args.probe_out).write_text(
+        header + yaml.safe_dump(cfg, sort_keys=False, default_flow_style=None)
+    )
+
+
 def _outputs(args: argparse.Namespace) -> dict[str, Path]:
-    named = {"--out": args.out, "--cross-validate": args.cross_validate}
+    named = {
+        "--out": args.out,
+        "--cross-validate": args.cross_validate,
+        "--probe-out": args.probe_out,
+        "--predictions": args.predictions,
+    }
     return {option: path for option, path in named.items() if path is not None}
 
 
-def _inputs(results: Path) -> tuple[Path, ...]:
+def _inputs(results: Path, probe: Path | None = None) -> tuple[Path, ...]:
     """What advise reads: no output may be one of them (``--out runs.csv`` would replace it)."""
-    return (*ResultPaths.merged_tables_of(results), results / CONFIG_NAME)
+    dirs = (results,) if probe is None else (results, probe)
+    return tuple(p for d in dirs for p in (*ResultPaths.merged_tables_of(d), d / CONFIG_NAME))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -203,7 +288,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         # One unit: the verification config and the cross-validation appear together or not
         # at all, checked (and locked) before the fit, so a refused output costs no time.
-        with output_unit(_outputs(args), inputs=_inputs(results), mkdir=True) as unit:
+        if args.predictions is not None and args.out is None:
+            raise CodlError("--predictions needs --out: it predicts the verification config")
+        inputs = _inputs(results, args.calibrate)
+        with output_unit(_outputs(args), inputs=inputs, mkdir=True) as unit:
             fitted = fit_results(
                 results,
                 fit_cores=args.fit_cores,
@@ -213,6 +301,13 @@ def run(args: argparse.Namespace) -> int:
                 handoff=args.handoff,
             )
             runs, steps, data, fit = fitted.runs, fitted.steps, fitted.data, fitted.fit
+            if args.calibrate is not None:
+                if args.cross_validate is not None:
+                    raise CodlError(
+                        "--cross-validate with --calibrate: the held-out runs are the fit's "
+                        "machine's, the calibrated model another's; run them apart"
+                    )
+                fit = _calibrate(args, fit)
             cores = args.cores if args.cores is not None else fit.cores
             advice = advise(
                 fit,
@@ -224,6 +319,8 @@ def run(args: argparse.Namespace) -> int:
             )
             if args.out is not None:
                 _write_verification(args, advice, fit, runs, data, fitted.source_cfg, unit)
+            if args.probe_out is not None:
+                _write_probe(args, advice, fit, runs, fitted.source_cfg, unit)
             print_advice(advice, fit, args.out, args.tie, args.prefer)
             if args.cross_validate is not None:
                 _cross_validate(args, runs, steps, fit, data, unit)

@@ -14,7 +14,9 @@ setting) -> the verification runs (``--configfile results/advice/verify.yaml``) 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import io
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +29,13 @@ from codl.advisor import interference_map as imap
 from codl.advisor import model as mdl
 from codl.advisor.advise import HandoffChoice, choose_handoff
 from codl.advisor.settings import advisor_settings, cores_per_rank
-from codl.advisor.verify import score_predictions, verification_predictions
+from codl.advisor.verify import (
+    Order,
+    file_sha256,
+    prediction_order,
+    score_predictions,
+    verification_predictions,
+)
 from codl.config import build_plan, load_yaml
 from codl.errors import CodlError, ConfigError
 from codl.figures import FigureName
@@ -37,6 +45,11 @@ from codl.spec import RunSpec
 
 #: Table paths relative to a results directory, from the one object that owns them.
 CONFIG_NAME = "config.yaml"
+log = logging.getLogger(__name__)
+
+
+def _utc_now() -> str:
+    return datetime.datetime.now(tz=datetime.UTC).isoformat()
 
 
 def _read_table(path: Path, results: Path) -> pd.DataFrame:
@@ -152,6 +165,23 @@ def _one_workload(runs: pd.DataFrame, specs: Mapping[str, RunSpec]) -> None:
         )
 
 
+def record_predictions(
+    vcfg: dict[str, Any], fit: mdl.Fit, advice: adv.Advice, named: Path, write: Path
+) -> pd.DataFrame:
+    """Write the model's prediction for every setting of the verification config ``vcfg`` to
+    ``write`` (where the file is written now; ``named``: its final path, which the config
+    names) and record its sha256 and the time in ``vcfg``'s ``advisor`` section, the config
+    the verification runs start from, so the comparison can prove the predictions came first
+    (docs/advisor.md, "Predictions before measurements")."""
+    vcfg["advisor"] = {"predictions": str(named)}
+    plan = build_plan(vcfg, source="the verification config")
+    table = verification_predictions(fit, advice, plan)
+    table.to_csv(write, index=False)
+    vcfg["advisor"]["predictions_sha256"] = file_sha256(write)
+    vcfg["advisor"]["predicted_at"] = _utc_now()
+    return table
+
+
 def advise_to(
     *,
     runs: Path,
@@ -186,12 +216,9 @@ def advise_to(
         repeats=settings.repeats,
         best=adv.best_measured(data),
     )
-    vcfg["advisor"] = {"predictions": str(predictions)}
-    plan = build_plan(vcfg, source="the verification config")
-    table = verification_predictions(fit, advice, plan)
     for path in (text, verify, predictions):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-    table.to_csv(predictions, index=False)
+    record_predictions(vcfg, fit, advice, predictions, predictions)
     # The results directory the tables are in, as `codl advise RESULTS` names it.
     Path(verify).write_text(adv.render_config(vcfg, advice, str(Path(runs).parent.parent)))
     printed = io.StringIO()
@@ -208,15 +235,43 @@ def predicted_vs_measured_to(
     table: Path,
     figures: Sequence[Path],
     steps: Path | None = None,
+    planned_sha256: str = "",
+    planned_at: str = "",
 ) -> pd.DataFrame:
+    """Score ``predictions`` against the runs; ``planned_sha256`` and ``planned_at`` are what
+    the verification config recorded when it was written (``advisor.predictions_sha256``,
+    ``advisor.predicted_at``): each row says whether its prediction provably came first
+    (``verify.Order``), and a prediction changed after its runs started is logged."""
     from codl.figures.registry import FigureInputs, draw_figure
 
+    run_table = _read(runs)
     t = score_predictions(
-        _read(predictions), _read(runs), _read(steps) if steps is not None else None
+        _read(predictions), run_table, _read(steps) if steps is not None else None
     )
     if not t["n_runs"].any():
         raise CodlError(
             f"{runs}: no run matches a setting of {predictions}; run the verification config"
+        )
+    mtime = datetime.datetime.fromtimestamp(Path(predictions).stat().st_mtime, tz=datetime.UTC)
+    t = prediction_order(
+        t,
+        run_table,
+        sha256=file_sha256(predictions),
+        modified_at=mtime.isoformat(),
+        planned_sha256=planned_sha256,
+        planned_at=planned_at,
+    )
+    measured = t[t["n_runs"] > 0]
+    bad = measured[measured["order"] != Order.PREDICTED_FIRST.value]
+    if len(bad):
+        log.warning(
+            "%s: %d of %d measured settings not provably predicted before their runs (%s): "
+            "see the order column of %s",
+            predictions,
+            len(bad),
+            len(measured),
+            ", ".join(sorted(set(bad["order"]))),
+            table,
         )
     Path(table).parent.mkdir(parents=True, exist_ok=True)
     t.to_csv(table, index=False)
