@@ -427,37 +427,7 @@ class RunSpec:
     def problems(self, where: str = "") -> list[str]:
         """Semantic checks the JSON Schema cannot express; one line per problem."""
         p = f"{where}." if where else ""
-        out: list[str] = []
-
-        def positive(key: str, value: int, minimum: int = 1) -> None:
-            if value < minimum:
-                out.append(f"{p}{key}: got {value}, expected an integer >= {minimum}")
-
-        positive("steps.measured", self.steps.measured)
-        positive("steps.warmup", self.steps.warmup, 0)
-        positive("workload.batch_size", self.workload.batch_size)
-        positive("workload.image_size", self.workload.image_size, 8)
-        positive("workload.classes", self.workload.classes, 2)
-        positive("workload.seq_len", self.workload.seq_len, 8)
-        positive("loader.workers", self.loader.workers, 0)
-        positive("loader.prefetch_factor", self.loader.prefetch_factor)
-        cores = self.pinning.launch_cores
-        if isinstance(cores, int) and cores < 1:
-            out.append(f"{p}pinning.launch_cores: got {cores}, expected 'auto' or an integer >= 1")
-        positive("pinning.cpus", self.pinning.cpus, 0)
-        positive("layout.nodes", self.layout.nodes)
-        positive("layout.ranks_per_node", self.layout.ranks_per_node)
-        positive("layout.bucket_cap_mb", self.layout.bucket_cap_mb)
-        positive("dataset.samples", self.dataset.samples)
-        positive("dataset.classes", self.dataset.classes, 2)
-        positive("dataset.height", self.dataset.height, 8)
-        positive("dataset.width", self.dataset.width, 8)
-        positive("dataset.depth", self.dataset.depth, 1)
-        positive("trace.cupti_steps", self.trace.cupti_steps)
-        positive("seed", self.seed, 0)
-        if self.seed > MAX_SEED:  # see MAX_SEED
-            out.append(f"{p}seed: got {self.seed}, expected an integer <= {MAX_SEED} (2^31 - 1)")
-        positive("repeat", self.repeat, 0)
+        out = self._range_problems(p)
         if not 1 <= self.dataset.quality <= 100:
             out.append(f"{p}dataset.quality: got {self.dataset.quality}, expected 1..100")
         for key, name in (("dataset.name", self.dataset.name), ("dataset.tier", self.dataset.tier)):
@@ -504,6 +474,41 @@ class RunSpec:
                 f"{p}workload.batch_size: got {self.workload.batch_size}, more than "
                 f"dataset.samples ({self.dataset.samples}); not one batch can be loaded"
             )
+        return out
+
+    def _range_problems(self, p: str) -> list[str]:
+        """Integers below their minimum, and the seed above its maximum."""
+        out: list[str] = []
+
+        def positive(key: str, value: int, minimum: int = 1) -> None:
+            if value < minimum:
+                out.append(f"{p}{key}: got {value}, expected an integer >= {minimum}")
+
+        positive("steps.measured", self.steps.measured)
+        positive("steps.warmup", self.steps.warmup, 0)
+        positive("workload.batch_size", self.workload.batch_size)
+        positive("workload.image_size", self.workload.image_size, 8)
+        positive("workload.classes", self.workload.classes, 2)
+        positive("workload.seq_len", self.workload.seq_len, 8)
+        positive("loader.workers", self.loader.workers, 0)
+        positive("loader.prefetch_factor", self.loader.prefetch_factor)
+        cores = self.pinning.launch_cores
+        if isinstance(cores, int) and cores < 1:
+            out.append(f"{p}pinning.launch_cores: got {cores}, expected 'auto' or an integer >= 1")
+        positive("pinning.cpus", self.pinning.cpus, 0)
+        positive("layout.nodes", self.layout.nodes)
+        positive("layout.ranks_per_node", self.layout.ranks_per_node)
+        positive("layout.bucket_cap_mb", self.layout.bucket_cap_mb)
+        positive("dataset.samples", self.dataset.samples)
+        positive("dataset.classes", self.dataset.classes, 2)
+        positive("dataset.height", self.dataset.height, 8)
+        positive("dataset.width", self.dataset.width, 8)
+        positive("dataset.depth", self.dataset.depth, 1)
+        positive("trace.cupti_steps", self.trace.cupti_steps)
+        positive("seed", self.seed, 0)
+        if self.seed > MAX_SEED:  # see MAX_SEED
+            out.append(f"{p}seed: got {self.seed}, expected an integer <= {MAX_SEED} (2^31 - 1)")
+        positive("repeat", self.repeat, 0)
         return out
 
     def _runtime_problems(self, p: str) -> list[str]:

@@ -323,17 +323,8 @@ def _add_convert(sub: Any) -> None:
     cv.set_defaults(func=cmd_convert)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="codl", description=__doc__)
-    p.add_argument("--version", action="version", version=f"codl {__version__}")
-    p.add_argument(
-        "--log-level",
-        type=str.upper,
-        choices=LEVELS,
-        help="log messages at this level and above on stderr (default: $CODL_LOG_LEVEL or INFO)",
-    )
-    sub = p.add_subparsers(dest="command", required=True)
-
+def _add_run_and_traces(sub: Any) -> None:
+    """``run``, and the commands that read one trace: ``inspect``, ``export``."""
     r = sub.add_parser("run", help="run one spec (all its ranks) and write its trace")
     r.add_argument("spec", type=Path, help="spec.json of the run")
     r.add_argument("--trace", help="trace path (default: trace.h5 next to the spec)")
@@ -365,8 +356,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.set_defaults(func=cmd_export)
 
-    _add_convert(sub)
 
+def _add_plan(sub: Any) -> None:
     pl = sub.add_parser("plan", help="validate a config and list its runs")
     pl.add_argument("config", type=Path)
     pl.add_argument("--json", action="store_true")
@@ -384,6 +375,23 @@ def build_parser() -> argparse.ArgumentParser:
         "from (default: this workflow's results/tables/runs.csv)",
     )
     pl.set_defaults(func=cmd_plan)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="codl", description=__doc__)
+    p.add_argument("--version", action="version", version=f"codl {__version__}")
+    p.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=LEVELS,
+        help="log messages at this level and above on stderr (default: $CODL_LOG_LEVEL or INFO)",
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+
+    _add_run_and_traces(sub)
+    _add_convert(sub)
+
+    _add_plan(sub)
 
     d = sub.add_parser("dataset", help="generate a data set from its spec")
     d.add_argument("--spec-json", required=True, help="DatasetSpec as JSON")

@@ -9,7 +9,7 @@ import hashlib
 import json
 import os
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
@@ -528,6 +528,15 @@ class Trace:
             raise self._corrupt(f"the column digests of /{table}", e) from e
         return digests
 
+    def _check_dtypes(self, table: str, schema: Sequence[Any]) -> None:
+        for c in schema:
+            dtype = self._file[table][c.name].dtype
+            if dtype != np.dtype(c.numpy_dtype):
+                raise TraceFormatError(
+                    f"{self._path}: dataset /{table}/{c.name} has dtype {dtype}, "
+                    f"schema v{SCHEMA_VERSION} says {c.numpy_dtype}"
+                )
+
     def verified_blocks(
         self,
         table: str,
@@ -551,13 +560,7 @@ class Trace:
         schema = table_schema(table)
         n = self._row_count(table, schema)
         digests = self._column_digests(table)
-        for c in schema:
-            dtype = self._file[table][c.name].dtype
-            if dtype != np.dtype(c.numpy_dtype):
-                raise TraceFormatError(
-                    f"{self._path}: dataset /{table}/{c.name} has dtype {dtype}, "
-                    f"schema v{SCHEMA_VERSION} says {c.numpy_dtype}"
-                )
+        self._check_dtypes(table, schema)
         index = self.chunk_index(table)
         hashes = {c.name: hashlib.sha256() for c in schema}
         # Adjacent index blocks read together (up to 1 Mi rows: the per-read costs are paid
@@ -598,15 +601,8 @@ class Trace:
                         times = {k: v[e_lo:e_hi] for k, v in block.items() if k in _TIME_COLUMNS}
                         self._check_block(table, times, int(entry[0]), int(entry[1]), entry)
                     first_entry = last_entry
-                if "start_ns" in block:
-                    # Raised here, before the caller sees the block: a reducer would choke on a
-                    # negative duration with a less telling error.
-                    late = np.flatnonzero(block["end_ns"] < block["start_ns"])
-                    if late.size:
-                        raise TraceFormatError(
-                            f"{self._path}: /{table} has {late.size}+ event(s) ending before "
-                            f"they start (first at row {lo + int(late[0])}); corrupt"
-                        )
+                # Events ending before they start were refused by read_rows, before the caller
+                # sees the block: a reducer would choke on a negative duration less tellingly.
                 yield lo, hi, block
             if hashing is not None:
                 hashing.result()
