@@ -293,14 +293,14 @@ def best_setting(grid: pd.DataFrame, tie: float, prefer: Prefer = Prefer.HEADROO
     return near.sort_values(keys, ascending=[True, True, True, False], kind="stable").iloc[0]
 
 
-def _compositions(total: int, parts: int) -> list[tuple[int, ...]]:
+def compositions(total: int, parts: int) -> list[tuple[int, ...]]:
     """Every way to write ``total`` as ``parts`` positive integers, in order."""
     if parts == 1:
         return [(total,)] if total >= 1 else []
     return [
         (first, *rest)
         for first in range(1, total - parts + 2)
-        for rest in _compositions(total - first, parts - 1)
+        for rest in compositions(total - first, parts - 1)
     ]
 
 
@@ -332,7 +332,7 @@ def advise_split(
 
     even = cores / len(fits)
     rows = []
-    for split in _compositions(cores, len(fits)):
+    for split in compositions(cores, len(fits)):
         rel = [relative(i, c) for i, c in enumerate(split)]
         rows.append(
             {

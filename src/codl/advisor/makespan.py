@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from codl.advisor import model as mdl
+from codl.advisor.advise import compositions
 
 Rate = Callable[[int], float]
 #: Relative tolerance of the advised split's min-max: splits within it count as equal.
@@ -57,17 +58,6 @@ class MakespanError(mdl.ModelError):
     """A queue or node the plans cannot run (no job, fewer cores than jobs)."""
 
 
-def compositions(total: int, parts: int) -> list[tuple[int, ...]]:
-    """Every way to write ``total`` as ``parts`` positive integers, in order."""
-    if parts == 1:
-        return [(total,)] if total >= 1 else []
-    return [
-        (first, *rest)
-        for first in range(1, total - parts + 2)
-        for rest in compositions(total - first, parts - 1)
-    ]
-
-
 def _even(total: int, parts: int) -> tuple[int, ...]:
     base, extra = divmod(total, parts)
     return tuple(base + (i < extra) for i in range(parts))
@@ -89,7 +79,10 @@ def advised_split(remaining: Sequence[float], rates: Sequence[Rate], cores: int)
             or (key[0] <= best[0] * (1 + TIE) and key[1] < best[1])
         ):
             best = (key[0], key[1], split)
-    assert best is not None  # compositions of cores >= jobs is never empty
+    if best is None:
+        raise mdl.ModelError(
+            f"{len(remaining)} running jobs on {cores} cores: no split gives each job a core"
+        )
     return best[2]
 
 
