@@ -62,15 +62,15 @@ def setting(spec: RunSpec) -> tuple[str, ...]:
         spec.pinning.pin_memory.value,
         spec.loader.handoff.value,
         str(spec.loader.workers),
+        str(spec.loader.worker_nice),
     )
 
 
 def twin_id(spec: RunSpec) -> str:
-    """The compute twin of a loading run: the same spec without the loader, same block."""
+    """The compute twin of a loading run: the same spec without the loader, same block; ""
+    for a mode that has none (``data`` alone measures the loader, not an inflation)."""
     twin = spec.mode.compute_twin
-    if twin is None:
-        raise ValueError(f"{spec.run_id}: mode {spec.mode.value!r} has no compute twin")
-    return spec.with_mode(twin).run_id
+    return "" if twin is None else spec.with_mode(twin).run_id
 
 
 def interleaved(specs: Sequence[RunSpec]) -> list[RunSpec]:
@@ -85,7 +85,7 @@ def interleaved(specs: Sequence[RunSpec]) -> list[RunSpec]:
         loading = loading[rep % len(loading) :] + loading[: rep % len(loading)] if loading else []
         done: set[str] = set()
         for spec in loading:
-            pair = [by_id.get(twin_id(spec)), spec]
+            pair = [by_id.get(twin_id(spec)) if twin_id(spec) else None, spec]
             for s in pair if rep % 2 == 0 else pair[::-1]:
                 if s is not None and s.run_id not in done:
                     out.append(s)
@@ -138,6 +138,7 @@ def run_row(spec: RunSpec, files: RunFiles) -> dict[str, object]:
         "pin_memory_place": spec.pinning.pin_memory.value,
         "handoff": spec.loader.handoff.value,
         "workers": spec.loader.workers,
+        "worker_nice": spec.loader.worker_nice,
         "repeat": spec.repeat,
         "twin_id": twin_id(spec) if spec.mode.loads else "",
         "switch_interval_s": attrs.get("switch_interval_s"),
@@ -163,6 +164,7 @@ KNOBS = [
     "pin_memory_place",
     "handoff",
     "workers",
+    "worker_nice",
 ]
 
 
@@ -175,6 +177,7 @@ KNOB_DEFAULTS: dict[str, object] = {
     "sharing_strategy": "file_descriptor",
     "handoff": "torch",
     "workers": 12,
+    "worker_nice": 0,
 }
 
 

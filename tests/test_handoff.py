@@ -12,6 +12,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -41,7 +42,7 @@ def _init_fn() -> functools.partial[None]:
     # The run's worker_init_fn (signals, placement, the run seed): a placement of the whole
     # machine with no pinning, as policy `none` plans it.
     placement = pinning.plan(PinningSpec(), allowed=os.sched_getaffinity(0), workers=3)
-    return functools.partial(_seed_worker, placement, SEED)
+    return functools.partial(_seed_worker, placement, SEED, 0)
 
 
 def _torch_batches(data: Path, workers: int, n: int) -> list[hdata.Batch]:
@@ -307,3 +308,58 @@ def test_ddp_ranks_load_through_their_own_rings(
     # Each rank fed by two workers of its own; with a peer, each rank's step reduced with it.
     assert loader.groupby("rank")["pid"].nunique().to_dict() == dict.fromkeys(range(ranks), 2)
     assert set(comm["rank"].unique()) == (set(range(ranks)) if ranks > 1 else set())
+
+
+class _Niceness(torch.utils.data.Dataset[tuple[torch.Tensor, int, np.ndarray]]):
+    """The JPEG set, each sample labelled with the nice value of the thread that loaded it."""
+
+    def __init__(self, data: Path) -> None:
+        self.inner = hdata.dataset_for("jpeg", data, 32)
+
+    def __len__(self) -> int:
+        return len(self.inner)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int, np.ndarray]:
+        x, _, timing = self.inner[index]
+        return x, os.getpriority(os.PRIO_PROCESS, 0), timing
+
+
+@pytest.mark.parametrize("handoff", list(Handoff))
+def test_worker_nice_reaches_every_loader_worker_and_not_the_rank(
+    jpegs: Path, handoff: Handoff
+) -> None:
+    placement = pinning.plan(PinningSpec(), allowed=os.sched_getaffinity(0), workers=2)
+    init_fn = functools.partial(_seed_worker, placement, SEED, 13)
+    rank_nice = os.getpriority(os.PRIO_PROCESS, 0)
+    gen = torch.Generator().manual_seed(SEED)
+    data = _Niceness(jpegs)
+    it: Any
+    if handoff is Handoff.RING:
+        it = iter(
+            RingLoader(
+                data,
+                batch_size=BATCH,
+                workers=2,
+                prefetch_factor=2,
+                generator=gen,
+                worker_init_fn=init_fn,
+            )
+        )
+    else:
+        loader = torch.utils.data.DataLoader(
+            data,
+            batch_size=BATCH,
+            sampler=hdata.EndlessShuffle(len(data), gen),
+            num_workers=2,
+            collate_fn=hdata.collate,
+            multiprocessing_context=hdata.worker_context(),
+            worker_init_fn=init_fn,
+        )
+        it = iter(loader)
+    try:
+        seen = {int(v) for _ in range(4) for v in next(it).targets}
+    finally:
+        it.close() if handoff is Handoff.RING else it._shutdown_workers()
+    # Never below the rank's own (lowering it would need a privilege).
+    assert seen == {max(13, rank_nice)}
+    assert os.getpriority(os.PRIO_PROCESS, 0) == rank_nice

@@ -232,6 +232,7 @@ def test_canonical_json_is_sorted_and_compact() -> None:
     del expected["pinning"]["cpus"]  # likewise
     del expected["loader"]["sharing_strategy"]  # likewise
     del expected["loader"]["handoff"]  # likewise
+    del expected["loader"]["worker_nice"]  # likewise
     del expected["workload"]["seq_len"]  # likewise
     del expected["dataset"]["generator"]  # likewise
     del expected["runtime"]  # a group whose every key is at its default: left out whole

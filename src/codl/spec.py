@@ -39,6 +39,7 @@ _ID_OPTIONAL_DEFAULTS: dict[tuple[str, str], Any] = {
     ("pinning", "cpus"): 0,
     ("loader", "sharing_strategy"): "file_descriptor",
     ("loader", "handoff"): "torch",
+    ("loader", "worker_nice"): 0,
     ("runtime", "switch_interval_ms"): 0.0,
     ("workload", "seq_len"): 128,
     ("dataset", "generator"): "",
@@ -46,6 +47,8 @@ _ID_OPTIONAL_DEFAULTS: dict[tuple[str, str], Any] = {
 #: The longest switch interval a run may ask for: past a second a thread waiting for the GIL
 #: would starve for the whole of a step, which measures nothing useful.
 MAX_SWITCH_INTERVAL_MS = 1000.0
+#: The highest nice value Linux has (the lowest priority).
+MAX_NICE = 19
 #: ``pinning.launch_cores: auto`` sizes the launch set from the roles it must hold.
 AUTO: Literal["auto"] = "auto"
 # Policy `none` reads no other pinning key; its runs were published with `launch_cores: 1` (the
@@ -256,6 +259,9 @@ class LoaderSpec:
     persistent_workers: bool = True
     sharing_strategy: SharingStrategy = SharingStrategy.FILE_DESCRIPTOR
     handoff: Handoff = Handoff.TORCH
+    #: the workers' nice value (Linux's per-thread priority, 0..19): at 19 a launch thread that
+    #: wakes on a CPU a worker holds gets it at once, so workers may outnumber the cores
+    worker_nice: int = 0
 
     def normalized(self) -> LoaderSpec:
         """The ring shares no tensor through torch.multiprocessing: its sharing strategy is
@@ -492,6 +498,7 @@ class RunSpec:
         positive("workload.seq_len", self.workload.seq_len, 8)
         positive("loader.workers", self.loader.workers, 0)
         positive("loader.prefetch_factor", self.loader.prefetch_factor)
+        positive("loader.worker_nice", self.loader.worker_nice, 0)
         cores = self.pinning.launch_cores
         if isinstance(cores, int) and cores < 1:
             out.append(f"{p}pinning.launch_cores: got {cores}, expected 'auto' or an integer >= 1")
@@ -552,6 +559,7 @@ class RunSpec:
 _LIMIT_WHY: dict[str, str] = {
     "loader.workers": "processes forked per rank",
     "loader.prefetch_factor": "batches held in memory per worker",
+    "loader.worker_nice": "Linux's lowest priority",
     "workload.batch_size": "samples per step per rank",
     "workload.image_size": "pixels per edge",
     "workload.classes": "outputs of the model head",
@@ -572,6 +580,7 @@ def _upper_limits(spec: RunSpec) -> tuple[tuple[str, int, int], ...]:
     return (
         ("loader.workers", spec.loader.workers, MAX_LOADER_WORKERS),
         ("loader.prefetch_factor", spec.loader.prefetch_factor, 64),
+        ("loader.worker_nice", spec.loader.worker_nice, MAX_NICE),
         ("workload.batch_size", spec.workload.batch_size, 65_536),
         ("workload.image_size", spec.workload.image_size, 4_096),
         ("workload.classes", spec.workload.classes, 1_000_000),

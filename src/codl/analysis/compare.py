@@ -118,8 +118,8 @@ def twin_column(mode: Mode | str) -> str:
 
 TWIN_COLUMNS = tuple(twin_column(m) for m in TWIN_MODES)
 # Read only by modes that load; replaced by NO_LOADER for the others (the normalisation).
-LOADER_COLUMNS = ("workers", "prefetch_factor", "pin_memory", "handoff")
-NO_LOADER: tuple[Any, ...] = (0, None, None, None)
+LOADER_COLUMNS = ("workers", "prefetch_factor", "pin_memory", "handoff", "worker_nice")
+NO_LOADER: tuple[Any, ...] = (0, None, None, None, None)
 BOOTSTRAP = 2000
 QUANTILES = {"p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99}
 # Distribution statistics, each a mean over runs of the per-run statistic of the steps.
@@ -193,7 +193,7 @@ def _norm(value: Any) -> Any:
 
 
 #: What a loader column is in a table written before it (the spec's default then).
-LOADER_DEFAULTS: dict[str, Any] = {"handoff": "torch"}
+LOADER_DEFAULTS: dict[str, Any] = {"handoff": "torch", "worker_nice": 0}
 
 
 def _key(row: pd.Series, mode: str) -> tuple[Any, ...]:

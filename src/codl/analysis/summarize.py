@@ -52,6 +52,7 @@ SPEC_COLUMNS = {
     "prefetch_factor": ("loader", "prefetch_factor"),
     "pin_memory": ("loader", "pin_memory"),
     "handoff": ("loader", "handoff"),
+    "worker_nice": ("loader", "worker_nice"),
     "nodes": ("layout", "nodes"),
     "ranks_per_node": ("layout", "ranks_per_node"),
     "backend": ("layout", "backend"),
@@ -84,9 +85,11 @@ def spec_columns(spec: Mapping[str, Any]) -> dict[str, Any]:
         out["prefetch_factor"] = None
         out["pin_memory"] = None
         out["handoff"] = None
+        out["worker_nice"] = None
     else:
-        # Traces written before the key ran torch's DataLoader.
+        # Traces written before the keys ran torch's DataLoader, its workers at the rank's nice.
         out["handoff"] = out["handoff"] or "torch"
+        out["worker_nice"] = int(out["worker_nice"] or 0)
     return out
 
 

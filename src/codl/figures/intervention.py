@@ -20,7 +20,7 @@ import pandas as pd
 from codl.analysis.runlevel import mean_interval
 
 #: The setting columns of a pooled inflation table that tell its rows apart, in label order.
-SETTING_KEYS = ("handoff", "policy", "workers", "pin_memory_place")
+SETTING_KEYS = ("handoff", "policy", "workers", "worker_nice", "pin_memory_place")
 HANDOFF_COLORS = {"torch": "#dd8452", "ring": "#4c72b0"}
 
 
@@ -30,6 +30,9 @@ def _label(row: pd.Series, keys: Sequence[str]) -> str:
         v = row[k]
         if k == "workers":
             parts.append(f"{v} w")
+        elif k == "worker_nice":
+            if int(v or 0):
+                parts.append(f"nice {int(v)}")
         elif k == "pin_memory_place":
             # Read only by policy `isolated`, and only torch's loader has the thread.
             if row.get("handoff", "torch") == "torch" and row.get("policy") == "isolated":

@@ -98,13 +98,18 @@ class _StopHandler:
         restore_after_stop(previous, self.first)
 
 
-def _seed_worker(placement: pinning.Placement, seed: int, worker_id: int) -> None:
+def _seed_worker(placement: pinning.Placement, seed: int, nice: int, worker_id: int) -> None:
     # A group-wide SIGTERM/SIGINT (Slurm, Ctrl-C) reaches the workers too: they leave it to the
     # main process, which stops the run and shuts them down; otherwise a worker's death races
     # the main process's handler and the run ends in a DataLoader traceback.
     for s in _STOP_SIGNALS:
         signal.signal(s, signal.SIG_IGN)
     pinning.apply_worker(placement, worker_id)
+    if nice:
+        # Linux's nice is per thread: this sets the worker's main thread, and every thread it
+        # starts later (a tokenizer's pool, torch's intra-op threads) inherits it. Never below
+        # the rank's own: lowering a nice value needs a privilege the run does not ask for.
+        os.setpriority(os.PRIO_PROCESS, 0, max(nice, os.getpriority(os.PRIO_PROCESS, 0)))
     np.random.seed(seed + worker_id)
     random.seed(seed + worker_id)
 
@@ -487,7 +492,7 @@ def _build_loader(
         raise CodlError(
             f"data set {dataset_dir} has {n_samples} samples, fewer than one batch of {bs}"
         )
-    init_fn = functools.partial(_seed_worker, placement, spec.seed)
+    init_fn = functools.partial(_seed_worker, placement, spec.seed, spec.loader.worker_nice)
     if spec.loader.handoff is Handoff.RING:
         return RingLoader(
             dataset,
