@@ -353,15 +353,15 @@ def pool(tables: Sequence[Path], out: Path) -> pd.DataFrame:
 
 
 def throughput_versus_torch(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per ring setting: in each block, its throughput over the best torch setting's with the
-    same workers in that block (any policy: the stricter comparison); over blocks the
+    """Per ring setting (policy, workers, nice): in each block, its throughput over the best
+    torch setting's with the same workers in that block (any policy: the stricter comparison); over blocks the
     geometric mean with a 95 % t interval."""
     loading = runs[runs["mode"] == "data+compute"].assign(
         **{k: v for k, v in KNOB_DEFAULTS.items() if k not in runs}
     )
     rows = []
-    for (policy, workers), g in loading[loading["handoff"] == "ring"].groupby(
-        ["policy", "workers"]
+    for (policy, workers, nice), g in loading[loading["handoff"] == "ring"].groupby(
+        ["policy", "workers", "worker_nice"]
     ):
         ratios = []
         for (source, rep), r in g.groupby(["source", "repeat"]):
@@ -379,6 +379,7 @@ def throughput_versus_torch(runs: pd.DataFrame) -> pd.DataFrame:
             {
                 "policy": policy,
                 "workers": workers,
+                "worker_nice": nice,
                 "n_blocks": iv.n,
                 "ring_over_best_torch": iv.ratio,
                 "lo": iv.lo,
