@@ -285,3 +285,28 @@ def test_advice_on_torchs_pinned_loader_points_at_the_ring_when_compute_inflates
     grid = crowded.grid
     worst = grid.loc[grid["inflation"].idxmax()]
     assert float(worst["inflation"]) > adv.GIL_NOTE_INFLATION
+
+
+def test_ring_advice_with_more_workers_than_loader_cores_points_at_the_workers_nice() -> None:
+    def pick(workers: int, loader_cores: float) -> pd.Series:
+        return pd.Series({"workers": workers, "loader_cores": loader_cores})
+
+    assert adv.nice_note("ring", pick(24, 14.0))
+    assert "loader.worker_nice: 19" in adv.nice_note("ring", pick(24, 14.0))[0]
+    assert adv.nice_note("ring", pick(12, 14.0)) == []
+    assert adv.nice_note("ring", pick(14, 14.0)) == []
+    assert adv.nice_note("ring", pick(4, float("nan"))) == []
+    # Torch's loader never gets it: its inflation is the GIL's, which the priority leaves alone.
+    assert adv.nice_note("torch", pick(24, 14.0)) == []
+    # In the advice: the note is there exactly when the advised ring setting crowds its cores.
+    runs, steps = _with_ring()
+    r, s, chosen = adv.choose_handoff(runs, steps)
+    fit = mdl.fit(mdl.run_data(r, s), cores=CORES, boot=0)
+    for policy in fit.policies:
+        a = adv.advise(
+            fit, cores=CORES, max_workers=4 * CORES, policies=[policy], tie=0.0, handoff=chosen
+        )
+        assert a.handoff == "ring"
+        row = a.grid[(a.grid["workers"] == a.workers) & (a.grid["policy"] == a.policy)].iloc[0]
+        noted = any("loader.worker_nice: 19" in n for n in a.notes)
+        assert noted == (a.workers > float(row["loader_cores"]))

@@ -188,6 +188,7 @@ def advise(
             "(docs/results-gil.md); measure loader.handoff: ring, which removed the inflation "
             "on one H200 (docs/results-handoff.md), and advise on those runs"
         )
+    notes += nice_note(chosen.handoff, pick)
     lc = pick["launch_cores"]
     return Advice(
         policy=str(pick["policy"]),
@@ -207,6 +208,21 @@ def advise(
         notes=tuple(notes),
         handoff=chosen.handoff,
     )
+
+
+def nice_note(handoff: str, pick: pd.Series) -> list[str]:
+    """With the ring, workers that outnumber the loader's cores preempt the launch roles; at
+    nice 19 they no longer do (measured under ``none``, docs/results-handoff.md). Torch's loader
+    gets no such note: its inflation is the GIL's, which the workers' priority leaves alone."""
+    workers, cores = int(pick["workers"]), float(pick["loader_cores"])
+    if handoff != Handoff.RING.value or not workers > cores:  # NaN: no loader core at all
+        return []
+    return [
+        f"{workers} workers outnumber the loader's {cores:.3g} cores: run them with "
+        "loader.worker_nice: 19, so that they stop preempting the launch roles (24 ring "
+        "workers on 16 cores of one H200: compute inflation +7.8 % -> +3.7 % under none, "
+        "docs/results-handoff.md); the model was fitted at the runs' own nice"
+    ]
 
 
 #: Above this compute inflation of the advised setting under torch's pinned loader, the advice
