@@ -3,9 +3,9 @@
 Two ranks of a small conv net (DDP) on ONE GPU: NCCL refuses two ranks on one device, so the
 process group is gloo, which all-reduces CUDA tensors through host copies. torch.profiler
 (CPU + CUDA activities, record_shapes off, no stacks) records ``--active`` steps after
-``--warmup`` steps; cuDNN is off so every convolution is a native kernel that
-``cudaLaunchKernel`` launches (cuDNN 9 launches through the driver API, which HTA's launch
-statistics leave out and ours count), keeping the two sides' sets of launches the same.
+``--warmup`` steps; cuDNN is off so the convolutions are native kernels launched through the
+runtime API (cuDNN 9 launches through the driver API, which HTA's launch statistics leave out
+and ours count; torch's own cuLaunchKernel calls remain, and the test accounts for them).
 Per rank, into OUTDIR:
 
 - ``rank<R>.pt.trace.json.gz``: Kineto's Chrome trace as torch.profiler exports it (with
@@ -16,11 +16,14 @@ Per rank, into OUTDIR:
   ``codl.analysis.summarize.api_metrics``) when codl imports on the node, else null (the test
   recomputes them either way).
 
-Run on the H200 node (the lead, from the repository root; one GPU is enough):
+Run on the H200 node (from the repository root; one GPU is enough):
 
     PYTHONPATH=src python3 scripts/kineto_fixture.py tests/fixtures/kineto-2rank
 
-Each trace is ~0.3-1 MB gzipped at the defaults (the script refuses to finish above 2 MB).
+The committed fixture was made so on 2026-12-01 (one H200, the node's torch 2.11.0+cu130,
+Python 3.12, defaults: 3 warm-up and 3 profiled steps, batch 32): 0.13 MB a rank gzipped (the
+script refuses to finish above 2 MB). codl did not import there (no hdf5plugin), so its
+``codl_launch_stats`` are null and the test computes them.
 """
 
 from __future__ import annotations
