@@ -59,6 +59,9 @@ from codl.trace.store import Trace, open_trace
 # Rows turned into packets and serialised at a time: large enough that a Trace message's
 # overhead vanishes, small enough that the Python objects of a batch stay a few MB.
 _BATCH_ROWS: Final = 16_384
+# Rows read from the trace at a time (adjacent chunk-index blocks merged up to it): a store
+# block of 1 Mi rows decodes to over 100 MiB of arrays, this to a few MiB.
+_READ_ROWS: Final = 65_536
 _SEQ: Final = 1  # the one packet sequence this writer emits
 _SEQ_CLEARED: Final = 1  # TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
 _SEQ_NEEDS: Final = 2  # TracePacket.SEQ_NEEDS_INCREMENTAL_STATE
@@ -78,7 +81,7 @@ def _pb() -> Any:
 
 
 @dataclass
-class _Stats:
+class ExportStats:
     """What was written, for the caller's checks and the empty-window error."""
 
     slices: int = 0
@@ -95,7 +98,7 @@ class _Writer:
     def __init__(self, fh: IO[bytes], pb: Any) -> None:
         self.fh, self.pb = fh, pb
         self.trace = pb.Trace()
-        self.stats = _Stats()
+        self.stats = ExportStats()
         self._iids: dict[tuple[str, str], int] = {}
         self._tracks: dict[tuple[Any, ...], int] = {}
 
@@ -264,7 +267,7 @@ def _batches(
     trace: Trace, table: str, t0: int | None, t1: int | None, columns: list[str] | None = None
 ) -> Iterator[dict[str, Any]]:
     """The table's rows in batches of at most ``_BATCH_ROWS``, block by block."""
-    for block in trace.iter_blocks(table, columns, t0=t0, t1=t1):
+    for block in trace.iter_blocks(table, columns, t0=t0, t1=t1, rows=_READ_ROWS):
         n = len(next(iter(block.values()))) if block else 0
         for lo in range(0, n, _BATCH_ROWS):
             yield {k: v[lo : lo + _BATCH_ROWS] for k, v in block.items()}
@@ -543,7 +546,7 @@ def _bases(trace: Trace) -> tuple[int | None, int | None]:
 
 def write_perfetto(
     trace: Trace, fh: IO[bytes], *, t0: int | None = None, t1: int | None = None
-) -> _Stats:
+) -> ExportStats:
     """Stream the Perfetto protobuf trace of ``trace`` (optionally the window [t0, t1)) into
     ``fh``; returns what was written."""
     w = _Writer(fh, _pb())
