@@ -4,7 +4,8 @@ The parser is the protobuf runtime with the ``perfetto`` package's generated des
 (``perfetto_trace_pb2``): Perfetto's trace processor is a native binary the package downloads
 on first use, which no test here can. The reader below rebuilds what the trace processor
 would: interned names resolved in packet order (an id used before its definition fails),
-slices from BEGIN/END pairs as a per-track stack over packets sorted by time, flows from
+slices from BEGIN/END pairs as a per-track stack over packets sorted by time (ties in file
+order, as the trace processor's sorter breaks them: by timestamp, then position), flows from
 ``flow_ids``/``terminating_flow_ids``, counters per counter track.
 """
 
