@@ -27,6 +27,9 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install --quiet -c constraints.txt $(TORCH_INDEX_$(TORCH)) torch torchvision
 	# Everything else at the lock's exact versions (constraints.txt); pyproject.toml has ranges.
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	# tests/test_hta.py: HolisticTraceAnalysis without its declared dependencies (jupyterlab,
+	# pytest, pydot: unused by the analyses the test runs), plus plotly, which it imports.
+	$(BIN)/pip install --quiet --no-deps -c constraints.txt HolisticTraceAnalysis plotly narwhals
 	touch $@
 
 venv: $(STAMP)

@@ -930,3 +930,19 @@ def test_verify_reads_every_block_in_order(tmp_path: Path, compression: str) -> 
         pytest.raises(TraceFormatError, match="comm/bytes does not match its sha256"),
     ):
         t.verify()
+
+
+@pytest.mark.parametrize("rows", [1, 2, 1 << 20])
+@pytest.mark.parametrize(("t0", "t1"), [(None, None), (100, 300), (300, 301)])
+def test_iter_blocks_with_a_row_cap_yields_the_windows_rows(
+    tmp_path: Path, rows: int, t0: int | None, t1: int | None
+) -> None:
+    """``rows`` (a cap on merged blocks, for bounded-memory readers such as the Perfetto
+    protobuf export) changes how the rows come, never which."""
+    with open_trace(_window_trace(tmp_path / "w.h5")) as t:
+        want = t.table("events/comm", t0=t0, t1=t1)["step"].tolist()
+        blocks = list(t.iter_blocks("events/comm", ["step"], t0=t0, t1=t1, rows=rows))
+        index = t.chunk_index("events/comm")
+    assert [s for b in blocks for s in b["step"].tolist()] == want
+    biggest = 0 if index is None else int((index[:, 1] - index[:, 0]).max())
+    assert all(len(b["step"]) <= max(rows, biggest) for b in blocks)

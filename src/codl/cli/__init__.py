@@ -140,8 +140,17 @@ def cmd_export(args: argparse.Namespace) -> int:
     out = Path(args.output)
     # Checked before the trace is read: a refused output costs no time.
     kind = check_output(out, inputs=(Path(args.trace),), option="-o/--output")
-    export_chrome(Path(args.trace), out, from_s=args.from_s, to_s=args.to_s, option="-o/--output")
-    if kind is OutputKind.FILE:  # a stream (-o /dev/stdout) gets the JSON alone
+    if args.format == "perfetto-proto":
+        from codl.trace.perfetto_proto import export_perfetto
+
+        export_perfetto(
+            Path(args.trace), out, from_s=args.from_s, to_s=args.to_s, option="-o/--output"
+        )
+    else:
+        export_chrome(
+            Path(args.trace), out, from_s=args.from_s, to_s=args.to_s, option="-o/--output"
+        )
+    if kind is OutputKind.FILE:  # a stream (-o /dev/stdout) gets the trace alone
         print(args.output)
     return 0
 
@@ -344,9 +353,16 @@ def _add_run_and_traces(sub: Any) -> None:
     i.add_argument("--allow-incomplete", action="store_true", help="read an incomplete trace")
     i.set_defaults(func=cmd_inspect)
 
-    e = sub.add_parser("export", help="Chrome/Perfetto trace JSON")
+    e = sub.add_parser("export", help="Chrome/Perfetto trace JSON, or Perfetto protobuf")
     e.add_argument("trace", type=Path)
     e.add_argument("-o", "--output", required=True)
+    e.add_argument(
+        "--format",
+        choices=("chrome-json", "perfetto-proto"),
+        default="chrome-json",
+        help="chrome-json (default; one JSON document, export a window of long runs) or "
+        "perfetto-proto (Perfetto's protobuf, streamed: whole runs; needs codl[perfetto])",
+    )
     seconds = finite_float(0, MAX_WINDOW_S)
     e.add_argument(
         "--from", dest="from_s", type=seconds, help="window start, seconds since the run began"

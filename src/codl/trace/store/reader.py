@@ -409,10 +409,13 @@ class Trace:
         t0: int | None = None,
         t1: int | None = None,
         decode: bool = True,
+        rows: int | None = None,
     ) -> Iterator[dict[str, Any]]:
         """Table ``name`` in row blocks (a chunk-index block, or up to 1 Mi rows), as dicts of
         column arrays, restricted to the window ``[t0, t1)`` like ``table``; only the blocks the
-        window needs are read. ``decode=False`` leaves ``sym`` columns as int32 codes."""
+        window needs are read. ``decode=False`` leaves ``sym`` columns as int32 codes. ``rows``
+        caps a block's rows below 1 Mi (adjacent index blocks are merged up to it), for a
+        reader whose memory must stay smaller than a 1 Mi-row block."""
         schema = table_schema(name)
         if name not in self.tables():
             return
@@ -421,7 +424,9 @@ class Trace:
         windowed = (t0 is not None or t1 is not None) and name != "threads"
         time_cols = [c for c in ("start_ns", "end_ns", "t_ns") if c in {x.name for x in schema}]
         for lo, hi in (
-            self._ranges(name, n, t0, t1) if windowed else self._ranges(name, n, None, None)
+            self._ranges(name, n, t0, t1, rows)
+            if windowed
+            else self._ranges(name, n, None, None, rows)
         ):
             sel = slice(lo, hi)
             cache: dict[str, npt.NDArray[Any]] = {}
