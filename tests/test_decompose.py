@@ -729,3 +729,54 @@ def test_step_timeline_draws_each_off_cpu_interval_where_it_fell(tmp_path: Path)
     out = [tmp_path / "timeline.png"]
     plots.step_timeline(bars, out)
     assert out[0].stat().st_size > 0
+
+
+# --- decomposition within blocks ------------------------------------------------------------
+
+
+def block_runs(blocks: dict[str, tuple[str, float, float | None]]) -> tuple[Any, ...]:
+    """Steps and runs table of data+compute runs and their compute twins, per block key
+    ``(host, compute ms of the twin, of the loaded run or None)``: repeat r is block r."""
+    steps, rows = [], []
+    for rep, (host, twin_ms, run_ms) in enumerate(blocks.values()):
+        for mode, ms in (("compute", twin_ms), ("data+compute", run_ms)):
+            if ms is None:
+                continue
+            rid = f"{mode[0]}{rep}"
+            n = 30
+            s = run(rid, mode, {"compute_eff_ms": np.full(n, ms), "step_ms": np.full(n, ms)})
+            steps.append(s.assign(launch_run_ms=ms / 2, launch_wait_ms=0.0, repeat=rep))
+            rows.append(summaries(s).assign(repeat=rep, host=host))
+    return pd.concat(steps, ignore_index=True), pd.concat(rows, ignore_index=True)
+
+
+def test_each_run_is_decomposed_against_the_twins_of_its_own_block() -> None:
+    # The machine drifted by 10 ms between blocks 0 and 1; block 2 has no twin of its own.
+    steps, runs = block_runs(
+        {"b0": ("vm", 30.0, 33.0), "b1": ("vm", 40.0, 44.0), "b2": ("vm", 0.0, 36.0)}
+    )
+    steps = steps[~((steps["run_id"] == "c2"))]
+    runs = runs[runs["run_id"] != "c2"]
+    d = dec.decompose(steps, dec.parts_from_steps(steps), runs)
+    per_run = d.groupby("run_id").first()
+    assert per_run.loc["d0", "compute_inflation_ms"] == pytest.approx(3.0)
+    assert per_run.loc["d1", "compute_inflation_ms"] == pytest.approx(4.0)
+    assert per_run.loc["d0", "twin_runs"] == "c0"
+    assert per_run.loc["d1", "host_launch_delay_ms"] == pytest.approx(2.0)
+    assert set(per_run.loc[["d0", "d1"], "twin_status"]) == {"ok"}
+    assert per_run.loc["d0", "block"] == "vm#0"
+    # No twin in its block: all twins (mean 35 ms), and the status says the pair crosses blocks.
+    assert per_run.loc["d2", "compute_inflation_ms"] == pytest.approx(1.0)
+    assert per_run.loc["d2", "twin_runs"] == "c0 c1"
+    status = per_run.loc["d2", "twin_status"]
+    assert status == f"{cmp.ACROSS_BLOCKS}: run in vm#2, twins in vm#0 vm#1"
+
+
+def test_runs_without_block_information_keep_all_their_twins() -> None:
+    # Runs tables without host (and so without blocks) decompose as before blocks existed.
+    steps, runs = block_runs({"b0": ("", 30.0, 33.0), "b1": ("", 40.0, 44.0)})
+    d = dec.decompose(steps, dec.parts_from_steps(steps), runs.drop(columns=["host"]))
+    per_run = d.groupby("run_id").first()
+    assert per_run["compute_inflation_ms"].to_dict() == pytest.approx({"d0": -2.0, "d1": 9.0})
+    assert set(per_run["twin_runs"]) == {"c0 c1"}
+    assert set(per_run["twin_status"]) == {"ok"}

@@ -40,6 +40,11 @@ never spread.
 
 Baselines are the twin's *means* over its steady-state steps, not medians: means add up, so the
 baselines of the parts sum to the baseline of their sum and ``unattributed`` is exact arithmetic.
+The twins are those of the run's own *block* (``runlevel.runs_blocks``, the key compare pairs
+by), so that drift between machines and over time is not counted as inflation; a run whose
+block holds none of its twins is decomposed against all of them and its ``twin_status`` says
+so (``compare.ACROSS_BLOCKS``), as compare's rows do. Runs without any block information share
+the block "" and so keep all their twins, as before blocks existed.
 
 Arrivals: a bucket's arrival is, on CUDA ranks with ``events/comm_gpu``, the GPU start of its
 collective (the CUDA event before it, placed on the host clock by the step's start event);
@@ -66,6 +71,7 @@ from codl.analysis import compare as cmp
 from codl.analysis import offcpu
 from codl.analysis.columns import KEYS
 from codl.analysis.intervals import interval_union
+from codl.analysis.runlevel import runs_blocks
 from codl.analysis.steady import steady
 from codl.analysis.summarize import role_times, sched_deltas, thread_roles
 from codl.spec import Mode
@@ -526,6 +532,9 @@ DECOMPOSITION_COLUMNS = (
     "host_source",
     "arrival_clock",
     "peer_wait_bound_ms",
+    # The run's block and whether its twins are of the same block ("ok") or not.
+    "block",
+    "twin_status",
 )
 # Absolute inputs whose twin means are the baselines of the parts.
 _BASE = {
@@ -548,6 +557,17 @@ def _twin(row: pd.Series, groups: Mapping[str, list[str]]) -> tuple[str, list[st
         if runs:
             return twin.value, runs
     return None
+
+
+def block_twins(rid: str, twins: list[str], blocks: Mapping[str, str]) -> tuple[list[str], str]:
+    """The twins of run ``rid`` to decompose against, and the status: those of its own block
+    and "ok"; where its block has none, all of them and ``ACROSS_BLOCKS`` naming the blocks."""
+    own = blocks.get(rid, "")
+    same = [t for t in twins if blocks.get(t, "") == own]
+    if same:
+        return same, "ok"
+    where = " ".join(sorted({blocks.get(t, "") or "?" for t in twins}))
+    return twins, f"{cmp.ACROSS_BLOCKS}: run in {own or '?'}, twins in {where}"
 
 
 def _baseline(twin: pd.DataFrame, col: str) -> float:
@@ -582,13 +602,15 @@ def decompose(steps: pd.DataFrame, parts: pd.DataFrame, summaries: pd.DataFrame)
         else st.assign(**dict.fromkeys(extra, np.nan))
     )
     by_run = {str(r): g for r, g in merged.groupby("run_id")}
+    blocks = runs_blocks(summaries)
     out = []
     for _, r in summaries.iterrows():
         twin = _twin(r, groups)
         rid = str(r["run_id"])
         if twin is None or rid not in by_run:
             continue
-        mode, runs = twin
+        mode, every = twin
+        runs, status = block_twins(rid, [t for t in every if t in by_run] or every, blocks)
         tw = steady(pd.concat([by_run[t] for t in runs if t in by_run], ignore_index=True))
         if tw.empty:
             continue
@@ -596,6 +618,8 @@ def decompose(steps: pd.DataFrame, parts: pd.DataFrame, summaries: pd.DataFrame)
         base_compute = _baseline(tw, "compute_eff_ms")
         g["twin_mode"] = mode
         g["twin_runs"] = " ".join(runs)
+        g["block"] = blocks.get(rid, "")
+        g["twin_status"] = status
         g["twin_compute_eff_ms"] = base_compute
         g["compute_inflation_ms"] = g["compute_eff_ms"] - base_compute
         allreduce = g.get("allreduce_ms", np.nan)
