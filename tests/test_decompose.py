@@ -755,7 +755,7 @@ def test_each_run_is_decomposed_against_the_twins_of_its_own_block() -> None:
     steps, runs = block_runs(
         {"b0": ("vm", 30.0, 33.0), "b1": ("vm", 40.0, 44.0), "b2": ("vm", 0.0, 36.0)}
     )
-    steps = steps[~((steps["run_id"] == "c2"))]
+    steps = steps[~(steps["run_id"] == "c2")]
     runs = runs[runs["run_id"] != "c2"]
     d = dec.decompose(steps, dec.parts_from_steps(steps), runs)
     per_run = d.groupby("run_id").first()
@@ -780,3 +780,65 @@ def test_runs_without_block_information_keep_all_their_twins() -> None:
     assert per_run["compute_inflation_ms"].to_dict() == pytest.approx({"d0": -2.0, "d1": 9.0})
     assert set(per_run["twin_runs"]) == {"c0 c1"}
     assert set(per_run["twin_status"]) == {"ok"}
+
+
+def planted_decomposition(steps: int, inflation: dict[str, float]) -> pd.DataFrame:
+    """Decomposition rows of one group: run r (block ``b<r>``) inflated by ``inflation[r]`` ms
+    every step, all of it host launch delay."""
+    frames = []
+    for i, (rid, ms) in enumerate(inflation.items()):
+        frames.append(
+            pd.DataFrame(
+                {
+                    "run_id": rid,
+                    "mode": "combined",
+                    "policy": "none",
+                    "workers": 4,
+                    "world_size": 1,
+                    "cupti": False,
+                    "cuda_api": False,
+                    "rank": 0,
+                    "step": np.arange(steps),
+                    "outlier": False,
+                    "compute_inflation_ms": ms,
+                    "host_launch_delay_ms": ms,
+                    "peer_wait_ms": 0.0,
+                    "unattributed_ms": 0.0,
+                    "host_source": "compute span",
+                    "block": f"b{i}",
+                    "twin_status": "ok",
+                }
+            )
+        )
+    return pd.concat(frames, ignore_index=True)
+
+
+def test_decomposition_means_carry_a_t_interval_over_blocks() -> None:
+    means = dec.decomposition_means(planted_decomposition(100, {"a": 2.0, "b": 4.0, "c": 6.0}))
+    row = means[means["view"] == "all steps"].iloc[0]
+    half = 2.0 * scipy_t(2) / np.sqrt(3)  # sd of (2, 4, 6) is 2
+    assert (row["n_runs"], row["n_blocks"], row["steps"]) == (3, 3, 300)
+    assert row["host_launch_delay_ms"] == pytest.approx(4.0)
+    assert row["host_launch_delay_ms_ci_low"] == pytest.approx(4.0 - half)
+    assert row["compute_inflation_ms_ci_high"] == pytest.approx(4.0 + half)
+    # The slowest 5 %: the 100 steps of run c alone, one block, so no interval.
+    tail = means[means["view"] == "slowest 5 %"].iloc[0]
+    assert (tail["steps"], tail["n_blocks"], tail["note"]) == (100, 1, "")
+    assert tail["compute_inflation_ms"] == pytest.approx(6.0)
+    assert np.isnan(tail["compute_inflation_ms_ci_low"])
+
+
+def test_a_tail_of_too_few_steps_is_not_given_a_value() -> None:
+    # 10 steps per run: the slowest 5 % are run c's 10 steps, fewer than MIN_TAIL_STEPS.
+    means = dec.decomposition_means(planted_decomposition(10, {"a": 2.0, "b": 4.0, "c": 6.0}))
+    tail = means[means["view"] == "slowest 5 %"].iloc[0]
+    assert tail["steps"] == 10 < dec.MIN_TAIL_STEPS
+    assert tail[list(dec.MEAN_COLUMNS)].isna().all()
+    assert tail["note"] == f"too few steps (10 < {dec.MIN_TAIL_STEPS})"
+    assert means.loc[means["view"] == "all steps", "compute_inflation_ms"].iloc[0] == 4.0
+
+
+def scipy_t(df: int) -> float:
+    from scipy import stats
+
+    return float(stats.t.ppf(0.975, df))
