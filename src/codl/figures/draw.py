@@ -827,6 +827,7 @@ def decomposition(frame: pd.DataFrame, outputs: Sequence[Path]) -> None:
                 color="#555555",
             )
     ax.axhline(0, color="k", lw=0.6)
+    ax.set_xlim(-0.6, len(d) - 0.4)
     ax.set_xticks(x, _decomposition_labels(d), fontsize=6.5)
     ax.set_ylabel("ms per step beyond the twin")
     budget = "host_source" not in d or (d["host_source"].astype(str) == "compute span").all()
