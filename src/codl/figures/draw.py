@@ -801,7 +801,7 @@ def decomposition(frame: pd.DataFrame, outputs: Sequence[Path]) -> None:
         hatch = "//" if col == "unattributed_ms" else None
         ax.bar(pos, np.nan_to_num(v), width * 0.6, color=color, label=name, hatch=hatch)
         ax.errorbar(pos, np.nan_to_num(v), yerr=_yerr(v, lo, hi), fmt="none", ecolor="k", lw=0.8)
-        for i, g in d.iterrows():
+        for i, (_, g) in enumerate(d.iterrows()):
             vals = pd.to_numeric(_group_runs(runs, g).get(col, pd.Series()), errors="coerce")
             vals = vals[np.isfinite(vals)]
             if len(vals) and np.isfinite(v[i]):
@@ -815,7 +815,7 @@ def decomposition(frame: pd.DataFrame, outputs: Sequence[Path]) -> None:
                     linewidths=0,
                     label="one run (its mean)" if (i, j) == (0, 0) else None,
                 )
-    for i, g in d.iterrows():
+    for i, (_, g) in enumerate(d.iterrows()):
         if str(g.get("note", "") or "") not in ("", "nan"):
             ax.text(
                 x[i],

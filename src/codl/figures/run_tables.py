@@ -93,11 +93,8 @@ def timeline_steps(
     dur = (st["end_ns"] - st["start_ns"]).to_numpy()
     off = np.abs(dur - np.median(dur))
     order = np.lexsort((st["step"].to_numpy(), off))
-    rows = st.iloc[order]
-    return [
-        (int(r.step), int(r.start_ns), int(r.end_ns))
-        for r in rows[["step", "start_ns", "end_ns"]].itertuples(index=False)
-    ]
+    cols = st[["step", "start_ns", "end_ns"]].to_numpy(dtype=np.int64)[order]
+    return [(int(a), int(b), int(c)) for a, b, c in cols]
 
 
 def timeline(

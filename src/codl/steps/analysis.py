@@ -143,7 +143,8 @@ def _timeline_step(
             if (rows["rank"] == 0).any():
                 tables[Table.LOADER] = rows
                 return step, run_tables.MEDIAN if i == 0 else run_tables.WITH_LOADER
-    tables[Table.LOADER] = first
+    if first is not None:
+        tables[Table.LOADER] = first
     return steps[0][0], run_tables.NO_LOADER
 
 
