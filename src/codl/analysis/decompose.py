@@ -707,9 +707,11 @@ def decomposition_run_means(
     if decomp.empty:
         return pd.DataFrame(columns=cols)
     # Parts a table has no column for were not measured (NaN), as decompose writes them.
-    d = steady(decomp).reindex(columns=[*decomp.columns, *(set(MEAN_COLUMNS) - set(decomp))])
+    missing = [c for c in MEAN_COLUMNS if c not in decomp]
+    d = steady(decomp).reindex(columns=[*decomp.columns, *missing])
     d["run_id"] = d["run_id"].astype(str)
-    mapped = d["run_id"].map(dict(blocks or {})).fillna("")
+    known = dict(blocks or {})
+    mapped = d["run_id"].map(lambda r: known.get(r, ""))
     own = d["block"].fillna("").astype(str) if "block" in d else pd.Series("", index=d.index)
     d["block"] = own.where(own != "", mapped)
     status = d["twin_status"] if "twin_status" in d else pd.Series("ok", index=d.index)
