@@ -728,7 +728,7 @@ def step_time_distributions(steps: pd.DataFrame, outputs: Sequence[Path]) -> Non
     _save(fig, outputs)
 
 
-# The compute inflation's budget (analysis.decompose), stacked in this order on one bar.
+# The compute inflation's parts (analysis.decompose), drawn in this order beside it.
 BUDGET_PARTS = {
     "host_launch_delay_ms": (
         "host launch delay\n(main + autograd CPU time and run-queue wait in the compute span)",
@@ -817,14 +817,16 @@ def decomposition(frame: pd.DataFrame, outputs: Sequence[Path]) -> None:
                 )
     for i, (_, g) in enumerate(d.iterrows()):
         if str(g.get("note", "") or "") not in ("", "nan"):
+            # Mid-height of the axes whatever the data's sign: never on the title or a label.
             ax.text(
                 x[i],
-                0,
+                0.5,
                 str(g["note"]).replace(" (", "\n("),
                 ha="center",
-                va="bottom",
+                va="center",
                 fontsize=6.5,
                 color="#555555",
+                transform=ax.get_xaxis_transform(),
             )
     ax.axhline(0, color="k", lw=0.6)
     ax.set_xlim(-0.6, len(d) - 0.4)
@@ -832,13 +834,13 @@ def decomposition(frame: pd.DataFrame, outputs: Sequence[Path]) -> None:
     ax.set_ylabel("ms per step beyond the twin")
     budget = "host_source" not in d or (d["host_source"].astype(str) == "compute span").all()
     ax.set_title(
-        "Compute inflation against the twin (black) and its measured parts, per step:"
-        " mean over blocks,\nwhiskers 95 % Student-t interval over blocks (none with one block),"
-        " dots one run each; "
+        "Compute inflation against the twin (black) and its measured parts, per step:\n"
+        "bars the mean over blocks, whiskers a 95 % Student-t interval over blocks (none with"
+        " one block), dots one run each;\n"
         + (
             "the parts add up to the inflation"
             if budget
-            else "bars marked 'not a budget' (host part over the whole step) need not add up"
+            else "groups marked 'not a budget' (host part over the whole step) need not add up"
         ),
         fontsize=9,
     )
