@@ -729,3 +729,116 @@ def test_step_timeline_draws_each_off_cpu_interval_where_it_fell(tmp_path: Path)
     out = [tmp_path / "timeline.png"]
     plots.step_timeline(bars, out)
     assert out[0].stat().st_size > 0
+
+
+# --- decomposition within blocks ------------------------------------------------------------
+
+
+def block_runs(blocks: dict[str, tuple[str, float, float | None]]) -> tuple[Any, ...]:
+    """Steps and runs table of data+compute runs and their compute twins, per block key
+    ``(host, compute ms of the twin, of the loaded run or None)``: repeat r is block r."""
+    steps, rows = [], []
+    for rep, (host, twin_ms, run_ms) in enumerate(blocks.values()):
+        for mode, ms in (("compute", twin_ms), ("data+compute", run_ms)):
+            if ms is None:
+                continue
+            rid = f"{mode[0]}{rep}"
+            n = 30
+            s = run(rid, mode, {"compute_eff_ms": np.full(n, ms), "step_ms": np.full(n, ms)})
+            steps.append(s.assign(launch_run_ms=ms / 2, launch_wait_ms=0.0, repeat=rep))
+            rows.append(summaries(s).assign(repeat=rep, host=host))
+    return pd.concat(steps, ignore_index=True), pd.concat(rows, ignore_index=True)
+
+
+def test_each_run_is_decomposed_against_the_twins_of_its_own_block() -> None:
+    # The machine drifted by 10 ms between blocks 0 and 1; block 2 has no twin of its own.
+    steps, runs = block_runs(
+        {"b0": ("vm", 30.0, 33.0), "b1": ("vm", 40.0, 44.0), "b2": ("vm", 0.0, 36.0)}
+    )
+    steps = steps[~(steps["run_id"] == "c2")]
+    runs = runs[runs["run_id"] != "c2"]
+    d = dec.decompose(steps, dec.parts_from_steps(steps), runs)
+    per_run = d.groupby("run_id").first()
+    assert per_run.loc["d0", "compute_inflation_ms"] == pytest.approx(3.0)
+    assert per_run.loc["d1", "compute_inflation_ms"] == pytest.approx(4.0)
+    assert per_run.loc["d0", "twin_runs"] == "c0"
+    assert per_run.loc["d1", "host_launch_delay_ms"] == pytest.approx(2.0)
+    assert set(per_run.loc[["d0", "d1"], "twin_status"]) == {"ok"}
+    assert per_run.loc["d0", "block"] == "vm#0"
+    # No twin in its block: all twins (mean 35 ms), and the status says the pair crosses blocks.
+    assert per_run.loc["d2", "compute_inflation_ms"] == pytest.approx(1.0)
+    assert per_run.loc["d2", "twin_runs"] == "c0 c1"
+    status = per_run.loc["d2", "twin_status"]
+    assert status == f"{cmp.ACROSS_BLOCKS}: run in vm#2, twins in vm#0 vm#1"
+
+
+def test_runs_without_block_information_keep_all_their_twins() -> None:
+    # Runs tables without host (and so without blocks) decompose as before blocks existed.
+    steps, runs = block_runs({"b0": ("", 30.0, 33.0), "b1": ("", 40.0, 44.0)})
+    d = dec.decompose(steps, dec.parts_from_steps(steps), runs.drop(columns=["host"]))
+    per_run = d.groupby("run_id").first()
+    assert per_run["compute_inflation_ms"].to_dict() == pytest.approx({"d0": -2.0, "d1": 9.0})
+    assert set(per_run["twin_runs"]) == {"c0 c1"}
+    assert set(per_run["twin_status"]) == {"ok"}
+
+
+def planted_decomposition(steps: int, inflation: dict[str, float]) -> pd.DataFrame:
+    """Decomposition rows of one group: run r (block ``b<r>``) inflated by ``inflation[r]`` ms
+    every step, all of it host launch delay."""
+    frames = []
+    for i, (rid, ms) in enumerate(inflation.items()):
+        frames.append(
+            pd.DataFrame(
+                {
+                    "run_id": rid,
+                    "mode": "combined",
+                    "policy": "none",
+                    "workers": 4,
+                    "world_size": 1,
+                    "cupti": False,
+                    "cuda_api": False,
+                    "rank": 0,
+                    "step": np.arange(steps),
+                    "outlier": False,
+                    "compute_inflation_ms": ms,
+                    "host_launch_delay_ms": ms,
+                    "peer_wait_ms": 0.0,
+                    "unattributed_ms": 0.0,
+                    "host_source": "compute span",
+                    "block": f"b{i}",
+                    "twin_status": "ok",
+                }
+            )
+        )
+    return pd.concat(frames, ignore_index=True)
+
+
+def test_decomposition_means_carry_a_t_interval_over_blocks() -> None:
+    means = dec.decomposition_means(planted_decomposition(100, {"a": 2.0, "b": 4.0, "c": 6.0}))
+    row = means[means["view"] == "all steps"].iloc[0]
+    half = 2.0 * scipy_t(2) / np.sqrt(3)  # sd of (2, 4, 6) is 2
+    assert (row["n_runs"], row["n_blocks"], row["steps"]) == (3, 3, 300)
+    assert row["host_launch_delay_ms"] == pytest.approx(4.0)
+    assert row["host_launch_delay_ms_ci_low"] == pytest.approx(4.0 - half)
+    assert row["compute_inflation_ms_ci_high"] == pytest.approx(4.0 + half)
+    # The slowest 5 %: the 100 steps of run c alone, one block, so no interval.
+    tail = means[means["view"] == "slowest 5 %"].iloc[0]
+    assert (tail["steps"], tail["n_blocks"], tail["note"]) == (100, 1, "")
+    assert tail["compute_inflation_ms"] == pytest.approx(6.0)
+    assert np.isnan(tail["compute_inflation_ms_ci_low"])
+
+
+def test_a_tail_of_too_few_steps_is_not_given_a_value() -> None:
+    # 10 steps per run: the slowest 5 % are run c's 10 steps, fewer than MIN_TAIL_STEPS.
+    means = dec.decomposition_means(planted_decomposition(10, {"a": 2.0, "b": 4.0, "c": 6.0}))
+    tail = means[means["view"] == "slowest 5 %"].iloc[0]
+    assert tail["steps"] == 10 < dec.MIN_TAIL_STEPS
+    assert tail[list(dec.MEAN_COLUMNS)].isna().all()
+    assert tail["note"] == f"too few steps (10 < {dec.MIN_TAIL_STEPS})"
+    assert means.loc[means["view"] == "all steps", "compute_inflation_ms"].iloc[0] == 4.0
+
+
+def scipy_t(df: int) -> float:
+    from scipy import stats
+
+    return float(stats.t.ppf(0.975, df))

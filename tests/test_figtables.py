@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from codl.figures import RUN_FIGURES, FigureName
+from codl.figures import RUN_FIGURES, FigureName, run_tables
 from codl.figures import data as figdata
 from codl.figures.registry import FIGURES, FigureInputs
 from codl.figures.run_tables import TIMELINE_KEYS, timeline_title
@@ -68,7 +68,8 @@ def test_figures_come_from_tables_alone(tmp_path: Path) -> None:
         for fmt in FIGURE_FORMATS:
             assert (figdir / f"{name}.{fmt}").stat().st_size > 1000, name
 
-    # The timeline drawn is the chosen run's median step, bar for bar as its trace gives it.
+    # The timeline drawn is, of the chosen run's steps in which a loader worker ran, the one
+    # closest to its median step time, bar for bar as its trace gives it.
     summary = pd.read_csv(merged["runs_table"])
     chosen = figdata.timeline_run(summary)
     assert chosen
@@ -93,10 +94,41 @@ def test_figures_come_from_tables_alone(tmp_path: Path) -> None:
     app = raw[Table.APP]
     st = app[(app["phase"].astype(str) == "step") & (app["step"] >= warm) & (app["rank"] == 0)]
     dur = (st["end_ns"] - st["start_ns"]).to_numpy()
-    step = int(st["step"].to_numpy()[np.argmin(np.abs(dur - np.median(dur)))])
+    ld = raw[Table.LOADER]
+    ld = ld[ld["rank"] == 0]
+    loaded = [
+        ((ld["end_ns"] > a) & (ld["start_ns"] < b)).any()
+        for a, b in zip(st["start_ns"], st["end_ns"], strict=True)
+    ]
+    off = np.where(loaded, np.abs(dur - np.median(dur)), np.inf)
+    step = int(st["step"].to_numpy()[np.argmin(off)])
     want = figdata.timeline_bars(raw, step=step)
     got = shown[figdata.TIMELINE_COLUMNS]
     pd.testing.assert_frame_equal(got, want, check_dtype=False)
+    assert (shown["role"] == "loader").any()
     assert set(TIMELINE_KEYS) <= set(shown)
     title = timeline_title(shown)
     assert f"Run {chosen} " in title and f"step {step} of {len(st)} measured" in title
+    assert "in which a loader worker ran" in title or f"step {step} " in title
+
+
+def test_the_step_timeline_shows_a_step_in_which_the_loader_worked(tmp_path: Path) -> None:
+    # r1_combined's one worker made the run's few batches ahead of time: nothing of the
+    # loader ran in its median step (the timeline had no loader row, as in the demo), while
+    # earlier measured steps have the worker's rows.
+    f = RunFiles(tmp_path / "run")
+    trace = _unpack(TRACES / "r1_combined.h5.gz", f.trace)
+    with open_trace(trace) as t:
+        warm, ld = int(t.attrs["warmup_steps"]), t.table(Table.LOADER)
+        app = t.table(Table.APP)
+    st = app[(app["phase"].astype(str) == "step") & (app["step"] >= warm) & (app["rank"] == 0)]
+    dur = (st["end_ns"] - st["start_ns"]).to_numpy()
+    median = st.iloc[int(np.argmin(np.abs(dur - np.median(dur))))]
+    assert not ((ld["end_ns"] > median["start_ns"]) & (ld["start_ns"] < median["end_ns"])).any()
+    summarize_to(trace, **f.tables())
+    shown = pd.read_parquet(f.timeline)
+    assert set(shown["pick"]) == {run_tables.WITH_LOADER}
+    assert int(shown["step"].iloc[0]) != int(median["step"])
+    workers = shown.loc[shown["role"] == "loader", "track"]
+    assert workers.str.startswith("loader worker").any()
+    assert "of the steps in which a loader worker ran" in timeline_title(shown)

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import matplotlib.colors
 import numpy as np
 import pandas as pd
 import pytest
@@ -320,34 +321,52 @@ def test_flagged_steps_are_drawn_apart(tmp_path: Path, monkeypatch: pytest.Monke
     assert "flagged anomalous step (n=4)" in legend
 
 
-def test_decomposition_stacks_the_budget_up_to_the_inflation(
+def test_decomposition_draws_each_part_with_its_interval_and_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     figs = _drawn(monkeypatch)
-    means = decomposition_means()
-    means["host_source"] = "compute span"
-    means.loc[means["policy"] == "isolated", "host_source"] = "whole step"
-    plots.decomposition(means, outputs(tmp_path, "x"))
+    from codl.analysis import decompose as dec
+
+    # Two runs per group, one block each: run a's parts are the means', run b's twice them.
+    cols = [c for c in dec.MEAN_COLUMNS if c in decomposition_means()]
+    rows = []
+    for rid, k in (("a", 1.0), ("b", 3.0)):
+        for _, m in decomposition_means().iterrows():
+            rows.append(
+                m.to_dict() | {"row": figdata.RUN_ROW, "run_id": rid} | {c: m[c] * k for c in cols}
+            )
+    runs = pd.DataFrame(rows)
+    means = runs.groupby(["policy", "view"], sort=False)[cols].mean()
+    groups = decomposition_means().set_index(["policy", "view"])
+    groups[cols] = means
+    groups = groups.reset_index().assign(row=figdata.GROUP_ROW, n_runs=2, n_blocks=2, note="")
+    for c in cols:
+        groups[f"{c}_ci_low"], groups[f"{c}_ci_high"] = groups[c] - 1.0, groups[c] + 1.0
+    # The isolated tail rests on too few steps: no value, and the figure says so.
+    few = (groups["policy"] == "isolated") & (groups["view"] == "slowest 5 %")
+    groups.loc[few, cols] = np.nan
+    groups.loc[few, "note"] = "too few steps (3 < 20)"
+    plots.decomposition(pd.concat([groups, runs], ignore_index=True), outputs(tmp_path, "x"))
     ax = figs[0].axes[0]
     bars = [p for p in ax.patches if p.get_height() != 0]
-    line = ax.collections[0].get_segments()
-    for i, seg in enumerate(line):
-        centre = (seg[0][0] + seg[1][0]) / 2
-        mine = [p for p in bars if abs(p.get_x() + p.get_width() / 2 - centre) < 1e-9]
-        # One bar per group: its parts, positive up and negative down, sum to the line.
-        assert sum(p.get_height() for p in mine) == pytest.approx(seg[0][1]), i
+    # Per group, the parts (all bars but the black inflation bar) add up to the inflation.
+    for i in range(len(groups)):
+        mine = [p for p in bars if abs(p.get_x() + p.get_width() / 2 - i) < 0.45]
+        if few[i]:
+            assert not mine
+            continue
+        black = [p for p in mine if matplotlib.colors.to_hex(p.get_facecolor()) == "#222222"]
+        assert len(black) == 1, i
+        parts = sum(p.get_height() for p in mine if p not in black)
+        assert parts == pytest.approx(black[0].get_height()), i
     # The isolated groups' unattributed part is negative: drawn below zero.
     assert min(p.get_height() for p in bars) < 0
-    legend = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert "compute inflation (mean)" in legend
-    assert any("unattributed" in t for t in legend)
-    # GPU slowdown was not measured (NaN everywhere): no legend entry claims a zero.
-    assert not any("GPU slowdown" in t for t in legend)
-    assert "budget" in ax.get_title()
-    labels = [t.get_text() for t in ax.get_xticklabels()]
-    assert all("x2 ranks" in t and "20 steps" in t for t in labels)
-    # A group whose host part covers the whole step says it is no budget; the others do not.
-    assert ["not a budget" in t for t in labels] == list(means["host_source"] == "whole step")
+    # One dot per run beside every drawn bar; the whiskers are the intervals' (+/- 1 ms).
+    dots = [c for c in ax.collections if len(c.get_offsets()) == 2 and c.get_sizes().size]
+    assert len(dots) == 5 * 3  # 3 drawn groups x 5 measured columns, 2 runs each
+    texts = [t.get_text() for t in ax.texts]
+    assert any(t.startswith("too few steps") for t in texts)
+    assert "mean over blocks" in ax.get_title() and "Student-t" in ax.get_title()
 
 
 def _rgb(color: str) -> tuple[float, ...]:

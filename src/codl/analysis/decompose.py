@@ -40,6 +40,11 @@ never spread.
 
 Baselines are the twin's *means* over its steady-state steps, not medians: means add up, so the
 baselines of the parts sum to the baseline of their sum and ``unattributed`` is exact arithmetic.
+The twins are those of the run's own *block* (``runlevel.runs_blocks``, the key compare pairs
+by), so that drift between machines and over time is not counted as inflation; a run whose
+block holds none of its twins is decomposed against all of them and its ``twin_status`` says
+so (``compare.ACROSS_BLOCKS``), as compare's rows do. Runs without any block information share
+the block "" and so keep all their twins, as before blocks existed.
 
 Arrivals: a bucket's arrival is, on CUDA ranks with ``events/comm_gpu``, the GPU start of its
 collective (the CUDA event before it, placed on the host clock by the step's start event);
@@ -66,6 +71,7 @@ from codl.analysis import compare as cmp
 from codl.analysis import offcpu
 from codl.analysis.columns import KEYS
 from codl.analysis.intervals import interval_union
+from codl.analysis.runlevel import mean_interval, runs_blocks
 from codl.analysis.steady import steady
 from codl.analysis.summarize import role_times, sched_deltas, thread_roles
 from codl.spec import Mode
@@ -526,6 +532,9 @@ DECOMPOSITION_COLUMNS = (
     "host_source",
     "arrival_clock",
     "peer_wait_bound_ms",
+    # The run's block and whether its twins are of the same block ("ok") or not.
+    "block",
+    "twin_status",
 )
 # Absolute inputs whose twin means are the baselines of the parts.
 _BASE = {
@@ -548,6 +557,17 @@ def _twin(row: pd.Series, groups: Mapping[str, list[str]]) -> tuple[str, list[st
         if runs:
             return twin.value, runs
     return None
+
+
+def block_twins(rid: str, twins: list[str], blocks: Mapping[str, str]) -> tuple[list[str], str]:
+    """The twins of run ``rid`` to decompose against, and the status: those of its own block
+    and "ok"; where its block has none, all of them and ``ACROSS_BLOCKS`` naming the blocks."""
+    own = blocks.get(rid, "")
+    same = [t for t in twins if blocks.get(t, "") == own]
+    if same:
+        return same, "ok"
+    where = " ".join(sorted({blocks.get(t, "") or "?" for t in twins}))
+    return twins, f"{cmp.ACROSS_BLOCKS}: run in {own or '?'}, twins in {where}"
 
 
 def _baseline(twin: pd.DataFrame, col: str) -> float:
@@ -582,13 +602,15 @@ def decompose(steps: pd.DataFrame, parts: pd.DataFrame, summaries: pd.DataFrame)
         else st.assign(**dict.fromkeys(extra, np.nan))
     )
     by_run = {str(r): g for r, g in merged.groupby("run_id")}
+    blocks = runs_blocks(summaries)
     out = []
     for _, r in summaries.iterrows():
         twin = _twin(r, groups)
         rid = str(r["run_id"])
         if twin is None or rid not in by_run:
             continue
-        mode, runs = twin
+        mode, every = twin
+        runs, status = block_twins(rid, [t for t in every if t in by_run] or every, blocks)
         tw = steady(pd.concat([by_run[t] for t in runs if t in by_run], ignore_index=True))
         if tw.empty:
             continue
@@ -596,6 +618,8 @@ def decompose(steps: pd.DataFrame, parts: pd.DataFrame, summaries: pd.DataFrame)
         base_compute = _baseline(tw, "compute_eff_ms")
         g["twin_mode"] = mode
         g["twin_runs"] = " ".join(runs)
+        g["block"] = blocks.get(rid, "")
+        g["twin_status"] = status
         g["twin_compute_eff_ms"] = base_compute
         g["compute_inflation_ms"] = g["compute_eff_ms"] - base_compute
         allreduce = g.get("allreduce_ms", np.nan)
@@ -654,26 +678,110 @@ DECOMPOSITION_KEYS = (
 OPTIONAL_KEYS = ("sched_events", "pin_memory")
 
 
-def decomposition_means(decomp: pd.DataFrame, *, tail: float = 0.95) -> pd.DataFrame:
-    """Per ``DECOMPOSITION_KEYS`` group and view: the mean of the
-    inflation and of each part over the steady-state steps (``view`` = "all steps") and over
-    the steps whose compute inflation is at or above the group's ``tail`` quantile (``view`` =
-    "slowest 5 %"): what the average step and what the slow steps are made of. ``host_source``
-    says where the group's host part was measured: only "compute span" makes a budget."""
-    cols = ["compute_inflation_ms", *PARTS, "unattributed_ms"]
-    keys = [c for c in DECOMPOSITION_KEYS if c in decomp or c not in OPTIONAL_KEYS]
+# The fewest steps a "slowest 5 %" bar may rest on, pooled over the group's runs: below it the
+# tail's mean is a handful of steps (one, in a short demo run) and its bar is not drawn.
+MIN_TAIL_STEPS = 20
+MEAN_COLUMNS = ("compute_inflation_ms", *PARTS, "unattributed_ms")
+ACROSS = "across"
+
+
+def _tail_label(tail: float) -> str:
+    return f"slowest {round((1 - tail) * 100)} %"
+
+
+def _group_keys(decomp: pd.DataFrame) -> list[str]:
+    return [c for c in DECOMPOSITION_KEYS if c in decomp or c not in OPTIONAL_KEYS]
+
+
+def decomposition_run_means(
+    decomp: pd.DataFrame, *, tail: float = 0.95, blocks: Mapping[str, str] | None = None
+) -> pd.DataFrame:
+    """Per ``DECOMPOSITION_KEYS`` group, view and run: the run's mean of the inflation and of
+    each part over its steady-state steps ("all steps") and over its steps at or above the
+    group's ``tail`` quantile of compute inflation (the group's slowest steps, pooled over its
+    runs, so a run may have none). ``block``: the table's column where it has one, else
+    ``blocks`` (run id -> block, ``runlevel.runs_blocks``), else ""; ``across``: whether the
+    run's twins are not (all) of its block (``twin_status``)."""
+    keys = _group_keys(decomp)
+    cols = [*keys, "view", "run_id", "block", ACROSS, "steps", *MEAN_COLUMNS, "host_source"]
     if decomp.empty:
-        return pd.DataFrame(columns=[*keys, "view", "steps", *cols, "host_source"])
-    d = steady(decomp)
+        return pd.DataFrame(columns=cols)
+    # Parts a table has no column for were not measured (NaN), as decompose writes them.
+    missing = [c for c in MEAN_COLUMNS if c not in decomp]
+    d = steady(decomp).reindex(columns=[*decomp.columns, *missing])
+    d["run_id"] = d["run_id"].astype(str)
+    known = dict(blocks or {})
+    mapped = d["run_id"].map(lambda r: known.get(r, ""))
+    own = d["block"].fillna("").astype(str) if "block" in d else pd.Series("", index=d.index)
+    d["block"] = own.where(own != "", mapped)
+    status = d["twin_status"] if "twin_status" in d else pd.Series("ok", index=d.index)
+    d[ACROSS] = status.fillna("ok").astype(str) != "ok"
     rows = []
     for k, g in d.groupby(keys, dropna=False):
         cut = g["compute_inflation_ms"].quantile(tail)
-        label = f"slowest {round((1 - tail) * 100)} %"
-        for view, sel in (("all steps", g), (label, g[g["compute_inflation_ms"] >= cut])):
-            means = sel[cols].mean(numeric_only=True)
-            rows.append(
-                {**dict(zip(keys, k, strict=True)), "view": view, "steps": len(sel)}
-                | {c: float(means[c]) for c in cols}
-                | {"host_source": _sources(sel)}
+        for view, sel in (
+            ("all steps", g),
+            (_tail_label(tail), g[g["compute_inflation_ms"] >= cut]),
+        ):
+            for rid, r in sel.groupby("run_id"):
+                means = r[list(MEAN_COLUMNS)].astype("float64").mean()
+                rows.append(
+                    {**dict(zip(keys, k, strict=True)), "view": view, "run_id": rid}
+                    | {"block": str(r["block"].iloc[0]), ACROSS: bool(r[ACROSS].any())}
+                    | {"steps": len(r)}
+                    | {c: float(means.get(c, np.nan)) for c in MEAN_COLUMNS}
+                    | {"host_source": _sources(r)}
+                )
+    return pd.DataFrame(rows, columns=cols)
+
+
+def decomposition_means(
+    decomp: pd.DataFrame,
+    *,
+    tail: float = 0.95,
+    blocks: Mapping[str, str] | None = None,
+    min_tail_steps: int = MIN_TAIL_STEPS,
+) -> pd.DataFrame:
+    """Per ``DECOMPOSITION_KEYS`` group and view ("all steps", and "slowest 5 %": the steps
+    whose compute inflation is at or above the group's ``tail`` quantile): what the average
+    step and what the slow steps are made of, at run level.
+
+    Each value is the mean over blocks of the block's mean of its runs' means
+    (``decomposition_run_means``), with a 95 % Student-t interval over blocks
+    (``runlevel.mean_interval``; ``_ci_low``/``_ci_high``, NaN with one block); ``n_runs``,
+    ``n_blocks``, ``steps`` (pooled) say what it rests on, ``across_blocks`` how many of the
+    runs were decomposed against twins of other blocks. A tail of fewer than ``min_tail_steps``
+    steps gets NaN values (``note`` says why): its mean would be one or two steps.
+    ``host_source`` says where the group's host part was measured: only "compute span" makes
+    a budget."""
+    keys = _group_keys(decomp)
+    ci = [f"{c}_{s}" for c in MEAN_COLUMNS for s in ("ci_low", "ci_high")]
+    head = [*keys, "view", "steps", "n_runs", "n_blocks", ACROSS + "_blocks"]
+    cols = [*head, *MEAN_COLUMNS, *ci, "host_source", "note"]
+    if decomp.empty:
+        return pd.DataFrame(columns=cols)
+    per_run = decomposition_run_means(decomp, tail=tail, blocks=blocks)
+    rows = []
+    for k, g in per_run.groupby([*keys, "view"], dropna=False, sort=False):
+        steps = int(g["steps"].sum())
+        by_block = g.groupby("block")[list(MEAN_COLUMNS)].mean()
+        row: dict[str, Any] = dict(zip([*keys, "view"], k, strict=True)) | {
+            "steps": steps,
+            "n_runs": g["run_id"].nunique(),
+            "n_blocks": len(by_block),
+            ACROSS + "_blocks": int(g[ACROSS].sum()),
+            "host_source": " / ".join(
+                sorted({p for s in g["host_source"] for p in str(s).split(" / ")})
+            ),
+            "note": "",
+        }
+        few = k[-1] != "all steps" and steps < min_tail_steps
+        for c in MEAN_COLUMNS:
+            m = mean_interval(by_block[c].dropna().tolist())
+            row[c], row[f"{c}_ci_low"], row[f"{c}_ci_high"] = (
+                (np.nan, np.nan, np.nan) if few else (m.mean, m.lo, m.hi)
             )
-    return pd.DataFrame(rows)
+        if few:
+            row["note"] = f"too few steps ({steps} < {min_tail_steps})"
+        rows.append(row)
+    return pd.DataFrame(rows, columns=cols)

@@ -9,6 +9,7 @@ from codl.analysis import decompose as dec
 from codl.analysis import offcpu
 from codl.analysis.compare import HEADLINE_STAT, QUANTILES, arm_interval
 from codl.analysis.load import FLAG_COLUMN, LOAD_MARK
+from codl.analysis.runlevel import runs_blocks
 from codl.analysis.summarize import sched_deltas
 from codl.spec import Mode, Policy
 from codl.trace.schema import Phase, Table
@@ -466,3 +467,34 @@ def decomposition_runs(
     if runs is not None and FLAG_COLUMN in runs:
         out[FLAG_COLUMN] = [bool(busy.get(k, False)) for k in joined(means)]
     return out
+
+
+# The decomposition figure's rows: a bar group's (run-level mean and interval) or one run's.
+GROUP_ROW, RUN_ROW = "group", "run"
+
+
+def _with_twin_status(decomposition: pd.DataFrame, blocks: dict[str, str]) -> pd.DataFrame:
+    """Tables written before decompose paired within blocks have no ``twin_status``: a run's
+    twins crossed blocks where any twin's block (from the runs table) differs from its own."""
+    if "twin_status" in decomposition or "twin_runs" not in decomposition or not blocks:
+        return decomposition
+    status = {}
+    for rid, twins in decomposition.drop_duplicates("run_id")[["run_id", "twin_runs"]].values:
+        own = blocks.get(str(rid), "")
+        where = {blocks.get(t, "") for t in str(twins).split()}
+        status[str(rid)] = "ok" if where == {own} else "across blocks"
+    return decomposition.assign(twin_status=decomposition["run_id"].astype(str).map(status))
+
+
+def decomposition_frame(decomposition: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """The decomposition figure's frame: one ``GROUP_ROW`` per bar group and view
+    (``decompose.decomposition_means`` at run level, blocks from the runs table where the
+    decomposition table has none, plus ``decomposition_runs``' columns) and one ``RUN_ROW``
+    per run of it (``decompose.decomposition_run_means``), told apart by ``row``."""
+    blocks = runs_blocks(runs) if len(runs) else {}
+    d = _with_twin_status(decomposition, blocks)
+    means = dec.decomposition_means(d, blocks=blocks)
+    groups = decomposition_runs(means, d, runs).assign(row=GROUP_ROW)
+    per_run = dec.decomposition_run_means(d, blocks=blocks).assign(row=RUN_ROW)
+    frames = [f for f in (groups, per_run) if len(f)]
+    return pd.concat(frames, ignore_index=True) if frames else groups

@@ -23,6 +23,7 @@ import pandas as pd
 
 from codl.advisor import interference_map as imap
 from codl.advisor.interference_map import REGIME_MARKS
+from codl.analysis import decompose as dec
 from codl.analysis.load import LOAD_MARK
 from codl.figures import data as figdata
 from codl.figures.data import OFFCPU_CAUSES
@@ -727,7 +728,7 @@ def step_time_distributions(steps: pd.DataFrame, outputs: Sequence[Path]) -> Non
     _save(fig, outputs)
 
 
-# The compute inflation's budget (analysis.decompose), stacked in this order on one bar.
+# The compute inflation's parts (analysis.decompose), drawn in this order beside it.
 BUDGET_PARTS = {
     "host_launch_delay_ms": (
         "host launch delay\n(main + autograd CPU time and run-queue wait in the compute span)",
@@ -745,17 +746,44 @@ BUDGET_PARTS = {
 }
 
 
-def decomposition(means: pd.DataFrame, outputs: Sequence[Path]) -> None:
-    """Fig. 7: per mode and policy, the mean compute inflation against the twin (black line)
-    and its budget: host launch delay + host blocked + peer wait + transfer + GPU slowdown +
-    unattributed,
-    stacked (negative parts below zero), over all steady-state steps and over the slowest
-    steps. The parts add up to the line by construction; how small ``unattributed`` stays is
-    the measure of how much the parts explain. A group whose host part covers the whole step
-    (traces without phase counters) is labelled: there the bar is not a budget. Prepared by
-    ``decompose.decomposition_means`` (``runs`` from ``figdata.decomposition_runs``)."""
-    fig, ax = plt.subplots(figsize=(max(7.0, 1.45 * max(1, len(means)) + 3.5), 5.0))
-    if means.empty:
+def _decomposition_split(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(bar groups, runs) of the decomposition frame; a frame without ``row`` is all groups."""
+    if "row" not in frame:
+        return frame.reset_index(drop=True), frame.iloc[0:0]
+    rows = frame["row"].astype(str)
+    return (
+        frame[rows == figdata.GROUP_ROW].reset_index(drop=True),
+        frame[rows == figdata.RUN_ROW].reset_index(drop=True),
+    )
+
+
+def _group_runs(runs: pd.DataFrame, group: pd.Series) -> pd.DataFrame:
+    """The run rows of one bar group and view (NaN keys match NaN)."""
+    keys = [k for k in (*dec.DECOMPOSITION_KEYS, "view") if k in runs and k in group]
+    mine = pd.Series(True, index=runs.index)
+    for k in keys:
+        v = group[k]
+        mine &= runs[k].isna() if pd.isna(v) else runs[k].astype(str) == str(v)
+    return runs[mine]
+
+
+def decomposition(frame: pd.DataFrame, outputs: Sequence[Path]) -> None:
+    """Fig. 7: per bar group (mode, policy, ...) and view (all steady-state steps, the slowest
+    5 %), the compute inflation against the twin (black bar) and each of its parts beside it
+    (host launch delay, host blocked, peer wait, transfer, GPU slowdown, unattributed). Each bar
+    is the mean over blocks of the runs' means, its whisker the 95 % Student-t interval over
+    blocks (``runlevel.mean_interval``; none with one block), each dot one run. Where the host
+    part was measured in the compute span the parts add up to the inflation; groups whose host
+    part covers the whole step are labelled "not a budget". A tail of too few steps
+    (``decompose.MIN_TAIL_STEPS``) is not drawn; its place says so. Prepared by
+    ``figdata.decomposition_frame``."""
+    d, runs = _decomposition_split(frame)
+    shown = [c for c in ("compute_inflation_ms", *BUDGET_PARTS) if np.isfinite(_column(d, c)).any()]
+    width = 0.8 / max(1, len(shown))
+    fig, ax = plt.subplots(
+        figsize=(max(7.0, max(1.45, 0.35 + 0.22 * len(shown)) * max(1, len(d)) + 4.5), 5.6)
+    )
+    if d.empty:
         _note(
             ax,
             "no run with a twin to decompose against\n"
@@ -763,49 +791,57 @@ def decomposition(means: pd.DataFrame, outputs: Sequence[Path]) -> None:
         )
         _save(fig, outputs)
         return
-    d = means.reset_index(drop=True)
     x = np.arange(len(d))
-    width = 0.6
-    up = np.zeros(len(d))
-    down = np.zeros(len(d))
-    for col, (name, color) in BUDGET_PARTS.items():
-        raw = _column(d, col)
-        # A part no run measured (peer wait on one GPU, GPU slowdown without CUPTI) stays out
-        # of the legend rather than claiming a zero.
-        if not np.isfinite(raw).any():
-            continue
-        v = np.nan_to_num(raw)
-        pos, neg = np.clip(v, 0, None), np.clip(v, None, 0)
+    colors = {"compute_inflation_ms": ("compute inflation", "#222222")} | BUDGET_PARTS
+    for j, col in enumerate(shown):
+        name, color = colors[col]
+        pos = x - 0.4 + width * (j + 0.5)
+        v = _column(d, col)
+        lo, hi = _column(d, f"{col}_ci_low"), _column(d, f"{col}_ci_high")
         hatch = "//" if col == "unattributed_ms" else None
-        ax.bar(x, pos, width, bottom=up, color=color, label=name, hatch=hatch)
-        ax.bar(x, neg, width, bottom=down, color=color, hatch=hatch)
-        up += pos
-        down += neg
-    infl = d["compute_inflation_ms"].to_numpy(dtype=float)
-    ax.hlines(
-        infl,
-        x - width / 2 - 0.06,
-        x + width / 2 + 0.06,
-        color="k",
-        lw=2,
-        zorder=3,
-        label="compute inflation (mean)",
-    )
+        ax.bar(pos, np.nan_to_num(v), width * 0.6, color=color, label=name, hatch=hatch)
+        ax.errorbar(pos, np.nan_to_num(v), yerr=_yerr(v, lo, hi), fmt="none", ecolor="k", lw=0.8)
+        for i, (_, g) in enumerate(d.iterrows()):
+            vals = pd.to_numeric(_group_runs(runs, g).get(col, pd.Series()), errors="coerce")
+            vals = vals[np.isfinite(vals)]
+            if len(vals) and np.isfinite(v[i]):
+                ax.scatter(
+                    # Beside the bar, not on it: a dot on a bar of its colour is lost.
+                    np.full(len(vals), pos[i] + width * 0.4),
+                    vals,
+                    s=7,
+                    color="k",
+                    zorder=4,
+                    linewidths=0,
+                    label="one run (its mean)" if (i, j) == (0, 0) else None,
+                )
+    for i, (_, g) in enumerate(d.iterrows()):
+        if str(g.get("note", "") or "") not in ("", "nan"):
+            # Mid-height of the axes whatever the data's sign: never on the title or a label.
+            ax.text(
+                x[i],
+                0.5,
+                str(g["note"]).replace(" (", "\n("),
+                ha="center",
+                va="center",
+                fontsize=6.5,
+                color="#555555",
+                transform=ax.get_xaxis_transform(),
+            )
     ax.axhline(0, color="k", lw=0.6)
+    ax.set_xlim(-0.6, len(d) - 0.4)
     ax.set_xticks(x, _decomposition_labels(d), fontsize=6.5)
-    ax.set_ylabel("ms per step beyond the twin (mean)")
-    # Only bars whose host part was measured inside the compute span are a budget; a whole-step
-    # host part (tables without phase-boundary samples) is an upper bound beside the rest.
+    ax.set_ylabel("ms per step beyond the twin")
     budget = "host_source" not in d or (d["host_source"].astype(str) == "compute span").all()
     ax.set_title(
-        (
-            "Compute inflation against the twin, as a budget of its causes\n"
+        "Compute inflation against the twin (black) and its measured parts, per step:\n"
+        "bars the mean over blocks, whiskers a 95 % Student-t interval over blocks (none with"
+        " one block), dots one run each;\n"
+        + (
+            "the parts add up to the inflation"
             if budget
-            else "Compute inflation against the twin and its measured parts (bars marked "
-            "'not a budget': host part over the whole step)\n"
-        )
-        + "(bar = host launch delay + host blocked + peer wait + transfer + GPU slowdown"
-        " + unattributed = line)",
+            else "groups marked 'not a budget' (host part over the whole step) need not add up"
+        ),
         fontsize=9,
     )
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
@@ -836,7 +872,11 @@ def _decomposition_labels(d: pd.DataFrame) -> list[str]:
         marks = _run_marks(r, ranks=False)
         if marks:
             label += "\n" + " ".join(marks)
-        label += f"\n{r['view']}\n{_n(r.get('runs'), 'run')}, {_n(r.get('steps'), 'step')}"
+        n_runs = r.get("n_runs", r.get("runs"))
+        label += f"\n{r['view']}\n{_n(n_runs, 'run')}, {_n(r.get('n_blocks'), 'block')}"
+        label += f"\n{_n(r.get('steps'), 'step')}"
+        if pd.notna(r.get("across_blocks")) and int(r["across_blocks"]):
+            label += f"\n{_n(r['across_blocks'], 'run')} vs twins\nof other blocks"
         if str(r.get("host_source", "compute span")) != "compute span":
             label += "\nhost part: whole step\n(not a budget)"
         labels.append(label)

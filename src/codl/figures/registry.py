@@ -23,7 +23,6 @@ import pandas as pd
 
 from codl.advisor.verify import prediction_summary
 from codl.analysis import compare as cmp
-from codl.analysis import decompose as dec
 from codl.figures import FigureName
 from codl.figures import data as figdata
 from codl.figures import draw as plots
@@ -97,9 +96,7 @@ FIGURES: tuple[Figure, ...] = (
     ),
     Figure(
         FigureName.DECOMPOSITION,
-        lambda t: figdata.decomposition_runs(
-            dec.decomposition_means(t.decomposition), t.decomposition, t.runs
-        ),
+        lambda t: figdata.decomposition_frame(t.decomposition, t.runs),
         plots.decomposition,
     ),
     Figure(

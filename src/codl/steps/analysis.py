@@ -22,8 +22,7 @@ from codl.analysis import summarize as sm
 from codl.analysis.load import flag_comparison
 from codl.analysis.steady import flag_outliers
 from codl.errors import CodlError
-from codl.figures import RUN_FIGURES
-from codl.figures.run_tables import timeline_window, write_run_tables
+from codl.figures import RUN_FIGURES, run_tables
 from codl.outputs import manifest_of, output_unit, verify_member, verify_unit
 from codl.paths import FIGURE_FORMATS, compare_manifest, summarize_manifest
 from codl.trace.clock import rank_bounds
@@ -110,16 +109,43 @@ def _write_figure_tables(
     """The two figure tables of one run (api_calls, timeline) written to ``outs``."""
     spec = attrs.get("spec", {})
     spec = json.loads(spec) if isinstance(spec, str) else spec
-    window = timeline_window(tables, attrs)
-    if window is not None:
-        # The step timeline's loader bars: the rows of its one step, by time window.
-        with open_trace(trace) as t:
-            if Table.LOADER in t.tables():
-                tables[Table.LOADER] = t.table(Table.LOADER, t0=window[0], t1=window[1])
-    written = write_run_tables(
-        tables, attrs, spec, api_calls_out=outs[0], timeline_out=outs[1], api=api
+    step, pick = _timeline_step(trace, tables, attrs)
+    written = run_tables.write_run_tables(
+        tables,
+        attrs,
+        spec,
+        api_calls_out=outs[0],
+        timeline_out=outs[1],
+        api=api,
+        step=step,
+        pick=pick,
     )
     return [written[outs[0]], written[outs[1]]]
+
+
+def _timeline_step(
+    trace: Path, tables: dict[str, pd.DataFrame], attrs: dict[str, Any]
+) -> tuple[int | None, str]:
+    """The step the step timeline shows and how it was picked (``run_tables.MEDIAN`` ...), with
+    its loader rows put in ``tables``: read by time window, step by step from the one closest
+    to the median step time, until rank 0 has a loader row in it (at most
+    ``run_tables.LOADER_CANDIDATES`` windows, each reading only the chunks it overlaps)."""
+    steps = run_tables.timeline_steps(tables, attrs)
+    if not steps:
+        return None, run_tables.MEDIAN
+    with open_trace(trace) as t:
+        if Table.LOADER not in t.tables():
+            return steps[0][0], run_tables.MEDIAN
+        first = None
+        for i, (step, t0, t1) in enumerate(steps[: run_tables.LOADER_CANDIDATES]):
+            rows = t.table(Table.LOADER, t0=t0, t1=t1)
+            first = rows if first is None else first
+            if (rows["rank"] == 0).any():
+                tables[Table.LOADER] = rows
+                return step, run_tables.MEDIAN if i == 0 else run_tables.WITH_LOADER
+    if first is not None:
+        tables[Table.LOADER] = first
+    return steps[0][0], run_tables.NO_LOADER
 
 
 def _read_all(
