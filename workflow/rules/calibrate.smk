@@ -21,7 +21,8 @@ if ADVISOR.calibrate:
         conda:
             CONDA_ENV
         params:
-            fit=ADVISOR.calibrate,
+            # The fit's results directory: its runs table's (tables/runs.csv) grandparent.
+            fit=lambda wildcards, input: Path(input.fit[0]).parents[1],
             options=calibrate_options(config),
         shell:
             "codl advise {params.fit:q} --boot 0 --probe-out {output.probe:q} "
@@ -47,8 +48,8 @@ if ADVISOR.calibrate:
         conda:
             CONDA_ENV
         params:
-            fit=ADVISOR.calibrate,
-            results=PATHS.results,
+            fit=lambda wildcards, input: Path(input.fit[0]).parents[1],
+            results=lambda wildcards, input: Path(input.runs).parents[1],
             options=calibrate_options(config),
         shell:
             "codl advise {params.fit:q} --calibrate {params.results:q} "
