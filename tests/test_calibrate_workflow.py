@@ -67,7 +67,7 @@ def test_the_probe_is_planned_from_the_fit_and_refuses_runs_of_its_own(tmp_path:
     assert planned["defaults"]["seed"] == cal.PROBE_SEED_OFFSET
     for clash in ({"experiments": [{"name": "x"}]}, {"advisor": {"advise": True}}):
         bad = {**cfg, **clash, "advisor": {**cfg["advisor"], **clash.get("advisor", {})}}
-        with pytest.raises(ConfigError, match="advisor.calibrate: got"):
+        with pytest.raises(ConfigError, match=r"advisor\.calibrate: got"):
             probe_workflow_config(bad)
 
 
@@ -120,4 +120,3 @@ def test_the_workflow_probes_calibrates_and_advises(tmp_path: Path) -> None:
     verify = load_yaml(paths.verify_config)
     assert verify["advisor"]["predictions_sha256"] == file_sha256(paths.predictions_table)
     assert not set(build_plan(verify).specs) & probe_ids
-
