@@ -16,9 +16,10 @@
 
 OUT gets five files: ``plan.tar``, ``probe_runs.csv``, ``probe_steps.csv.gz``,
 ``verify_runs.csv``, ``verify_steps.csv.gz`` (the tables rewritten after each run, so a call
-cut at its limit keeps what it measured). ``scripts/blind_table.py OUT TABLE.csv`` makes the
-blind error table from them. On CPU with a CPU fit (its config's defaults a CPU workload) and
-``--cores`` this machine's budget, the same steps run end to end (tests/test_blind_check.py).
+cut at its limit keeps what it measured; the rest stays under $TMPDIR).
+``scripts/blind_table.py OUT TABLE.csv`` makes the blind error table from them. On CPU, with
+a CPU fit (its config's defaults a CPU workload) and ``--cores`` this machine's budget, the
+same steps run end to end (tests/test_blind_check.py).
 """
 
 from __future__ import annotations
@@ -115,9 +116,8 @@ def main(argv: list[str]) -> int:
     extra += ["--steps", str(args.steps)] if args.steps else []
     fit = str(args.fit)
     _advise(fit, "--boot", "0", "--probe-out", str(plan_dir / "probe.yaml"), *extra)
+    _link(work / "probe", args.out, "probe")
     measured = run_config(plan_dir / "probe.yaml", work / "probe", deadline)
-    tables = work / "probe" / "tables"
-    _copy(tables, args.out, "probe")
     if measured < 3:
         sys.exit(f"blind_check: {measured} of the probe's 3 runs before the deadline")
     _advise(
@@ -143,16 +143,20 @@ def main(argv: list[str]) -> int:
     combined = fit_results(args.fit, boot=0).fit.node.combined_mode
     order = verification_order(plan_dir / "verify.yaml", plan_dir / "predictions.csv", combined)
     print(f"verification: {len(order)} combined runs planned, repeat-major", flush=True)
+    _link(work / "verify", args.out, "verify")
     n = run_config(plan_dir / "verify.yaml", work / "verify", deadline, ids=order)
-    _copy(work / "verify" / "tables", args.out, "verify")
     print(f"verification: {n} of {len(order)} runs measured", flush=True)
     return 0
 
 
-def _copy(tables: Path, out: Path, prefix: str) -> None:
+def _link(results: Path, out: Path, prefix: str) -> None:
+    """``results``' tables as links to ``out/PREFIX_runs.csv`` and ``PREFIX_steps.csv.gz``:
+    ``run_config`` rewrites them after each run, so a call cut at its limit still returns what
+    it measured."""
+    tables = results / "tables"
+    tables.mkdir(parents=True)
     for name in ("runs.csv", "steps.csv.gz"):
-        if (tables / name).is_file():
-            (out / f"{prefix}_{name}").write_bytes((tables / name).read_bytes())
+        (tables / name).symlink_to((out / f"{prefix}_{name}").resolve())
 
 
 if __name__ == "__main__":
