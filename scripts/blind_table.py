@@ -57,6 +57,9 @@ def scored(
 
 
 def blind_table(out: Path, plan: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    for name in ("verify_runs.csv", "verify_steps.csv.gz", "probe_runs.csv"):
+        if not (out / name).is_file():
+            raise CodlError(f"{out / name}: missing (no verification run measured?)")
     runs = pd.read_csv(out / "verify_runs.csv")
     steps = pd.read_csv(out / "verify_steps.csv.gz")
     probe = pd.read_csv(out / "probe_runs.csv")
@@ -118,6 +121,8 @@ def main(argv: list[str]) -> int:
         return 2
     out, dest = Path(argv[0]), Path(argv[1])
     summary_path = dest.with_name(f"{dest.stem}_summary.csv")
+    if not (out / "plan.tar").is_file():
+        raise CodlError(f"{out / 'plan.tar'}: missing (blind_check.py stopped before it)")
     with tempfile.TemporaryDirectory() as tmp:
         plan = Path(tmp)
         with tarfile.open(out / "plan.tar") as tar:
