@@ -80,6 +80,15 @@ def test_calibrate_refuses_a_probe_results_without_the_probes_runs(tmp_path: Pat
     args = ["advise", str(fit), "--boot", "0", "--calibrate", str(fit), "--out", str(out)]
     assert cli.main([*args, "--probe-config", str(probe)]) == 2
     assert not out.exists()
+    # The probe's options need --calibrate; refused before anything is fitted.
+    for option in ("--probe-config", "--calibration-table"):
+        assert cli.main(["advise", str(fit), option, str(tmp_path / "x")]) == 2
+    # --text holds what is printed, written with the other outputs.
+    text = tmp_path / "advice.txt"
+    assert (
+        cli.main(["advise", str(fit), "--boot", "0", "--out", str(out), "--text", str(text)]) == 0
+    )
+    assert "advice for 16 cores per rank" in text.read_text() and out.is_file()
 
 
 @pytest.mark.slow
