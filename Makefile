@@ -65,7 +65,8 @@ typecheck: $(STAMP)
 workflow-lint: $(STAMP)
 	$(BIN)/snakefmt --check workflow/Snakefile workflow/rules
 	@# Each config defines other rules (the advisor's and share rules are conditional).
-	for c in config/smoke.yaml config/config.yaml config/loop-cpu.yaml config/share-cpu.yaml; do \
+	for c in config/smoke.yaml config/config.yaml config/loop-cpu.yaml config/share-cpu.yaml \
+	    config/calibrate-h200-light.yaml; do \
 	  $(BIN)/snakemake --lint --configfile $$c || exit 1; \
 	done
 

@@ -193,11 +193,12 @@ def share_plan(config: Path, out: Path) -> None:
     print(table.to_string())
 
 
-def run_config(config: Path, results: Path, deadline: float) -> int:
-    """Every run of ``config`` in plan order, without Snakemake (a GPU node may not have it),
-    into ``results`` as the workflow lays it out: ``config.yaml`` and ``tables/runs.csv``,
-    ``tables/steps.csv.gz``; no run starts after ``deadline`` (``time.time()``). The data sets
-    are generated once per machine under $TMPDIR. Returns the runs measured."""
+def run_config(config: Path, results: Path, deadline: float, ids: list[str] | None = None) -> int:
+    """Every run of ``config`` in plan order (or the runs ``ids``, in their order), without
+    Snakemake (a GPU node may not have it), into ``results`` as the workflow lays it out:
+    ``config.yaml`` and ``tables/runs.csv``, ``tables/steps.csv.gz``; no run starts after
+    ``deadline`` (``time.time()``). The data sets are generated once per machine under $TMPDIR.
+    Returns the runs measured."""
     import shutil
     import tempfile
     import time
@@ -212,7 +213,8 @@ def run_config(config: Path, results: Path, deadline: float) -> int:
     shutil.copy(config, results / "config.yaml")
     work = Path(tempfile.gettempdir()) / "codl-check-fit"
     runs, steps = [], []
-    for run_id, spec in plan.specs.items():
+    for run_id in plan.specs if ids is None else ids:
+        spec = plan.specs[run_id]
         if time.time() > deadline:
             print(f"{config}: deadline reached before {run_id}", flush=True)
             break

@@ -269,6 +269,16 @@ class ResultPaths:
         return self.advice / "predictions.csv"
 
     @property
+    def probe_config(self) -> Path:
+        """The calibration probe's config (``advisor.calibrate``)."""
+        return self.advice / "probe.yaml"
+
+    @property
+    def calibration_table(self) -> Path:
+        """Per probe configuration: measured, predicted before and after the calibration."""
+        return self.advice / "calibration.csv"
+
+    @property
     def predicted_vs_measured_table(self) -> Path:
         return self.tables / "predicted_vs_measured.csv"
 

@@ -11,6 +11,8 @@ from codl.figures import RUN_FIGURES, FigureName
 from codl.paths import FIGURE_FORMATS, ResultPaths
 from codl.steps.workflow import (
     advisor_targets,
+    calibrate_inputs,
+    calibrate_options,
     block_after,
     block_group,
     share_inputs,
@@ -34,6 +36,13 @@ CHECKOUT = (
 # The files Snakemake loaded, read again by codl's loader (duplicate keys, alias bombs), so the
 # workflow and `codl plan` accept exactly the same files.
 check_config_files(workflow.configfiles)
+ADVISOR = advisor_settings(config)
+# `advisor.calibrate: FIT`: the runs are FIT's probe of this machine, derived from the committed
+# fit alone (deterministic), so they are planned here and the DAG stays static (rules/calibrate.smk).
+if ADVISOR.calibrate:
+    from codl.steps.advisor import probe_workflow_config
+
+    config.update(probe_workflow_config(config))
 # No storage tier may point into the working directory or the workflow's own checkout.
 PLAN = build_plan(
     config,
@@ -46,7 +55,6 @@ BLOCK_SLOTS = block_slots(plan_blocks(config, PLAN))
 # The block token of runs outside Slurm: one per invocation of the workflow (Slurm jobs use
 # SLURM_JOB_ID), inherited by every job it starts.
 os.environ.setdefault("CODL_INVOCATION", uuid.uuid4().hex[:12])
-ADVISOR = advisor_settings(config)
 # Data sets of the shared-node jobs (config section `share`); empty without one.
 SHARE_INPUTS = share_inputs(config, PLAN, PATHS)
 SHARE_RESOURCES = share_resources(config, PLAN)

@@ -37,6 +37,11 @@ _FACTOR_RANGE = (0.25, 4.0)
 _FACTOR_GRID = 161
 #: The step of the numerical sensitivity d log X / d log a.
 _SENSITIVITY_STEP = 1.1
+#: The probe's seed: the fitted runs' plus this, apart from the verification's (their seed plus
+#: ``advise.VERIFY_SEED_OFFSET``, the next ones a verification may take), so that no verification
+#: run has a probe run's spec, whose run id the workflow would reuse instead of measuring again:
+#: the calibration was fitted on the probe's runs, the verification must not score them.
+PROBE_SEED_OFFSET = 1000
 
 
 class CalibrationError(mdl.ModelError):
@@ -230,10 +235,12 @@ def probe_config(
     measured_steps: int | None = None,
 ) -> dict[str, Any]:
     """A config (config/README.md format) of ``probe_settings``'s runs, one repeat each, the
-    fitted runs' defaults with a new seed (``advise.VERIFY_SEED_OFFSET``) and the advice's
+    fitted runs' defaults with a seed of its own (``PROBE_SEED_OFFSET``) and the advice's
     hand-off."""
-    # The verification's defaults: a new seed, the advice's hand-off, pinning left to the runs.
+    # The verification's defaults (the advice's hand-off, pinning left to the runs), with the
+    # probe's own seed.
     d = adv._verify_defaults(defaults, advice, measured_steps)
+    d["seed"] = int(defaults.get("seed", 0)) + PROBE_SEED_OFFSET
     experiments = []
     for i, (_, r) in enumerate(probe_settings(fit, advice).iterrows()):
         lc = r["launch_cores"]

@@ -30,6 +30,7 @@ class AdvisorSettings:
     predictions: str = ""  # a predictions.csv of `advise`: compare it with these runs
     predictions_sha256: str = ""  # its sha256 when `advise` wrote it
     predicted_at: str = ""  # when `advise` wrote it (UTC, ISO 8601)
+    calibrate: str = ""  # a fit's results directory: probe this machine, calibrate, advise
 
 
 def advisor_settings(cfg: Mapping[str, Any]) -> AdvisorSettings:
@@ -43,6 +44,7 @@ def advisor_settings(cfg: Mapping[str, Any]) -> AdvisorSettings:
         predictions=str(section.get("predictions", "")),
         predictions_sha256=str(section.get("predictions_sha256", "")),
         predicted_at=str(section.get("predicted_at", "")),
+        calibrate=str(section.get("calibrate", "")),
     )
 
 

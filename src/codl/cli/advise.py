@@ -1,5 +1,6 @@
 """``codl advise RESULTS_DIR [--cores N] [--out verify.yaml] [--cross-validate CSV]
-[--probe-out probe.yaml] [--calibrate PROBE_RESULTS]``.
+[--probe-out probe.yaml] [--calibrate PROBE_RESULTS [--probe-config probe.yaml]
+[--calibration-table CSV]] [--text advice.txt]``.
 
 RESULTS_DIR holds the merged tables as the workflow writes them (``tables/runs.csv``,
 ``tables/steps.csv.gz``) and, when the workflow made it, the ``config.yaml`` the runs came from
@@ -9,6 +10,8 @@ RESULTS_DIR holds the merged tables as the workflow writes them (``tables/runs.c
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -147,6 +150,26 @@ def _calibration_options(p: argparse.ArgumentParser) -> None:
         "with the calibrated model",
     )
     p.add_argument(
+        "--probe-config",
+        type=Path,
+        metavar="PROBE.yaml",
+        help="with --calibrate: calibrate on this probe config's runs only, each of which "
+        "PROBE_RESULTS must hold (the config --probe-out wrote)",
+    )
+    p.add_argument(
+        "--calibration-table",
+        type=Path,
+        metavar="CSV",
+        help="with --calibrate: write the probe's table here (per probe configuration: "
+        "measured, predicted before and after the calibration, their errors)",
+    )
+    p.add_argument(
+        "--text",
+        type=Path,
+        metavar="FILE",
+        help="also write what the command prints (the calibration's table, the advice) here",
+    )
+    p.add_argument(
         "--probe-out",
         type=Path,
         metavar="PROBE.yaml",
@@ -218,17 +241,42 @@ def _cross_validate(
         print(f"note: a fold was not fitted: {note}")
 
 
-def _calibrate(args: argparse.Namespace, fit: mdl.Fit) -> mdl.Fit:
-    """The fit calibrated on the probe in ``args.calibrate``, its probe table printed."""
+def _probe_runs(args: argparse.Namespace, runs: pd.DataFrame) -> pd.DataFrame:
+    """``runs`` (PROBE_RESULTS' table) cut to the runs of ``--probe-config``, each of which
+    must be there; all of them without the option."""
+    if args.probe_config is None:
+        return runs
+    try:
+        planned = list(
+            build_plan(load_yaml(args.probe_config), source=str(args.probe_config)).specs
+        )
+    except ConfigError as exc:
+        raise CodlError(f"--probe-config: {exc.one_line()}") from None
+    measured = set(runs["run_id"].astype(str))
+    missing = [r for r in planned if r not in measured]
+    if missing:
+        raise CodlError(
+            f"--calibrate {args.calibrate}: run(s) {', '.join(missing)} of --probe-config "
+            f"{args.probe_config} not in its runs.csv: run the probe config there first"
+        )
+    return runs[runs["run_id"].astype(str).isin(planned)]
+
+
+def _calibrate(args: argparse.Namespace, fit: mdl.Fit, unit: OutputUnit) -> mdl.Fit:
+    """The fit calibrated on the probe in ``args.calibrate``, its probe table printed (and
+    written to ``--calibration-table``)."""
     probe: Path = args.calibrate
     runs_csv, steps_csv = ResultPaths.merged_tables_of(probe)
     for path in (runs_csv, steps_csv):
         if not path.is_file():
             raise CodlError(f"--calibrate {probe}: missing table {path}")
+    runs = _probe_runs(args, pd.read_csv(runs_csv))
+    steps = pd.read_csv(steps_csv)
     data = mdl.run_data(
-        pd.read_csv(runs_csv), pd.read_csv(steps_csv), combined_mode=fit.node.combined_mode
+        runs, steps[steps["run_id"].isin(runs["run_id"])], combined_mode=fit.node.combined_mode
     )
-    cfg_path = probe / CONFIG_NAME
+    # The probe's core budget: its config's (the one given, else the one beside its tables).
+    cfg_path = args.probe_config or probe / CONFIG_NAME
     cfg = load_yaml(cfg_path) if cfg_path.is_file() else {}
     cores = (cfg.get("slurm") or {}).get("cpus_per_rank") or args.cores or fit.cores
     c = calibrate(fit, data, cores=int(cores))
@@ -236,6 +284,8 @@ def _calibrate(args: argparse.Namespace, fit: mdl.Fit) -> mdl.Fit:
     cols = ["mode", "policy", "workers", "cores", "measured", "before", "after"]
     print(c.table[cols].to_string(index=False, float_format=lambda v: f"{v:.0f}"))
     print()
+    if args.calibration_table is not None:
+        c.table.to_csv(unit.path(args.calibration_table), index=False, float_format="%.6g")
     return c.fit
 
 
@@ -271,59 +321,46 @@ def _outputs(args: argparse.Namespace) -> dict[str, Path]:
         "--cross-validate": args.cross_validate,
         "--probe-out": args.probe_out,
         "--predictions": args.predictions,
+        "--calibration-table": args.calibration_table,
+        "--text": args.text,
     }
     return {option: path for option, path in named.items() if path is not None}
 
 
-def _inputs(results: Path, probe: Path | None = None) -> tuple[Path, ...]:
+def _inputs(
+    results: Path, probe: Path | None = None, probe_config: Path | None = None
+) -> tuple[Path, ...]:
     """What advise reads: no output may be one of them (``--out runs.csv`` would replace it)."""
     dirs = (results,) if probe is None else (results, probe)
-    return tuple(p for d in dirs for p in (*ResultPaths.merged_tables_of(d), d / CONFIG_NAME))
+    read = tuple(p for d in dirs for p in (*ResultPaths.merged_tables_of(d), d / CONFIG_NAME))
+    return read if probe_config is None else (*read, probe_config)
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    if args.predictions is not None and args.out is None:
+        raise CodlError("--predictions needs --out: it predicts the verification config")
+    for option in ("probe_config", "calibration_table"):
+        if getattr(args, option) is not None and args.calibrate is None:
+            raise CodlError(f"--{option.replace('_', '-')} needs --calibrate")
 
 
 def run(args: argparse.Namespace) -> int:
     """The command on parsed arguments, so that ``cli.py`` can mount ``build_parser()`` as a
     parent of its ``advise`` subcommand and dispatch here."""
-    results: Path = args.results
     try:
         # One unit: the verification config and the cross-validation appear together or not
         # at all, checked (and locked) before the fit, so a refused output costs no time.
-        if args.predictions is not None and args.out is None:
-            raise CodlError("--predictions needs --out: it predicts the verification config")
-        inputs = _inputs(results, args.calibrate)
+        _check_options(args)
+        inputs = _inputs(args.results, args.calibrate, args.probe_config)
         with output_unit(_outputs(args), inputs=inputs, mkdir=True) as unit:
-            fitted = fit_results(
-                results,
-                fit_cores=args.fit_cores,
-                mode=args.mode,
-                boot=args.boot,
-                seed=args.seed,
-                handoff=args.handoff,
-            )
-            runs, steps, data, fit = fitted.runs, fitted.steps, fitted.data, fitted.fit
-            if args.calibrate is not None:
-                if args.cross_validate is not None:
-                    raise CodlError(
-                        "--cross-validate with --calibrate: the held-out runs are the fit's "
-                        "machine's, the calibrated model another's; run them apart"
-                    )
-                fit = _calibrate(args, fit)
-            cores = args.cores if args.cores is not None else fit.cores
-            advice = advise(
-                fit,
-                cores=cores,
-                max_workers=args.max_workers,
-                tie=args.tie,
-                prefer=args.prefer,
-                handoff=fitted.handoff,
-            )
-            if args.out is not None:
-                _write_verification(args, advice, fit, runs, data, fitted.source_cfg, unit)
-            if args.probe_out is not None:
-                _write_probe(args, advice, fit, runs, fitted.source_cfg, unit)
-            print_advice(advice, fit, args.out, args.tie, args.prefer)
-            if args.cross_validate is not None:
-                _cross_validate(args, runs, steps, fit, data, unit)
+            printed = io.StringIO()
+            try:
+                with contextlib.redirect_stdout(printed):
+                    _advise(args, unit)
+            finally:
+                sys.stdout.write(printed.getvalue())
+            if args.text is not None:
+                unit.path(args.text).write_text(printed.getvalue())
     except CodlError as exc:
         print(f"codl advise: error: {exc}", file=sys.stderr)
         return 2
@@ -332,6 +369,43 @@ def run(args: argparse.Namespace) -> int:
         print(f"codl advise: error: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _advise(args: argparse.Namespace, unit: OutputUnit) -> None:
+    """Fit (and calibrate), advise, print, and write the unit's members."""
+    results: Path = args.results
+    fitted = fit_results(
+        results,
+        fit_cores=args.fit_cores,
+        mode=args.mode,
+        boot=args.boot,
+        seed=args.seed,
+        handoff=args.handoff,
+    )
+    runs, steps, data, fit = fitted.runs, fitted.steps, fitted.data, fitted.fit
+    if args.calibrate is not None:
+        if args.cross_validate is not None:
+            raise CodlError(
+                "--cross-validate with --calibrate: the held-out runs are the fit's "
+                "machine's, the calibrated model another's; run them apart"
+            )
+        fit = _calibrate(args, fit, unit)
+    cores = args.cores if args.cores is not None else fit.cores
+    advice = advise(
+        fit,
+        cores=cores,
+        max_workers=args.max_workers,
+        tie=args.tie,
+        prefer=args.prefer,
+        handoff=fitted.handoff,
+    )
+    if args.out is not None:
+        _write_verification(args, advice, fit, runs, data, fitted.source_cfg, unit)
+    if args.probe_out is not None:
+        _write_probe(args, advice, fit, runs, fitted.source_cfg, unit)
+    print_advice(advice, fit, args.out, args.tie, args.prefer)
+    if args.cross_validate is not None:
+        _cross_validate(args, runs, steps, fit, data, unit)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -277,3 +277,55 @@ def predicted_vs_measured_to(
     t.to_csv(table, index=False)
     draw_figure(FigureName.PREDICTED_VS_MEASURED, FigureInputs(predictions=t), figures)
     return t
+
+
+def probe_of(
+    results: Path, *, cores: int | None = None, prefer: str = adv.Prefer.HEADROOM.value
+) -> dict[str, Any]:
+    """The probe config of the fit in ``results`` (``calibrate.probe_config``), as
+    ``codl advise RESULTS --probe-out`` writes it with the same ``cores`` and ``prefer``. It
+    depends on the fit's point estimates alone, so no bootstrap is drawn: the same config for
+    any ``--boot``."""
+    from codl.advisor.calibrate import probe_config
+
+    fitted = fit_results(results, boot=0)
+    advice = adv.advise(
+        fitted.fit,
+        cores=cores or fitted.fit.cores,
+        prefer=adv.Prefer(prefer),
+        handoff=fitted.handoff,
+    )
+    defaults = fitted.source_cfg.get("defaults") or adv.defaults_from_runs(
+        fitted.runs, fitted.fit.node.combined_mode
+    )
+    return probe_config(fitted.fit, advice, defaults=defaults, slurm=fitted.source_cfg.get("slurm"))
+
+
+def probe_workflow_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The config the workflow runs for ``advisor.calibrate: FIT``: FIT's probe (``probe_of``)
+    in place of ``defaults`` and ``experiments``, its ``slurm`` section under the config's own
+    keys but with the probe's ``cpus_per_rank`` (the core budget the probe measures), the rest
+    of the config kept. The probe is derived from the committed fit alone, so its runs are in
+    the DAG from the start (no checkpoint); the ``calibrate`` rule checks that they are the
+    runs of the probe config ``codl advise FIT --probe-out`` writes."""
+    settings = advisor_settings(cfg)
+    clash = [k for k in ("defaults", "experiments") if cfg.get(k)]
+    clash += ["advisor.advise"] if settings.advise else []
+    if clash:
+        raise ConfigError(
+            [
+                f"advisor.calibrate: got {' and '.join(clash)} too, expected neither: the "
+                "runs are the fit's probe and the calibrated fit writes the advice"
+            ],
+            source="the workflow config",
+        )
+    probe = probe_of(Path(settings.calibrate), cores=settings.cores or None, prefer=settings.prefer)
+    out = dict(cfg)
+    out["defaults"] = probe["defaults"]
+    out["experiments"] = probe["experiments"]
+    out["slurm"] = {
+        **probe["slurm"],
+        **(cfg.get("slurm") or {}),
+        "cpus_per_rank": probe["slurm"]["cpus_per_rank"],
+    }
+    return out

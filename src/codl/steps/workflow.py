@@ -105,6 +105,9 @@ def advisor_targets(cfg: Mapping[str, Any], paths: ResultPaths) -> list[str]:
         ]
     if s.advise:
         out += [paths.advice_text, paths.verify_config, paths.predictions_table]
+    if s.calibrate:
+        out += [paths.probe_config, paths.calibration_table]
+        out += [paths.advice_text, paths.verify_config, paths.predictions_table]
     if s.predictions:
         out += [paths.predicted_vs_measured_table]
         out += [paths.figure(FigureName.PREDICTED_VS_MEASURED, f) for f in FIGURE_FORMATS]
@@ -112,6 +115,25 @@ def advisor_targets(cfg: Mapping[str, Any], paths: ResultPaths) -> list[str]:
         out += [paths.share_rows, paths.share_table]
         out += [paths.figure(FigureName.SHARE, f) for f in FIGURE_FORMATS]
     return [str(p) for p in out]
+
+
+def calibrate_inputs(cfg: Mapping[str, Any]) -> list[str]:
+    """What the ``advisor.calibrate`` rules read of the fit: its merged tables and, when there,
+    the config its runs came from (a change reruns the probe config and the calibration)."""
+    fit = Path(advisor_settings(cfg).calibrate)
+    config = fit / "config.yaml"
+    return [str(p) for p in ResultPaths.merged_tables_of(fit)] + (
+        [str(config)] if config.is_file() else []
+    )
+
+
+def calibrate_options(cfg: Mapping[str, Any]) -> str:
+    """``codl advise`` options of the ``advisor.calibrate`` rules, from the ``advisor``
+    section: the probe config the ``probe_config`` rule writes is then the one the workflow
+    planned (``steps.advisor.probe_workflow_config``, same core budget and tie rule)."""
+    s = advisor_settings(cfg)
+    cores = f"--cores {s.cores} " if s.cores else ""
+    return f"{cores}--prefer {s.prefer} --repeats {s.repeats}"
 
 
 def share_inputs(cfg: Mapping[str, Any], plan: Plan, paths: ResultPaths) -> list[str]:
