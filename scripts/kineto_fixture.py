@@ -21,9 +21,10 @@ Run on the H200 node (from the repository root; one GPU is enough):
     PYTHONPATH=src python3 scripts/kineto_fixture.py tests/fixtures/kineto-2rank
 
 The committed fixture was made so on 2026-12-01 (one H200, the node's torch 2.11.0+cu130,
-Python 3.12, defaults: 3 warm-up and 3 profiled steps, batch 32): 0.13 MB a rank gzipped (the
-script refuses to finish above 2 MB). codl did not import there (no hdf5plugin), so its
-``codl_launch_stats`` are null and the test computes them.
+Python 3.12, defaults: 3 warm-up and 3 profiled steps, batch 32), with the carried wheels
+installed (``scripts/h200.sh setup``) so that codl imported there and its ``codl_launch_stats``
+are the node's own, which ``tests/test_hta.py`` checks against this checkout's: 0.13-0.14 MB a
+rank gzipped (the script refuses to finish above 2 MB).
 """
 
 from __future__ import annotations
