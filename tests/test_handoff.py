@@ -363,3 +363,35 @@ def test_worker_nice_reaches_every_loader_worker_and_not_the_rank(
     # Never below the rank's own (lowering it would need a privilege).
     assert seen == {max(13, rank_nice)}
     assert os.getpriority(os.PRIO_PROCESS, 0) == rank_nice
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="page-locking needs a CUDA device")
+def test_the_page_locked_ring_gives_the_cpu_rings_batches_on_the_gpu(jpegs: Path) -> None:
+    """The ring registered with CUDA (after its workers are forked) holds what they wrote, and
+    each batch reaches the GPU as the unregistered ring's batch, value for value."""
+    n, workers = 6, 2
+    want = _ring_batches(jpegs, workers, n)
+    torch.manual_seed(SEED)
+    ring = RingLoader(
+        hdata.dataset_for("jpeg", jpegs, 32),
+        batch_size=BATCH,
+        workers=workers,
+        prefetch_factor=2,
+        generator=torch.Generator().manual_seed(SEED),
+        worker_init_fn=_init_fn(),
+        page_lock=True,
+        device=torch.device("cuda"),
+    )
+    it = iter(ring)
+    try:
+        assert ring._registered  # page-locked once, before the first batch
+        for k in range(n):
+            b = next(it)
+            x, y = it.to_device(b, torch.device("cuda"))
+            assert x.is_cuda and y.is_cuda
+            torch.cuda.synchronize()
+            assert torch.equal(x.cpu(), want[k].inputs), k
+            assert torch.equal(y.cpu(), want[k].targets), k
+    finally:
+        it.close()
+    assert not ring._registered  # unregistered on close

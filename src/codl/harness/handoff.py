@@ -11,9 +11,10 @@ storages, allocates page-locked memory, copies, and unmaps. Here:
   slots in one anonymous shared mapping made once before they start. It has no name in /dev/shm,
   so it ends with the last process that maps it, however that process ends, and the workers die
   with the rank (``PR_SET_PDEATHSIG``);
-- the rank page-locks the ring once (``cudaHostRegister``, when ``loader.pin_memory`` on CUDA),
-  and per batch waits on a POSIX semaphore (the GIL released while it blocks), copies the slot to
-  the GPU on a stream of its own, and gives the slot back once the copy's event has completed:
+- the rank page-locks the ring once, after forking the workers (``cudaHostRegister``, when
+  ``loader.pin_memory`` on CUDA), and per batch waits on a POSIX semaphore (the GIL released
+  while it blocks), copies the slot to the GPU on a stream of its own, and gives the slot back
+  once the copy's event has completed:
   no pin-memory thread, no unpickling, no mmap, munmap or page-locking per batch.
 
 Batch k goes to worker k mod W, as torch's in-order DataLoader assigns it; each worker walks its
@@ -239,9 +240,6 @@ class RingLoader:
         )
         self._slots = [shared.slot(i) for i in range(n_slots)]
         try:
-            if self.page_lock:
-                self._register(buf)
-                self._stream = torch.cuda.Stream(self.device)
             state = self.generator.get_state()
             for wid in range(self.workers):
                 proc = ctx.Process(
@@ -260,6 +258,11 @@ class RingLoader:
                 )
                 proc.start()
                 self._procs.append(proc)
+            # Page-locked after the workers are forked: a driver may mark registered pages
+            # not to be inherited (MADV_DONTFORK), and the workers must have the ring mapped.
+            if self.page_lock:
+                self._register(buf)
+                self._stream = torch.cuda.Stream(self.device)
         except BaseException:
             self.close()
             raise
