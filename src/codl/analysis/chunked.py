@@ -470,11 +470,15 @@ class _ApiPass:
         if self._runtime is not None:
             is_rt = np.equal(kind, self._runtime, out=self._work.get("rt", n, np.bool_))
             runtime = int(np.count_nonzero(is_rt))
+        flagged: npt.NDArray[np.bool_] | None = None
         if runtime == n and int(step.min()) >= self._warmup:
-            # A cuda_api trace's block of measured steps: every row, no gathers.
-            ns = self._work.get("ns", n, np.int64)
-            np.subtract(cols["end_ns"], cols["start_ns"], out=ns)
+            # A cuda_api trace's block of measured steps: every row, no gathers; the durations
+            # and launch flags are those the reducer just made (_masked_sums' scratch "dur",
+            # _api_reducer's "mask1", every row a runtime call): not a second pass each.
+            ns = self._work.get("dur", n, np.int64)
             names = cols["name"]
+            if self._is_launch.any():
+                flagged = self._work.get("mask1", n, np.bool_)
         elif runtime:
             rt = np.flatnonzero(is_rt & (step >= self._warmup))
             ns = cols["end_ns"][rt] - cols["start_ns"][rt]
@@ -482,7 +486,7 @@ class _ApiPass:
         else:
             ns = names = np.empty(0, np.int64)
         if len(ns):
-            self.latency.add(ns, np.take(self._is_launch, names))
+            self.latency.add(ns, np.take(self._is_launch, names) if flagged is None else flagged)
             self.names.add(names, ns)
         if self._gpu and runtime < n:
             keep = np.isin(kind, self._gpu) & (step >= self._keep_from)

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
+import pyarrow as pa
 
 from codl.analysis import chunked
 from codl.analysis.columns import (
@@ -597,7 +598,29 @@ def attribute_launch_wait(
             res["rank"].to_numpy(dtype=np.int64),
         )
     )
-    return res.take(order).reset_index(drop=True).astype(ATTRIBUTION_COLUMNS)
+    res = res.take(order).reset_index(drop=True)
+    for col in ("role", "name"):
+        res[col] = _str_column(res[col])
+    return res.astype(ATTRIBUTION_COLUMNS)
+
+
+def _str_column(values: pd.Series) -> pd.Series:
+    """A categorical column as pandas' ``str`` dtype, its categories taken by code in Arrow
+    (``astype(str)`` makes a Python string per row first: 0.37 s against 0.015 s for 1.6 M
+    rows, the attribution table of a 10^8-event trace); other columns, and categoricals with
+    missing values, through ``astype``."""
+    if not isinstance(values.dtype, pd.CategoricalDtype):
+        return values.astype("str")
+    codes = values.cat.codes.to_numpy()
+    if len(codes) and codes.min() < 0:
+        return values.astype("str")
+    target = pd.Series([], dtype="str").array
+    categories = pa.array([str(c) for c in values.cat.categories], type=target._pa_array.type)
+    return pd.Series(
+        pd.array(categories.take(pa.array(codes)), dtype="str"),
+        index=values.index,
+        name=values.name,
+    )
 
 
 # Per-step columns whose median and mean over measured steps go into the summary.

@@ -556,10 +556,11 @@ class Trace:
         """(lo, hi, every column of rows [lo, hi)) of ``table`` block by block (its chunk-index
         blocks, else 1 Mi rows), each checked as ``verify`` checks it as it is read: dtypes,
         string codes, the index entry's time range, events ending before they start, each
-        column's digest (``column_digest``) over all its rows. The digests are compared after the last block: a
-        caller keeps nothing it made of the blocks unless the iteration ran to its end (it
-        raises TraceFormatError there). The blocks are read-only: a thread hashes each one
-        while the caller uses it (hashlib and zlib release the GIL), so the check costs ~no wall time
+        column's digest (``column_digest``: crc32, sha256 in older traces) over all its rows.
+        The digests are compared after the last block: a caller keeps nothing it made of the
+        blocks unless the iteration ran to its end (it raises TraceFormatError there). The
+        blocks are read-only: a thread hashes each one while the caller uses it (zlib and
+        hashlib release the GIL), so the check costs ~no wall time
         where a second core is free. ``pool``: as ``read_rows``. ``reuse``: the blocks are read
         into two sets of arrays used in turn (a fresh array costs its page faults, ~2 ns per
         8-byte value), so a block's arrays are valid only until the next block is asked for.
