@@ -269,9 +269,16 @@ LAUNCH_COLUMNS: dict[str, str] = {
 }
 
 
-def launch_metrics(sched: pd.DataFrame, threads: pd.DataFrame, *, warmup: int) -> pd.DataFrame:
-    """Per (rank, step): the launch thread's run-queue wait, on-CPU time, involuntary switches."""
-    d = _measured(sched_deltas(sched), warmup)
+def launch_metrics(
+    sched: pd.DataFrame,
+    threads: pd.DataFrame,
+    *,
+    warmup: int,
+    deltas: pd.DataFrame | None = None,
+) -> pd.DataFrame:
+    """Per (rank, step): the launch thread's run-queue wait, on-CPU time, involuntary switches.
+    ``deltas``: ``sched_deltas(sched)`` when the caller has it already."""
+    d = _measured(sched_deltas(sched) if deltas is None else deltas, warmup)
     rows = []
     for rank, tid in launch_tids(threads).items():
         x = d[(d["rank"] == rank) & (d["tid"] == tid)]
@@ -329,11 +336,18 @@ def role_times(
     return out
 
 
-def helper_metrics(sched: pd.DataFrame, threads: pd.DataFrame, *, warmup: int) -> pd.DataFrame:
+def helper_metrics(
+    sched: pd.DataFrame,
+    threads: pd.DataFrame,
+    *,
+    warmup: int,
+    deltas: pd.DataFrame | None = None,
+) -> pd.DataFrame:
     """Per (rank, step): the on-CPU time of each launch helper role, summed over its threads
     (a rank's NCCL/gloo threads are several). A role without threads in a rank that has
-    scheduler samples did no work there: 0, not NaN (no pin-memory thread: 0 copies)."""
-    d = _measured(sched_deltas(sched), warmup)
+    scheduler samples did no work there: 0, not NaN (no pin-memory thread: 0 copies).
+    ``deltas``: ``sched_deltas(sched)`` when the caller has it already."""
+    d = _measured(sched_deltas(sched) if deltas is None else deltas, warmup)
     if d.empty or threads.empty:
         return _empty(HELPER_COLUMNS)
     d = d.merge(thread_roles(threads), on=["rank", "tid"], how="left")
@@ -527,6 +541,7 @@ def attribute_launch_wait(
     *,
     warmup: int,
     ranks_per_node: int | None = None,
+    deltas: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """Which threads ran on the launch thread's CPUs while it waited, per (rank, step).
 
@@ -540,8 +555,9 @@ def attribute_launch_wait(
     of the other ranks on its node (their workers share the node's cores; threads of other
     nodes cannot preempt it). Other ranks' steps are matched by index, which DDP keeps in step.
     ``launch_wait_ns`` repeats the launch thread's total wait of the step on each row.
+    ``deltas``: ``sched_deltas(sched)`` when the caller has it already.
     """
-    d = _measured(sched_deltas(sched), warmup)
+    d = _measured(sched_deltas(sched) if deltas is None else deltas, warmup)
     if d.empty or threads.empty:
         return _empty(ATTRIBUTION_COLUMNS)
     info, masks = _thread_info(threads)
@@ -718,13 +734,16 @@ def summarize_tables(
     warm = warmup_steps(attrs)
     run_id = str(attrs.get("run_id", ""))
     ident = {"run_id": run_id, **spec_columns(_spec(attrs))}
-    steps = _flagged_steps(t, ident, warm, parts, api, loader)
+    # The scheduler samples' per-step differences, which three of the metrics use: made once.
+    deltas = sched_deltas(t[Table.SCHED])
+    steps = _flagged_steps(t, ident, warm, parts, api, loader, deltas)
     rpn = ident["ranks_per_node"]
     attribution = attribute_launch_wait(
         t[Table.SCHED],
         t[Table.THREADS],
         warmup=warm,
         ranks_per_node=ranks_per_node(attrs) if isinstance(rpn, int | np.integer) else None,
+        deltas=deltas,
     )
     attribution.insert(0, "run_id", run_id)
     row = _summary_row(t, attrs, ident, steps, attribution, warm)
@@ -774,12 +793,13 @@ def _flagged_steps(
     parts: pd.DataFrame | None,
     api: chunked.ApiReduction | None = None,
     loader: chunked.LoaderReduction | None = None,
+    deltas: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """One row per (rank, step): the run's identity, every per-step metric, the outlier flags."""
     steps = step_metrics(t[Table.APP], t[Table.COMM], warmup=warm)
     for extra in (
-        launch_metrics(t[Table.SCHED], t[Table.THREADS], warmup=warm),
-        helper_metrics(t[Table.SCHED], t[Table.THREADS], warmup=warm),
+        launch_metrics(t[Table.SCHED], t[Table.THREADS], warmup=warm, deltas=deltas),
+        helper_metrics(t[Table.SCHED], t[Table.THREADS], warmup=warm, deltas=deltas),
         api_metrics(t[Table.CUDA], warmup=warm) if api is None else api.steps,
         loader_metrics(t[Table.LOADER], warmup=warm) if loader is None else loader.steps,
     ):
