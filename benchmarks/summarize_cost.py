@@ -9,7 +9,9 @@ refuses, the row says "warm"):
 - the workflow rule's function (``steps.analysis.summarize_to``, as workflow/scripts/summarize.py
   calls it);
 - a plain h5py read of the columns summarize reads (every column of the small tables; of
-  events/cuda and events/loader those of ``chunked.READ_COLUMNS``), whole columns into memory.
+  events/cuda and events/loader those of ``chunked.READ_COLUMNS``), whole columns into memory;
+- ``imports only``: Python started and the modules ``codl summarize`` imports, no trace read
+  (what every run costs whatever its size).
 
 Reports wall seconds, CPU seconds (the child's user + system time, all its threads), events
 per second and per CPU-second (what "per core" means here, whatever else the machine runs),
@@ -54,6 +56,8 @@ from codl.paths import RunFiles
 from codl.steps.analysis import summarize_to
 summarize_to(Path(sys.argv[1]), **RunFiles(Path(sys.argv[2])).tables())
 """
+
+IMPORTS = "import codl.cli, codl.steps.analysis"
 
 
 def plain_columns() -> str:
@@ -110,6 +114,9 @@ def measure(events: int, tmp: Path, repeat: int) -> list[dict[str, object]]:
             str(tmp / f"cli{events}"),
         ],
         "workflow summarize_to": [py, "-c", WORKFLOW, str(trace), str(tmp / f"wf{events}")],
+        # The floor every run of the command pays whatever the trace: Python's start and the
+        # imports `codl summarize` makes (pandas, h5py, numpy), reading nothing.
+        "imports only": [py, "-c", IMPORTS],
     }
     # Rounds of the three in turn, so that the machine's other load falls on each alike; each
     # one's fastest round is reported (the least disturbed: the rounds' spread is in the CSV).

@@ -11,6 +11,7 @@ and ``summarize.api_metrics`` up to float summation order (tests/test_chunked.py
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
@@ -569,7 +570,24 @@ def read_summary(
                 for _, hi, block in blocks:
                     loader.add(block, marks.after(hi))
         tables[Table.LOADER] = empty_frame(Table.LOADER)
-    return {n: tables[n] for n in SUMMARY_TABLES}, attrs, api.result(), loader.result()
+    out = {n: tables[n] for n in SUMMARY_TABLES}, attrs, api.result(), loader.result()
+    release_free_heap()
+    return out
+
+
+def release_free_heap() -> None:
+    """Hand the heap's free pages back to the OS (glibc's ``malloc_trim``; nothing elsewhere).
+
+    The blocks' numpy temporaries are freed into glibc's heap, which keeps them: after the
+    read of a 10^8-event trace ~320 MiB of the process's 560 MiB RSS is free heap, and what
+    comes next does not fit in its holes, so the peak RSS was the two stacked (909 MiB;
+    with the trim 760). A fixed ``M_MMAP_THRESHOLD`` would return each array as it is freed,
+    but costs the read 50 % more CPU in page faults."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 # Rows per block of the streamed tables: two sets of every column's arrays (~54 B a row of

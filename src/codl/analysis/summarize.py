@@ -606,6 +606,9 @@ def attribute_launch_wait(
     if not out:
         return _empty(ATTRIBUTION_COLUMNS)
     res = pd.concat(out, ignore_index=True)
+    # Each rank's rows freed once joined, before the sort's copy: a long run has ~10^6 rows.
+    out.clear()
+    others = pd.DataFrame()
     # By rank, step, then the largest attributed wait first; ties in their order (stable).
     order = np.lexsort(
         (
