@@ -652,8 +652,9 @@ class _LoaderPass:
     block holds a second or more of a run)."""
 
     def __init__(self, strings: list[str], warmup: int, targets: dict[str, dict[int, Any]]) -> None:
-        self._stages = _loader_reducer(strings)
-        self._items = [strings.index(s) for s in LOADER_ITEM_STAGES if s in strings]
+        self._stage_codes = [_code_of(strings, s) for s in LOADER_STAGES]
+        # The item stages are the first of LOADER_STAGES: their masks are the stages' own.
+        self._item_masks = [i for i, s in enumerate(LOADER_STAGES) if s in LOADER_ITEM_STAGES]
         self._warmup = warmup
         self._work = _Scratch()
         self._parts: list[_Part] = []
@@ -665,12 +666,28 @@ class _LoaderPass:
         self._ranks: set[int] = set()
 
     def add(self, cols: dict[str, npt.NDArray[Any]], watermark: int) -> None:
-        self._parts += self._stages(cols, self._warmup, self._work)
-        step, item = cols["step"], cols["item"]
-        measured = step >= self._warmup
-        busy = measured & (item >= 0)
-        is_item = busy & np.isin(cols["stage"], self._items)
-        self._item_parts += _masked_sums(cols, [is_item], self._warmup, self._work)
+        stage, step, item = cols["stage"], cols["step"], cols["item"]
+        n = len(stage)
+        if not n:
+            return
+        work = self._work
+        masks = [
+            None if c is None else np.equal(stage, c, out=work.get(f"mask{i}", n, np.bool_))
+            for i, c in enumerate(self._stage_codes)
+        ]
+        busy = np.greater_equal(step, self._warmup, out=work.get("busy", n, np.bool_))
+        busy &= item >= 0
+        is_item = np.zeros(n, dtype=np.bool_)
+        for i in self._item_masks:
+            mask = masks[i]
+            if mask is not None:
+                is_item |= mask
+        is_item &= busy
+        # The stages' sums and the items' in one reduction (one duration pass, one run split);
+        # its last part is the items'.
+        *stage_parts, item_part = _masked_sums(cols, [*masks, is_item], self._warmup, work)
+        self._parts += stage_parts
+        self._item_parts.append(item_part)
         rows = np.flatnonzero(is_item)
         self._count_items([cols[k][rows].astype(np.int64) for k in _ITEM_KEYS])
         self._busy(cols, busy, watermark)
