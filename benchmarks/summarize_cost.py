@@ -15,9 +15,10 @@ refuses, the row says "warm"):
 
 Reports wall seconds, CPU seconds (the child's user + system time, all its threads), events
 per second and per CPU-second (what "per core" means here, whatever else the machine runs),
-peak RSS (the child's ru_maxrss), the wall-time ratio to the plain read, the machine's 1-minute
-load and core count. Every process starts cold: Python, its imports and the file's open are in
-every number. Nothing here is derived: every number is timed.
+peak RSS (the child's ru_maxrss, the child forked from a small launcher: see LAUNCH), the
+wall-time ratio to the plain read, the machine's 1-minute load and core count. Every process
+starts cold: Python, its imports and the file's open are in every number. Nothing here is
+derived: every number is timed.
 
     PYTHONPATH=src python benchmarks/summarize_cost.py --events 1e6 1e7 [--repeat 3] [--csv PATH]
 """
@@ -31,7 +32,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
@@ -82,18 +82,35 @@ def drop_cache(path: Path) -> bool:
     return True
 
 
+# Starts the command in a process forked from a small one, and reports its wall time and
+# rusage. A child spawned from this script directly inherits its peak RSS: Linux carries the
+# parent's high-water mark into a vfork()ed child's ru_maxrss at exec (this script holds the
+# trace writer's ~250 MiB, which then showed as every command's floor, the plain read's too).
+LAUNCH = """
+import json, os, sys, time
+start = time.perf_counter()
+pid = os.fork()
+if pid == 0:
+    os.execv(sys.argv[2], sys.argv[2:])
+_, status, usage = os.wait4(pid, 0)
+wall = time.perf_counter() - start
+with open(sys.argv[1], "w") as fh:
+    json.dump([wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024], fh)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
 def timed(cmd: list[str], trace: Path) -> tuple[float, float, float, bool]:
     """(wall seconds, CPU seconds, peak RSS MiB, cold) of one child process (and its
-    threads: ru_utime + ru_stime)."""
+    threads: ru_utime + ru_stime), as the launcher (LAUNCH) measured them."""
     cold = drop_cache(trace)
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - start
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode:
-        raise SystemExit(f"{cmd} failed ({proc.returncode})")
-    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, cold
+    with tempfile.NamedTemporaryFile(suffix=".json") as report:
+        launch = [sys.executable, "-c", LAUNCH, report.name, *cmd]
+        code = subprocess.run(launch, stdout=subprocess.DEVNULL, check=False).returncode
+        if code:
+            raise SystemExit(f"{cmd} failed ({code})")
+        wall, cpu, rss = json.loads(Path(report.name).read_text())
+    return wall, cpu, rss, cold
 
 
 def measure(events: int, tmp: Path, repeat: int) -> list[dict[str, object]]:
