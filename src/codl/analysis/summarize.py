@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
-import pyarrow as pa
+import pyarrow as pa  # type: ignore[import-untyped]
 
 from codl.analysis import chunked
 from codl.analysis.columns import (
@@ -613,7 +613,7 @@ def attribute_launch_wait(
             continue
         step = col["step"][rows]
         tot = pd.Series(share).groupby(step).transform("sum").to_numpy(dtype=np.float64)
-        at = lw.index.get_indexer(step)
+        at = lw.index.get_indexer(pd.Index(step))
         # The launch thread's wait of each row's step; 0 where it has no sample of that step.
         waits = np.append(lw.to_numpy(dtype=np.int64), 0)
         wait = waits[np.where(at >= 0, at, len(lw))]
@@ -646,8 +646,8 @@ def attribute_launch_wait(
         )
     )
     res = res.take(order).reset_index(drop=True)
-    for col in ("role", "name"):
-        res[col] = _str_column(res[col])
+    for name in ("role", "name"):
+        res[name] = _str_column(res[name])
     return res.astype(ATTRIBUTION_COLUMNS)
 
 
@@ -661,8 +661,9 @@ def _str_column(values: pd.Series) -> pd.Series:
     codes = values.cat.codes.to_numpy()
     if len(codes) and codes.min() < 0:
         return values.astype("str")
-    target = pd.Series([], dtype="str").array
-    categories = pa.array([str(c) for c in values.cat.categories], type=target._pa_array.type)
+    # The Arrow type pandas' str dtype stores (large_string in pandas 3).
+    kind = pa.array(pd.array(["x"], dtype="str")).type
+    categories = pa.array([str(c) for c in values.cat.categories], type=kind)
     return pd.Series(
         pd.array(categories.take(pa.array(codes)), dtype="str"),
         index=values.index,
