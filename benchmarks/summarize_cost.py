@@ -9,13 +9,16 @@ refuses, the row says "warm"):
 - the workflow rule's function (``steps.analysis.summarize_to``, as workflow/scripts/summarize.py
   calls it);
 - a plain h5py read of the columns summarize reads (every column of the small tables; of
-  events/cuda and events/loader those of ``chunked.READ_COLUMNS``), whole columns into memory.
+  events/cuda and events/loader those of ``chunked.READ_COLUMNS``), whole columns into memory;
+- ``imports only``: Python started and the modules ``codl summarize`` imports, no trace read
+  (what every run costs whatever its size).
 
 Reports wall seconds, CPU seconds (the child's user + system time, all its threads), events
 per second and per CPU-second (what "per core" means here, whatever else the machine runs),
-peak RSS (the child's ru_maxrss), the wall-time ratio to the plain read, the machine's 1-minute
-load and core count. Every process starts cold: Python, its imports and the file's open are in
-every number. Nothing here is derived: every number is timed.
+peak RSS (the child's ru_maxrss, the child forked from a small launcher: see LAUNCH), the
+wall-time ratio to the plain read, the machine's 1-minute load and core count. Every process
+starts cold: Python, its imports and the file's open are in every number. Nothing here is
+derived: every number is timed.
 
     PYTHONPATH=src python benchmarks/summarize_cost.py --events 1e6 1e7 [--repeat 3] [--csv PATH]
 """
@@ -29,7 +32,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
@@ -55,6 +57,8 @@ from codl.steps.analysis import summarize_to
 summarize_to(Path(sys.argv[1]), **RunFiles(Path(sys.argv[2])).tables())
 """
 
+IMPORTS = "import codl.cli, codl.steps.analysis"
+
 
 def plain_columns() -> str:
     """The tables summarize reads and, of the two big ones, the columns it reads (empty: all)."""
@@ -78,18 +82,35 @@ def drop_cache(path: Path) -> bool:
     return True
 
 
+# Starts the command in a process forked from a small one, and reports its wall time and
+# rusage. A child spawned from this script directly inherits its peak RSS: Linux carries the
+# parent's high-water mark into a vfork()ed child's ru_maxrss at exec (this script holds the
+# trace writer's ~250 MiB, which then showed as every command's floor, the plain read's too).
+LAUNCH = """
+import json, os, sys, time
+start = time.perf_counter()
+pid = os.fork()
+if pid == 0:
+    os.execv(sys.argv[2], sys.argv[2:])
+_, status, usage = os.wait4(pid, 0)
+wall = time.perf_counter() - start
+with open(sys.argv[1], "w") as fh:
+    json.dump([wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024], fh)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
 def timed(cmd: list[str], trace: Path) -> tuple[float, float, float, bool]:
     """(wall seconds, CPU seconds, peak RSS MiB, cold) of one child process (and its
-    threads: ru_utime + ru_stime)."""
+    threads: ru_utime + ru_stime), as the launcher (LAUNCH) measured them."""
     cold = drop_cache(trace)
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - start
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode:
-        raise SystemExit(f"{cmd} failed ({proc.returncode})")
-    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, cold
+    with tempfile.NamedTemporaryFile(suffix=".json") as report:
+        launch = [sys.executable, "-c", LAUNCH, report.name, *cmd]
+        code = subprocess.run(launch, stdout=subprocess.DEVNULL, check=False).returncode
+        if code:
+            raise SystemExit(f"{cmd} failed ({code})")
+        wall, cpu, rss = json.loads(Path(report.name).read_text())
+    return wall, cpu, rss, cold
 
 
 def measure(events: int, tmp: Path, repeat: int) -> list[dict[str, object]]:
@@ -110,6 +131,9 @@ def measure(events: int, tmp: Path, repeat: int) -> list[dict[str, object]]:
             str(tmp / f"cli{events}"),
         ],
         "workflow summarize_to": [py, "-c", WORKFLOW, str(trace), str(tmp / f"wf{events}")],
+        # The floor every run of the command pays whatever the trace: Python's start and the
+        # imports `codl summarize` makes (pandas, h5py, numpy), reading nothing.
+        "imports only": [py, "-c", IMPORTS],
     }
     # Rounds of the three in turn, so that the machine's other load falls on each alike; each
     # one's fastest round is reported (the least disturbed: the rounds' spread is in the CSV).

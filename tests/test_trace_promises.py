@@ -86,7 +86,14 @@ def end_before_start(path: Path) -> None:
     import h5py
 
     from codl.trace.store import DIGEST_ATTR
-    from codl.trace.store.layout import CHUNK_INDEX, metadata_digest, time_range
+    from codl.trace.store.layout import (
+        CHUNK_INDEX,
+        COLUMN_DIGEST_ATTR,
+        column_hasher,
+        metadata_digest,
+        plain_value,
+        time_range,
+    )
 
     with h5py.File(path, "r+") as f:
         group = f["events/app"]
@@ -95,7 +102,10 @@ def end_before_start(path: Path) -> None:
         end[0] = group["start_ns"][0] - 1
         digests = json.loads(group.attrs["sha256"])
         values = np.ascontiguousarray(end[:rows])
-        digests["end_ns"] = hashlib.sha256(values.data.cast("B")).hexdigest()
+        # The digest of the trace's own algorithm (sha256 in traces written before crc32).
+        digest = column_hasher(plain_value(f.attrs.get(COLUMN_DIGEST_ATTR, "sha256")))
+        digest.update(values.data.cast("B"))
+        digests["end_ns"] = digest.hexdigest()
         group.attrs["sha256"] = json.dumps(digests)
         index = f.get(f"{CHUNK_INDEX}/events/app")
         if index is not None:

@@ -905,10 +905,44 @@ def test_the_table_enum_names_every_table_of_the_schema() -> None:
     assert TABLES[Table.APP] is TABLES["events/app"] and f"/{Table.APP}" == "/events/app"
 
 
+def test_traces_with_sha256_column_digests_are_still_verified(tmp_path: Path) -> None:
+    """A trace written before crc32 (no ``column_digest`` attribute, sha256 digests) reads
+    and verifies as before, and a value changed through HDF5 fails its sha256."""
+    import hashlib
+    import json
+
+    from codl.trace.store import DIGEST_ATTR
+    from codl.trace.store.layout import COLUMN_DIGEST_ATTR, COLUMN_DIGESTS, metadata_digest
+
+    with TraceWriter(tmp_path / "t.h5") as w:
+        w.append("events/comm", _comm_block(0, 500))
+        w.finish()
+    with open_trace(tmp_path / "t.h5") as t:
+        assert t.column_digest == "crc32"
+    with h5py.File(tmp_path / "t.h5", "r+") as f:
+        group = f["events/comm"]
+        group.attrs[COLUMN_DIGESTS] = json.dumps(
+            {c: hashlib.sha256(group[c][()].data.cast("B")).hexdigest() for c in group},
+            sort_keys=True,
+        )
+        del f.attrs[COLUMN_DIGEST_ATTR]
+        f.attrs[DIGEST_ATTR] = metadata_digest(f)
+    with open_trace(tmp_path / "t.h5") as t:
+        assert t.column_digest == "sha256"
+        t.verify()
+    with h5py.File(tmp_path / "t.h5", "r+") as f:
+        f["events/comm/bytes"][123] = 7  # through HDF5: its chunk checksum is valid
+    with (
+        open_trace(tmp_path / "t.h5") as t,
+        pytest.raises(TraceFormatError, match="comm/bytes does not match its sha256"),
+    ):
+        t.verify()
+
+
 @pytest.mark.parametrize("compression", CODECS)
 def test_verify_reads_every_block_in_order(tmp_path: Path, compression: str) -> None:
     """Verification hashes blocks on a thread while it reads the next: a value rewritten in the
-    last of three blocks (HDF5's own checksums still valid) fails the column's sha256, and an
+    last of three blocks (HDF5's own checksums still valid) fails the column's digest, and an
     event ending before it starts in the second block is found at its row."""
     block = block_rows("events/comm")
     rows = _comm_block(0, 2 * block + 99)
@@ -927,7 +961,7 @@ def test_verify_reads_every_block_in_order(tmp_path: Path, compression: str) -> 
         f["events/comm/bytes"][2 * block + 50] = 7  # through HDF5: its chunk checksum is valid
     with (
         open_trace(tmp_path / "u.h5") as t,
-        pytest.raises(TraceFormatError, match="comm/bytes does not match its sha256"),
+        pytest.raises(TraceFormatError, match="comm/bytes does not match its crc32"),
     ):
         t.verify()
 

@@ -36,7 +36,9 @@ HIST_COLUMNS: Final = {"name": "str", "us": "float64", "calls": "int64"}
 
 
 # Keys are bincounted once this many have gathered: one bincount's fresh count array and
-# its addition cost ~2 ns per bin, as much as counting a 1 Mi-row block's keys.
+# its addition cost ~2 ns per bin, as much as counting a 1 Mi-row block's keys. They gather in
+# one buffer made once (a fresh array per block costs its page faults, ~2 ns a value, and
+# joining the blocks' arrays a copy).
 _PENDING_KEYS: Final = 1 << 22
 
 
@@ -47,7 +49,7 @@ class ExactLatency:
 
     def __init__(self) -> None:
         self._counts = np.zeros(2 * EXACT_CAP_NS, dtype=np.int64)
-        self._pending: list[_Ints] = []
+        self._pending: _Ints | None = None  # made at the first add
         self._pending_n = 0
         self._long: list[_Ints] = []
         self._long_flagged: list[_Ints] = []
@@ -65,18 +67,23 @@ class ExactLatency:
             self._long.append(ns[long])
             self._long_flagged.append(ns[long & flagged])
             ns, flagged = ns[~long], flagged[~long]
-        key = np.left_shift(ns, 1)
-        key += flagged
-        self._pending.append(key)
-        self._pending_n += len(key)
-        if self._pending_n >= _PENDING_KEYS:
-            self._flush()
+        if self._pending is None:
+            self._pending = np.empty(_PENDING_KEYS, dtype=np.int64)
+        while len(ns):
+            if self._pending_n == _PENDING_KEYS:
+                self._flush()
+            take = min(len(ns), _PENDING_KEYS - self._pending_n)
+            key = self._pending[self._pending_n : self._pending_n + take]
+            np.left_shift(ns[:take], 1, out=key)
+            key += flagged[:take]
+            self._pending_n += take
+            ns, flagged = ns[take:], flagged[take:]
 
     def _flush(self) -> None:
-        if self._pending:
-            keys = np.concatenate(self._pending) if len(self._pending) > 1 else self._pending[0]
+        if self._pending is not None and self._pending_n:
+            keys = self._pending[: self._pending_n]
             self._counts += np.bincount(keys, minlength=2 * EXACT_CAP_NS)
-            self._pending, self._pending_n = [], 0
+            self._pending_n = 0
 
     def _set(self, flagged: bool) -> tuple[_Ints, _Ints]:
         """(counts per ns below the cap, the longer durations) of every duration or of the
@@ -163,15 +170,22 @@ class NameHistogram:
         self._counts: dict[int, npt.NDArray[np.int64]] = {}
         self._direct = len(strings) * _BUCKETS <= _DIRECT_BINS
         self._matrix = np.zeros(len(strings) * _BUCKETS if self._direct else 0, dtype=np.int64)
+        self._key = np.empty(0, dtype=np.int64)
+        self._bucket = np.empty(0, dtype=np.int16)
 
     def add(self, names: npt.NDArray[Any], ns: _Ints) -> None:
         if not len(ns):
             return
         if self._direct:
-            key = names.astype(np.int64)
-            key *= _BUCKETS
+            # In arrays kept from block to block (fresh ones cost their page faults).
+            if len(self._key) < len(ns):
+                self._key = np.empty(len(ns), dtype=np.int64)
+                self._bucket = np.empty(len(ns), dtype=np.int16)
+            key, bucket = self._key[: len(ns)], self._bucket[: len(ns)]
+            np.multiply(names, _BUCKETS, out=key)
             # Short calls' buckets looked up (clipped: the few long ones are redone).
-            key += np.take(_short_buckets(), ns, mode="clip")
+            np.take(_short_buckets(), ns, mode="clip", out=bucket)
+            key += bucket
             long = np.flatnonzero(ns >= EXACT_CAP_NS)
             if len(long):
                 key[long] = names[long].astype(np.int64) * _BUCKETS + buckets(ns[long])

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
+import pyarrow as pa  # type: ignore[import-untyped]
 
 from codl.analysis import chunked
 from codl.analysis.columns import (
@@ -271,9 +272,16 @@ LAUNCH_COLUMNS: dict[str, str] = {
 }
 
 
-def launch_metrics(sched: pd.DataFrame, threads: pd.DataFrame, *, warmup: int) -> pd.DataFrame:
-    """Per (rank, step): the launch thread's run-queue wait, on-CPU time, involuntary switches."""
-    d = _measured(sched_deltas(sched), warmup)
+def launch_metrics(
+    sched: pd.DataFrame,
+    threads: pd.DataFrame,
+    *,
+    warmup: int,
+    deltas: pd.DataFrame | None = None,
+) -> pd.DataFrame:
+    """Per (rank, step): the launch thread's run-queue wait, on-CPU time, involuntary switches.
+    ``deltas``: ``sched_deltas(sched)`` when the caller has it already."""
+    d = _measured(sched_deltas(sched) if deltas is None else deltas, warmup)
     rows = []
     for rank, tid in launch_tids(threads).items():
         x = d[(d["rank"] == rank) & (d["tid"] == tid)]
@@ -331,11 +339,18 @@ def role_times(
     return out
 
 
-def helper_metrics(sched: pd.DataFrame, threads: pd.DataFrame, *, warmup: int) -> pd.DataFrame:
+def helper_metrics(
+    sched: pd.DataFrame,
+    threads: pd.DataFrame,
+    *,
+    warmup: int,
+    deltas: pd.DataFrame | None = None,
+) -> pd.DataFrame:
     """Per (rank, step): the on-CPU time of each launch helper role, summed over its threads
     (a rank's NCCL/gloo threads are several). A role without threads in a rank that has
-    scheduler samples did no work there: 0, not NaN (no pin-memory thread: 0 copies)."""
-    d = _measured(sched_deltas(sched), warmup)
+    scheduler samples did no work there: 0, not NaN (no pin-memory thread: 0 copies).
+    ``deltas``: ``sched_deltas(sched)`` when the caller has it already."""
+    d = _measured(sched_deltas(sched) if deltas is None else deltas, warmup)
     if d.empty or threads.empty:
         return _empty(HELPER_COLUMNS)
     d = d.merge(thread_roles(threads), on=["rank", "tid"], how="left")
@@ -523,12 +538,27 @@ def _thread_info(
     return named, masks
 
 
+def _thread_codes(
+    rank: npt.NDArray[np.int64], tid: npt.NDArray[np.int64]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.intp]]:
+    """The distinct (rank, tid) threads (their ranks, their tids) and each row's thread code:
+    one int64 key per row where ranks and TIDs fit (a TID is below 2^22 on Linux), else rows
+    compared as pairs."""
+    fits = len(rank) and rank.min() >= 0 and rank.max() < 1 << 22
+    if fits and tid.min() >= 0 and tid.max() < 1 << 40:
+        keys, code = np.unique((rank << 40) | tid, return_inverse=True)
+        return keys >> 40, keys & ((1 << 40) - 1), code.ravel()
+    pairs, code = np.unique(np.stack([rank, tid]), axis=1, return_inverse=True)
+    return pairs[0], pairs[1], code.ravel()
+
+
 def attribute_launch_wait(
     sched: pd.DataFrame,
     threads: pd.DataFrame,
     *,
     warmup: int,
     ranks_per_node: int | None = None,
+    deltas: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """Which threads ran on the launch thread's CPUs while it waited, per (rank, step).
 
@@ -542,56 +572,74 @@ def attribute_launch_wait(
     of the other ranks on its node (their workers share the node's cores; threads of other
     nodes cannot preempt it). Other ranks' steps are matched by index, which DDP keeps in step.
     ``launch_wait_ns`` repeats the launch thread's total wait of the step on each row.
+    ``deltas``: ``sched_deltas(sched)`` when the caller has it already.
     """
-    d = _measured(sched_deltas(sched), warmup)
+    d = _measured(sched_deltas(sched) if deltas is None else deltas, warmup)
     if d.empty or threads.empty:
         return _empty(ATTRIBUTION_COLUMNS)
     info, masks = _thread_info(threads)
-    node = (d["rank"] // ranks_per_node) if ranks_per_node else d["rank"]
+    # Columns as numpy arrays and each row's thread as a code (~10^6 rows in a long run: the
+    # per-rank work below is gathers by code, not MultiIndex lookups per row).
+    col = {c: d[c].to_numpy(dtype=np.int64) for c in ("rank", "tid", "pid", "step", "run_ns")}
+    t_rank, t_tid, thread = _thread_codes(col["rank"], col["tid"])
+    # Each thread's row in ``info`` (-1: none, which picks the missing value below).
+    t_info = info.index.get_indexer(pd.MultiIndex.from_arrays([t_rank, t_tid]))
+    node = col["rank"] // ranks_per_node if ranks_per_node else col["rank"]
+    categorical: dict[str, tuple[npt.NDArray[np.int64], pd.Index]] = {}
+    for name, missing in (("role", "other"), ("name", "")):
+        values = pd.Index([*info[name], missing]).unique()
+        # Each thread's code, and last the missing value's (get_indexer's -1 picks it).
+        codes = values.get_indexer(pd.Index([*info[name], missing])).astype(np.int64)
+        categorical[name] = (codes[t_info], values)
     out = []
     for rank, ltid in launch_tids(threads).items():
         lmask = masks.get((rank, ltid), frozenset())
         if not lmask:
             continue
-        lw = d[(d["rank"] == rank) & (d["tid"] == ltid)].set_index("step")["wait_ns"]
+        launch = (col["rank"] == rank) & (col["tid"] == ltid)
+        lw = pd.Series(d["wait_ns"].to_numpy()[launch], index=col["step"][launch])
         my_node = rank // ranks_per_node if ranks_per_node else rank
-        others = d[(node == my_node) & ~((d["rank"] == rank) & (d["tid"] == ltid))].copy()
-        if others.empty:
+        rows = np.flatnonzero((node == my_node) & ~launch)
+        if not len(rows):
             continue
         # Each thread's fraction of its mask inside the launch mask, once per thread.
-        pairs = others[["rank", "tid"]].drop_duplicates()
-        frac = pd.Series(
+        frac = np.array(
             [
                 len(m & lmask) / len(m) if (m := masks.get((int(r), int(t)), frozenset())) else 0.0
-                for r, t in zip(pairs["rank"], pairs["tid"], strict=True)
+                for r, t in zip(t_rank, t_tid, strict=True)
             ],
-            index=pd.MultiIndex.from_frame(pairs),
             dtype=np.float64,
         )
-        rows = pd.MultiIndex.from_arrays([others["rank"], others["tid"]])
-        others["share_ns"] = others["run_ns"].to_numpy(dtype=np.float64) * frac.reindex(
-            rows
-        ).to_numpy(dtype=np.float64)
-        others = others[others["share_ns"] > 0]
-        if others.empty:
+        share = col["run_ns"][rows].astype(np.float64) * frac[thread[rows]]
+        rows, share = rows[share > 0], share[share > 0]
+        if not len(rows):
             continue
-        tot = others.groupby("step")["share_ns"].transform("sum")
-        others["launch_wait_ns"] = others["step"].map(lw).fillna(0).to_numpy(dtype=np.int64)
-        others["attributed_wait_ns"] = others["launch_wait_ns"] * others["share_ns"] / tot
+        step = col["step"][rows]
+        tot = pd.Series(share).groupby(step).transform("sum").to_numpy(dtype=np.float64)
+        at = lw.index.get_indexer(pd.Index(step))
+        # The launch thread's wait of each row's step; 0 where it has no sample of that step.
+        waits = np.append(lw.to_numpy(dtype=np.int64), 0)
+        wait = waits[np.where(at >= 0, at, len(lw))]
+        piece: dict[str, Any] = {
+            "rank": np.full(len(rows), rank, dtype=np.int64),
+            "step": step,
+            "thread_rank": col["rank"][rows],
+            "tid": col["tid"][rows],
+            "pid": col["pid"][rows],
+        }
         # As categoricals (a code per row; every rank's with the same categories, so they
-        # join as such), made strings once, after the sort: a long run has ~10^6 rows here.
-        at = info.index.get_indexer(pd.MultiIndex.from_arrays([others["rank"], others["tid"]]))
-        for col, missing in (("role", "other"), ("name", "")):
-            values = pd.Index([*info[col], missing]).unique()
-            # Each thread's code, and last the missing value's (get_indexer's -1 picks it).
-            codes = values.get_indexer(pd.Index([*info[col], missing])).astype(np.int64)
-            others[col] = pd.Categorical.from_codes(codes[at], categories=values)
-        others["thread_rank"] = others["rank"]
-        others["rank"] = rank
-        out.append(others[list(ATTRIBUTION_COLUMNS)])
+        # join as such), made strings once, after the sort.
+        for name, (codes, values) in categorical.items():
+            piece[name] = pd.Categorical.from_codes(codes[thread[rows]], categories=values)
+        piece["share_ns"] = share
+        piece["launch_wait_ns"] = wait
+        piece["attributed_wait_ns"] = wait * share / tot
+        out.append(pd.DataFrame(piece)[list(ATTRIBUTION_COLUMNS)])
     if not out:
         return _empty(ATTRIBUTION_COLUMNS)
     res = pd.concat(out, ignore_index=True)
+    # Each rank's rows freed once joined, before the sort's copy: a long run has ~10^6 rows.
+    out.clear()
     # By rank, step, then the largest attributed wait first; ties in their order (stable).
     order = np.lexsort(
         (
@@ -600,7 +648,30 @@ def attribute_launch_wait(
             res["rank"].to_numpy(dtype=np.int64),
         )
     )
-    return res.take(order).reset_index(drop=True).astype(ATTRIBUTION_COLUMNS)
+    res = res.take(order).reset_index(drop=True)
+    for name in ("role", "name"):
+        res[name] = _str_column(res[name])
+    return res.astype(ATTRIBUTION_COLUMNS)
+
+
+def _str_column(values: pd.Series) -> pd.Series:
+    """A categorical column as pandas' ``str`` dtype, its categories taken by code in Arrow
+    (``astype(str)`` makes a Python string per row first: 0.37 s against 0.015 s for 1.6 M
+    rows, the attribution table of a 10^8-event trace); other columns, and categoricals with
+    missing values, through ``astype``."""
+    if not isinstance(values.dtype, pd.CategoricalDtype):
+        return values.astype("str")
+    codes = values.cat.codes.to_numpy()
+    if len(codes) and codes.min() < 0:
+        return values.astype("str")
+    # The Arrow type pandas' str dtype stores (large_string in pandas 3).
+    kind = pa.array(pd.array(["x"], dtype="str")).type
+    categories = pa.array([str(c) for c in values.cat.categories], type=kind)
+    return pd.Series(
+        pd.array(categories.take(pa.array(codes)), dtype="str"),
+        index=values.index,
+        name=values.name,
+    )
 
 
 # Per-step columns whose median and mean over measured steps go into the summary.
@@ -698,13 +769,16 @@ def summarize_tables(
     warm = warmup_steps(attrs)
     run_id = str(attrs.get("run_id", ""))
     ident = {"run_id": run_id, **spec_columns(_spec(attrs))}
-    steps = _flagged_steps(t, ident, warm, parts, api, loader)
+    # The scheduler samples' per-step differences, which three of the metrics use: made once.
+    deltas = sched_deltas(t[Table.SCHED])
+    steps = _flagged_steps(t, ident, warm, parts, api, loader, deltas)
     rpn = ident["ranks_per_node"]
     attribution = attribute_launch_wait(
         t[Table.SCHED],
         t[Table.THREADS],
         warmup=warm,
         ranks_per_node=ranks_per_node(attrs) if isinstance(rpn, int | np.integer) else None,
+        deltas=deltas,
     )
     attribution.insert(0, "run_id", run_id)
     row = _summary_row(t, attrs, ident, steps, attribution, warm)
@@ -754,12 +828,13 @@ def _flagged_steps(
     parts: pd.DataFrame | None,
     api: chunked.ApiReduction | None = None,
     loader: chunked.LoaderReduction | None = None,
+    deltas: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """One row per (rank, step): the run's identity, every per-step metric, the outlier flags."""
     steps = step_metrics(t[Table.APP], t[Table.COMM], warmup=warm)
     for extra in (
-        launch_metrics(t[Table.SCHED], t[Table.THREADS], warmup=warm),
-        helper_metrics(t[Table.SCHED], t[Table.THREADS], warmup=warm),
+        launch_metrics(t[Table.SCHED], t[Table.THREADS], warmup=warm, deltas=deltas),
+        helper_metrics(t[Table.SCHED], t[Table.THREADS], warmup=warm, deltas=deltas),
         api_metrics(t[Table.CUDA], warmup=warm) if api is None else api.steps,
         loader_metrics(t[Table.LOADER], warmup=warm) if loader is None else loader.steps,
     ):

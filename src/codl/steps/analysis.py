@@ -77,7 +77,10 @@ def summarize_to(
         clock_bound_ns=rank_bounds(attrs),
     )
     pt.insert(0, "run_id", str(attrs.get("run_id", "")))
+    # Each step's freed temporaries handed back before the next: peak RSS, not their sum.
+    chunked.release_free_heap()
     st, sm_, at = sm.summarize_tables(tables, attrs, parts=pt, api=api, loader=loader)
+    chunked.release_free_heap()
     figure_tables = [api_calls, timeline] if api_calls is not None and timeline is not None else []
     with output_unit(
         [steps, summary, attribution, parts, *figure_tables],

@@ -32,11 +32,13 @@ from codl.trace.schema import SCHEMA_VERSION, TABLES, Column
 from codl.trace.store.files import PARTIAL_SUFFIX, incomplete_path, partial_path
 from codl.trace.store.layout import (
     CHUNK_INDEX,
+    COLUMN_DIGEST_ATTR,
     COLUMN_DIGESTS,
     DIGEST_ATTR,
     H5_ERRORS,
     JSON_ATTRS,
     STRINGS,
+    column_hasher,
     metadata_digest,
     plain_value,
     root_attrs_problem,
@@ -110,6 +112,12 @@ class Trace:
             return stored_codec(self._file)
         except H5_ERRORS as e:
             raise self._corrupt("the filter pipeline", e) from e
+
+    @property
+    def column_digest(self) -> str:
+        """The algorithm of the column digests (``crc32``; ``sha256`` in traces written before
+        the ``column_digest`` attribute, which the attribute schema limits to these two)."""
+        return str(self._attrs.get(COLUMN_DIGEST_ATTR, "sha256"))
 
     @property
     def strings(self) -> list[str]:
@@ -553,10 +561,11 @@ class Trace:
         """(lo, hi, every column of rows [lo, hi)) of ``table`` block by block (its chunk-index
         blocks, else 1 Mi rows), each checked as ``verify`` checks it as it is read: dtypes,
         string codes, the index entry's time range, events ending before they start, each
-        column's sha256 over all its rows. The digests are compared after the last block: a
-        caller keeps nothing it made of the blocks unless the iteration ran to its end (it
-        raises TraceFormatError there). The blocks are read-only: a thread hashes each one
-        while the caller uses it (sha256 releases the GIL), so the check costs ~no wall time
+        column's digest (``column_digest``: crc32, sha256 in older traces) over all its rows.
+        The digests are compared after the last block: a caller keeps nothing it made of the
+        blocks unless the iteration ran to its end (it raises TraceFormatError there). The
+        blocks are read-only: a thread hashes each one while the caller uses it (zlib and
+        hashlib release the GIL), so the check costs ~no wall time
         where a second core is free. ``pool``: as ``read_rows``. ``reuse``: the blocks are read
         into two sets of arrays used in turn (a fresh array costs its page faults, ~2 ns per
         8-byte value), so a block's arrays are valid only until the next block is asked for.
@@ -567,7 +576,8 @@ class Trace:
         digests = self._column_digests(table)
         self._check_dtypes(table, schema)
         index = self.chunk_index(table)
-        hashes = {c.name: hashlib.sha256() for c in schema}
+        algorithm = self.column_digest
+        hashes = {c.name: column_hasher(algorithm) for c in schema}
         # Adjacent index blocks read together (up to 1 Mi rows: the per-read costs are paid
         # per block), each entry then checked against its own rows.
         ranges = self._ranges(table, n, None, None, rows)
@@ -615,7 +625,8 @@ class Trace:
             expected = digests.get(c.name)
             if expected is not None and hashes[c.name].hexdigest() != expected:
                 raise TraceFormatError(
-                    f"{self._path}: dataset /{table}/{c.name} does not match its sha256; corrupt"
+                    f"{self._path}: dataset /{table}/{c.name} does not match its {algorithm}; "
+                    "corrupt"
                 )
 
     def _check_block(

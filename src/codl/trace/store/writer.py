@@ -31,6 +31,8 @@ from codl.trace.store.files import INCOMPLETE_SUFFIX, PARTIAL_SUFFIX, incomplete
 from codl.trace.store.layout import (
     CHUNK_INDEX,
     CODEC_ATTR,
+    COLUMN_DIGEST_ALGORITHM,
+    COLUMN_DIGEST_ATTR,
     COLUMN_DIGESTS,
     DIGEST_ATTR,
     FILTER_ATTR,
@@ -38,6 +40,7 @@ from codl.trace.store.layout import (
     H5_ERRORS,
     JSON_ATTRS,
     STRINGS,
+    column_hasher,
     metadata_digest,
     strings_digest,
     table_schema,
@@ -92,6 +95,7 @@ RESERVED_ATTRS: Final = frozenset(
         "attrs_sha256",
         CODEC_ATTR,
         FILTER_ATTR,
+        COLUMN_DIGEST_ATTR,
     }
 )
 # Most compression threads a writer starts by default (a block has ~10 columns to share out).
@@ -280,7 +284,7 @@ class TraceWriter:
         self._buffers: dict[str, _Buffer] = {}
         # Per table, one (row_lo, row_hi, t_lo, t_hi) per written block: the chunk index.
         self._chunks: dict[str, list[tuple[int, int, int, int]]] = {}
-        # sha256 of every column's committed values, updated as rows are written.
+        # The digest of every column's committed values, updated as rows are written.
         self._hashes: dict[str, dict[str, Any]] = {}
         # Each table's group and column datasets, looked up once: h5py's lookup by name costs
         # as much per block as a small column's compression.
@@ -332,6 +336,7 @@ class TraceWriter:
         self._file.attrs["json_attrs"] = "[]"
         self._file.attrs[CODEC_ATTR] = self._compression
         self._file.attrs[FILTER_ATTR] = FILTER_IDS[self._compression]
+        self._file.attrs[COLUMN_DIGEST_ATTR] = COLUMN_DIGEST_ALGORITHM
         return self
 
     def _limit_metadata_cache(self) -> None:
@@ -633,7 +638,7 @@ class TraceWriter:
         group.attrs["rows"] = 0
         self._rows[table] = 0
         self._chunks[table] = []
-        self._hashes[table] = {c.name: hashlib.sha256() for c in schema}
+        self._hashes[table] = {c.name: column_hasher(COLUMN_DIGEST_ALGORITHM) for c in schema}
         self._groups[table] = (group, datasets)
         return group
 
