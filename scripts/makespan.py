@@ -15,9 +15,9 @@ measured rate per core count) and OUT_DIR/makespan.png|pdf, as one unit.
 Made results/makespan-h200/:
     python scripts/makespan.py results/makespan-h200 16 2 \\
         light1=results/fit-h200-light:1281167:results/fit-h200-check \\
-        heavy1=results/fit-h200-heavy:427056:results/fit-h200-check \\
+        heavy1=results/fit-h200-heavy:427056:results/fit-h200-check:results/makespan-h200/heavy10 \\
         light2=results/fit-h200-light:1281167:results/fit-h200-check \\
-        heavy2=results/fit-h200-heavy:427056:results/fit-h200-check
+        heavy2=results/fit-h200-heavy:427056:results/fit-h200-check:results/makespan-h200/heavy10
 """
 
 from __future__ import annotations
