@@ -56,8 +56,8 @@ demo-advise: $(STAMP)
 	$(BIN)/codl advise results --boot 50
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks workflow/scripts
-	$(BIN)/ruff format --check src tests benchmarks workflow/scripts
+	$(BIN)/ruff check src tests benchmarks scripts workflow/scripts
+	$(BIN)/ruff format --check src tests benchmarks scripts workflow/scripts
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

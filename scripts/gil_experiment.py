@@ -181,6 +181,14 @@ KNOB_DEFAULTS: dict[str, object] = {
 }
 
 
+def with_knob_defaults(runs: pd.DataFrame) -> pd.DataFrame:
+    """Every knob column present and filled: a table written before a knob existed lacks its
+    column, and pooled with a newer one has NaN in it, which groupby would drop silently."""
+    return runs.assign(
+        **{k: runs[k].fillna(v) if k in runs else v for k, v in KNOB_DEFAULTS.items()}
+    )
+
+
 def inflation(runs: pd.DataFrame) -> pd.DataFrame:
     """Per setting of the loading runs: each block's compute inflation (the run over its twin of
     the same block) and, over blocks, their geometric mean with a 95 % t interval; the GIL wait
@@ -189,7 +197,7 @@ def inflation(runs: pd.DataFrame) -> pd.DataFrame:
     A setting is the ``KNOBS``; runs that differ in anything else belong in tables of their own.
     A block is (``source``, ``repeat``): ``source`` numbers the tables ``pool`` joined. Two
     ratios of one block in one setting are refused: they would count as two blocks."""
-    runs = runs.assign(**{k: v for k, v in KNOB_DEFAULTS.items() if k not in runs})
+    runs = with_knob_defaults(runs)
     if "source" not in runs:
         runs = runs.assign(source=0)
     metric = runs.set_index("run_id")[PAIR_METRIC]
@@ -261,7 +269,12 @@ def record_stacks(config: Path, work: Path, out: Path, seconds: float) -> None:
 
     from codl.spec import StepsSpec
 
-    loading = [s for s in build_plan(load_yaml(config)).specs.values() if s.mode.loads]
+    # A run with launch threads to catch: a loading run that also computes (not `data` alone).
+    loading = [
+        s
+        for s in build_plan(load_yaml(config)).specs.values()
+        if s.mode.loads and s.mode.compute_twin is not None
+    ]
     # The loading run with pinned memory (a pin-memory thread to catch) and the default sharing
     # strategy nearest CPython's own 5 ms (0 is CPython's own).
     base = min(
@@ -353,23 +366,26 @@ def pool(tables: Sequence[Path], out: Path) -> pd.DataFrame:
 
 
 def throughput_versus_torch(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per ring setting (policy, workers, nice): in each block, its throughput over the best
-    torch setting's with the same workers in that block (any policy: the stricter comparison); over blocks the
-    geometric mean with a 95 % t interval."""
-    loading = runs[runs["mode"] == "data+compute"].assign(
-        **{k: v for k, v in KNOB_DEFAULTS.items() if k not in runs}
-    )
+    """Per ring setting (every knob): in each block, its throughput over the best torch
+    setting's with the same workers in that block (any policy: the stricter comparison); over
+    blocks the geometric mean with a 95 % t interval. Two runs of one ring setting in a block
+    are refused, as in ``inflation``."""
+    loading = with_knob_defaults(runs[runs["mode"] == "data+compute"])
+    if "source" not in loading:
+        loading = loading.assign(source=0)
+    keys = [k for k in KNOBS if k in loading]
     rows = []
-    for (policy, workers, nice), g in loading[loading["handoff"] == "ring"].groupby(
-        ["policy", "workers", "worker_nice"]
-    ):
+    for key, g in loading[loading["handoff"] == "ring"].groupby(keys):
+        knobs = dict(zip(keys, key, strict=True))
+        if g.duplicated(["source", "repeat"]).any():
+            raise ValueError(f"setting {knobs}: two runs in a block")
         ratios = []
         for (source, rep), r in g.groupby(["source", "repeat"]):
             same = loading[
                 (loading["source"] == source)
                 & (loading["repeat"] == rep)
                 & (loading["handoff"] == "torch")
-                & (loading["workers"] == workers)
+                & (loading["workers"] == knobs["workers"])
             ]
             if len(same):
                 best = float(same["throughput_samples_s"].max())
@@ -377,9 +393,9 @@ def throughput_versus_torch(runs: pd.DataFrame) -> pd.DataFrame:
         iv = log_ratio_interval(ratios)
         rows.append(
             {
-                "policy": policy,
-                "workers": workers,
-                "worker_nice": nice,
+                "policy": knobs["policy"],
+                "workers": knobs["workers"],
+                "worker_nice": knobs["worker_nice"],
                 "n_blocks": iv.n,
                 "ring_over_best_torch": iv.ratio,
                 "lo": iv.lo,
@@ -395,7 +411,7 @@ def draw(
     from codl.figures.intervention import draw_intervention, host_blocked, inflation_points
 
     decomposition = pd.concat([pd.read_csv(d) for d in decompositions], ignore_index=True)
-    runs = runs.assign(**{k: v for k, v in KNOB_DEFAULTS.items() if k not in runs})
+    runs = with_knob_defaults(runs)
     draw_intervention(inflation_points(table), host_blocked(decomposition, runs), [png])
     print(f"wrote {png}")
 

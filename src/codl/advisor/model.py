@@ -404,6 +404,18 @@ def run_data(
             f"runs.csv: loader.handoff {handoffs} among the combined runs; "
             "fit one hand-off at a time (codl advise --handoff)"
         )
+    nices = (
+        sorted({int(v) for v in combined["worker_nice"].dropna()})
+        if "worker_nice" in combined
+        else []
+    )
+    if len(nices) > 1:
+        # The model has no term for the workers' priority: runs at two nice values are two
+        # machines' worth of preemption pooled as repeats of one setting.
+        raise ModelError(
+            f"runs.csv: loader.worker_nice {nices} among the combined runs; the model fits one "
+            "workers' priority at a time (advise on a results directory of one)"
+        )
     node = Node(
         device=str(combined["device"].iloc[0]) if "device" in combined else "cpu",
         combined_mode=mode,
