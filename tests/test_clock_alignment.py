@@ -246,7 +246,9 @@ def test_planted_clock_skew_is_recovered_within_the_bound(tmp_path: Path) -> Non
     app = tables["events/app"]
     steps = app[app["phase"].astype(str) == "step"]
     starts = steps.groupby("rank")["start_ns"].min()
-    assert abs(int(starts[1]) - int(starts[0])) < planted // 100
+    # (a tenth of the skew: the ranks start their first step apart by their own start-up,
+    # tens of ms on a loaded machine, and unaligned they would be the whole skew apart)
+    assert abs(int(starts[1]) - int(starts[0])) < planted // 10
     # The same trace aligned with the exact planted shift instead of the measured one.
     error = r1.offset_ns - planted
     exact = shifted(tables, 1, error)

@@ -360,6 +360,32 @@ def _step_arrays(
     return step_ms, compute_ms, items, roles
 
 
+def _one_loader_setting(combined: pd.DataFrame) -> list[str]:
+    """The combined runs' hand-off (none or one; more is refused), after checking they ran at
+    one workers' priority: the model has terms for neither."""
+    handoffs: list[str] = (
+        sorted(map(str, combined["handoff"].dropna().unique())) if "handoff" in combined else []
+    )
+    if len(handoffs) > 1:
+        raise ModelError(
+            f"runs.csv: loader.handoff {handoffs} among the combined runs; "
+            "fit one hand-off at a time (codl advise --handoff)"
+        )
+    nices = (
+        sorted({int(v) for v in combined["worker_nice"].dropna()})
+        if "worker_nice" in combined
+        else []
+    )
+    if len(nices) > 1:
+        # Runs at two nice values are two amounts of preemption pooled as repeats of one
+        # setting.
+        raise ModelError(
+            f"runs.csv: loader.worker_nice {nices} among the combined runs; the model fits one "
+            "workers' priority at a time (advise on a results directory of one)"
+        )
+    return handoffs
+
+
 def run_data(
     runs: pd.DataFrame, steps: pd.DataFrame, *, combined_mode: str | None = None
 ) -> RunData:
@@ -396,26 +422,7 @@ def run_data(
     r = r[r["mode"].isin((LOADER_MODE, mode, COMPUTE_TWIN[mode]))].copy()
     r = _configurations(r)
     pin = combined["pin_memory"].iloc[0] if "pin_memory" in combined else False
-    handoffs: list[str] = (
-        sorted(map(str, combined["handoff"].dropna().unique())) if "handoff" in combined else []
-    )
-    if len(handoffs) > 1:
-        raise ModelError(
-            f"runs.csv: loader.handoff {handoffs} among the combined runs; "
-            "fit one hand-off at a time (codl advise --handoff)"
-        )
-    nices = (
-        sorted({int(v) for v in combined["worker_nice"].dropna()})
-        if "worker_nice" in combined
-        else []
-    )
-    if len(nices) > 1:
-        # The model has no term for the workers' priority: runs at two nice values are two
-        # machines' worth of preemption pooled as repeats of one setting.
-        raise ModelError(
-            f"runs.csv: loader.worker_nice {nices} among the combined runs; the model fits one "
-            "workers' priority at a time (advise on a results directory of one)"
-        )
+    handoffs = _one_loader_setting(combined)
     node = Node(
         device=str(combined["device"].iloc[0]) if "device" in combined else "cpu",
         combined_mode=mode,

@@ -585,12 +585,7 @@ def attribute_launch_wait(
     # Each thread's row in ``info`` (-1: none, which picks the missing value below).
     t_info = info.index.get_indexer(pd.MultiIndex.from_arrays([t_rank, t_tid]))
     node = col["rank"] // ranks_per_node if ranks_per_node else col["rank"]
-    categorical: dict[str, tuple[npt.NDArray[np.int64], pd.Index]] = {}
-    for name, missing in (("role", "other"), ("name", "")):
-        values = pd.Index([*info[name], missing]).unique()
-        # Each thread's code, and last the missing value's (get_indexer's -1 picks it).
-        codes = values.get_indexer(pd.Index([*info[name], missing])).astype(np.int64)
-        categorical[name] = (codes[t_info], values)
+    categorical = _category_codes(info, t_info)
     out = []
     for rank, ltid in launch_tids(threads).items():
         lmask = masks.get((rank, ltid), frozenset())
@@ -635,12 +630,31 @@ def attribute_launch_wait(
         piece["launch_wait_ns"] = wait
         piece["attributed_wait_ns"] = wait * share / tot
         out.append(pd.DataFrame(piece)[list(ATTRIBUTION_COLUMNS)])
+    return _sorted_attribution(out)
+
+
+def _category_codes(
+    info: pd.DataFrame, t_info: npt.NDArray[np.intp]
+) -> dict[str, tuple[npt.NDArray[np.int64], pd.Index]]:
+    """Per text column of ``info`` (role, name): each thread code's category code, and the
+    categories; a thread ``info`` lacks (``t_info`` -1) gets the missing value's."""
+    categorical: dict[str, tuple[npt.NDArray[np.int64], pd.Index]] = {}
+    for name, missing in (("role", "other"), ("name", "")):
+        values = pd.Index([*info[name], missing]).unique()
+        # Each thread's code, and last the missing value's (get_indexer's -1 picks it).
+        codes = values.get_indexer(pd.Index([*info[name], missing])).astype(np.int64)
+        categorical[name] = (codes[t_info], values)
+    return categorical
+
+
+def _sorted_attribution(out: list[pd.DataFrame]) -> pd.DataFrame:
+    """The ranks' attribution rows joined, by rank, step, then the largest attributed wait
+    first (ties in their order: stable), role and name as strings."""
     if not out:
         return _empty(ATTRIBUTION_COLUMNS)
     res = pd.concat(out, ignore_index=True)
     # Each rank's rows freed once joined, before the sort's copy: a long run has ~10^6 rows.
     out.clear()
-    # By rank, step, then the largest attributed wait first; ties in their order (stable).
     order = np.lexsort(
         (
             -res["attributed_wait_ns"].to_numpy(dtype=np.float64),
