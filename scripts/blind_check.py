@@ -107,8 +107,13 @@ def main(argv: list[str]) -> int:
     p.add_argument("--steps", type=int, help="measured steps of probe and verification runs")
     args = p.parse_args(argv)
     deadline = time.time() + args.seconds
-    # The working files stay off OUT: only the five files come back from the node.
-    work = Path(tempfile.mkdtemp(prefix="blind-check-"))
+    # The working files stay off OUT: only the five files come back from the node, and the
+    # traces under the working directory go with it.
+    with tempfile.TemporaryDirectory(prefix="blind-check-") as tmp:
+        return _check(args, Path(tmp), deadline)
+
+
+def _check(args: argparse.Namespace, work: Path, deadline: float) -> int:
     plan_dir = work / "plan"
     plan_dir.mkdir()
     args.out.mkdir(parents=True, exist_ok=True)
