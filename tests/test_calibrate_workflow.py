@@ -5,6 +5,7 @@ Snakemake plans from the fit, then calibrated and advised in one unit."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -69,6 +70,24 @@ def test_the_probe_is_planned_from_the_fit_and_refuses_runs_of_its_own(tmp_path:
         bad = {**cfg, **clash, "advisor": {**cfg["advisor"], **clash.get("advisor", {})}}
         with pytest.raises(ConfigError, match=r"advisor\.calibrate: got"):
             probe_workflow_config(bad)
+
+
+def test_codl_plan_plans_the_probe_the_workflow_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fit = planted_fit(tmp_path / "fit")
+    cfg = {"advisor": {"calibrate": str(fit), "cores": PROBE_CORES}}
+    path = tmp_path / "calibrate.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    capsys.readouterr()
+    assert cli.main(["plan", str(path), "--json"]) == 0
+    listed = [row["run_id"] for row in json.loads(capsys.readouterr().out)]
+    assert listed == list(build_plan(probe_workflow_config(cfg)).specs)
+    # What the workflow refuses, `codl plan` refuses, naming the file.
+    path.write_text(yaml.safe_dump({**cfg, "experiments": [{"name": "x"}]}))
+    assert cli.main(["plan", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and "advisor.calibrate: got experiments too" in err
 
 
 def test_calibrate_refuses_a_probe_results_without_the_probes_runs(tmp_path: Path) -> None:

@@ -208,12 +208,18 @@ def _plan_target_ci(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from codl.advisor.settings import advisor_settings
     from codl.config import block_slots, build_plan, load_yaml, plan_blocks
 
     _not_a_directory(args.config, "a config file (YAML, e.g. config/smoke.yaml)")
     if args.target_ci is not None:
         return _plan_target_ci(args)
     cfg = load_yaml(Path(args.config))
+    if advisor_settings(cfg).calibrate:
+        # The runs the workflow plans for it (workflow/rules/common.smk): the fit's probe.
+        from codl.steps.advisor import probe_workflow_config
+
+        cfg = probe_workflow_config(cfg, source=str(args.config))
     plan = build_plan(cfg, source=str(args.config))
     blocks = plan_blocks(cfg, plan)
     slots = block_slots(blocks)

@@ -301,13 +301,16 @@ def probe_of(
     return probe_config(fitted.fit, advice, defaults=defaults, slurm=fitted.source_cfg.get("slurm"))
 
 
-def probe_workflow_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
+def probe_workflow_config(
+    cfg: Mapping[str, Any], *, source: str = "the workflow config"
+) -> dict[str, Any]:
     """The config the workflow runs for ``advisor.calibrate: FIT``: FIT's probe (``probe_of``)
     in place of ``defaults`` and ``experiments``, its ``slurm`` section under the config's own
     keys but with the probe's ``cpus_per_rank`` (the core budget the probe measures), the rest
     of the config kept. The probe is derived from the committed fit alone, so its runs are in
     the DAG from the start (no checkpoint); the ``calibrate`` rule checks that they are the
-    runs of the probe config ``codl advise FIT --probe-out`` writes."""
+    runs of the probe config ``codl advise FIT --probe-out`` writes. ``codl plan`` plans the
+    same config (``source``: the file, for the error)."""
     settings = advisor_settings(cfg)
     clash = [k for k in ("defaults", "experiments") if cfg.get(k)]
     clash += ["advisor.advise"] if settings.advise else []
@@ -317,7 +320,7 @@ def probe_workflow_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
                 f"advisor.calibrate: got {' and '.join(clash)} too, expected neither: the "
                 "runs are the fit's probe and the calibrated fit writes the advice"
             ],
-            source="the workflow config",
+            source=source,
         )
     probe = probe_of(Path(settings.calibrate), cores=settings.cores or None, prefer=settings.prefer)
     out = dict(cfg)
