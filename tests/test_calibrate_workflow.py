@@ -128,10 +128,18 @@ def test_the_workflow_probes_calibrates_and_advises(tmp_path: Path) -> None:
     runs = pd.read_csv(paths.runs_table)
     steps = pd.read_csv(paths.steps_table)
     assert set(runs["run_id"]) == probe_ids
-    # The probe's table holds what the runs measured, per configuration.
+    # The probe's table holds what the runs measured, per configuration: the delivered rate,
+    # or the workers' production where a data run's window drained batches made before it (on
+    # a loaded machine it can: the model's `drained`).
     table = pd.read_csv(paths.calibration_table)
-    measured = runs.set_index("mode")["throughput_samples_s"]
+    probe = mdl.run_data(runs, steps)
+    modes = runs.set_index("run_id")["mode"]
+    measured = pd.Series({modes[r]: mdl.measured_throughput(probe, r) for r in modes.index})
     assert np.allclose(table.set_index("mode")["measured"], measured.reindex(table["mode"]))
+    delivered = runs.set_index("run_id")["throughput_samples_s"]
+    kept = [r for r in modes.index if r not in probe.drained]
+    assert any(modes[r] != "data" for r in kept)
+    assert np.allclose(measured[modes[kept]], delivered[kept])
 
     # The advice and its predictions are the model calibrated on those runs, not the fit's.
     uncalibrated = fit_results(fit, boot=0).fit
