@@ -189,6 +189,13 @@ def with_knob_defaults(runs: pd.DataFrame) -> pd.DataFrame:
     )
 
 
+def blocked(runs: pd.DataFrame) -> pd.DataFrame:
+    """``with_knob_defaults``, and ``source`` 0 in a table ``pool`` did not join: a run's block
+    is then (``source``, ``repeat``) in every table."""
+    runs = with_knob_defaults(runs)
+    return runs if "source" in runs else runs.assign(source=0)
+
+
 def inflation(runs: pd.DataFrame) -> pd.DataFrame:
     """Per setting of the loading runs: each block's compute inflation (the run over its twin of
     the same block) and, over blocks, their geometric mean with a 95 % t interval; the GIL wait
@@ -197,9 +204,7 @@ def inflation(runs: pd.DataFrame) -> pd.DataFrame:
     A setting is the ``KNOBS``; runs that differ in anything else belong in tables of their own.
     A block is (``source``, ``repeat``): ``source`` numbers the tables ``pool`` joined. Two
     ratios of one block in one setting are refused: they would count as two blocks."""
-    runs = with_knob_defaults(runs)
-    if "source" not in runs:
-        runs = runs.assign(source=0)
+    runs = blocked(runs)
     metric = runs.set_index("run_id")[PAIR_METRIC]
     loaded = runs[runs["twin_id"].fillna("").astype(str) != ""].copy()
     loaded["ratio"] = loaded[PAIR_METRIC] / loaded["twin_id"].map(metric)
@@ -370,9 +375,7 @@ def throughput_versus_torch(runs: pd.DataFrame) -> pd.DataFrame:
     setting's with the same workers in that block (any policy: the stricter comparison); over
     blocks the geometric mean with a 95 % t interval. Two runs of one ring setting in a block
     are refused, as in ``inflation``."""
-    loading = with_knob_defaults(runs[runs["mode"] == "data+compute"])
-    if "source" not in loading:
-        loading = loading.assign(source=0)
+    loading = blocked(runs[runs["mode"] == "data+compute"])
     keys = [k for k in KNOBS if k in loading]
     rows = []
     for key, g in loading[loading["handoff"] == "ring"].groupby(keys):
