@@ -202,6 +202,24 @@ def phase_counter_cost(reads: int, csv: Path) -> int:
     return 0
 
 
+def write_pairs(
+    csv: Path, h_all: list[float], p_all: list[float], ratios: list[float], args: Any
+) -> tuple[float, float, float]:
+    """The pairs so far with their geometric mean and t interval (NaN under two pairs)."""
+    import pandas as pd
+
+    iv = log_ratio_interval(ratios)
+    csv.parent.mkdir(parents=True, exist_ok=True)
+    tmp = csv.with_name(f".{csv.name}.tmp")
+    pd.DataFrame(
+        {"pair": range(len(ratios)), "harness_sps": h_all, "plain_sps": p_all, "ratio": ratios}
+    ).assign(
+        device=args.device, traced=args.traced, geomean=iv.ratio, ci_low=iv.lo, ci_high=iv.hi
+    ).to_csv(tmp, index=False)
+    tmp.replace(csv)
+    return iv.ratio, iv.lo, iv.hi
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     add_pair_arguments(p)
@@ -226,6 +244,13 @@ def main(argv: list[str] | None = None) -> int:
         help="the loader hand-off of both loops (ring: the harness's data set on both sides)",
     )
     p.add_argument(
+        "--seconds",
+        type=float,
+        default=float("inf"),
+        help="start no pair after S seconds (the CSV is rewritten after every pair, so a call "
+        "cut at a device's limit keeps the pairs it measured)",
+    )
+    p.add_argument(
         "--plain-pipeline",
         choices=["plain", "harness"],
         default="plain",
@@ -248,13 +273,19 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.no_pin:
         spec = dataclasses.replace(spec, loader=dataclasses.replace(spec.loader, pin_memory=False))
-    ratios, h_all, p_all = [], [], []
+    ratios: list[float] = []
+    h_all: list[float] = []
+    p_all: list[float] = []
+    deadline = time.monotonic() + args.seconds
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         data = out / "data"
         generate(spec.dataset, data)
         plain_loop(spec, data, args.plain_pipeline)  # process warm-up
         for i in range(args.pairs):
+            if time.monotonic() > deadline:
+                print(f"--seconds {args.seconds:g} reached: {i} of {args.pairs} pairs")
+                break
             if i % 2:
                 p_s = plain_loop(spec, data, args.plain_pipeline)
                 h_s = harness(spec, data, out)
@@ -265,21 +296,15 @@ def main(argv: list[str] | None = None) -> int:
             p_all.append(p_s)
             ratios.append(h_s / p_s)
             print(f"pair {i}: harness {h_s:.1f} samples/s, plain {p_s:.1f} -> {h_s / p_s:.4f}")
-    iv = log_ratio_interval(ratios)
-    med, lo, hi = iv.ratio, iv.lo, iv.hi
+            med, lo, hi = write_pairs(args.csv, h_all, p_all, ratios, args)
+    if not ratios:
+        print("no pair measured", file=sys.stderr)
+        return 1
     print(
         f"\nharness/plain throughput: {med:.4f} [{lo:.4f}, {hi:.4f}] (geometric mean, 95 % t "
         f"interval on logs) over {len(ratios)} "
         f"pairs (harness {statistics.median(h_all):.1f}, plain {statistics.median(p_all):.1f} "
         "samples/s)"
-    )
-    import pandas as pd
-
-    args.csv.parent.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(
-        {"pair": range(len(ratios)), "harness_sps": h_all, "plain_sps": p_all, "ratio": ratios}
-    ).assign(device=args.device, traced=args.traced, geomean=med, ci_low=lo, ci_high=hi).to_csv(
-        args.csv, index=False
     )
     print(f"wrote {args.csv}")
     return 0 if np.isfinite(med) else 1
