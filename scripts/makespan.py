@@ -2,23 +2,31 @@
 job's start and end) against an even split, predicted by the fitted models and simulated at
 measured rates (docs/advisor.md, "Makespan").
 
-    python scripts/makespan.py OUT_DIR CORES SLOTS JOB...
+    python scripts/makespan.py [--rates-only] OUT_DIR CORES SLOTS JOB...
 
 JOB is ``NAME=FIT_RESULTS:SAMPLES[:MEASURED_RESULTS...]``: a job of the workload fitted in
 FIT_RESULTS (a results directory, as `codl advise` reads it) processing SAMPLES samples; its
 measured rates are the best measured combined setting at each core budget of FIT_RESULTS and
-of each MEASURED_RESULTS (only the runs of FIT_RESULTS' data set, by the config's specs). Jobs
-queue in the order given, SLOTS at a time. Writes OUT_DIR/makespan.csv (per plan),
-OUT_DIR/segments.csv (every schedule), OUT_DIR/rates.csv (each workload's predicted and
-measured rate per core count) and OUT_DIR/makespan.png|pdf, as one unit.
+of each MEASURED_RESULTS (only the runs of FIT_RESULTS' data set, by the config's specs), or
+with ``--rates-only`` of the MEASURED_RESULTS alone (e.g. one lease that measured every budget,
+so that no rate mixes machines). Jobs queue in the order given, SLOTS at a time. Writes
+OUT_DIR/makespan.csv (per plan), OUT_DIR/segments.csv (every schedule), OUT_DIR/rates.csv (each
+workload's predicted and measured rate per core count) and OUT_DIR/makespan.png|pdf, as one
+unit.
 
-Made results/makespan-h200/:
+Made results/makespan-h200/ (every lease's runs) and results/makespan-h200/one-lease/ (the
+rates of results/makespan-h200/lease alone, every budget the plans use measured in one call):
     python scripts/makespan.py results/makespan-h200 16 2 \\
-        light1=results/fit-h200-light:1281167:results/fit-h200-check \\
-        heavy1=results/fit-h200-heavy:427056:results/fit-h200-check:results/makespan-h200/heavy10 \\
-        light2=results/fit-h200-light:1281167:results/fit-h200-check \\
-        heavy2=results/fit-h200-heavy:427056:results/fit-h200-check:results/makespan-h200/heavy10
-"""
+        light1=results/fit-h200-light:1281167:results/fit-h200-check:results/makespan-h200/budgets:results/makespan-h200/lease \\
+        heavy1=results/fit-h200-heavy:427056:results/fit-h200-check:results/makespan-h200/heavy10:results/makespan-h200/budgets:results/makespan-h200/lease \\
+        light2=results/fit-h200-light:1281167:results/fit-h200-check:results/makespan-h200/budgets:results/makespan-h200/lease \\
+        heavy2=results/fit-h200-heavy:427056:results/fit-h200-check:results/makespan-h200/heavy10:results/makespan-h200/budgets:results/makespan-h200/lease
+    python scripts/makespan.py --rates-only results/makespan-h200/one-lease 16 2 \\
+        light1=results/fit-h200-light:1281167:results/makespan-h200/lease \\
+        heavy1=results/fit-h200-heavy:427056:results/makespan-h200/lease \\
+        light2=results/fit-h200-light:1281167:results/makespan-h200/lease \\
+        heavy2=results/fit-h200-heavy:427056:results/makespan-h200/lease
+"""  # noqa: E501 (the commands that made the committed outputs, whole: a test reruns them)
 
 from __future__ import annotations
 
@@ -54,6 +62,9 @@ def runs_of(results: Path, dataset: str) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def main(argv: list[str]) -> int:
+    rates_only = bool(argv) and argv[0] == "--rates-only"
+    if rates_only:
+        argv = argv[1:]
     if len(argv) < 4:
         print(__doc__, file=sys.stderr)
         return 2
@@ -82,7 +93,9 @@ def main(argv: list[str]) -> int:
 
         predicted[workload] = rate
         dataset = dataset_of(Path(fit_dir))
-        tables = [runs_of(Path(d), dataset) for d in (fit_dir, *more)]
+        if rates_only and not more:
+            raise CodlError(f"makespan: --rates-only: job {name!r} names no MEASURED_RESULTS")
+        tables = [runs_of(Path(d), dataset) for d in (more if rates_only else (fit_dir, *more))]
         data = mdl.run_data(
             pd.concat([t[0] for t in tables], ignore_index=True),
             pd.concat([t[1] for t in tables], ignore_index=True),

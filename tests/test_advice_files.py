@@ -128,13 +128,14 @@ def _script(name: str) -> ModuleType:
     return module
 
 
-def _made_by(script: Path) -> list[str]:
-    """The arguments of the command in ``script``'s docstring that made its committed output
-    (the last ``python scripts/X.py ARGS``, continued over backslashed lines)."""
+def _made_by(script: Path) -> list[list[str]]:
+    """The arguments of each command in ``script``'s docstring that made a committed output
+    (every ``python scripts/X.py ARGS`` after the usage line, continued over backslashed
+    lines)."""
     text = script.read_text().replace("\\\\\n", " ")
-    # The usage line comes first, the command that made the committed output last.
+    # The usage line comes first, the commands that made the committed outputs after it.
     lines = [x for x in text.splitlines() if x.strip().startswith(f"python scripts/{script.name}")]
-    return lines[-1].split()[2:]
+    return [line.split()[2:] for line in lines[1:]]
 
 
 @pytest.mark.parametrize(
@@ -152,14 +153,22 @@ def test_committed_script_tables_regenerate(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.chdir(REPO)
-    args = _made_by(REPO / "scripts" / f"{name}.py")
-    committed = Path(args[0]) if name == "makespan" else Path(args[-1]).parent
-    if name == "makespan":
-        args[0] = str(tmp_path)
-    else:
-        args[-1] = str(tmp_path / outputs[0])
-    assert _script(name).main(args) == 0
-    capsys.readouterr()
-    for out in outputs:
-        got, want = pd.read_csv(tmp_path / out), pd.read_csv(committed / out)
-        pd.testing.assert_frame_equal(got, want, rtol=1e-3)
+    commands = _made_by(REPO / "scripts" / f"{name}.py")
+    assert commands, f"scripts/{name}.py's docstring names no command that made its outputs"
+    for i, args in enumerate(commands):
+        if name == "makespan":
+            # The output directory follows the flags.
+            at = next(k for k, a in enumerate(args) if not a.startswith("--"))
+            committed = Path(args[at])
+            args[at] = str(tmp_path / str(i))
+            got_dir = tmp_path / str(i)
+        else:
+            committed = Path(args[-1]).parent
+            args[-1] = str(tmp_path / str(i) / outputs[0])
+            got_dir = tmp_path / str(i)
+            got_dir.mkdir()
+        assert _script(name).main(args) == 0
+        capsys.readouterr()
+        for out in outputs:
+            got, want = pd.read_csv(got_dir / out), pd.read_csv(committed / out)
+            pd.testing.assert_frame_equal(got, want, rtol=1e-3)
