@@ -212,7 +212,8 @@ def advise(
 
 def nice_note(handoff: str, pick: pd.Series) -> list[str]:
     """With the ring, workers that outnumber the loader's cores preempt the launch roles; at
-    nice 19 they no longer do (measured under ``none``, docs/results-handoff.md). Torch's loader
+    nice 19 they no longer do (measured under ``none`` and ``isolated-main``,
+    docs/results-handoff.md). Torch's loader
     gets no such note: its inflation is the GIL's, which the workers' priority leaves alone."""
     workers, cores = int(pick["workers"]), float(pick["loader_cores"])
     if handoff != Handoff.RING.value or not workers > cores:  # NaN: no loader core at all
@@ -221,7 +222,8 @@ def nice_note(handoff: str, pick: pd.Series) -> list[str]:
         f"{workers} workers outnumber the loader's {cores:.3g} cores: run them with "
         "loader.worker_nice: 19, so that they stop preempting the launch roles (24 ring "
         "workers on 16 cores of one H200: compute inflation +7.8 % -> +3.7 % under none, "
-        "docs/results-handoff.md); the model was fitted at the runs' own nice"
+        "+16.0 % -> +1.6 % under isolated-main, docs/results-handoff.md); the model was "
+        "fitted at the runs' own nice"
     ]
 
 
