@@ -14,18 +14,24 @@ OUT_DIR/makespan.csv (per plan), OUT_DIR/segments.csv (every schedule), OUT_DIR/
 workload's predicted and measured rate per core count) and OUT_DIR/makespan.png|pdf, as one
 unit.
 
-Made results/makespan-h200/ (every lease's runs) and results/makespan-h200/one-lease/ (the
-rates of results/makespan-h200/lease alone, every budget the plans use measured in one call):
+Made results/makespan-h200/ (every lease's runs), results/makespan-h200/one-lease/ and
+one-lease-b/ (the rates of results/makespan-h200/lease, resp. lease-b, alone: every budget the
+plans use measured in one call):
     python scripts/makespan.py results/makespan-h200 16 2 \\
-        light1=results/fit-h200-light:1281167:results/fit-h200-check:results/makespan-h200/budgets:results/makespan-h200/lease \\
-        heavy1=results/fit-h200-heavy:427056:results/fit-h200-check:results/makespan-h200/heavy10:results/makespan-h200/budgets:results/makespan-h200/lease \\
-        light2=results/fit-h200-light:1281167:results/fit-h200-check:results/makespan-h200/budgets:results/makespan-h200/lease \\
-        heavy2=results/fit-h200-heavy:427056:results/fit-h200-check:results/makespan-h200/heavy10:results/makespan-h200/budgets:results/makespan-h200/lease
+        light1=results/fit-h200-light:1281167:results/fit-h200-check:results/makespan-h200/budgets:results/makespan-h200/lease:results/makespan-h200/lease-b \\
+        heavy1=results/fit-h200-heavy:427056:results/fit-h200-check:results/makespan-h200/heavy10:results/makespan-h200/budgets:results/makespan-h200/lease:results/makespan-h200/lease-b \\
+        light2=results/fit-h200-light:1281167:results/fit-h200-check:results/makespan-h200/budgets:results/makespan-h200/lease:results/makespan-h200/lease-b \\
+        heavy2=results/fit-h200-heavy:427056:results/fit-h200-check:results/makespan-h200/heavy10:results/makespan-h200/budgets:results/makespan-h200/lease:results/makespan-h200/lease-b
     python scripts/makespan.py --rates-only results/makespan-h200/one-lease 16 2 \\
         light1=results/fit-h200-light:1281167:results/makespan-h200/lease \\
         heavy1=results/fit-h200-heavy:427056:results/makespan-h200/lease \\
         light2=results/fit-h200-light:1281167:results/makespan-h200/lease \\
         heavy2=results/fit-h200-heavy:427056:results/makespan-h200/lease
+    python scripts/makespan.py --rates-only results/makespan-h200/one-lease-b 16 2 \\
+        light1=results/fit-h200-light:1281167:results/makespan-h200/lease-b \\
+        heavy1=results/fit-h200-heavy:427056:results/makespan-h200/lease-b \\
+        light2=results/fit-h200-light:1281167:results/makespan-h200/lease-b \\
+        heavy2=results/fit-h200-heavy:427056:results/makespan-h200/lease-b
 """  # noqa: E501 (the commands that made the committed outputs, whole: a test reruns them)
 
 from __future__ import annotations
