@@ -213,8 +213,8 @@ def advise(
 def nice_note(handoff: str, pick: pd.Series) -> list[str]:
     """With the ring, workers that outnumber the loader's cores preempt the launch roles; at
     nice 19 they no longer do (measured under ``none`` and ``isolated-main``,
-    docs/results-handoff.md). Torch's loader
-    gets no such note: its inflation is the GIL's, which the workers' priority leaves alone."""
+    docs/results-handoff.md). Torch's loader gets no such note: its inflation is the GIL's,
+    which the workers' priority leaves alone."""
     workers, cores = int(pick["workers"]), float(pick["loader_cores"])
     if handoff != Handoff.RING.value or not workers > cores:  # NaN: no loader core at all
         return []
