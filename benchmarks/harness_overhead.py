@@ -37,6 +37,7 @@ from codl.harness import data as hdata
 from codl.harness import workloads
 from codl.harness.data import train_transform
 from codl.harness.handoff import RingLoader
+from codl.outputs import output_unit
 from codl.spec import Handoff, RunSpec
 from tracer_overhead import OFF, add_pair_arguments, base_spec, measured_steps
 
@@ -209,14 +210,12 @@ def write_pairs(
     import pandas as pd
 
     iv = log_ratio_interval(ratios)
-    csv.parent.mkdir(parents=True, exist_ok=True)
-    tmp = csv.with_name(f".{csv.name}.tmp")
-    pd.DataFrame(
-        {"pair": range(len(ratios)), "harness_sps": h_all, "plain_sps": p_all, "ratio": ratios}
-    ).assign(
-        device=args.device, traced=args.traced, geomean=iv.ratio, ci_low=iv.lo, ci_high=iv.hi
-    ).to_csv(tmp, index=False)
-    tmp.replace(csv)
+    with output_unit([csv], mkdir=True) as unit:
+        pd.DataFrame(
+            {"pair": range(len(ratios)), "harness_sps": h_all, "plain_sps": p_all, "ratio": ratios}
+        ).assign(
+            device=args.device, traced=args.traced, geomean=iv.ratio, ci_low=iv.lo, ci_high=iv.hi
+        ).to_csv(unit.path(csv), index=False)
     return iv.ratio, iv.lo, iv.hi
 
 

@@ -156,16 +156,15 @@ def test_committed_script_tables_regenerate(
     commands = _made_by(REPO / "scripts" / f"{name}.py")
     assert commands, f"scripts/{name}.py's docstring names no command that made its outputs"
     for i, args in enumerate(commands):
+        got_dir = tmp_path / str(i)
         if name == "makespan":
             # The output directory follows the flags.
             at = next(k for k, a in enumerate(args) if not a.startswith("--"))
             committed = Path(args[at])
-            args[at] = str(tmp_path / str(i))
-            got_dir = tmp_path / str(i)
+            args[at] = str(got_dir)
         else:
             committed = Path(args[-1]).parent
-            args[-1] = str(tmp_path / str(i) / outputs[0])
-            got_dir = tmp_path / str(i)
+            args[-1] = str(got_dir / outputs[0])
             got_dir.mkdir()
         assert _script(name).main(args) == 0
         capsys.readouterr()
