@@ -385,6 +385,64 @@ def test_attribution_other_ranks_on_the_node() -> None:
     assert s3.loc[901, "thread_rank"] == 1
 
 
+def node_trace() -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Two ranks on one node, each with a launch thread that waits, and loader workers on the
+    launch CPUs in every step: attribution rows in every step of both ranks, ties included."""
+    threads = frame(
+        "threads",
+        [
+            thread_row(0, 1, LAUNCH, "launch", "0", "python"),
+            thread_row(0, WORKER_A, WORKER_A, "loader", "0-1", "pt_data_worker"),
+            thread_row(0, WORKER_B, WORKER_B, "loader", "0-1", "pt_data_worker"),
+            thread_row(1, 2, 900, "launch", "1", "python"),
+            thread_row(1, 901, 901, "loader", "0-1", "pt_data_worker"),
+        ],
+    )
+    rows = []
+    for step in range(-1, 40):
+        k = step + 2
+        rows += [
+            sched_row(0, 1, LAUNCH, step, run_ns=k * 10 * MS, wait_ns=k * (step % 3) * MS),
+            # A and B run alike: equal attributed waits, whose order the sort keeps.
+            sched_row(0, WORKER_A, WORKER_A, step, run_ns=k * 30 * MS, wait_ns=0),
+            sched_row(0, WORKER_B, WORKER_B, step, run_ns=k * 30 * MS, wait_ns=0),
+            sched_row(1, 2, 900, step, run_ns=k * 10 * MS, wait_ns=k * (step % 2) * MS),
+            sched_row(1, 901, 901, step, run_ns=k * (step % 5) * MS, wait_ns=0),
+        ]
+    return frame("samples/sched", rows), threads
+
+
+@pytest.mark.parametrize("rows_per_piece", [1, 3, 10, 1000])
+def test_attribution_pieces_are_whole_steps_of_one_rank_in_the_table_order(
+    rows_per_piece: int,
+) -> None:
+    sched, threads = node_trace()
+    whole = sm.attribute_launch_wait(sched, threads, warmup=WARMUP, ranks_per_node=2)
+    pieces = list(
+        sm.launch_wait_pieces(
+            sched, threads, warmup=WARMUP, ranks_per_node=2, rows_per_piece=rows_per_piece
+        )
+    )
+    assert set(whole["rank"]) == {0, 1} and whole["step"].nunique() > 30
+    pd.testing.assert_frame_equal(pd.concat(pieces, ignore_index=True), whole, check_exact=True)
+    seen: set[tuple[int, int]] = set()
+    for piece in pieces:
+        assert piece["rank"].nunique() == 1
+        keys = set(zip(piece["rank"], piece["step"], strict=True))
+        assert not keys & seen  # a (rank, step) lies in one piece only
+        seen |= keys
+        # Pieces stay near their size, one step's rows (here <= 3) over at most.
+        assert len(piece) < rows_per_piece + 3
+    if rows_per_piece == 1000:
+        assert len(pieces) == 2  # one per rank
+
+
+def test_attribution_pieces_refuse_a_size_below_one() -> None:
+    sched, threads = node_trace()
+    with pytest.raises(ValueError, match="rows_per_piece"):
+        next(sm.launch_wait_pieces(sched, threads, warmup=WARMUP, rows_per_piece=0))
+
+
 def test_attribution_empty_inputs() -> None:
     at = sm.attribute_launch_wait(empty_frame("samples/sched"), empty_frame("threads"), warmup=0)
     assert at.empty

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq  # type: ignore[import-untyped]
 import pytest
 
 from codl.analysis import chunked, columns
@@ -15,6 +16,8 @@ from codl.analysis import decompose as dec
 from codl.analysis import summarize as sm
 from codl.figures import data as figdata
 from codl.figures import run_tables
+from codl.paths import RunFiles
+from codl.steps.analysis import summarize_to
 from codl.trace.store import TraceWriter, block_rows, open_trace, reader
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "traces"
@@ -191,6 +194,50 @@ def test_summarize_trace_reading_blocks_equals_the_whole_tables(name: str, tmp_p
     spec = attrs["spec"]
     for table in (run_tables.api_calls, run_tables.timeline):
         _assert_same_frames((table(pruned, attrs, spec),), (table(whole, attrs, spec),))
+
+
+@pytest.mark.parametrize("name", ["r2_combined.h5.gz", "r1_combined.h5.gz"])
+def test_summarize_to_writes_the_attribution_in_pieces_as_the_whole_table(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # summarize_to never holds the attribution: it writes each piece as it comes. In pieces of
+    # a few rows each, every table it writes is that of pieces of the default size, and the
+    # attribution is summarize_tables' whole table, row for row.
+    trace = tmp_path / "t.h5"
+    with gzip.open(GOLDEN / name, "rb") as src, trace.open("wb") as dst:
+        shutil.copyfileobj(src, dst)
+    tables = ["steps", "summary", "attribution", "parts", "api_calls", "timeline"]
+
+    def run(out: Path) -> dict[str, pd.DataFrame]:
+        summarize_to(trace, **RunFiles(out).tables())
+        return {t: pd.read_parquet(out / f"{t}.parquet") for t in tables}
+
+    default = run(tmp_path / "default")
+    monkeypatch.setattr(sm, "ATTRIBUTION_PIECE_ROWS", 5)
+    small = run(tmp_path / "small")
+    assert len(default["attribution"]) >= 20
+    assert pq.ParquetFile(tmp_path / "small" / "attribution.parquet").num_row_groups > 2
+    for t in tables:
+        pd.testing.assert_frame_equal(small[t], default[t], check_exact=True)
+    whole, attrs = sm.read_tables(trace)
+    _, summary, attribution = sm.summarize_tables(whole, attrs)
+    pd.testing.assert_frame_equal(default["attribution"], attribution, check_exact=True)
+    pd.testing.assert_frame_equal(default["summary"], summary)
+
+
+def test_summarize_to_writes_an_empty_attribution_with_its_columns(tmp_path: Path) -> None:
+    # A trace without scheduler samples (trace.sched off) has no attribution: the file is
+    # written all the same, with the attribution's columns.
+    trace = _synthetic(tmp_path / "t.h5")
+    with open_trace(trace) as t:
+        assert "samples/sched" not in t.tables()
+    out = {k: tmp_path / f"{k}.parquet" for k in ("steps", "summary", "attribution", "parts")}
+    summarize_to(trace, **out)
+    got = pd.read_parquet(out["attribution"])
+    assert got.empty
+    _, attrs = sm.read_tables(trace)
+    want = sm.empty_attribution(str(attrs.get("run_id", "")))
+    pd.testing.assert_frame_equal(got, want, check_index_type=False)
 
 
 def test_pruned_tables_keep_the_measured_rows_summarize_reads(tmp_path: Path) -> None:

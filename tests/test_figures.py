@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from codl.analysis.summarize import sched_deltas
 from codl.figures import data as figdata
 from codl.figures import draw as plots
 from codl.trace.store import empty_frame
@@ -275,6 +276,54 @@ def test_step_timeline_from_trace_tables(tmp_path: Path) -> None:
     plots.step_timeline(tl, outputs(tmp_path, "x"), title="t")
     check(outputs(tmp_path, "x"))
     assert figdata.timeline_bars(tables, step=99).empty
+
+
+def test_the_timeline_reads_one_steps_scheduler_deltas_as_the_whole_tables() -> None:
+    # The step timeline's waits come from the step's samples and their predecessors only; its
+    # deltas of the step are those of the whole table, through the cases sched_deltas handles:
+    # two ranks with one TID, threads sampled in other orders, two samples in one step, a step
+    # tagged out of time order, a TID reused (its counters restart).
+    rng = np.random.default_rng(7)
+    rows = []
+    for rank in (0, 1):
+        for tid in (10, 11, 12):
+            run = wait = 0
+            steps = list(range(-1, 12))
+            if tid == 11:
+                steps.insert(5, 4)  # two samples tagged 4
+                steps[8], steps[9] = steps[9], steps[8]  # tags out of time order
+            for i, step in enumerate(steps):
+                if tid == 12 and i == 7:
+                    run = wait = 0  # the TID reused by a new thread
+                run += int(rng.integers(1, 9)) * 1000
+                wait += int(rng.integers(0, 5)) * 1000
+                rows.append(
+                    {
+                        "t_ns": 10**9 + i * 10**6 + tid,
+                        "rank": rank,
+                        "pid": 1,
+                        "tid": tid,
+                        "step": step,
+                        "run_ns": run,
+                        "wait_ns": wait,
+                        "timeslices": i,
+                        "voluntary": i,
+                        "involuntary": 0,
+                        "cpu": tid % 4,
+                    }
+                )
+    order = rng.permutation(len(rows))
+    sched = pd.DataFrame([rows[i] for i in order]).astype({"rank": "i2", "step": "i4", "cpu": "i2"})
+    whole = sched_deltas(sched)
+    for rank in (0, 1):
+        for step in range(-1, 12):
+            want = whole[(whole["rank"] == rank) & (whole["step"] == step)]
+            got = sched_deltas(figdata._step_samples(sched, rank, step))
+            got = got[got["step"] == step]
+            assert len(want) > 0 or step == -1
+            pd.testing.assert_frame_equal(
+                got.reset_index(drop=True), want.reset_index(drop=True), check_exact=True
+            )
 
 
 def _drawn(monkeypatch: pytest.MonkeyPatch) -> list[Any]:

@@ -9,7 +9,7 @@ nothing here compares timestamps across ranks.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -572,27 +572,60 @@ def attribute_launch_wait(
     of the other ranks on its node (their workers share the node's cores; threads of other
     nodes cannot preempt it). Other ranks' steps are matched by index, which DDP keeps in step.
     ``launch_wait_ns`` repeats the launch thread's total wait of the step on each row.
-    ``deltas``: ``sched_deltas(sched)`` when the caller has it already.
+    ``deltas``: ``sched_deltas(sched)`` when the caller has it already. Rows are sorted by
+    rank, step, then the largest attributed wait first (ties in the deltas' order).
     """
+    pieces = list(
+        launch_wait_pieces(
+            sched, threads, warmup=warmup, ranks_per_node=ranks_per_node, deltas=deltas
+        )
+    )
+    return pd.concat(pieces, ignore_index=True) if pieces else _empty(ATTRIBUTION_COLUMNS)
+
+
+# Rows per piece of the attribution (whole steps: one step's rows may make a piece larger).
+# A long run's attribution has ~10^7 rows per 10^9 events; in pieces, its sort and string
+# columns cost memory per piece, and a writer (``summarize_stream``) never holds the whole.
+ATTRIBUTION_PIECE_ROWS = 1 << 18
+
+
+def launch_wait_pieces(
+    sched: pd.DataFrame,
+    threads: pd.DataFrame,
+    *,
+    warmup: int,
+    ranks_per_node: int | None = None,
+    deltas: pd.DataFrame | None = None,
+    rows_per_piece: int | None = None,
+) -> Iterator[pd.DataFrame]:
+    """``attribute_launch_wait``'s table in consecutive pieces of whole steps of one rank (about
+    ``rows_per_piece`` rows each, default ``ATTRIBUTION_PIECE_ROWS``), in its order: joined,
+    they are that table."""
+    if rows_per_piece is None:
+        rows_per_piece = ATTRIBUTION_PIECE_ROWS
+    if rows_per_piece <= 0:
+        raise ValueError(f"rows_per_piece must be positive, got {rows_per_piece}")
     d = _measured(sched_deltas(sched) if deltas is None else deltas, warmup)
     if d.empty or threads.empty:
-        return _empty(ATTRIBUTION_COLUMNS)
+        return
     info, masks = _thread_info(threads)
     # Columns as numpy arrays and each row's thread as a code (~10^6 rows in a long run: the
     # per-rank work below is gathers by code, not MultiIndex lookups per row).
     col = {c: d[c].to_numpy(dtype=np.int64) for c in ("rank", "tid", "pid", "step", "run_ns")}
+    wait_ns = d["wait_ns"].to_numpy(dtype=np.int64)
     t_rank, t_tid, thread = _thread_codes(col["rank"], col["tid"])
     # Each thread's row in ``info`` (-1: none, which picks the missing value below).
     t_info = info.index.get_indexer(pd.MultiIndex.from_arrays([t_rank, t_tid]))
     node = col["rank"] // ranks_per_node if ranks_per_node else col["rank"]
     categorical = _category_codes(info, t_info)
-    out = []
-    for rank, ltid in launch_tids(threads).items():
+    for rank, ltid in sorted(launch_tids(threads).items()):
         lmask = masks.get((rank, ltid), frozenset())
         if not lmask:
             continue
         launch = (col["rank"] == rank) & (col["tid"] == ltid)
-        lw = pd.Series(d["wait_ns"].to_numpy()[launch], index=col["step"][launch])
+        lw = pd.Series(wait_ns[launch], index=col["step"][launch])
+        # The launch thread's wait of each step, and last 0 for steps it has no sample of.
+        waits = np.append(lw.to_numpy(dtype=np.int64), 0)
         my_node = rank // ranks_per_node if ranks_per_node else rank
         rows = np.flatnonzero((node == my_node) & ~launch)
         if not len(rows):
@@ -607,30 +640,69 @@ def attribute_launch_wait(
         )
         share = col["run_ns"][rows].astype(np.float64) * frac[thread[rows]]
         rows, share = rows[share > 0], share[share > 0]
-        if not len(rows):
-            continue
+        # By step, each step's rows in the deltas' order (stable): pieces of whole steps.
+        by_step = np.argsort(col["step"][rows], kind="stable")
+        rows, share = rows[by_step], share[by_step]
         step = col["step"][rows]
-        tot = pd.Series(share).groupby(step).transform("sum").to_numpy(dtype=np.float64)
-        at = lw.index.get_indexer(pd.Index(step))
-        # The launch thread's wait of each row's step; 0 where it has no sample of that step.
-        waits = np.append(lw.to_numpy(dtype=np.int64), 0)
-        wait = waits[np.where(at >= 0, at, len(lw))]
-        piece: dict[str, Any] = {
-            "rank": np.full(len(rows), rank, dtype=np.int64),
-            "step": step,
-            "thread_rank": col["rank"][rows],
-            "tid": col["tid"][rows],
-            "pid": col["pid"][rows],
-        }
-        # As categoricals (a code per row; every rank's with the same categories, so they
-        # join as such), made strings once, after the sort.
-        for name, (codes, values) in categorical.items():
-            piece[name] = pd.Categorical.from_codes(codes[thread[rows]], categories=values)
-        piece["share_ns"] = share
-        piece["launch_wait_ns"] = wait
-        piece["attributed_wait_ns"] = wait * share / tot
-        out.append(pd.DataFrame(piece)[list(ATTRIBUTION_COLUMNS)])
-    return _sorted_attribution(out)
+        for lo, hi in _step_windows(step, rows_per_piece):
+            yield _attribution_piece(
+                rank,
+                col,
+                rows[lo:hi],
+                share[lo:hi],
+                lw.index.get_indexer(pd.Index(step[lo:hi])),
+                waits,
+                {
+                    name: (codes[thread[rows[lo:hi]]], values)
+                    for name, (codes, values) in categorical.items()
+                },
+            )
+
+
+def _step_windows(step: npt.NDArray[np.int64], size: int) -> list[tuple[int, int]]:
+    """[lo, hi) ranges of sorted ``step`` that cut it only between steps, each starting at the
+    last step start at or before a multiple of ``size``."""
+    if not len(step):
+        return []
+    starts = np.flatnonzero(np.diff(step, prepend=step[0] - 1))
+    at = np.searchsorted(starts, np.arange(0, len(step), size), side="right") - 1
+    cuts = np.unique(starts[at]).tolist()
+    return list(zip(cuts, [*cuts[1:], len(step)], strict=True))
+
+
+def _attribution_piece(
+    rank: int,
+    col: Mapping[str, npt.NDArray[np.int64]],
+    rows: npt.NDArray[np.intp],
+    share: npt.NDArray[np.float64],
+    at: npt.NDArray[np.intp],
+    waits: npt.NDArray[np.int64],
+    categorical: Mapping[str, tuple[npt.NDArray[np.int64], pd.Index]],
+) -> pd.DataFrame:
+    """One launch rank's attribution rows of whole steps, sorted as the table is: by step,
+    then the largest attributed wait first (ties in their order: stable), role and name as
+    strings."""
+    step = col["step"][rows]
+    tot = pd.Series(share).groupby(step).transform("sum").to_numpy(dtype=np.float64)
+    wait = waits[np.where(at >= 0, at, len(waits) - 1)]
+    piece: dict[str, Any] = {
+        "rank": np.full(len(rows), rank, dtype=np.int64),
+        "step": step,
+        "thread_rank": col["rank"][rows],
+        "tid": col["tid"][rows],
+        "pid": col["pid"][rows],
+    }
+    for name, (codes, values) in categorical.items():
+        piece[name] = pd.Categorical.from_codes(codes, categories=values)
+    piece["share_ns"] = share
+    piece["launch_wait_ns"] = wait
+    piece["attributed_wait_ns"] = wait * share / tot
+    out = pd.DataFrame(piece)[list(ATTRIBUTION_COLUMNS)]
+    order = np.lexsort((-out["attributed_wait_ns"].to_numpy(dtype=np.float64), step))
+    out = out.take(order).reset_index(drop=True)
+    for name in ("role", "name"):
+        out[name] = _str_column(out[name])
+    return out.astype(ATTRIBUTION_COLUMNS)
 
 
 def _category_codes(
@@ -645,27 +717,6 @@ def _category_codes(
         codes = values.get_indexer(pd.Index([*info[name], missing])).astype(np.int64)
         categorical[name] = (codes[t_info], values)
     return categorical
-
-
-def _sorted_attribution(out: list[pd.DataFrame]) -> pd.DataFrame:
-    """The ranks' attribution rows joined, by rank, step, then the largest attributed wait
-    first (ties in their order: stable), role and name as strings."""
-    if not out:
-        return _empty(ATTRIBUTION_COLUMNS)
-    res = pd.concat(out, ignore_index=True)
-    # Each rank's rows freed once joined, before the sort's copy: a long run has ~10^6 rows.
-    out.clear()
-    order = np.lexsort(
-        (
-            -res["attributed_wait_ns"].to_numpy(dtype=np.float64),
-            res["step"].to_numpy(dtype=np.int64),
-            res["rank"].to_numpy(dtype=np.int64),
-        )
-    )
-    res = res.take(order).reset_index(drop=True)
-    for name in ("role", "name"):
-        res[name] = _str_column(res[name])
-    return res.astype(ATTRIBUTION_COLUMNS)
 
 
 def _str_column(values: pd.Series) -> pd.Series:
@@ -768,7 +819,36 @@ def summarize_tables(
     api: chunked.ApiReduction | None = None,
     loader: chunked.LoaderReduction | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """(steps, summary, attribution) from a trace's tables and root attributes.
+    """(steps, summary, attribution) from a trace's tables and root attributes: those of
+    ``summarize_stream``, the attribution's pieces joined."""
+    pieces: list[pd.DataFrame] = []
+    steps, summary = summarize_stream(
+        tables, attrs, attribution=pieces.append, parts=parts, api=api, loader=loader
+    )
+    if pieces:
+        return steps, summary, pd.concat(pieces, ignore_index=True)
+    return steps, summary, empty_attribution(str(attrs.get("run_id", "")))
+
+
+def empty_attribution(run_id: str) -> pd.DataFrame:
+    """The attribution table of a run that has none (``summarize_stream`` gave no piece)."""
+    attribution = _empty(ATTRIBUTION_COLUMNS)
+    attribution.insert(0, "run_id", run_id)
+    return attribution
+
+
+def summarize_stream(
+    tables: Mapping[str, pd.DataFrame],
+    attrs: Mapping[str, Any],
+    *,
+    attribution: Callable[[pd.DataFrame], None],
+    parts: pd.DataFrame | None = None,
+    api: chunked.ApiReduction | None = None,
+    loader: chunked.LoaderReduction | None = None,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(steps, summary) from a trace's tables and root attributes; the launch-wait attribution
+    (``launch_wait_pieces``, with ``run_id``) is handed to ``attribution`` piece by piece, in
+    its order, and never held whole (a long run's has ~10^7 rows per 10^9 events).
 
     ``api``: the runtime calls already reduced (``chunked.read_summary``), in place of those
     of ``tables["events/cuda"]``, which then need hold only the GPU activity rows; ``loader``:
@@ -786,16 +866,30 @@ def summarize_tables(
     # The scheduler samples' per-step differences, which three of the metrics use: made once.
     deltas = sched_deltas(t[Table.SCHED])
     steps = _flagged_steps(t, ident, warm, parts, api, loader, deltas)
+    # The step metrics' freed temporaries handed back before the attribution's are made.
+    chunked.release_free_heap()
     rpn = ident["ranks_per_node"]
-    attribution = attribute_launch_wait(
+    # The summary's two sums over the attribution, taken piece by piece: the launch waits of
+    # its (rank, step)s (each in one piece) and the loader's attributed waits, summed at the
+    # end in the table's order (the sum the whole column would give, to the last bit).
+    total_wait = 0
+    loader_waits: list[npt.NDArray[np.float64]] = []
+    for piece in launch_wait_pieces(
         t[Table.SCHED],
         t[Table.THREADS],
         warmup=warm,
         ranks_per_node=ranks_per_node(attrs) if isinstance(rpn, int | np.integer) else None,
         deltas=deltas,
+    ):
+        total_wait += int(piece.drop_duplicates(["rank", "step"])["launch_wait_ns"].sum())
+        is_loader = piece["role"] == "loader"
+        loader_waits.append(piece.loc[is_loader, "attributed_wait_ns"].to_numpy(np.float64))
+        piece.insert(0, "run_id", run_id)
+        attribution(piece)
+    loader_wait = float(
+        pd.Series(np.concatenate(loader_waits) if loader_waits else np.empty(0)).sum()
     )
-    attribution.insert(0, "run_id", run_id)
-    row = _summary_row(t, attrs, ident, steps, attribution, warm)
+    row = _summary_row(t, attrs, ident, steps, float(total_wait), loader_wait, warm)
     if loader is None:
         row.update(overlaps(t[Table.APP], t[Table.LOADER], t[Table.CUDA], warmup=warm))
     else:
@@ -832,7 +926,7 @@ def summarize_tables(
     at = list(summary.columns).index("repeat") + 1
     for i, (col, value) in enumerate(twin_ids(_spec(attrs)).items()):
         summary.insert(at + i, col, value)
-    return steps, summary, attribution
+    return steps, summary
 
 
 def _flagged_steps(
@@ -867,7 +961,8 @@ def _summary_row(
     attrs: Mapping[str, Any],
     ident: Mapping[str, Any],
     steps_all: pd.DataFrame,
-    attribution: pd.DataFrame,
+    total_wait: float,
+    loader_wait: float,
     warm: int,
 ) -> dict[str, Any]:
     """The run's one summary row: identity, step-time statistics over the steady-state steps,
@@ -910,10 +1005,6 @@ def _summary_row(
     lw = steps["launch_wait_ms"].dropna()
     row["launch_wait_ms_p99"] = float(lw.quantile(0.99)) if len(lw) else np.nan
     row["loader_items_per_s"] = _per_rank_rate(steps_all, "loader_items")
-    total_wait = float(attribution.drop_duplicates(["rank", "step"])["launch_wait_ns"].sum())
-    loader_wait = float(
-        attribution.loc[attribution["role"] == "loader", "attributed_wait_ns"].sum()
-    )
     # Share of the launch thread's run-queue wait that the mechanism blames on loader workers.
     row["launch_wait_loader_share"] = loader_wait / total_wait if total_wait > 0 else np.nan
     return row

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
+import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
 from codl.analysis import chunked, columns
 from codl.analysis import compare as cmp
@@ -76,22 +78,30 @@ def summarize_to(
         ranks_per_node=sm.ranks_per_node(attrs),
         clock_bound_ns=rank_bounds(attrs),
     )
-    pt.insert(0, "run_id", str(attrs.get("run_id", "")))
+    run_id = str(attrs.get("run_id", ""))
+    pt.insert(0, "run_id", run_id)
     # Each step's freed temporaries handed back before the next: peak RSS, not their sum.
-    chunked.release_free_heap()
-    st, sm_, at = sm.summarize_tables(tables, attrs, parts=pt, api=api, loader=loader)
     chunked.release_free_heap()
     figure_tables = [api_calls, timeline] if api_calls is not None and timeline is not None else []
     with output_unit(
         [steps, summary, attribution, parts, *figure_tables],
         inputs=(trace,),
         manifest=manifest or summarize_manifest(summary),
-        run_id=str(attrs.get("run_id", "")),
+        run_id=run_id,
         mkdir=True,
     ) as unit:
-        for df, out in ((st, steps), (sm_, summary), (at, attribution), (pt, parts)):
+        # The attribution is written piece by piece as it is made (~10^7 rows per 10^9
+        # events), never held whole.
+        with _ParquetPieces(unit.path(attribution)) as at:
+            st, sm_ = sm.summarize_stream(
+                tables, attrs, attribution=at.write, parts=pt, api=api, loader=loader
+            )
+            at.finish(sm.empty_attribution(run_id))
+        chunked.release_free_heap()
+        for df, out in ((st, steps), (sm_, summary), (pt, parts)):
             df.to_parquet(unit.path(out), index=False)
             _wrote(df, out)
+        log.info("wrote %s (%d rows in %d pieces)", attribution, at.rows, at.pieces)
         if api_calls is not None and timeline is not None:
             written = _write_figure_tables(
                 trace, tables, attrs, api, (unit.path(api_calls), unit.path(timeline))
@@ -100,6 +110,42 @@ def summarize_to(
             for df, out in zip(written, (api_calls, timeline), strict=True):
                 _wrote(df, out)
     return sm_
+
+
+class _ParquetPieces:
+    """A Parquet file written from DataFrames of one schema, one after another (a row group or
+    more each): what ``DataFrame.to_parquet`` of them joined writes, read back, without the
+    join. ``finish(empty)`` writes ``empty`` where no piece came."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._writer: pq.ParquetWriter | None = None
+        self._schema: pa.Schema | None = None
+        self.rows = self.pieces = 0
+
+    def __enter__(self) -> _ParquetPieces:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def write(self, df: pd.DataFrame) -> None:
+        table = pa.Table.from_pandas(df, schema=self._schema, preserve_index=False)
+        if self._writer is None:
+            self._schema = table.schema
+            self._writer = pq.ParquetWriter(self._path, self._schema)
+        self._writer.write_table(table)
+        self.rows += len(df)
+        self.pieces += 1
+
+    def finish(self, empty: pd.DataFrame) -> None:
+        if self._writer is None:
+            empty.to_parquet(self._path, index=False)
+        else:
+            self._writer.close()
+            self._writer = None
 
 
 def _write_figure_tables(
