@@ -186,6 +186,57 @@ def test_sched_deltas() -> None:
     assert sm.sched_deltas(empty_frame("samples/sched")).empty
 
 
+def _deltas_by_pandas(sched: pd.DataFrame) -> pd.DataFrame:
+    """sched_deltas as its docstring says it, in plain pandas: each thread's samples in time
+    order (stable), differences to the one before, negative ones (a reused TID) dropped, those
+    of one step added up, the cpu of the step's last sample."""
+    s = sched.astype({"rank": "int64", "step": "int64", "cpu": "int64"}).reset_index(drop=True)
+    s = s.sort_values(["rank", "pid", "tid", "t_ns"], kind="stable")
+    counters = list(sm.SCHED_COUNTERS)
+    diff = s.groupby(["rank", "pid", "tid"])[counters].diff()
+    d = s[["rank", "pid", "tid", "step", "cpu"]].join(diff).dropna()
+    d = d[(d["run_ns"] >= 0) & (d["wait_ns"] >= 0)].astype({c: "int64" for c in counters})
+    g = d.groupby(["rank", "pid", "tid", "step"], sort=True)
+    out = g[counters].sum().join(g["cpu"].last()).reset_index()
+    return out[list(sm.SCHED_DELTA_COLUMNS)]
+
+
+def test_sched_deltas_equal_their_definition_on_a_long_shuffled_table() -> None:
+    # Steps tagged out of time order (a thread's sort by step is then needed), two samples in
+    # one step, reused TIDs, samples of one instant, rows in any order.
+    rng = np.random.default_rng(11)
+    rows = []
+    for rank in range(3):
+        for tid in range(20):
+            run = wait = 0
+            for i in range(60):
+                if rng.random() < 0.03:
+                    run = wait = 0
+                run += int(rng.integers(0, 9))
+                wait += int(rng.integers(0, 4))
+                step = i // 2 if tid % 4 == 0 else i - int(rng.random() < 0.05) * 3
+                t = BASE + i * MS - int(tid == 7 and i == 30) * MS  # one instant twice
+                rows.append(
+                    sched_row(
+                        rank,
+                        1 + tid % 3,
+                        tid,
+                        step,
+                        run_ns=run,
+                        wait_ns=wait,
+                        timeslices=i,
+                        voluntary=2 * i,
+                        involuntary=i // 3,
+                    )
+                    | {"t_ns": t, "cpu": int(rng.integers(0, 8))}
+                )
+    sched = frame("samples/sched", [rows[i] for i in rng.permutation(len(rows))])
+    got = sm.sched_deltas(sched)
+    pd.testing.assert_frame_equal(
+        got.reset_index(drop=True), _deltas_by_pandas(sched), check_exact=True
+    )
+
+
 def thread_row(
     rank: int, pid: int, tid: int, role: str, cpus: str, name: str = ""
 ) -> dict[str, Any]:

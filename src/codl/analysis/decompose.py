@@ -162,12 +162,14 @@ def host_parts(
     *,
     warmup: int,
     phase_sched: pd.DataFrame | None = None,
+    deltas: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """Per (rank, step): on-CPU time and run-queue wait of the launch and autograd threads.
 
     From ``phase_sched`` (the counters at the compute phase's boundaries) where the trace has
     it: the host time inside the compute span (``host_source`` = "compute span"). Otherwise from
-    the per-step samples, which cover the whole step (``host_source`` = "whole step").
+    the per-step samples, which cover the whole step (``host_source`` = "whole step");
+    ``deltas``: their ``sched_deltas`` when the caller has them already.
     """
     empty = _empty(
         {"rank": "int64", "step": "int64", **dict.fromkeys([*HOST_COLUMNS, "host_ms"], "float64")}
@@ -182,7 +184,7 @@ def host_parts(
         d = ps.assign(rank=ps["rank"].astype("int64"), tid=ps["tid"].astype("int64"))
         source = COMPUTE_SPAN
     else:
-        d = sched_deltas(sched)
+        d = sched_deltas(sched) if deltas is None else deltas
         d = d[d["step"] >= warmup]
         source = WHOLE_STEP
     if d.empty:
@@ -451,10 +453,12 @@ def step_parts(
     warmup: int,
     ranks_per_node: int = 1,
     clock_bound_ns: Mapping[int, int] | None = None,
+    deltas: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """The per-run decomposition inputs: one row per measured (rank, step) with a step span.
     ``events/phase_sched`` and ``events/comm_gpu`` are optional (older traces lack them);
-    ``clock_bound_ns``: the trace's per-rank alignment bounds (``clock.rank_bounds``)."""
+    ``clock_bound_ns``: the trace's per-rank alignment bounds (``clock.rank_bounds``);
+    ``deltas``: ``summarize.sched_deltas`` of ``samples/sched`` when the caller has them."""
     app = tables[Table.APP]
     st = app[(app["phase"].astype(str) == Phase.STEP.value) & (app["step"] >= warmup)]
     base = (
@@ -468,6 +472,7 @@ def step_parts(
             tables[Table.THREADS],
             warmup=warmup,
             phase_sched=tables.get(Table.PHASE_SCHED),
+            deltas=deltas,
         ),
         comm_parts(
             tables[Table.COMM],

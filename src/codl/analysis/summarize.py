@@ -219,47 +219,68 @@ def sched_deltas(sched: pd.DataFrame) -> pd.DataFrame:
     """
     if sched.empty:
         return _empty(SCHED_DELTA_COLUMNS)
+    # In index arrays and one column at a time: a long run has ~10^6 samples, and each
+    # full-length temporary costs 8 bytes a sample (the frame-wide copies once took ~40).
     thread = [sched[k].to_numpy(np.int64) for k in ("rank", "pid", "tid")]
     # By thread, then time; stable, as the samples of one instant keep their order.
     order = np.lexsort((sched["t_ns"].to_numpy(), *thread[::-1]))
-    rank, pid, tid = (k[order] for k in thread)
-    same = (rank[1:] == rank[:-1]) & (pid[1:] == pid[:-1]) & (tid[1:] == tid[:-1])
+    same = np.ones(len(order) - 1, dtype=np.bool_)
+    for k in thread:
+        sorted_k = k[order]
+        same &= sorted_k[1:] == sorted_k[:-1]
+        del sorted_k
     cur = order[1:][same]  # samples with a predecessor of their thread, and that predecessor
     prev = order[:-1][same]
-    delta = {}
-    for col in SCHED_COUNTERS:
-        values = sched[col].to_numpy(np.int64)
-        delta[col] = values[cur] - values[prev]
+    del order, same
     # A negative difference means the TID was reused by a new thread: not a measurement.
-    ok = (delta["run_ns"] >= 0) & (delta["wait_ns"] >= 0)
+    ok = _counter_delta(sched, "run_ns", cur, prev) >= 0
+    ok &= _counter_delta(sched, "wait_ns", cur, prev) >= 0
     if not ok.any():
         return _empty(SCHED_DELTA_COLUMNS)
-    cur = cur[ok]
-    keys = {
-        "rank": sched["rank"].to_numpy(np.int64)[cur],
-        "pid": sched["pid"].to_numpy(np.int64)[cur],
-        "tid": sched["tid"].to_numpy(np.int64)[cur],
-        "step": sched["step"].to_numpy(np.int64)[cur],
-    }
-    cpu = sched["cpu"].to_numpy(np.int64)[cur]
-    counters = {col: d[ok] for col, d in delta.items()}
+    cur, prev = cur[ok], prev[ok]
+    step = sched["step"].to_numpy(np.int64)[cur]
     # Two samples tagged with one step (e.g. a final flush) add up to that step; its cpu is
-    # the later sample's. Rows are in time order per thread, and the sort by step is stable.
-    by = np.lexsort(tuple(keys[k] for k in ("step", "tid", "pid", "rank")))
-    keys = {k: v[by] for k, v in keys.items()}
-    cpu = cpu[by]
-    counters = {k: v[by] for k, v in counters.items()}
-    change = np.zeros(len(by), dtype=np.bool_)
-    change[0] = True
-    for v in keys.values():
-        change[1:] |= v[1:] != v[:-1]
+    # the later sample's. Rows are in time order per thread; where a thread's steps are too
+    # (always, but for a tag out of time order), the sort by step would change nothing.
+    new_thread = np.zeros(len(cur), dtype=np.bool_)
+    new_thread[0] = True
+    for k in thread:
+        at = k[cur]
+        new_thread[1:] |= at[1:] != at[:-1]
+        del at
+    if (np.diff(step) < 0)[~new_thread[1:]].any():
+        by = np.lexsort((step, *(k[cur] for k in thread[::-1])))
+        cur, prev, step = cur[by], prev[by], step[by]
+        del by
+        new_thread[1:] = False
+        for k in thread:
+            at = k[cur]
+            new_thread[1:] |= at[1:] != at[:-1]
+    change = new_thread
+    change[1:] |= step[1:] != step[:-1]
     starts = np.flatnonzero(change)
-    last = np.append(starts[1:], len(by)) - 1
-    out = {k: v[starts] for k, v in keys.items()}
-    out["cpu"] = cpu[last]
-    for col, v in counters.items():
-        out[col] = np.add.reduceat(v, starts)
-    return pd.DataFrame(out).astype(SCHED_DELTA_COLUMNS)[list(SCHED_DELTA_COLUMNS)]
+    last = np.append(starts[1:], len(cur)) - 1
+    first = cur[starts]
+    out: dict[str, npt.NDArray[np.int64]] = {
+        "rank": thread[0][first],
+        "pid": thread[1][first],
+        "tid": thread[2][first],
+        "step": step[starts],
+        "cpu": sched["cpu"].to_numpy(np.int64)[cur[last]],
+    }
+    for col in SCHED_COUNTERS:
+        out[col] = np.add.reduceat(_counter_delta(sched, col, cur, prev), starts)
+    # The arrays as they are (in SCHED_DELTA_COLUMNS' order and dtypes): no frame-wide copy.
+    return pd.DataFrame(out, copy=False)
+
+
+def _counter_delta(
+    sched: pd.DataFrame, col: str, cur: npt.NDArray[np.intp], prev: npt.NDArray[np.intp]
+) -> npt.NDArray[np.int64]:
+    """Counter ``col`` of samples ``cur`` less that of their predecessors ``prev``."""
+    values: npt.NDArray[np.int64] = sched[col].to_numpy(np.int64)
+    diff: npt.NDArray[np.int64] = values[cur] - values[prev]
+    return diff
 
 
 LAUNCH_COLUMNS: dict[str, str] = {
@@ -586,7 +607,9 @@ def attribute_launch_wait(
 # Rows per piece of the attribution (whole steps: one step's rows may make a piece larger).
 # A long run's attribution has ~10^7 rows per 10^9 events; in pieces, its sort and string
 # columns cost memory per piece, and a writer (``summarize_stream``) never holds the whole.
-ATTRIBUTION_PIECE_ROWS = 1 << 18
+# At 10^8 events (1.07 M rows) pieces of 2^16 rows peak at 35 MiB with the deltas' 32, 2^18 at
+# 76; each piece costs ~3 ms of pandas calls (0.17 s more than 2^18 there).
+ATTRIBUTION_PIECE_ROWS = 1 << 16
 
 
 def launch_wait_pieces(
@@ -605,8 +628,10 @@ def launch_wait_pieces(
         rows_per_piece = ATTRIBUTION_PIECE_ROWS
     if rows_per_piece <= 0:
         raise ValueError(f"rows_per_piece must be positive, got {rows_per_piece}")
-    d = _measured(sched_deltas(sched) if deltas is None else deltas, warmup)
-    if d.empty or threads.empty:
+    d = sched_deltas(sched) if deltas is None else deltas
+    # The warm-up's rows masked, not dropped: a copy of the deltas is ~80 bytes a row.
+    measured = d["step"].to_numpy() >= warmup
+    if not measured.any() or threads.empty:
         return
     info, masks = _thread_info(threads)
     # Columns as numpy arrays and each row's thread as a code (~10^6 rows in a long run: the
@@ -623,11 +648,12 @@ def launch_wait_pieces(
         if not lmask:
             continue
         launch = (col["rank"] == rank) & (col["tid"] == ltid)
-        lw = pd.Series(wait_ns[launch], index=col["step"][launch])
+        lw_rows = launch & measured
+        lw = pd.Series(wait_ns[lw_rows], index=col["step"][lw_rows])
         # The launch thread's wait of each step, and last 0 for steps it has no sample of.
         waits = np.append(lw.to_numpy(dtype=np.int64), 0)
         my_node = rank // ranks_per_node if ranks_per_node else rank
-        rows = np.flatnonzero((node == my_node) & ~launch)
+        rows = np.flatnonzero((node == my_node) & ~launch & measured)
         if not len(rows):
             continue
         # Each thread's fraction of its mask inside the launch mask, once per thread.
@@ -845,6 +871,7 @@ def summarize_stream(
     parts: pd.DataFrame | None = None,
     api: chunked.ApiReduction | None = None,
     loader: chunked.LoaderReduction | None = None,
+    deltas: pd.DataFrame | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(steps, summary) from a trace's tables and root attributes; the launch-wait attribution
     (``launch_wait_pieces``, with ``run_id``) is handed to ``attribution`` piece by piece, in
@@ -852,7 +879,8 @@ def summarize_stream(
 
     ``api``: the runtime calls already reduced (``chunked.read_summary``), in place of those
     of ``tables["events/cuda"]``, which then need hold only the GPU activity rows; ``loader``:
-    the loader's rows reduced, in place of ``tables["events/loader"]``.
+    the loader's rows reduced, in place of ``tables["events/loader"]``; ``deltas``:
+    ``sched_deltas(tables["samples/sched"])`` when the caller has them already.
 
     A table missing from ``tables`` counts as empty (a level that was not traced). Steps get
     the steady-state flags of ``steady.flag_outliers``; ``parts`` (``decompose.step_parts``),
@@ -864,7 +892,7 @@ def summarize_stream(
     run_id = str(attrs.get("run_id", ""))
     ident = {"run_id": run_id, **spec_columns(_spec(attrs))}
     # The scheduler samples' per-step differences, which three of the metrics use: made once.
-    deltas = sched_deltas(t[Table.SCHED])
+    deltas = sched_deltas(t[Table.SCHED]) if deltas is None else deltas
     steps = _flagged_steps(t, ident, warm, parts, api, loader, deltas)
     # The step metrics' freed temporaries handed back before the attribution's are made.
     chunked.release_free_heap()

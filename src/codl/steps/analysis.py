@@ -72,11 +72,16 @@ def summarize_to(
         attrs.get("run_id", "?"),
         ", ".join(f"{name} {len(df)} rows" for name, df in tables.items() if len(df)),
     )
+    # The scheduler samples' per-step differences, which the decomposition and the summary
+    # both use: made once.
+    deltas = sm.sched_deltas(tables[Table.SCHED])
+    chunked.release_free_heap()
     pt = dec.step_parts(
         tables,
         warmup=columns.warmup_steps(attrs),
         ranks_per_node=sm.ranks_per_node(attrs),
         clock_bound_ns=rank_bounds(attrs),
+        deltas=deltas,
     )
     run_id = str(attrs.get("run_id", ""))
     pt.insert(0, "run_id", run_id)
@@ -94,8 +99,15 @@ def summarize_to(
         # events), never held whole.
         with _ParquetPieces(unit.path(attribution)) as at:
             st, sm_ = sm.summarize_stream(
-                tables, attrs, attribution=at.write, parts=pt, api=api, loader=loader
+                tables,
+                attrs,
+                attribution=at.write,
+                parts=pt,
+                api=api,
+                loader=loader,
+                deltas=deltas,
             )
+            del deltas
             at.finish(sm.empty_attribution(run_id))
         chunked.release_free_heap()
         for df, out in ((st, steps), (sm_, summary), (pt, parts)):
