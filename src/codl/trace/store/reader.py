@@ -69,6 +69,7 @@ class Trace:
         # reader of a long trace asks for them once per block (h5py's lookups cost ~5 us each).
         self._rows: dict[str, int] = {}
         self._datasets: dict[tuple[str, str], Any] = {}
+        self._gzip_chunks: dict[tuple[str, str], int] = {}
 
     def __enter__(self) -> Self:
         return self
@@ -377,10 +378,9 @@ class Trace:
         """Read the stored chunks of rows [lo, hi) of a column and queue their decoding; None
         when the column is not stored in whole gzip chunks this reader can decode."""
         try:
-            ds = self._file[table][column]
-            chunk = ds.chunks[0] if ds.chunks else 0
-            plain = ds.compression == "gzip" and ds.shuffle and ds.fletcher32 and chunk
-            if not plain or lo == hi:
+            ds = self._dataset(table, column)
+            chunk = self._gzip_chunk(table, column, ds)
+            if not chunk or lo == hi:
                 return 0, None
             first = lo - lo % chunk
             futures = []
@@ -392,6 +392,18 @@ class Trace:
         except H5_ERRORS as e:
             raise self._corrupt(f"dataset /{table}/{column}", e) from e
         return first, futures
+
+    def _gzip_chunk(self, table: str, column: str, ds: Any) -> int:
+        """Rows per chunk of a column stored through the writer's gzip pipeline (gzip, shuffle,
+        fletcher32), which ``chunkcodec`` decodes; 0 for any other. Asked once per column:
+        h5py reads the filter pipeline anew at each call, ~0.2 ms for the three (at 10^8 events,
+        3,500 blocks' columns took 0.76 s)."""
+        chunk = self._gzip_chunks.get((table, column))
+        if chunk is None:
+            rows = ds.chunks[0] if ds.chunks else 0
+            plain = ds.compression == "gzip" and ds.shuffle and ds.fletcher32
+            chunk = self._gzip_chunks[(table, column)] = int(rows) if plain else 0
+        return chunk
 
     def _gather_chunks(
         self,
