@@ -897,27 +897,15 @@ def summarize_stream(
     # The step metrics' freed temporaries handed back before the attribution's are made.
     chunked.release_free_heap()
     rpn = ident["ranks_per_node"]
-    # The summary's two sums over the attribution, taken piece by piece: the launch waits of
-    # its (rank, step)s (each in one piece) and the loader's attributed waits, summed at the
-    # end in the table's order (the sum the whole column would give, to the last bit).
-    total_wait = 0
-    loader_waits: list[npt.NDArray[np.float64]] = []
-    for piece in launch_wait_pieces(
-        t[Table.SCHED],
-        t[Table.THREADS],
+    total_wait, loader_wait = _stream_attribution(
+        t,
+        attribution,
+        run_id=run_id,
         warmup=warm,
         ranks_per_node=ranks_per_node(attrs) if isinstance(rpn, int | np.integer) else None,
         deltas=deltas,
-    ):
-        total_wait += int(piece.drop_duplicates(["rank", "step"])["launch_wait_ns"].sum())
-        is_loader = piece["role"] == "loader"
-        loader_waits.append(piece.loc[is_loader, "attributed_wait_ns"].to_numpy(np.float64))
-        piece.insert(0, "run_id", run_id)
-        attribution(piece)
-    loader_wait = float(
-        pd.Series(np.concatenate(loader_waits) if loader_waits else np.empty(0)).sum()
     )
-    row = _summary_row(t, attrs, ident, steps, float(total_wait), loader_wait, warm)
+    row = _summary_row(t, attrs, ident, steps, total_wait, loader_wait, warm)
     if loader is None:
         row.update(overlaps(t[Table.APP], t[Table.LOADER], t[Table.CUDA], warmup=warm))
     else:
@@ -955,6 +943,39 @@ def summarize_stream(
     for i, (col, value) in enumerate(twin_ids(_spec(attrs)).items()):
         summary.insert(at + i, col, value)
     return steps, summary
+
+
+def _stream_attribution(
+    t: Mapping[str, pd.DataFrame],
+    sink: Callable[[pd.DataFrame], None],
+    *,
+    run_id: str,
+    warmup: int,
+    ranks_per_node: int | None,
+    deltas: pd.DataFrame,
+) -> tuple[float, float]:
+    """Hand the attribution's pieces (``launch_wait_pieces``, with ``run_id``) to ``sink``;
+    returns the summary's two sums over it, taken piece by piece: the launch waits of its
+    (rank, step)s (each in one piece) and the loader's attributed waits, summed at the end in
+    the table's order (the sum the whole column would give, to the last bit)."""
+    total_wait = 0
+    loader_waits: list[npt.NDArray[np.float64]] = []
+    for piece in launch_wait_pieces(
+        t[Table.SCHED],
+        t[Table.THREADS],
+        warmup=warmup,
+        ranks_per_node=ranks_per_node,
+        deltas=deltas,
+    ):
+        total_wait += int(piece.drop_duplicates(["rank", "step"])["launch_wait_ns"].sum())
+        is_loader = piece["role"] == "loader"
+        loader_waits.append(piece.loc[is_loader, "attributed_wait_ns"].to_numpy(np.float64))
+        piece.insert(0, "run_id", run_id)
+        sink(piece)
+    loader_wait = float(
+        pd.Series(np.concatenate(loader_waits) if loader_waits else np.empty(0)).sum()
+    )
+    return float(total_wait), loader_wait
 
 
 def _flagged_steps(

@@ -72,21 +72,11 @@ def summarize_to(
         attrs.get("run_id", "?"),
         ", ".join(f"{name} {len(df)} rows" for name, df in tables.items() if len(df)),
     )
+    run_id = str(attrs.get("run_id", ""))
     # The scheduler samples' per-step differences, which the decomposition and the summary
     # both use: made once.
     deltas = sm.sched_deltas(tables[Table.SCHED])
-    chunked.release_free_heap()
-    pt = dec.step_parts(
-        tables,
-        warmup=columns.warmup_steps(attrs),
-        ranks_per_node=sm.ranks_per_node(attrs),
-        clock_bound_ns=rank_bounds(attrs),
-        deltas=deltas,
-    )
-    run_id = str(attrs.get("run_id", ""))
-    pt.insert(0, "run_id", run_id)
-    # Each step's freed temporaries handed back before the next: peak RSS, not their sum.
-    chunked.release_free_heap()
+    pt = _step_parts(tables, attrs, deltas, run_id)
     figure_tables = [api_calls, timeline] if api_calls is not None and timeline is not None else []
     with output_unit(
         [steps, summary, attribution, parts, *figure_tables],
@@ -122,6 +112,24 @@ def summarize_to(
             for df, out in zip(written, (api_calls, timeline), strict=True):
                 _wrote(df, out)
     return sm_
+
+
+def _step_parts(
+    tables: dict[str, pd.DataFrame], attrs: dict[str, Any], deltas: pd.DataFrame, run_id: str
+) -> pd.DataFrame:
+    """The run's decomposition inputs (``decompose.step_parts``) with its ``run_id``."""
+    # Each phase's freed temporaries handed back before the next: peak RSS, not their sum.
+    chunked.release_free_heap()
+    pt = dec.step_parts(
+        tables,
+        warmup=columns.warmup_steps(attrs),
+        ranks_per_node=sm.ranks_per_node(attrs),
+        clock_bound_ns=rank_bounds(attrs),
+        deltas=deltas,
+    )
+    pt.insert(0, "run_id", run_id)
+    chunked.release_free_heap()
+    return pt
 
 
 class _ParquetPieces:
