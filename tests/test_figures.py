@@ -279,8 +279,8 @@ def test_step_timeline_from_trace_tables(tmp_path: Path) -> None:
 
 
 def test_the_timeline_reads_one_steps_scheduler_deltas_as_the_whole_tables() -> None:
-    # The step timeline's waits come from the step's samples and their predecessors only; its
-    # deltas of the step are those of the whole table, through the cases sched_deltas handles:
+    # The step timeline's waits come from one rank's deltas of the shown step only
+    # (sched_deltas' ``step``); they are those of the whole table, through the cases it handles:
     # two ranks with one TID, threads sampled in other orders, two samples in one step, a step
     # tagged out of time order, a TID reused (its counters restart).
     rng = np.random.default_rng(7)
@@ -318,8 +318,7 @@ def test_the_timeline_reads_one_steps_scheduler_deltas_as_the_whole_tables() -> 
     for rank in (0, 1):
         for step in range(-1, 12):
             want = whole[(whole["rank"] == rank) & (whole["step"] == step)]
-            got = sched_deltas(figdata._step_samples(sched, rank, step))
-            got = got[got["step"] == step]
+            got = sched_deltas(sched[sched["rank"] == rank], step=step)
             assert len(want) > 0 or step == -1
             pd.testing.assert_frame_equal(
                 got.reset_index(drop=True), want.reset_index(drop=True), check_exact=True

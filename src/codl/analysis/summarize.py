@@ -208,14 +208,15 @@ SCHED_DELTA_COLUMNS: dict[str, str] = {
 }
 
 
-def sched_deltas(sched: pd.DataFrame) -> pd.DataFrame:
+def sched_deltas(sched: pd.DataFrame, *, step: int | None = None) -> pd.DataFrame:
     """Per-thread, per-step differences of the cumulative scheduler counters.
 
     A sample tagged step s is taken right after step s ends, so the difference to the thread's
     previous sample is what happened during step s (plus the few microseconds of sampling). A
     thread's first sample has no predecessor: its counters cover its whole life so far, which
     cannot be placed in a step, so it yields no row. Threads are keyed by (rank, pid, tid)
-    because TIDs of different nodes can coincide.
+    because TIDs of different nodes can coincide. ``step``: only that step's rows (those of
+    the whole table), without the other steps' counter work.
     """
     if sched.empty:
         return _empty(SCHED_DELTA_COLUMNS)
@@ -232,32 +233,27 @@ def sched_deltas(sched: pd.DataFrame) -> pd.DataFrame:
     cur = order[1:][same]  # samples with a predecessor of their thread, and that predecessor
     prev = order[:-1][same]
     del order, same
+    if step is not None:
+        one = sched["step"].to_numpy()[cur] == step
+        cur, prev = cur[one], prev[one]
     # A negative difference means the TID was reused by a new thread: not a measurement.
     ok = _counter_delta(sched, "run_ns", cur, prev) >= 0
     ok &= _counter_delta(sched, "wait_ns", cur, prev) >= 0
     if not ok.any():
         return _empty(SCHED_DELTA_COLUMNS)
     cur, prev = cur[ok], prev[ok]
-    step = sched["step"].to_numpy(np.int64)[cur]
+    steps = sched["step"].to_numpy(np.int64)[cur]
     # Two samples tagged with one step (e.g. a final flush) add up to that step; its cpu is
     # the later sample's. Rows are in time order per thread; where a thread's steps are too
     # (always, but for a tag out of time order), the sort by step would change nothing.
-    new_thread = np.zeros(len(cur), dtype=np.bool_)
-    new_thread[0] = True
-    for k in thread:
-        at = k[cur]
-        new_thread[1:] |= at[1:] != at[:-1]
-        del at
-    if (np.diff(step) < 0)[~new_thread[1:]].any():
-        by = np.lexsort((step, *(k[cur] for k in thread[::-1])))
-        cur, prev, step = cur[by], prev[by], step[by]
+    new_thread = _thread_starts(thread, cur)
+    if (np.diff(steps) < 0)[~new_thread[1:]].any():
+        by = np.lexsort((steps, *(k[cur] for k in thread[::-1])))
+        cur, prev, steps = cur[by], prev[by], steps[by]
         del by
-        new_thread[1:] = False
-        for k in thread:
-            at = k[cur]
-            new_thread[1:] |= at[1:] != at[:-1]
+        new_thread = _thread_starts(thread, cur)
     change = new_thread
-    change[1:] |= step[1:] != step[:-1]
+    change[1:] |= steps[1:] != steps[:-1]
     starts = np.flatnonzero(change)
     last = np.append(starts[1:], len(cur)) - 1
     first = cur[starts]
@@ -265,13 +261,26 @@ def sched_deltas(sched: pd.DataFrame) -> pd.DataFrame:
         "rank": thread[0][first],
         "pid": thread[1][first],
         "tid": thread[2][first],
-        "step": step[starts],
+        "step": steps[starts],
         "cpu": sched["cpu"].to_numpy(np.int64)[cur[last]],
     }
     for col in SCHED_COUNTERS:
         out[col] = np.add.reduceat(_counter_delta(sched, col, cur, prev), starts)
     # The arrays as they are (in SCHED_DELTA_COLUMNS' order and dtypes): no frame-wide copy.
     return pd.DataFrame(out, copy=False)
+
+
+def _thread_starts(
+    thread: list[npt.NDArray[np.int64]], rows: npt.NDArray[np.intp]
+) -> npt.NDArray[np.bool_]:
+    """For ``rows`` in thread order, whether each starts a thread (its key columns ``thread``
+    differ from the row before's); the first row does."""
+    starts = np.zeros(len(rows), dtype=np.bool_)
+    starts[0] = True
+    for k in thread:
+        at = k[rows]
+        starts[1:] |= at[1:] != at[:-1]
+    return starts
 
 
 def _counter_delta(
@@ -607,8 +616,8 @@ def attribute_launch_wait(
 # Rows per piece of the attribution (whole steps: one step's rows may make a piece larger).
 # A long run's attribution has ~10^7 rows per 10^9 events; in pieces, its sort and string
 # columns cost memory per piece, and a writer (``summarize_stream``) never holds the whole.
-# At 10^8 events (1.07 M rows) pieces of 2^16 rows peak at 35 MiB with the deltas' 32, 2^18 at
-# 76; each piece costs ~3 ms of pandas calls (0.17 s more than 2^18 there).
+# At 10^8 events (1.07 M rows) pieces of 2^16 rows peak at 35 MiB beside the deltas' 32, 2^18
+# at 76; each piece costs ~3 ms of pandas calls (0.17 s more than 2^18 there).
 ATTRIBUTION_PIECE_ROWS = 1 << 16
 
 

@@ -186,25 +186,10 @@ def _offcpu(
     ]
 
 
-def _step_samples(sched: pd.DataFrame, rank: int, step: int) -> pd.DataFrame:
-    """The scheduler samples of ``rank`` that ``sched_deltas`` needs for ``step``'s rows: those
-    tagged ``step`` and each one's predecessor in its thread, so its deltas of ``step`` are
-    those of the whole table (a long run has ~10^6 samples, the step's ~10^2)."""
-    s = sched[sched["rank"] == rank]
-    # The order sched_deltas pairs samples in: by thread, then time (rank is one here).
-    order = np.lexsort(
-        (s["t_ns"].to_numpy(), s["tid"].to_numpy(np.int64), s["pid"].to_numpy(np.int64))
-    )
-    tagged = s["step"].to_numpy()[order] == step
-    keep = tagged.copy()
-    keep[:-1] |= tagged[1:]
-    return s.iloc[np.sort(order[keep])]
-
-
 def _wait_rows(sched: pd.DataFrame, threads: pd.DataFrame, rank: int, step: int) -> list[Row]:
     """The 8 threads with the most run-queue wait in the step, as per-step totals from 0."""
-    d = sched_deltas(_step_samples(sched, rank, step))
-    d = d[(d["step"] == step) & (d["wait_ns"] > 0)]
+    d = sched_deltas(sched[sched["rank"] == rank], step=step)
+    d = d[d["wait_ns"] > 0]
     # TIDs are per node: look threads up within this rank only.
     known = threads[threads["rank"] == rank].drop_duplicates("tid", keep="last").set_index("tid")
     rows: list[Row] = []

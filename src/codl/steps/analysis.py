@@ -135,7 +135,8 @@ def _step_parts(
 class _ParquetPieces:
     """A Parquet file written from DataFrames of one schema, one after another (a row group or
     more each): what ``DataFrame.to_parquet`` of them joined writes, read back, without the
-    join. ``finish(empty)`` writes ``empty`` where no piece came."""
+    join. ``finish(empty)`` writes ``empty`` where no piece came; the file is closed when the
+    ``with`` block ends."""
 
     def __init__(self, path: Path) -> None:
         self._path = path
@@ -163,9 +164,6 @@ class _ParquetPieces:
     def finish(self, empty: pd.DataFrame) -> None:
         if self._writer is None:
             empty.to_parquet(self._path, index=False)
-        else:
-            self._writer.close()
-            self._writer = None
 
 
 def _write_figure_tables(
