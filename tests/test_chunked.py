@@ -225,6 +225,32 @@ def test_summarize_to_writes_the_attribution_in_pieces_as_the_whole_table(
     pd.testing.assert_frame_equal(default["summary"], summary)
 
 
+def test_a_failed_attribution_write_on_its_thread_leaves_no_outputs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The pieces are written on a thread: the third piece's failure there reaches the caller,
+    # and the unit of outputs is not made (no summary beside a partial attribution).
+    trace = tmp_path / "t.h5"
+    with gzip.open(GOLDEN / "r2_combined.h5.gz", "rb") as src, trace.open("wb") as dst:
+        shutil.copyfileobj(src, dst)
+    monkeypatch.setattr(sm, "ATTRIBUTION_PIECE_ROWS", 5)
+    written = []
+    real = pq.ParquetWriter.write_table
+
+    def write_table(self: pq.ParquetWriter, table: object) -> None:
+        if len(written) == 2:
+            raise OSError(28, "No space left on device")
+        written.append(len(table))  # type: ignore[arg-type]
+        real(self, table)
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", write_table)
+    out = RunFiles(tmp_path / "out").tables()
+    with pytest.raises(OSError, match="No space left"):
+        summarize_to(trace, **out)
+    assert len(written) == 2  # pieces of whole steps, >= 5 rows each
+    assert not [p for p in out.values() if p.exists()]
+
+
 def test_summarize_to_writes_an_empty_attribution_with_its_columns(tmp_path: Path) -> None:
     # A trace without scheduler samples (trace.sched off) has no attribution: the file is
     # written all the same, with the attribution's columns.

@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -762,6 +763,42 @@ def test_rows_read_into_the_callers_arrays_equal_a_plain_read(
         fh.write(bytes([byte[0] ^ 0xFF]))
     with open_trace(tmp_path / "t.h5") as t, pytest.raises(TraceFormatError, match="start_ns"):
         t.read_rows("events/comm", 0, 2 * block, ["start_ns"], out=out)
+
+
+@pytest.mark.parametrize(("compression", "threads"), [("blosc-lz4", 0), ("gzip", 2)])
+def test_verified_blocks_read_ahead_and_each_block_holds_until_the_next_is_asked_for(
+    tmp_path: Path, compression: str, threads: int
+) -> None:
+    """verified_blocks reads block i + 1 on a thread while the caller holds block i, into sets
+    of arrays used in turn: a slow caller (the read-ahead long done) still sees its block's
+    own rows, every block comes in order, and the digests hold. An event ending before it
+    starts in block 3 is raised when block 3 is asked for, after blocks 0-2 were given."""
+    block = block_rows("events/comm")
+    n = 5 * block + 17
+    path = tmp_path / "t.h5"
+    with TraceWriter(path, compression=compression) as w:
+        w.append("events/comm", _comm_block(0, n))
+        w.finish()
+    want = _comm_block(0, n)
+    bounds = [(lo, min(n, lo + block)) for lo in range(0, n, block)]
+    seen = []
+    with ThreadPoolExecutor(max(1, threads)) as pool, open_trace(path) as t:
+        for lo, hi, got in t.verified_blocks(
+            "events/comm", pool=pool if threads else None, reuse=True, rows=block
+        ):
+            time.sleep(0.05)  # block i + 1 is read by now
+            for name in ("step", "bytes", "start_ns", "end_ns"):
+                np.testing.assert_array_equal(got[name], want[name][lo:hi])
+            assert not got["start_ns"].flags.writeable
+            seen.append((lo, hi))
+    assert seen == bounds
+    with h5py.File(path, "r+") as f:
+        f["events/comm/end_ns"][3 * block + 5] = 0
+    given = []
+    with open_trace(path) as t, pytest.raises(TraceFormatError, match=f"row {3 * block + 5}\\)"):
+        for lo, _, _ in t.verified_blocks("events/comm", reuse=True, rows=block):
+            given.append(lo)
+    assert given == [0, block, 2 * block]
 
 
 @pytest.mark.parametrize("compression", CODECS)

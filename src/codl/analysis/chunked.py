@@ -65,6 +65,27 @@ class _Scratch:
         return arr[:n]
 
 
+class _Behind:
+    """Runs a pass's calls on a thread of their own, in order, at most one call behind the
+    caller: a reduction whose state only it touches (the latency sketches, the loader's item
+    counts) runs beside the rest of the block's work (numpy lets go of the GIL in its loops).
+    A call's error is raised by the next ``submit`` or by ``wait``; the arrays a call takes
+    must be its own (not a reused block's or scratch's), as the caller moves on at once."""
+
+    def __init__(self, pool: ThreadPoolExecutor) -> None:
+        self._pool = pool
+        self._last: Future[None] | None = None
+
+    def submit(self, fn: Callable[..., None], *args: Any) -> None:
+        self.wait()
+        self._last = self._pool.submit(fn, *args)
+
+    def wait(self) -> None:
+        last, self._last = self._last, None
+        if last is not None:
+            last.result()
+
+
 # A table's block reducer: (block's columns, warm-up steps, scratch) -> the block's partials.
 _BlockReducer = Callable[[dict[str, npt.NDArray[Any]], int, _Scratch], list[_Part]]
 
@@ -449,8 +470,9 @@ class _ApiPass:
     """Reduces events/cuda blocks; keeps the GPU activity rows (kernels, memcpy, memset) that
     the overlaps and the decomposition need."""
 
-    def __init__(self, strings: list[str], warmup: int, keep_from: int) -> None:
+    def __init__(self, strings: list[str], warmup: int, keep_from: int, behind: _Behind) -> None:
         self._reducer = _api_reducer(strings)
+        self._behind = behind
         self._runtime = _code_of(strings, "runtime")
         self._is_launch = np.array(["LaunchKernel" in x for x in strings], dtype=np.bool_)
         self._gpu = [strings.index(k) for k in _GPU_KINDS if k in strings]
@@ -475,11 +497,12 @@ class _ApiPass:
         if runtime == n and int(step.min()) >= self._warmup:
             # A cuda_api trace's block of measured steps: every row, no gathers; the durations
             # and launch flags are those the reducer just made (_masked_sums' scratch "dur",
-            # _api_reducer's "mask1", every row a runtime call): not a second pass each.
-            ns = self._work.get("dur", n, np.int64)
-            names = cols["name"]
+            # _api_reducer's "mask1", every row a runtime call): not a second pass each. They
+            # and the names are copied, as the next block reuses their arrays.
+            ns = self._work.get("dur", n, np.int64).copy()
+            names = cols["name"].copy()
             if self._is_launch.any():
-                flagged = self._work.get("mask1", n, np.bool_)
+                flagged = self._work.get("mask1", n, np.bool_).copy()
         elif runtime:
             rt = np.flatnonzero(is_rt & (step >= self._warmup))
             ns = cols["end_ns"][rt] - cols["start_ns"][rt]
@@ -487,15 +510,20 @@ class _ApiPass:
         else:
             ns = names = np.empty(0, np.int64)
         if len(ns):
-            self.latency.add(ns, np.take(self._is_launch, names) if flagged is None else flagged)
-            self.names.add(names, ns)
+            launch = np.take(self._is_launch, names) if flagged is None else flagged
+            self._behind.submit(self._add_latency, ns, launch, names)
         if self._gpu and runtime < n:
             keep = np.isin(kind, self._gpu) & (step >= self._keep_from)
             if keep.any():
                 for c, pieces in self.kept.items():
                     pieces.append(cols[c][keep])
 
+    def _add_latency(self, ns: _Ints, launch: npt.NDArray[np.bool_], names: _Ints) -> None:
+        self.latency.add(ns, launch)
+        self.names.add(names, ns)
+
     def result(self) -> ApiReduction:
+        self._behind.wait()
         partial = _partial_frame(self._parts).astype({"sum": np.float64})
         return ApiReduction(_api_frame(partial), self.latency, self.names)
 
@@ -544,8 +572,11 @@ def read_summary(
         warmup = warmup_steps(attrs)
         present = t.tables()
         tables: dict[str, pd.DataFrame] = {}
-        api = _ApiPass(t.strings, warmup, 0 if warmup_rows else warmup)
-        with ThreadPoolExecutor(threads) if threads > 1 else contextlib.nullcontext() as pool:
+        with (
+            ThreadPoolExecutor(threads) if threads > 1 else contextlib.nullcontext() as pool,
+            ThreadPoolExecutor(1, thread_name_prefix="codl-reduce") as reducing,
+        ):
+            api = _ApiPass(t.strings, warmup, 0 if warmup_rows else warmup, _Behind(reducing))
             for name in present:
                 if name == Table.CUDA:
                     blocks = t.verified_blocks(name, pool=pool, reuse=True, rows=_STREAM_ROWS)
@@ -563,7 +594,8 @@ def read_summary(
                     tables[name] = empty_frame(name)
             # The loader's overlaps are measured against the compute spans (events/app) and
             # the kernels (events/cuda): its table comes last.
-            loader = _LoaderPass(t.strings, warmup, _loader_targets(tables, warmup))
+            targets = _loader_targets(tables, warmup)
+            loader = _LoaderPass(t.strings, warmup, targets, _Behind(reducing))
             if Table.LOADER in present:
                 marks = _Watermarks(t, Table.LOADER)
                 blocks = t.verified_blocks(Table.LOADER, pool=pool, reuse=True, rows=_STREAM_ROWS)
@@ -651,7 +683,14 @@ class _LoaderPass:
     and the one before (rows are written as they end: an item's stages take milliseconds, a
     block holds a second or more of a run)."""
 
-    def __init__(self, strings: list[str], warmup: int, targets: dict[str, dict[int, Any]]) -> None:
+    def __init__(
+        self,
+        strings: list[str],
+        warmup: int,
+        targets: dict[str, dict[int, Any]],
+        behind: _Behind | None = None,
+    ) -> None:
+        self._behind = behind
         self._stage_codes = [_code_of(strings, s) for s in LOADER_STAGES]
         # The item stages are the first of LOADER_STAGES: their masks are the stages' own.
         self._item_masks = [i for i, s in enumerate(LOADER_STAGES) if s in LOADER_ITEM_STAGES]
@@ -689,7 +728,11 @@ class _LoaderPass:
         self._parts += stage_parts
         self._item_parts.append(item_part)
         rows = np.flatnonzero(is_item)
-        self._count_items([cols[k][rows].astype(np.int64) for k in _ITEM_KEYS])
+        keys = [cols[k][rows].astype(np.int64) for k in _ITEM_KEYS]  # copies: the thread's own
+        if self._behind is not None:
+            self._behind.submit(self._count_items, keys)
+        else:
+            self._count_items(keys)
         self._busy(cols, busy, watermark)
 
     def _count_items(self, keys: list[_Ints]) -> None:
@@ -750,6 +793,8 @@ class _LoaderPass:
         return covered / total if total else np.nan
 
     def result(self) -> LoaderReduction:
+        if self._behind is not None:
+            self._behind.wait()
         overlaps = {"loader_compute_overlap": np.nan, "kernel_loader_overlap": np.nan}
         if self._ranks:
             overlaps["loader_compute_overlap"] = self._overlap("compute")

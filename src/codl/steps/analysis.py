@@ -10,6 +10,7 @@ import json
 import logging
 import shutil
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -135,29 +136,46 @@ def _step_parts(
 class _ParquetPieces:
     """A Parquet file written from DataFrames of one schema, one after another (a row group or
     more each): what ``DataFrame.to_parquet`` of them joined writes, read back, without the
-    join. ``finish(empty)`` writes ``empty`` where no piece came; the file is closed when the
-    ``with`` block ends."""
+    join. Each piece is encoded and written on a thread while the caller makes the next
+    (Arrow lets go of the GIL), at most one piece behind. ``finish(empty)`` writes ``empty``
+    where no piece came; the file is closed when the ``with`` block ends, after its last
+    piece, and a piece's failed write is raised by the next ``write`` or by the close."""
 
     def __init__(self, path: Path) -> None:
         self._path = path
         self._writer: pq.ParquetWriter | None = None
         self._schema: pa.Schema | None = None
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="codl-parquet")
+        self._writing: Future[None] | None = None
         self.rows = self.pieces = 0
 
     def __enter__(self) -> _ParquetPieces:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        try:
+            self._wait()
+        except Exception:
+            if exc_type is None:  # else the caller's own error is the one to see
+                raise
+        finally:
+            self._thread.shutdown()
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+
+    def _wait(self) -> None:
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            writing.result()
 
     def write(self, df: pd.DataFrame) -> None:
         table = pa.Table.from_pandas(df, schema=self._schema, preserve_index=False)
+        self._wait()
         if self._writer is None:
             self._schema = table.schema
             self._writer = pq.ParquetWriter(self._path, self._schema)
-        self._writer.write_table(table)
+        self._writing = self._thread.submit(self._writer.write_table, table)
         self.rows += len(df)
         self.pieces += 1
 

@@ -600,27 +600,34 @@ class Trace:
                 # The array's own buffer: hashlib reads it without the copy tobytes() makes.
                 hashes[name].update(np.ascontiguousarray(values).data.cast("B"))
 
-        # Block i is hashed on a thread while the caller uses it and block i + 1 is read and
-        # checked (HDF5 holds h5py's lock). At most two blocks are held, and the hashes see the
-        # rows in order, since each block's hashing waits for the one before.
+        def load(i: int, sets: list[dict[str, npt.NDArray[Any]]]) -> dict[str, Any]:
+            lo, hi = ranges[i]
+            block = self.read_rows(table, lo, hi, pool=pool, out=sets[i % 2] if sets else None)
+            for values in block.values():
+                values.flags.writeable = False
+            self._check_block(table, block, lo, hi, None)
+            return block
+
+        # While the caller uses block i, a thread hashes it and another reads and checks block
+        # i + 1 (h5py lets go of the GIL while HDF5 reads and decodes; zlib and hashlib too).
+        # Block i + 1 is read into the arrays of block i - 1 once that block's hash is done
+        # (the caller, having asked for block i, is done with it). The hashes see the rows in
+        # order, since each block's hashing waits for the one before.
         hashing: Future[None] | None = None
-        with ThreadPoolExecutor(1, thread_name_prefix="codl-verify") as hasher:
+        with ThreadPoolExecutor(2, thread_name_prefix="codl-verify") as threads:
             size = max((hi - lo for lo, hi in ranges), default=0)
             sets = [
                 {c.name: np.empty(size, dtype=c.numpy_dtype) for c in schema}
                 for _ in range(2 if reuse else 0)
             ]
+            loading: Future[dict[str, Any]] | None = None
             for i, (lo, hi) in enumerate(ranges):
-                # Set i % 2 was last hashed for block i - 2, which the wait below for block
-                # i - 1's hash has seen finish.
-                out = sets[i % 2] if reuse else None
-                block = self.read_rows(table, lo, hi, pool=pool, out=out)
-                for values in block.values():
-                    values.flags.writeable = False
+                block = loading.result() if loading is not None else load(0, sets)
                 if hashing is not None:
                     hashing.result()
-                hashing = hasher.submit(digest, block)
-                self._check_block(table, block, lo, hi, None)
+                if i + 1 < len(ranges):
+                    loading = threads.submit(load, i + 1, sets)
+                hashing = threads.submit(digest, block)
                 if index is not None:
                     last_entry = int(np.searchsorted(index[:, 1], hi, side="right"))
                     for entry in index[first_entry:last_entry]:
