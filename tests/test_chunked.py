@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import gzip
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -49,13 +51,19 @@ def test_golden_traces_give_the_same_per_step_metrics(name: str, tmp_path: Path)
 
 
 def _synthetic(
-    path: Path, compression: str = "blosc-lz4", by_rank: bool = False, launch_names: int = 0
+    path: Path,
+    compression: str = "blosc-lz4",
+    by_rank: bool = False,
+    launch_names: int = 0,
+    runtime_only: bool = False,
 ) -> Path:
     """Two ranks, steps -1..59, loader and CUDA API rows over several blocks, steps that
     straddle block boundaries, and stages/kinds some steps lack. Rows alternate between the
     ranks (blocks reduced by bincount), or ``by_rank``: rank 0's rows, then rank 1's, each in
     step order, as a merged trace has them (blocks reduced run by run). ``launch_names`` more
-    runtime calls whose names are launches (the reduction compares a few, looks up more)."""
+    runtime calls whose names are launches (the reduction compares a few, looks up more).
+    ``runtime_only``: events/cuda has runtime calls only, as a ``cuda_api`` trace (blocks of
+    measured steps reduced without gathers)."""
     rng = np.random.default_rng(3)
     n = 2 * block_rows("events/loader") + 12_345
     step = np.sort(rng.integers(-1, 60, n))
@@ -75,6 +83,8 @@ def _synthetic(
     names = np.append(names, [f"cudaLaunchKernel_v{i}" for i in range(launch_names)])
     kinds = np.append(kinds, ["runtime"] * launch_names)
     pick = rng.integers(0, len(kinds), n)
+    if runtime_only:
+        pick = np.flatnonzero(kinds == "runtime")[pick % int((kinds == "runtime").sum())]
     with TraceWriter(path, compression=compression) as w:
         w.set_attrs(warmup_steps=2)
         for lo in range(0, n, 50_000):
@@ -284,14 +294,55 @@ def test_pruned_tables_keep_the_measured_rows_summarize_reads(tmp_path: Path) ->
     )
 
 
-@pytest.mark.parametrize("by_rank", [False, True])
-def test_reduced_runtime_calls_give_the_same_tables(tmp_path: Path, by_rank: bool) -> None:
+class _Lagging(chunked._Behind):
+    """A reduction thread as late as it can be: each call runs only when the next is submitted
+    (or at ``wait``), after the caller has reduced, and the reader read, the next block."""
+
+    _pending: tuple[Callable[..., None], tuple[Any, ...]] | None = None
+
+    def submit(self, fn: Callable[..., None], *args: Any) -> None:
+        self.wait()
+        self._pending = (fn, args)
+
+    def wait(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending[0](*pending[1])
+
+
+@pytest.mark.parametrize(
+    ("by_rank", "stream_rows", "runtime_only", "lagging"),
+    [
+        (False, None, False, False),
+        (True, None, False, False),
+        (True, 5_000, False, True),
+        (False, 5_000, True, False),
+        (False, 5_000, True, True),
+    ],
+)
+def test_reduced_runtime_calls_give_the_same_tables(
+    tmp_path: Path,
+    by_rank: bool,
+    stream_rows: int | None,
+    runtime_only: bool,
+    lagging: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # summarize_to's reading: the runtime calls reduced as they are read (exact histograms),
     # the tables equal to those of the whole tables; the CDF table counts every call once.
-    trace = _synthetic(tmp_path / "t.h5", by_rank=by_rank, launch_names=2)
+    # Blocks of one chunk-index entry each (3 of each table; 2 by default): the third is read
+    # into the first's arrays while the latencies and item counts of the second are reduced
+    # on a thread.
+    if stream_rows is not None:
+        monkeypatch.setattr(chunked, "_STREAM_ROWS", stream_rows)
+    if lagging:
+        monkeypatch.setattr(chunked, "_Behind", _Lagging)
+    trace = _synthetic(
+        tmp_path / "t.h5", by_rank=by_rank, launch_names=2, runtime_only=runtime_only
+    )
     whole, attrs = sm.read_tables(trace)
     tables, _, api, loader = chunked.read_summary(trace, threads=2)
-    assert len(tables["events/cuda"]) < len(whole["events/cuda"])
+    assert len(tables["events/cuda"]) < len(whole["events/cuda"]) or runtime_only
     assert set(tables["events/cuda"]["kind"].astype(str)) <= {"kernel", "memcpy", "memset"}
     _assert_same_frames(
         sm.summarize_tables(tables, attrs, api=api, loader=loader),
@@ -310,6 +361,30 @@ def test_reduced_runtime_calls_give_the_same_tables(tmp_path: Path, by_rank: boo
         us = np.sort(per_call.loc[per_call["name"] == name, "us"].to_numpy())
         at_or_below = np.searchsorted(us, g["us"].to_numpy() + 1e-9, side="right")
         np.testing.assert_array_equal(at_or_below, np.cumsum(g["calls"].to_numpy()))
+
+
+def test_an_error_in_a_reduction_on_its_thread_reaches_the_reader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The item counts run on a thread, one block behind: their failure in the 2nd of 3 blocks
+    # is raised by read_summary, not lost with the thread.
+    monkeypatch.setattr(chunked, "_STREAM_ROWS", 5_000)
+    trace = _synthetic(tmp_path / "t.h5")
+    calls = []
+    real = chunked._LoaderPass._count_items
+
+    def count_items(self: chunked._LoaderPass, keys: list[np.ndarray]) -> None:
+        calls.append(len(keys[0]))
+        if len(calls) == 2:
+            raise MemoryError("the 2nd block's keys")
+        real(self, keys)
+
+    monkeypatch.setattr(chunked._LoaderPass, "_count_items", count_items)
+    with open_trace(trace) as t:
+        assert len(t.chunk_index("events/loader")) == 3  # type: ignore[arg-type]
+    with pytest.raises(MemoryError, match="2nd block"):
+        chunked.read_summary(trace)
+    assert len(calls) >= 2
 
 
 @pytest.mark.parametrize("item_offset", [0, 1 << 62])

@@ -728,7 +728,8 @@ class _LoaderPass:
         self._parts += stage_parts
         self._item_parts.append(item_part)
         rows = np.flatnonzero(is_item)
-        keys = [cols[k][rows].astype(np.int64) for k in _ITEM_KEYS]  # copies: the thread's own
+        # Gathered by index: copies, the thread's own while the next block is read.
+        keys = [cols[k][rows].astype(np.int64, copy=False) for k in _ITEM_KEYS]
         if self._behind is not None:
             self._behind.submit(self._count_items, keys)
         else:
