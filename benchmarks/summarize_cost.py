@@ -13,12 +13,13 @@ refuses, the row says "warm"):
 - ``imports only``: Python started and the modules ``codl summarize`` imports, no trace read
   (what every run costs whatever its size).
 
-Reports wall seconds, CPU seconds (the child's user + system time, all its threads), events
-per second and per CPU-second (what "per core" means here, whatever else the machine runs),
-peak RSS (the child's ru_maxrss, the child forked from a small launcher: see LAUNCH), the
-wall-time ratio to the plain read, the machine's 1-minute load and core count. Every process
-starts cold: Python, its imports and the file's open are in every number. Nothing here is
-derived: every number is timed.
+Reports the median round's wall seconds and CPU seconds (the child's user + system time,
+all its threads), events per second and per CPU-second (what "per core" means here, whatever
+else the machine runs), peak RSS (the child's ru_maxrss, the child forked from a small
+launcher: see LAUNCH), the wall-time ratio to the plain read's median, the fastest and
+slowest rounds, the machine's highest 1-minute load over the rounds and its core count. Every
+process starts cold: Python, its imports and the file's open are in every number. Nothing
+here is derived: every number is timed.
 
     PYTHONPATH=src python benchmarks/summarize_cost.py --events 1e6 1e7 [--repeat 3] [--csv PATH]
 """
@@ -29,6 +30,7 @@ import argparse
 import csv
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -135,17 +137,21 @@ def measure(events: int, tmp: Path, repeat: int) -> list[dict[str, object]]:
         # imports `codl summarize` makes (pandas, h5py, numpy), reading nothing.
         "imports only": [py, "-c", IMPORTS],
     }
-    # Rounds of the three in turn, so that the machine's other load falls on each alike; each
-    # one's fastest round is reported (the least disturbed: the rounds' spread is in the CSV).
+    # Rounds of the commands in turn, so that the machine's other load falls on each alike;
+    # each one's median round is reported (wall and CPU seconds each their own median), the
+    # fastest and slowest beside it.
     runs: dict[str, list[tuple[float, float, float, bool, float]]] = {w: [] for w in commands}
     for _ in range(repeat):
         for what, cmd in commands.items():
             load = os.getloadavg()[0]
             runs[what].append((*timed(cmd, trace), load))
     rows = []
-    plain, plain_cpu = min(runs["plain h5py read"])[:2]  # its fastest round, as the others
+    plain = statistics.median(r[0] for r in runs["plain h5py read"])
+    plain_cpu = statistics.median(r[1] for r in runs["plain h5py read"])
     for what, got in runs.items():
-        wall, cpu, _, cold, load = min(got)
+        wall = statistics.median(r[0] for r in got)
+        cpu = statistics.median(r[1] for r in got)
+        cold, load = all(r[3] for r in got), max(r[4] for r in got)
         rows.append(
             {
                 "events": n,
@@ -158,6 +164,7 @@ def measure(events: int, tmp: Path, repeat: int) -> list[dict[str, object]]:
                 "ratio_to_plain_read": round(wall / plain, 2),
                 "cpu_ratio_to_plain_read": round(cpu / plain_cpu, 2),
                 "rounds": len(got),
+                "fastest_round_s": round(min(r[0] for r in got), 3),
                 "slowest_round_s": round(max(r[0] for r in got), 3),
                 "cache": "cold" if cold else "warm",
                 "load_1m": round(load, 2),
@@ -175,7 +182,7 @@ def main() -> None:
     p.add_argument("--events", type=float, nargs="+", default=[1e6, 1e7])
     p.add_argument("--csv", type=Path, default=DEFAULT_CSV)
     p.add_argument("--tmpdir", type=Path, default=None)
-    p.add_argument("--repeat", type=int, default=3, help="rounds per size (fastest reported)")
+    p.add_argument("--repeat", type=int, default=3, help="rounds per size (median reported)")
     args = p.parse_args()
     if args.repeat <= 0:
         p.error("--repeat must be positive")

@@ -30,6 +30,7 @@ from codl.trace.store import (
     incomplete_path,
     open_trace,
     partial_path,
+    reader,
     row_bytes,
     schema_markdown,
 )
@@ -767,7 +768,7 @@ def test_rows_read_into_the_callers_arrays_equal_a_plain_read(
 
 @pytest.mark.parametrize(("compression", "threads"), [("blosc-lz4", 0), ("gzip", 2)])
 def test_verified_blocks_read_ahead_and_each_block_holds_until_the_next_is_asked_for(
-    tmp_path: Path, compression: str, threads: int
+    tmp_path: Path, compression: str, threads: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """verified_blocks reads block i + 1 on a thread while the caller holds block i, into sets
     of arrays used in turn: a slow caller (the read-ahead long done) still sees its block's
@@ -792,6 +793,20 @@ def test_verified_blocks_read_ahead_and_each_block_holds_until_the_next_is_asked
             assert not got["start_ns"].flags.writeable
             seen.append((lo, hi))
     assert seen == bounds
+    # An index entry's time range that its rows do not have (a misread made to look so, as
+    # the index and the file's metadata are under their own sha256s): checked beside the
+    # caller, raised before the iteration ends.
+    real = reader.time_range  # type: ignore[attr-defined]
+
+    def misread(table: str, rows: dict[str, Any], n: int) -> tuple[int, int]:
+        t_lo, t_hi = real(table, rows, n)
+        return (t_lo, t_hi + 1) if int(rows["start_ns"][0]) == 2 * block * 1000 else (t_lo, t_hi)
+
+    monkeypatch.setattr(reader, "time_range", misread)
+    with open_trace(path) as t, pytest.raises(TraceFormatError, match="time range"):
+        for _ in t.verified_blocks("events/comm", reuse=True, rows=block):
+            pass
+    monkeypatch.undo()
     with h5py.File(path, "r+") as f:
         f["events/comm/end_ns"][3 * block + 5] = 0
     given = []

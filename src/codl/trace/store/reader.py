@@ -593,12 +593,19 @@ class Trace:
         # Adjacent index blocks read together (up to 1 Mi rows: the per-read costs are paid
         # per block), each entry then checked against its own rows.
         ranges = self._ranges(table, n, None, None, rows)
-        first_entry = 0
+        # Block i's index entries: entries[ends[i]:ends[i + 1]].
+        entries = index if index is not None else np.empty((0, 4), np.int64)
+        ends = [0, *(int(np.searchsorted(entries[:, 1], hi, side="right")) for _, hi in ranges)]
 
-        def digest(block: dict[str, npt.NDArray[Any]]) -> None:
+        def check(i: int, block: dict[str, npt.NDArray[Any]]) -> None:
             for name, values in block.items():
                 # The array's own buffer: hashlib reads it without the copy tobytes() makes.
                 hashes[name].update(np.ascontiguousarray(values).data.cast("B"))
+            lo = ranges[i][0]
+            for entry in entries[ends[i] : ends[i + 1]]:
+                e_lo, e_hi = int(entry[0]) - lo, int(entry[1]) - lo
+                times = {k: v[e_lo:e_hi] for k, v in block.items() if k in _TIME_COLUMNS}
+                self._check_block(table, times, int(entry[0]), int(entry[1]), entry)
 
         def load(i: int, sets: list[dict[str, npt.NDArray[Any]]]) -> dict[str, Any]:
             lo, hi = ranges[i]
@@ -608,12 +615,14 @@ class Trace:
             self._check_block(table, block, lo, hi, None)
             return block
 
-        # While the caller uses block i, a thread hashes it and another reads and checks block
-        # i + 1 (h5py lets go of the GIL while HDF5 reads and decodes; zlib and hashlib too).
-        # Block i + 1 is read into the arrays of block i - 1 once that block's hash is done
-        # (the caller, having asked for block i, is done with it). The hashes see the rows in
-        # order, since each block's hashing waits for the one before.
-        hashing: Future[None] | None = None
+        # While the caller uses block i, a thread hashes it and checks its index entries'
+        # time ranges, and another reads and checks block i + 1 (h5py lets go of the GIL
+        # while HDF5 reads and decodes; zlib and hashlib too). Block i + 1 is read into the
+        # arrays of block i - 1 once that block's check is done (the caller, having asked for
+        # block i, is done with it). The hashes see the rows in order, since each block's
+        # check waits for the one before; a failed check is raised when the caller asks for
+        # the next block, or at the end.
+        checking: Future[None] | None = None
         with ThreadPoolExecutor(2, thread_name_prefix="codl-verify") as threads:
             size = max((hi - lo for lo, hi in ranges), default=0)
             sets = [
@@ -623,23 +632,16 @@ class Trace:
             loading: Future[dict[str, Any]] | None = None
             for i, (lo, hi) in enumerate(ranges):
                 block = loading.result() if loading is not None else load(0, sets)
-                if hashing is not None:
-                    hashing.result()
+                if checking is not None:
+                    checking.result()
                 if i + 1 < len(ranges):
                     loading = threads.submit(load, i + 1, sets)
-                hashing = threads.submit(digest, block)
-                if index is not None:
-                    last_entry = int(np.searchsorted(index[:, 1], hi, side="right"))
-                    for entry in index[first_entry:last_entry]:
-                        e_lo, e_hi = int(entry[0]) - lo, int(entry[1]) - lo
-                        times = {k: v[e_lo:e_hi] for k, v in block.items() if k in _TIME_COLUMNS}
-                        self._check_block(table, times, int(entry[0]), int(entry[1]), entry)
-                    first_entry = last_entry
+                checking = threads.submit(check, i, block)
                 # Events ending before they start were refused by read_rows, before the caller
                 # sees the block: a reducer would choke on a negative duration less tellingly.
                 yield lo, hi, block
-            if hashing is not None:
-                hashing.result()
+            if checking is not None:
+                checking.result()
         for c in schema:
             expected = digests.get(c.name)
             if expected is not None and hashes[c.name].hexdigest() != expected:
