@@ -22,6 +22,7 @@ process starts cold: Python, its imports and the file's open are in every number
 here is derived: every number is timed.
 
     PYTHONPATH=src python benchmarks/summarize_cost.py --events 1e6 1e7 [--repeat 3] [--csv PATH]
+        [--baseline REV|NAME=DIR]  # and `codl summarize` of revision REV, in the same rounds
 """
 
 from __future__ import annotations
@@ -102,41 +103,70 @@ sys.exit(os.waitstatus_to_exitcode(status))
 """
 
 
-def timed(cmd: list[str], trace: Path) -> tuple[float, float, float, bool]:
+def timed(cmd: list[str], trace: Path, src: Path | None = None) -> tuple[float, float, float, bool]:
     """(wall seconds, CPU seconds, peak RSS MiB, cold) of one child process (and its
-    threads: ru_utime + ru_stime), as the launcher (LAUNCH) measured them."""
+    threads: ru_utime + ru_stime), as the launcher (LAUNCH) measured them; ``src``: the
+    ``codl`` package it imports comes from there (a baseline's checkout)."""
     cold = drop_cache(trace)
+    env = None
+    if src is not None:
+        env = {**os.environ, "PYTHONPATH": str(src)}
     with tempfile.NamedTemporaryFile(suffix=".json") as report:
         launch = [sys.executable, "-c", LAUNCH, report.name, *cmd]
-        code = subprocess.run(launch, stdout=subprocess.DEVNULL, check=False).returncode
+        code = subprocess.run(launch, stdout=subprocess.DEVNULL, env=env, check=False).returncode
         if code:
             raise SystemExit(f"{cmd} failed ({code})")
         wall, cpu, rss = json.loads(Path(report.name).read_text())
     return wall, cpu, rss, cold
 
 
-def measure(events: int, tmp: Path, repeat: int) -> list[dict[str, object]]:
+def summarize_cmd(trace: Path, out: Path) -> list[str]:
+    """`codl summarize TRACE --out-dir OUT`, as a user types it (warnings only on stderr)."""
+    cli = [sys.executable, "-m", "codl.cli", "--log-level", "WARNING"]
+    return [*cli, "summarize", str(trace), "--out-dir", str(out)]
+
+
+def baseline_src(baseline: str, tmp: Path) -> tuple[str, Path]:
+    """(name, src folder) of ``--baseline``: ``NAME=DIR`` names a ``src`` folder already
+    there (a machine without the repository's history); else a git revision of this
+    checkout, whose ``src`` is exported under ``tmp``."""
+    name, sep, folder = baseline.partition("=")
+    if sep:
+        if not (Path(folder) / "codl").is_dir():
+            raise SystemExit(f"--baseline {baseline}: {folder} holds no codl package")
+        return name, Path(folder).resolve()
+    rev, root = baseline, BENCH.parent
+    out = tmp / f"baseline-{rev}"
+    out.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(root), "archive", rev, "src"], capture_output=True, check=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True)
+    return rev, out / "src"
+
+
+def measure(
+    events: int, tmp: Path, repeat: int, baseline: tuple[str, Path] | None = None
+) -> list[dict[str, object]]:
     trace = tmp / f"t{events}.h5"
     n = make_trace(trace, events)
     py = sys.executable
     commands = {
         "plain h5py read": [py, "-c", PLAIN_READ, str(trace), plain_columns()],
-        "codl summarize": [
-            py,
-            "-m",
-            "codl.cli",
-            "--log-level",
-            "WARNING",
-            "summarize",
-            str(trace),
-            "--out-dir",
-            str(tmp / f"cli{events}"),
-        ],
+        "codl summarize": summarize_cmd(trace, tmp / f"cli{events}"),
         "workflow summarize_to": [py, "-c", WORKFLOW, str(trace), str(tmp / f"wf{events}")],
         # The floor every run of the command pays whatever the trace: Python's start and the
         # imports `codl summarize` makes (pandas, h5py, numpy), reading nothing.
         "imports only": [py, "-c", IMPORTS],
     }
+    # The same command from a baseline revision's code, in the same rounds: a before/after
+    # measured side by side.
+    srcs: dict[str, Path] = {}
+    if baseline is not None:
+        rev, src = baseline
+        what = f"codl summarize @{rev}"
+        commands[what] = summarize_cmd(trace, tmp / f"base{events}")
+        srcs[what] = src
     # Rounds of the commands in turn, so that the machine's other load falls on each alike;
     # each one's median round is reported (wall and CPU seconds each their own median), the
     # fastest and slowest beside it.
@@ -144,7 +174,7 @@ def measure(events: int, tmp: Path, repeat: int) -> list[dict[str, object]]:
     for _ in range(repeat):
         for what, cmd in commands.items():
             load = os.getloadavg()[0]
-            runs[what].append((*timed(cmd, trace), load))
+            runs[what].append((*timed(cmd, trace, srcs.get(what)), load))
     rows = []
     plain = statistics.median(r[0] for r in runs["plain h5py read"])
     plain_cpu = statistics.median(r[1] for r in runs["plain h5py read"])
@@ -183,13 +213,20 @@ def main() -> None:
     p.add_argument("--csv", type=Path, default=DEFAULT_CSV)
     p.add_argument("--tmpdir", type=Path, default=None)
     p.add_argument("--repeat", type=int, default=3, help="rounds per size (median reported)")
+    p.add_argument(
+        "--baseline",
+        metavar="REV|NAME=DIR",
+        help="also time `codl summarize` with the src/ of this git revision (or the src folder "
+        "DIR, named NAME), in the same rounds",
+    )
     args = p.parse_args()
     if args.repeat <= 0:
         p.error("--repeat must be positive")
     rows = []
     with tempfile.TemporaryDirectory(dir=args.tmpdir, prefix="codl-summ-") as tmp:
+        base = baseline_src(args.baseline, Path(tmp)) if args.baseline else None
         for events in args.events:
-            rows += measure(int(events), Path(tmp), args.repeat)
+            rows += measure(int(events), Path(tmp), args.repeat, base)
     args.csv.parent.mkdir(parents=True, exist_ok=True)
     with args.csv.open("w", newline="", encoding="utf-8") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))
