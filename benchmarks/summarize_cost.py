@@ -110,7 +110,9 @@ def timed(cmd: list[str], trace: Path, src: Path | None = None) -> tuple[float, 
     cold = drop_cache(trace)
     env = None
     if src is not None:
-        env = {**os.environ, "PYTHONPATH": str(src)}
+        # Ahead of the rest (this checkout's src, the packages): its codl is the one imported.
+        path = [str(src), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     with tempfile.NamedTemporaryFile(suffix=".json") as report:
         launch = [sys.executable, "-c", LAUNCH, report.name, *cmd]
         code = subprocess.run(launch, stdout=subprocess.DEVNULL, env=env, check=False).returncode
