@@ -601,11 +601,7 @@ class Trace:
             for name, values in block.items():
                 # The array's own buffer: hashlib reads it without the copy tobytes() makes.
                 hashes[name].update(np.ascontiguousarray(values).data.cast("B"))
-            lo = ranges[i][0]
-            for entry in entries[ends[i] : ends[i + 1]]:
-                e_lo, e_hi = int(entry[0]) - lo, int(entry[1]) - lo
-                times = {k: v[e_lo:e_hi] for k, v in block.items() if k in _TIME_COLUMNS}
-                self._check_block(table, times, int(entry[0]), int(entry[1]), entry)
+            self._check_entries(table, block, ranges[i][0], entries[ends[i] : ends[i + 1]])
 
         def load(i: int, sets: list[dict[str, npt.NDArray[Any]]]) -> dict[str, Any]:
             lo, hi = ranges[i]
@@ -642,13 +638,34 @@ class Trace:
                 yield lo, hi, block
             if checking is not None:
                 checking.result()
-        for c in schema:
-            expected = digests.get(c.name)
-            if expected is not None and hashes[c.name].hexdigest() != expected:
+        got = {c: h.hexdigest() for c, h in hashes.items()}
+        self._compare_digests(table, got, digests, algorithm)
+
+    def _compare_digests(
+        self, table: str, got: dict[str, str], stored: dict[str, Any], algorithm: str
+    ) -> None:
+        """Each column's digest over all its rows (``got``, in the schema's order) against the
+        one the writer stored, where it stored one."""
+        for column, digest in got.items():
+            expected = stored.get(column)
+            if expected is not None and digest != expected:
                 raise TraceFormatError(
-                    f"{self._path}: dataset /{table}/{c.name} does not match its {algorithm}; "
+                    f"{self._path}: dataset /{table}/{column} does not match its {algorithm}; "
                     "corrupt"
                 )
+
+    def _check_entries(
+        self,
+        table: str,
+        block: dict[str, npt.NDArray[Any]],
+        lo: int,
+        entries: npt.NDArray[np.int64],
+    ) -> None:
+        """Each chunk-index entry of a block (first row ``lo``) against its own rows."""
+        for entry in entries:
+            e_lo, e_hi = int(entry[0]) - lo, int(entry[1]) - lo
+            times = {k: v[e_lo:e_hi] for k, v in block.items() if k in _TIME_COLUMNS}
+            self._check_block(table, times, int(entry[0]), int(entry[1]), entry)
 
     def _check_block(
         self,
