@@ -294,7 +294,7 @@ def test_pruned_tables_keep_the_measured_rows_summarize_reads(tmp_path: Path) ->
     )
 
 
-class _Lagging(chunked._Behind):
+class _Lagging(chunked.OneBehind):
     """A reduction thread as late as it can be: each call runs only when the next is submitted
     (or at ``wait``), after the caller has reduced, and the reader read, the next block."""
 
@@ -336,7 +336,7 @@ def test_reduced_runtime_calls_give_the_same_tables(
     if stream_rows is not None:
         monkeypatch.setattr(chunked, "_STREAM_ROWS", stream_rows)
     if lagging:
-        monkeypatch.setattr(chunked, "_Behind", _Lagging)
+        monkeypatch.setattr(chunked, "OneBehind", _Lagging)
     trace = _synthetic(
         tmp_path / "t.h5", by_rank=by_rank, launch_names=2, runtime_only=runtime_only
     )

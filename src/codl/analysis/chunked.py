@@ -65,12 +65,13 @@ class _Scratch:
         return arr[:n]
 
 
-class _Behind:
-    """Runs a pass's calls on a thread of their own, in order, at most one call behind the
+class OneBehind:
+    """Runs a stream's calls on a thread of ``pool``'s, in order, at most one call behind the
     caller: a reduction whose state only it touches (the latency sketches, the loader's item
-    counts) runs beside the rest of the block's work (numpy lets go of the GIL in its loops).
-    A call's error is raised by the next ``submit`` or by ``wait``; the arrays a call takes
-    must be its own (not a reused block's or scratch's), as the caller moves on at once."""
+    counts) or a file's writes run beside the caller's next piece of work (numpy, Arrow and
+    HDF5 let go of the GIL in theirs). A call's error is raised by the next ``submit`` or by
+    ``wait``; the arrays a call takes must be its own (not a reused block's or scratch's), as
+    the caller moves on at once."""
 
     def __init__(self, pool: ThreadPoolExecutor) -> None:
         self._pool = pool
@@ -470,7 +471,7 @@ class _ApiPass:
     """Reduces events/cuda blocks; keeps the GPU activity rows (kernels, memcpy, memset) that
     the overlaps and the decomposition need."""
 
-    def __init__(self, strings: list[str], warmup: int, keep_from: int, behind: _Behind) -> None:
+    def __init__(self, strings: list[str], warmup: int, keep_from: int, behind: OneBehind) -> None:
         self._reducer = _api_reducer(strings)
         self._behind = behind
         self._runtime = _code_of(strings, "runtime")
@@ -576,7 +577,7 @@ def read_summary(
             ThreadPoolExecutor(threads) if threads > 1 else contextlib.nullcontext() as pool,
             ThreadPoolExecutor(1, thread_name_prefix="codl-reduce") as reducing,
         ):
-            api = _ApiPass(t.strings, warmup, 0 if warmup_rows else warmup, _Behind(reducing))
+            api = _ApiPass(t.strings, warmup, 0 if warmup_rows else warmup, OneBehind(reducing))
             for name in present:
                 if name == Table.CUDA:
                     blocks = t.verified_blocks(name, pool=pool, reuse=True, rows=_STREAM_ROWS)
@@ -595,7 +596,7 @@ def read_summary(
             # The loader's overlaps are measured against the compute spans (events/app) and
             # the kernels (events/cuda): its table comes last.
             targets = _loader_targets(tables, warmup)
-            loader = _LoaderPass(t.strings, warmup, targets, _Behind(reducing))
+            loader = _LoaderPass(t.strings, warmup, targets, OneBehind(reducing))
             if Table.LOADER in present:
                 marks = _Watermarks(t, Table.LOADER)
                 blocks = t.verified_blocks(Table.LOADER, pool=pool, reuse=True, rows=_STREAM_ROWS)
@@ -688,7 +689,7 @@ class _LoaderPass:
         strings: list[str],
         warmup: int,
         targets: dict[str, dict[int, Any]],
-        behind: _Behind | None = None,
+        behind: OneBehind | None = None,
     ) -> None:
         self._behind = behind
         self._stage_codes = [_code_of(strings, s) for s in LOADER_STAGES]

@@ -10,7 +10,7 @@ import json
 import logging
 import shutil
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -146,7 +146,7 @@ class _ParquetPieces:
         self._writer: pq.ParquetWriter | None = None
         self._schema: pa.Schema | None = None
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="codl-parquet")
-        self._writing: Future[None] | None = None
+        self._writing = chunked.OneBehind(self._thread)
         self.rows = self.pieces = 0
 
     def __enter__(self) -> _ParquetPieces:
@@ -154,7 +154,7 @@ class _ParquetPieces:
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         try:
-            self._wait()
+            self._writing.wait()
         except Exception:
             if exc_type is None:  # else the caller's own error is the one to see
                 raise
@@ -164,18 +164,12 @@ class _ParquetPieces:
                 self._writer.close()
                 self._writer = None
 
-    def _wait(self) -> None:
-        writing, self._writing = self._writing, None
-        if writing is not None:
-            writing.result()
-
     def write(self, df: pd.DataFrame) -> None:
         table = pa.Table.from_pandas(df, schema=self._schema, preserve_index=False)
-        self._wait()
         if self._writer is None:
             self._schema = table.schema
             self._writer = pq.ParquetWriter(self._path, self._schema)
-        self._writing = self._thread.submit(self._writer.write_table, table)
+        self._writing.submit(self._writer.write_table, table)
         self.rows += len(df)
         self.pieces += 1
 
