@@ -313,6 +313,34 @@ def test_helper_metrics_sum_each_roles_threads_per_rank() -> None:
     assert by.loc[(1, 3), "autograd_run_ms"] == 0.0
 
 
+def test_role_rows_are_the_rows_a_merge_on_the_threads_roles_keeps() -> None:
+    # role_rows picks rows by thread code instead of merging the deltas with the roles: the
+    # rows, their order and their roles must be the merge's. A thread captured twice has its
+    # latest role; a thread without a threads row has none; TID 13 is two threads (two ranks).
+    threads = frame(
+        "threads",
+        [
+            thread_row(0, 1, 11, "loader", "1"),
+            thread_row(0, 1, 11, "autograd", "1"),  # re-captured: the latest row wins
+            thread_row(0, 1, 13, "comm", "2"),
+            thread_row(1, 2, 13, "pin_memory", "3"),
+            thread_row(1, 2, LAUNCH, "launch", "0"),
+        ],
+    )
+    rows = []
+    for step in range(-1, 6):
+        k = step + 1
+        for rank, pid, tid in ((1, 2, 13), (0, 1, 11), (0, 1, 99), (0, 1, 13), (1, 2, LAUNCH)):
+            rows.append(sched_row(rank, pid, tid, step, run_ns=k * tid * MS, wait_ns=k * MS))
+    deltas = sm.sched_deltas(frame("samples/sched", rows))
+    roles = ["autograd", "comm", "pin_memory"]
+    got = sm.role_rows(deltas, threads, roles, ["run_ns", "wait_ns"], WARMUP)
+    merged = deltas.merge(sm.thread_roles(threads), on=["rank", "tid"], how="left")
+    want = merged[merged["role"].isin(roles) & (merged["step"] >= WARMUP)]
+    want = want[["rank", "step", "role", "run_ns", "wait_ns"]].reset_index(drop=True)
+    assert len(got) == 3 * (6 - WARMUP) and set(got["role"]) == set(roles)
+    pd.testing.assert_frame_equal(got.astype({"role": str}), want.astype({"role": str}))
+
 def test_backfilled_cuda_helper_times_equal_the_summarized_ones() -> None:
     # scripts/backfill_role_cpu.py reads an unpinned run's autograd and pin-memory time off the
     # launch-wait attribution; it must be what helper_metrics measures from the same samples,

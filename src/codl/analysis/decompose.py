@@ -73,7 +73,7 @@ from codl.analysis.columns import KEYS
 from codl.analysis.intervals import interval_union
 from codl.analysis.runlevel import mean_interval, runs_blocks
 from codl.analysis.steady import steady
-from codl.analysis.summarize import role_times, sched_deltas, thread_roles
+from codl.analysis.summarize import role_rows, role_times, sched_deltas, thread_roles
 from codl.spec import Mode
 from codl.trace.schema import Phase, Table
 
@@ -176,7 +176,6 @@ def host_parts(
     ).assign(host_source=pd.Series(dtype="object"))
     if threads.empty:
         return empty
-    roles = thread_roles(threads)
     ps = phase_sched if phase_sched is not None else pd.DataFrame()
     if len(ps):
         ps = ps[(ps["phase"].astype(str) == Phase.COMPUTE.value) & (ps["step"] >= warmup)]
@@ -185,11 +184,10 @@ def host_parts(
         source = COMPUTE_SPAN
     else:
         d = sched_deltas(sched) if deltas is None else deltas
-        d = d[d["step"] >= warmup]
         source = WHOLE_STEP
-    if d.empty:
+    if not (d["step"].to_numpy() >= warmup).any():
         return empty
-    out = _host_columns(d.merge(roles, on=["rank", "tid"], how="inner"))
+    out = _host_columns(role_rows(d, threads, LAUNCH_ROLES, ["run_ns", "wait_ns"], warmup))
     return out.assign(host_source=source) if len(out) else empty
 
 

@@ -311,19 +311,23 @@ def launch_metrics(
 ) -> pd.DataFrame:
     """Per (rank, step): the launch thread's run-queue wait, on-CPU time, involuntary switches.
     ``deltas``: ``sched_deltas(sched)`` when the caller has it already."""
-    d = _measured(sched_deltas(sched) if deltas is None else deltas, warmup)
+    d = sched_deltas(sched) if deltas is None else deltas
+    # Each launch thread's rows picked by index: the measured deltas copied whole cost ~80
+    # bytes a row (~0.3 GiB per 10^9 events) for the one thread in ~12 used here.
+    rank_of, tid_of = d["rank"].to_numpy(), d["tid"].to_numpy()
+    measured = d["step"].to_numpy() >= warmup
     rows = []
     for rank, tid in launch_tids(threads).items():
-        x = d[(d["rank"] == rank) & (d["tid"] == tid)]
+        at = np.flatnonzero(measured & (rank_of == rank) & (tid_of == tid))
         rows.append(
             pd.DataFrame(
                 {
                     "rank": rank,
-                    "step": x["step"].to_numpy(),
-                    "launch_wait_ms": _ms(x["wait_ns"]),
-                    "launch_run_ms": _ms(x["run_ns"]),
-                    "launch_involuntary": x["involuntary"].to_numpy(),
-                    "launch_timeslices": x["timeslices"].to_numpy(),
+                    "step": d["step"].to_numpy()[at],
+                    "launch_wait_ms": _ms(d["wait_ns"].to_numpy()[at]),
+                    "launch_run_ms": _ms(d["run_ns"].to_numpy()[at]),
+                    "launch_involuntary": d["involuntary"].to_numpy()[at],
+                    "launch_timeslices": d["timeslices"].to_numpy()[at],
                 }
             )
         )
@@ -369,6 +373,30 @@ def role_times(
     return out
 
 
+def role_rows(
+    d: pd.DataFrame,
+    threads: pd.DataFrame,
+    roles: Sequence[str],
+    columns: Sequence[str],
+    warmup: int,
+) -> pd.DataFrame:
+    """The rows of per-thread rows ``d`` (``rank``, ``tid``, ``step``, ...) of measured steps
+    whose thread (``thread_roles``) has one of ``roles``: ``rank``, ``step``, ``role`` (str)
+    and ``columns``, in ``d``'s order (what ``role_times`` takes). Picked by index, each
+    row's role looked up by its thread's code: a merge would copy every row and column of a
+    long run's deltas (~80 bytes a row) to keep the few of these roles."""
+    rank = d["rank"].to_numpy(np.int64)
+    tid = d["tid"].to_numpy(np.int64)
+    t_rank, t_tid, thread = _thread_codes(rank, tid)
+    named = thread_roles(threads).set_index(["rank", "tid"])["role"]
+    # Each distinct thread's role ("" where it has none), then each row's.
+    role = named.reindex(pd.MultiIndex.from_arrays([t_rank, t_tid])).fillna("").to_numpy(str)
+    keep = np.isin(role, list(roles))[thread] & (d["step"].to_numpy() >= warmup)
+    at = np.flatnonzero(keep)
+    out = {"rank": rank[at], "step": d["step"].to_numpy()[at], "role": role[thread[at]]}
+    return pd.DataFrame(out | {c: d[c].to_numpy()[at] for c in columns})
+
+
 def helper_metrics(
     sched: pd.DataFrame,
     threads: pd.DataFrame,
@@ -380,12 +408,14 @@ def helper_metrics(
     (a rank's NCCL/gloo threads are several). A role without threads in a rank that has
     scheduler samples did no work there: 0, not NaN (no pin-memory thread: 0 copies).
     ``deltas``: ``sched_deltas(sched)`` when the caller has it already."""
-    d = _measured(sched_deltas(sched) if deltas is None else deltas, warmup)
-    if d.empty or threads.empty:
+    d = sched_deltas(sched) if deltas is None else deltas
+    measured = d["step"].to_numpy() >= warmup
+    if not measured.any() or threads.empty:
         return _empty(HELPER_COLUMNS)
-    d = d.merge(thread_roles(threads), on=["rank", "tid"], how="left")
-    every = pd.MultiIndex.from_frame(d[KEYS].drop_duplicates().sort_values(KEYS))
-    out = role_times(d, HELPER_ROLES).reindex(every, fill_value=0.0)
+    keys = pd.DataFrame({k: d[k].to_numpy()[measured] for k in KEYS})
+    every = pd.MultiIndex.from_frame(keys.drop_duplicates().sort_values(KEYS))
+    helpers = role_rows(d, threads, HELPER_ROLES, ["run_ns"], warmup)
+    out = role_times(helpers, HELPER_ROLES).reindex(every, fill_value=0.0)
     return out.reset_index().astype(HELPER_COLUMNS)[list(HELPER_COLUMNS)]
 
 
