@@ -19,6 +19,7 @@ core would not do as a quiet control: they push the machine's other tasks onto t
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -26,7 +27,9 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from codl.analysis import load
@@ -140,3 +143,92 @@ def test_comparison_rows_carry_the_flag_of_their_runs_and_twins() -> None:
     assert got == [True, False, True, False, False]
     # A combined run's own spread is the effect measured, not instability.
     assert load.unstable(runs).tolist() == [False, False, False, True, False]
+
+
+def _core_samples(rng: np.random.Generator, ranks: int, steps: int, cores: int) -> pd.DataFrame:
+    """samples/cpu of ``ranks`` ranks over steps -1..steps-1, each core's cumulative ticks; a
+    few cores missing from a sample (offline), a few rows repeated (a sample read twice), the
+    last rank's rows all in the warm-up, some samples tagged out of time order."""
+    rows = []
+    for rank in range(ranks):
+        last = 1 if rank == ranks - 1 and ranks > 1 else steps
+        ticks = rng.integers(0, 50, cores)
+        for step in range(-1, last):
+            t = 10**9 * (step + 2) + int(rng.integers(0, 1000))
+            tag = step - 1 if rng.random() < 0.1 else step
+            ticks = ticks + rng.integers(0, 20, cores)
+            for cpu in range(cores):
+                if rng.random() < 0.05:
+                    continue
+                row = {"t_ns": t, "rank": rank, "step": tag, "cpu": cpu, "user": ticks[cpu]}
+                row |= {"system": ticks[cpu] // 3, "idle": 5, "iowait": 0, "other": step + 1}
+                rows.extend([row] * (2 if rng.random() < 0.03 else 1))
+    dtypes = {"rank": "int16", "step": "int32", "cpu": "int16", "t_ns": "int64"}
+    return pd.DataFrame(rows).astype(dtypes)
+
+
+def _share(
+    cpu: pd.DataFrame,
+    *,
+    sched: pd.DataFrame,
+    threads: pd.DataFrame,
+    attrs: dict[str, str],
+    warmup: int,
+    per_node: int,
+) -> dict[str, Any]:
+    return load.outside_cpu_share(
+        cpu, sched, threads, attrs, warmup=warmup, ranks_per_node=per_node
+    )
+
+
+def test_the_core_samples_kept_give_the_share_of_the_whole_table() -> None:
+    # read_summary keeps only the samples/cpu rows outside_cpu_share reads (a row per core,
+    # rank and step is ~5 x 10^6 rows at 10^9 events), reduced block by block: the share must
+    # be that of the whole table, whatever the cores, ranks per node, warm-up and block size.
+    from codl.analysis.chunked import _CoreSamplePass
+
+    rng = np.random.default_rng(7)
+    numeric = 0
+    for case in range(40):
+        ranks, cores = int(rng.integers(1, 5)), int(rng.integers(1, 6))
+        warmup, per_node = int(rng.integers(0, 4)), int(rng.integers(1, 4))
+        cpu = _core_samples(rng, ranks, int(rng.integers(2, 9)), cores)
+        masks = ["", f"0-{max(0, cores - 2)}", "1"]
+        threads = pd.DataFrame(
+            {
+                "rank": np.arange(ranks),
+                "tid": 100 + np.arange(ranks),
+                "cpus_actual": [masks[int(rng.integers(0, 3))] for _ in range(ranks)],
+            }
+        )
+        steps = sorted(set(cpu["step"]))
+        sched = pd.DataFrame(
+            [
+                {"rank": r, "step": s, "tid": 100 + r, "run_ns": (s + 2) * int(3e8)}
+                for r in range(ranks)
+                for s in steps
+            ]
+        )
+        share = functools.partial(
+            _share,
+            sched=sched,
+            threads=threads,
+            attrs={"allowed_cpus": f"0-{cores - 1}"},
+            warmup=warmup,
+            per_node=per_node,
+        )
+
+        whole = share(cpu)
+        reduced = cpu[load.core_sample_rows(cpu, warmup=warmup)]
+        blocks = _CoreSamplePass(warmup)
+        size = int(rng.integers(1, 40))
+        for lo in range(0, len(cpu), size):
+            blocks.add({c: cpu[c].to_numpy()[lo : lo + size] for c in cpu})
+        streamed = blocks.result()
+        pd.testing.assert_frame_equal(streamed, reduced.reset_index(drop=True), check_dtype=False)
+        got = share(reduced)
+        assert got[load.FLAG_COLUMN] == whole[load.FLAG_COLUMN], case
+        pd.testing.assert_series_equal(pd.Series(got), pd.Series(whole), check_exact=True)
+        numeric += not np.isnan(whole[load.SHARE_COLUMN])
+        assert len(reduced) < len(cpu) or len(cpu) <= 4 * ranks * cores
+    assert numeric >= 20

@@ -32,6 +32,7 @@ from codl.analysis.columns import (
 )
 from codl.analysis.intervals import UnionOverlap, interval_union
 from codl.analysis.latency import ExactLatency, NameHistogram
+from codl.analysis.load import core_sample_rows
 from codl.trace.schema import LOADER_ITEM_STAGES, TABLES, Phase, Table
 from codl.trace.store import Trace, empty_frame, open_trace
 
@@ -560,8 +561,9 @@ def read_summary(
     as they are read, block by block: the CUDA runtime calls (``ApiReduction``) and the
     loader's rows (``LoaderReduction``). events/cuda comes back with its GPU activity rows
     only (none in a ``cuda_api`` trace; ``warmup_rows`` keeps the warm-up's), events/loader
-    empty (the step timeline reads its window itself). Memory does not grow with the calls or
-    the loader's rows.
+    empty (the step timeline reads its window itself), samples/cpu with the rows
+    ``load.outside_cpu_share`` reads (``load.core_sample_rows``). Memory does not grow with the
+    calls, the loader's rows or the per-core samples.
 
     The trace is verified (``Trace.verify``) in the same pass: each table's blocks are
     checked and hashed as they are read (``Trace.verified_blocks``), so every byte is decoded
@@ -584,6 +586,13 @@ def read_summary(
                     for _, _, block in blocks:
                         api.add(block)
                     block = {}  # its arrays, and the reused buffers they are views of, freed
+                elif name == Table.CPU:
+                    cores = _CoreSamplePass(warmup)
+                    for _, _, block in t.verified_blocks(
+                        name, pool=pool, reuse=True, rows=_STREAM_ROWS
+                    ):
+                        cores.add(block)
+                    tables[name] = cores.result()
                 elif name in SUMMARY_TABLES and name != Table.LOADER:
                     tables[name] = t.verified_table(name, pool=pool)
                 elif name != Table.LOADER:  # not summarized; the summary vouches for it too
@@ -606,6 +615,34 @@ def read_summary(
     out = {n: tables[n] for n in SUMMARY_TABLES}, attrs, api.result(), loader.result()
     release_free_heap()
     return out
+
+
+class _CoreSamplePass:
+    """samples/cpu reduced block by block to the rows ``load.outside_cpu_share`` reads
+    (``load.core_sample_rows``: one row per core, rank and step in a long run, of which the
+    share needs a few per core), in the table's order."""
+
+    def __init__(self, warmup: int) -> None:
+        self._warmup = warmup
+        self._pieces: list[pd.DataFrame] = []
+        self._rows = 0
+
+    def add(self, cols: dict[str, npt.NDArray[Any]]) -> None:
+        block = pd.DataFrame({c.name: cols[c.name] for c in TABLES[Table.CPU]}, copy=False)
+        keep = core_sample_rows(block, warmup=self._warmup)
+        piece = block[keep]  # a copy: the next block reuses the arrays
+        piece.index = np.flatnonzero(keep) + self._rows  # rows of the whole table
+        self._rows += len(block)
+        self._pieces.append(piece)
+
+    def result(self) -> pd.DataFrame:
+        if not self._pieces:
+            return empty_frame(Table.CPU)
+        kept = pd.concat(self._pieces) if len(self._pieces) > 1 else self._pieces[0]
+        # The selection again over the blocks' picks: each block's first and last are
+        # candidates for the table's.
+        kept = kept[core_sample_rows(kept, warmup=self._warmup)]
+        return kept.reset_index(drop=True)
 
 
 def release_free_heap() -> None:

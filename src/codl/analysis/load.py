@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 
 from codl.pinning import parse_cpulist
@@ -81,6 +82,35 @@ def outside_cpu_share(
         return none
     share = float(max(shares))
     return {SHARE_COLUMN: share, FLAG_COLUMN: bool(share >= OUTSIDE_LOAD_FLAG)}
+
+
+def core_sample_rows(cpu: pd.DataFrame, *, warmup: int) -> npt.NDArray[np.bool_]:
+    """The rows of ``samples/cpu`` that ``outside_cpu_share`` reads: ``outside_cpu_share`` of
+    those rows alone is that of the whole table. A long run has one row per core, rank and step
+    (~5 x 10^6 at 10^9 events on 16 cores), of which the share needs each core's first and last
+    sample of the measured window (all rows at those instants, whichever cores the run's
+    masks then pick), its latest step there, and each rank's presence (ranks are grouped into
+    nodes by position). The selection is idempotent, so a table read block by block can be
+    reduced per block and once more at the end (``chunked.read_summary``)."""
+    keep = np.zeros(len(cpu), dtype=np.bool_)
+    if not len(cpu):
+        return keep
+    pos = np.arange(len(cpu))
+    # Each rank's first row, whatever its step.
+    keep[pos[~cpu["rank"].duplicated().to_numpy()]] = True
+    measured = (cpu["step"] >= warmup - 1).to_numpy()
+    m = cpu[measured]
+    if len(m):
+        by = m.groupby(["rank", "cpu"], sort=False)
+        t = m["t_ns"]
+        edge = (t == by["t_ns"].transform("min")) | (t == by["t_ns"].transform("max"))
+        at = pos[measured]
+        keep[at[edge.to_numpy()]] = True
+        # A row of each core's latest step (its first, if several).
+        latest = np.flatnonzero(by["step"].transform("max").to_numpy() == m["step"].to_numpy())
+        again = m[["rank", "cpu"]].iloc[latest].duplicated().to_numpy()
+        keep[at[latest[~again]]] = True
+    return keep
 
 
 def _node_share(
