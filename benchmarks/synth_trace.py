@@ -2,11 +2,14 @@
 `combined` run with the `cuda_api` level, over several ranks, at a chosen number of events.
 
 Per rank and step: the app's phase spans (step, data wait, H2D, forward, backward, optimizer,
-compute), 4 AllReduce buckets, a scheduler sample of each of its threads, ~2,100 CUDA runtime
-calls of a real name mix (launches, copies, events, syncs; log-normal latencies with a rare
-slow tail) and the loader's rows for the batch (fetch, decode, transform per item on 4 workers,
-one collate), written in time order, rank after rank per round as a merged trace holds them.
-That is ~70 % CUDA API rows, ~26 % loader rows and the rest small tables. Root attributes are
+compute), 4 AllReduce buckets (host spans, and their GPU times in events/comm_gpu), a scheduler
+sample of each of its threads, one /proc/stat sample of each of the node's 16 cores (every rank
+takes its own, as the tracer does), the launch and autograd threads' counters across the
+compute and data-wait spans (events/phase_sched), one NVML sample of its GPU, ~2,100 CUDA
+runtime calls of a real name mix (launches, copies, events, syncs; log-normal latencies with a
+rare slow tail) and the loader's rows for the batch (fetch, decode, transform per item on 4
+workers, one collate), written in time order, rank after rank per round as a merged trace holds
+them. That is ~72 % CUDA API rows, ~26 % loader rows and the rest small tables. Root attributes are
 those of a real run (a committed golden trace's), with the layout and levels adjusted.
 
     PYTHONPATH=src python benchmarks/synth_trace.py OUT.h5 --events 10000000
@@ -47,8 +50,13 @@ CALLS_PER_STEP = 2_100
 ITEMS_PER_STEP = 250
 WORKERS = 4
 THREADS_PER_RANK = 12
+CORES = 16  # the /proc/stat lines a rank samples: the H200 node's 16 cores per GPU
 PHASES = ("data_wait", "h2d", "forward", "backward", "optimizer", "compute", "step")
-EVENTS_PER_RANK_STEP = CALLS_PER_STEP + 3 * ITEMS_PER_STEP + 1 + THREADS_PER_RANK + 7 + 4
+# Per rank and step: calls, loader rows (3 per item, 1 collate), sched samples, app spans,
+# buckets and their GPU rows, core samples, phase counters (2 spans x 2 threads), device sample.
+EVENTS_PER_RANK_STEP = (
+    CALLS_PER_STEP + 3 * ITEMS_PER_STEP + 1 + THREADS_PER_RANK + 7 + 2 * 4 + CORES + 4 + 1
+)
 
 
 def _golden_attrs(ranks: int) -> dict[str, Any]:
@@ -201,9 +209,78 @@ def _small(rng: np.random.Generator, rank: int, steps: np.ndarray, t: np.ndarray
         "bytes": np.full(4 * n, 25 << 20),
         "start_ns": start,
         "end_ns": start + rng.integers(1_000_000, 3_000_000, 4 * n),
-        "gpu_ns": np.full(4 * n, -1),
     }
-    return {"samples/sched": sched, "events/comm": comm}
+    # CUDA events time each bucket on the GPU: its duration in gpu_ns, its times in comm_gpu.
+    gpu_start = start + rng.integers(10_000, 200_000, 4 * n)
+    gpu_ns = rng.integers(800_000, 2_500_000, 4 * n)
+    comm["gpu_ns"] = gpu_ns
+    comm_gpu = {
+        "rank": comm["rank"],
+        "step": comm["step"],
+        "bucket": comm["bucket"],
+        "start_ns": gpu_start,
+        "end_ns": gpu_start + gpu_ns,
+    }
+    return {"samples/sched": sched, "events/comm": comm, "events/comm_gpu": comm_gpu}
+
+
+def _per_step_samples(
+    rng: np.random.Generator, rank: int, steps: np.ndarray, t: np.ndarray
+) -> dict:
+    """samples/cpu (each core's cumulative ticks at each step's end, 100 Hz), samples/device
+    (the rank's GPU) and events/phase_sched (the launch and autograd threads' counters across
+    the data-wait and compute spans)."""
+    n = len(steps)
+    done = (steps.astype(np.int64) + 1)[:, None]  # steps ended: ticks accumulate ~10 a step
+    jitter = rng.integers(0, 2, (n, CORES))
+    cpu = {
+        "t_ns": np.repeat(t + STEP_NS, CORES),
+        "rank": np.full(n * CORES, rank, np.int16),
+        "step": np.repeat(steps, CORES),
+        "cpu": np.tile(np.arange(CORES, dtype=np.int16), n),
+        "user": (done * 6 + jitter).ravel(),
+        "system": (done * 2).repeat(CORES, axis=1).ravel(),
+        "idle": (done * 2 - jitter).ravel(),
+        "iowait": np.zeros(n * CORES, np.int64),
+        "other": np.zeros(n * CORES, np.int64),
+    }
+    device = {
+        "t_ns": t + STEP_NS,
+        "rank": np.full(n, rank, np.int16),
+        "step": steps,
+        "gpu": np.full(n, rank, np.int16),
+        "util_pct": np.full(n, 92, np.int16),
+        "mem_util_pct": np.full(n, 41, np.int16),
+        "mem_used": np.full(n, 40 << 30),
+        "sm_clock": np.full(n, 1980, np.int32),
+        "power": rng.integers(450_000, 600_000, n),
+    }
+    # (phase, start and end as fractions of the step) as _app lays them out, for 2 threads.
+    spans = (("data_wait", 0.0, 0.05), ("compute", 0.07, 0.98))
+    pid = 10_000 + 100 * rank
+    rows: dict[str, list[np.ndarray]] = {c: [] for c in ("phase", "tid", "start", "end", "run")}
+    for phase, lo, hi in spans:
+        for tid, busy in ((pid, 0.9), (pid + 1, 0.5)):
+            length = int((hi - lo) * STEP_NS)
+            rows["phase"].append(np.full(n, phase, object))
+            rows["tid"].append(np.full(n, tid))
+            rows["start"].append(t + int(lo * STEP_NS))
+            rows["end"].append(t + int(lo * STEP_NS) + length)
+            rows["run"].append((busy * length * rng.uniform(0.9, 1.0, n)).astype(np.int64))
+    k = len(spans) * 2
+    run = np.concatenate(rows["run"])
+    phase_sched = {
+        "rank": np.full(k * n, rank, np.int16),
+        "step": np.tile(steps, k),
+        "phase": np.concatenate(rows["phase"]),
+        "tid": np.concatenate(rows["tid"]),
+        "start_ns": np.concatenate(rows["start"]),
+        "end_ns": np.concatenate(rows["end"]),
+        "run_ns": run,
+        "wait_ns": rng.integers(0, 2_000_000, k * n),
+        "timeslices": run // 4_000_000 + 1,
+    }
+    return {"samples/cpu": cpu, "samples/device": device, "events/phase_sched": phase_sched}
 
 
 def make_trace(path: Path, events: int, *, ranks: int = 4, round_steps: int = 100) -> int:
@@ -225,6 +302,7 @@ def make_trace(path: Path, events: int, *, ranks: int = 4, round_steps: int = 10
                     "events/cuda": _cuda(rng, rank, steps, t, tid),
                     "events/loader": _loader(rng, rank, steps, t),
                     **_small(rng, rank, steps, t),
+                    **_per_step_samples(rng, rank, steps, t),
                 }
                 for name, cols in tables.items():
                     w.append(name, cols)

@@ -341,6 +341,7 @@ def test_role_rows_are_the_rows_a_merge_on_the_threads_roles_keeps() -> None:
     assert len(got) == 3 * (6 - WARMUP) and set(got["role"]) == set(roles)
     pd.testing.assert_frame_equal(got.astype({"role": str}), want.astype({"role": str}))
 
+
 def test_backfilled_cuda_helper_times_equal_the_summarized_ones() -> None:
     # scripts/backfill_role_cpu.py reads an unpinned run's autograd and pin-memory time off the
     # launch-wait attribution; it must be what helper_metrics measures from the same samples,
