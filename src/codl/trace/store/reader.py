@@ -50,7 +50,8 @@ from codl.trace.store.layout import (
 
 # gzip's best ratio is ~1000:1; a row count claiming more data than that cannot be true.
 _MAX_EXPANSION: Final = 2048
-
+# The rows of one block of ``verified_table``'s read: its reused buffers' size.
+_TABLE_BLOCK_ROWS: Final = 1 << 16
 _VERIFY_BLOCK_ROWS: Final = 1 << 20
 _TIME_COLUMNS: Final = frozenset({"start_ns", "end_ns", "t_ns"})
 
@@ -543,7 +544,18 @@ class Trace:
         """``table(name)``, every row checked as ``verify`` checks it, in the same read."""
         if name not in self.tables():
             return empty_frame(name)
-        return self._frame(name, [block for _, _, block in self.verified_blocks(name, pool=pool)])
+        schema = table_schema(name)
+        n = self._row_count(name, schema)
+        # Each block copied into its place in whole-table columns as it comes, the blocks read
+        # into two small reused sets of arrays: the blocks kept and then joined were a second
+        # copy of the table at its peak (a long run's small tables are ~0.6 GiB per 10^9
+        # events).
+        whole = {c.name: np.empty(n, dtype=c.numpy_dtype) for c in schema}
+        blocks = self.verified_blocks(name, pool=pool, reuse=True, rows=_TABLE_BLOCK_ROWS)
+        for lo, hi, block in blocks:
+            for column, values in block.items():
+                whole[column][lo:hi] = values
+        return self._frame(name, [whole] if n else [])
 
     def _column_digests(self, table: str) -> dict[str, Any]:
         try:
@@ -780,7 +792,10 @@ def open_trace(path: str | os.PathLike[str], *, allow_incomplete: bool = False) 
     if not is_hdf5:
         raise TraceFormatError(f"{p}: not an HDF5 file")
     try:
-        f = h5py.File(p, "r")
+        # No HDF5 chunk cache: every read here decodes whole row ranges once, and the column
+        # datasets stay open for the trace's life, each with its own cache (~0.25 GiB held at
+        # 10^8 events by `codl summarize`, for no measured speed: benchmarks/summarize_cost.py).
+        f = h5py.File(p, "r", rdcc_nbytes=0)
     except H5_ERRORS as e:
         raise TraceFormatError(f"{p}: cannot open as HDF5 ({e}); truncated or corrupt") from e
     try:
