@@ -342,6 +342,53 @@ def test_role_rows_are_the_rows_a_merge_on_the_threads_roles_keeps() -> None:
     pd.testing.assert_frame_equal(got.astype({"role": str}), want.astype({"role": str}))
 
 
+def _random_sched(rng: np.random.Generator) -> pd.DataFrame:
+    """samples/sched of 1-3 ranks and a few threads each over steps -1..7: TIDs shared across
+    ranks, a thread sampled twice for one step (a final flush), a sample tagged out of time
+    order, a thread missing some steps, one TID reused (its counters start again)."""
+    rows = []
+    for rank in range(int(rng.integers(1, 4))):
+        for tid in rng.choice([11, 12, 13, 14], size=int(rng.integers(1, 5)), replace=False):
+            run = wait = 0
+            for step in range(-1, 8):
+                if rng.random() < 0.15:
+                    continue
+                for _ in range(2 if rng.random() < 0.1 else 1):
+                    run, wait = run + int(rng.integers(0, 9)) * MS, wait + int(rng.integers(0, 5))
+                    if rng.random() < 0.05:
+                        run = wait = 0
+                    tag = step + 1 if rng.random() < 0.05 else step
+                    row = sched_row(rank, 1 + rank, int(tid), tag, run_ns=run, wait_ns=wait)
+                    row["t_ns"] = BASE + (step + 1) * 100 * MS + int(rng.integers(0, 3))
+                    rows.append(row)
+    order = rng.permutation(len(rows))  # samples of several threads interleaved
+    return frame("samples/sched", [rows[i] for i in order])
+
+
+def test_a_steps_sample_rows_give_its_deltas_of_the_whole_table() -> None:
+    # summarize_to keeps of the scheduler samples, for the step timeline, only rank 0's
+    # samples of its step and their predecessors: the step's deltas must be the whole
+    # table's, whatever the interleaving, repeated tags, gaps and TID reuse.
+    rng = np.random.default_rng(11)
+    compared = 0
+    for case in range(60):
+        sched = _random_sched(rng)
+        step = int(rng.integers(-1, 9))
+        rank = int(rng.integers(0, 3))
+        keep = sm.step_sample_rows(sched, rank=rank, step=step)
+        kept = sched[keep]
+        want = sm.sched_deltas(sched[sched["rank"] == rank], step=step)
+        got = sm.sched_deltas(kept[kept["rank"] == rank], step=step)
+        pd.testing.assert_frame_equal(
+            got.reset_index(drop=True), want.reset_index(drop=True), obj=f"case {case}"
+        )
+        compared += len(want) > 0
+        # Neither more than the step's samples and one predecessor each, nor other ranks'.
+        assert keep.sum() <= 2 * ((sched["rank"] == rank) & (sched["step"] == step)).sum()
+        assert (kept["rank"] == rank).all()
+    assert compared >= 30
+
+
 def test_backfilled_cuda_helper_times_equal_the_summarized_ones() -> None:
     # scripts/backfill_role_cpu.py reads an unpinned run's autograd and pin-memory time off the
     # launch-wait attribution; it must be what helper_metrics measures from the same samples,

@@ -232,3 +232,64 @@ def test_the_core_samples_kept_give_the_share_of_the_whole_table() -> None:
         numeric += not np.isnan(whole[load.SHARE_COLUMN])
         assert len(reduced) < len(cpu) or len(cpu) <= 4 * ranks * cores
     assert numeric >= 20
+
+
+def test_the_thread_samples_kept_give_the_share_of_the_whole_table() -> None:
+    # summarize_to keeps of samples/sched (~4 x 10^6 rows at 10^9 events) only the rows
+    # outside_cpu_share reads once the per-step deltas are made: the share must be the whole
+    # table's, whatever the threads (TIDs shared across ranks, threads that come and go, a
+    # reused TID whose counter starts again), ranks per node, warm-up and cores.
+    rng = np.random.default_rng(13)
+    numeric = 0
+    for case in range(40):
+        ranks, cores = int(rng.integers(1, 5)), int(rng.integers(1, 6))
+        warmup, per_node = int(rng.integers(0, 4)), int(rng.integers(1, 4))
+        cpu = _core_samples(rng, ranks, int(rng.integers(2, 9)), cores)
+        threads = pd.DataFrame(
+            {"rank": np.arange(ranks), "tid": 100 + np.arange(ranks), "cpus_actual": ""}
+        )
+        rows = []
+        for rank in range(ranks):
+            for tid in rng.choice([100, 101, 102, 103], size=int(rng.integers(1, 4))):
+                run = int(rng.integers(0, 10**9))
+                for step in range(-1, int(cpu["step"].max()) + 3):
+                    if rng.random() < 0.2:  # not sampled: came late, left early, or a gap
+                        continue
+                    run = 0 if rng.random() < 0.05 else run + int(rng.integers(0, 4 * 10**8))
+                    rows.append({"rank": rank, "step": step, "tid": int(tid), "run_ns": run})
+        sched = pd.DataFrame(rows, columns=["rank", "step", "tid", "run_ns"])
+        share = functools.partial(
+            _share,
+            threads=threads,
+            attrs={"allowed_cpus": f"0-{cores - 1}"},
+            warmup=warmup,
+            per_node=per_node,
+        )
+        whole = share(cpu, sched=sched)
+        keep = load.sched_sample_rows(
+            cpu,
+            sched,
+            threads,
+            {"allowed_cpus": f"0-{cores - 1}"},
+            warmup=warmup,
+            ranks_per_node=per_node,
+        )
+        got = share(cpu, sched=sched[keep])
+        assert got[load.FLAG_COLUMN] == whole[load.FLAG_COLUMN], case
+        pd.testing.assert_series_equal(pd.Series(got), pd.Series(whole), check_exact=True)
+        numeric += not np.isnan(whole[load.SHARE_COLUMN])
+        assert keep.sum() < len(sched) or len(sched) <= 4 * ranks
+    assert numeric >= 20
+    # Samples only of the warm-up: none in the window, and the share counts no thread time;
+    # the table is not empty for all that (an empty one means no samples: no share).
+    cpu = _core_samples(np.random.default_rng(3), 1, 8, 2)
+    threads = pd.DataFrame({"rank": [0], "tid": [100], "cpus_actual": [""]})
+    early = pd.DataFrame({"rank": [0, 0], "step": [-1, 0], "tid": [100, 100], "run_ns": [0, 9]})
+    share = functools.partial(
+        _share, threads=threads, attrs={"allowed_cpus": "0-1"}, warmup=4, per_node=1
+    )
+    keep = load.sched_sample_rows(
+        cpu, early, threads, {"allowed_cpus": "0-1"}, warmup=4, ranks_per_node=1
+    )
+    assert not np.isnan(share(cpu, sched=early)[load.SHARE_COLUMN])
+    assert share(cpu, sched=early[keep]) == share(cpu, sched=early)

@@ -907,10 +907,10 @@ def _sorted_unique(x: _Ints) -> _Ints:
 def _loader_targets(tables: dict[str, pd.DataFrame], warmup: int) -> dict[str, dict[int, Any]]:
     """Per rank, the interval unions the loader's busy time is measured against."""
     app = tables[Table.APP]
-    comp = app[(app["phase"].astype(str) == Phase.COMPUTE.value) & (app["step"] >= warmup)]
+    comp = app[(app["phase"] == Phase.COMPUTE.value) & (app["step"] >= warmup)]
     targets: dict[str, dict[int, Any]] = {"compute": _rank_unions(comp)}
     cuda = tables.get(Table.CUDA)
     if cuda is not None and len(cuda):
-        k = cuda[(cuda["kind"].astype(str) == "kernel") & (cuda["step"] >= warmup)]
+        k = cuda[(cuda["kind"] == "kernel") & (cuda["step"] >= warmup)]
         targets["kernel"] = _rank_unions(k)
     return targets

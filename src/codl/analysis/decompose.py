@@ -178,7 +178,7 @@ def host_parts(
         return empty
     ps = phase_sched if phase_sched is not None else pd.DataFrame()
     if len(ps):
-        ps = ps[(ps["phase"].astype(str) == Phase.COMPUTE.value) & (ps["step"] >= warmup)]
+        ps = ps[(ps["phase"] == Phase.COMPUTE.value) & (ps["step"] >= warmup)]
     if len(ps):
         d = ps.assign(rank=ps["rank"].astype("int64"), tid=ps["tid"].astype("int64"))
         source = COMPUTE_SPAN
@@ -410,7 +410,7 @@ def launch_offcpu(
     """Per rank with measured compute spans, from the kernel's scheduler record: (rank, its
     compute spans, its threads' roles, the off-CPU intervals of its launch roles)."""
     roles = thread_roles(threads)
-    spans = app[(app["phase"].astype(str) == Phase.COMPUTE.value) & (app["step"] >= warmup)]
+    spans = app[(app["phase"] == Phase.COMPUTE.value) & (app["step"] >= warmup)]
     for rank, win in spans.groupby(spans["rank"].astype("int64")):
         mine = roles[roles["rank"] == rank]
         launch = mine.loc[mine["role"].isin(LAUNCH_ROLES), "tid"]
@@ -458,7 +458,7 @@ def step_parts(
     ``clock_bound_ns``: the trace's per-rank alignment bounds (``clock.rank_bounds``);
     ``deltas``: ``summarize.sched_deltas`` of ``samples/sched`` when the caller has them."""
     app = tables[Table.APP]
-    st = app[(app["phase"].astype(str) == Phase.STEP.value) & (app["step"] >= warmup)]
+    st = app[(app["phase"] == Phase.STEP.value) & (app["step"] >= warmup)]
     base = (
         pd.DataFrame({"rank": st["rank"].astype("int64"), "step": st["step"].astype("int64")})
         .drop_duplicates()

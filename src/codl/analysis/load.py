@@ -71,11 +71,9 @@ def outside_cpu_share(
     none = {SHARE_COLUMN: np.nan, FLAG_COLUMN: False}
     if not len(cpu) or not len(sched):
         return none
-    per_node = max(1, int(ranks_per_node))
     shares = []
-    for node, ranks in pd.Series(sorted(set(cpu["rank"]))).groupby(lambda i: i // per_node):
-        del node
-        share = _node_share(cpu, sched, threads, attrs, set(ranks), warmup)
+    for ranks in _nodes(cpu, ranks_per_node):
+        share = _node_share(cpu, sched, threads, attrs, ranks, warmup)
         if share is not None:
             shares.append(share)
     if not shares:
@@ -113,6 +111,80 @@ def core_sample_rows(cpu: pd.DataFrame, *, warmup: int) -> npt.NDArray[np.bool_]
     return keep
 
 
+def sched_sample_rows(
+    cpu: pd.DataFrame,
+    sched: pd.DataFrame,
+    threads: pd.DataFrame,
+    attrs: Mapping[str, Any],
+    *,
+    warmup: int,
+    ranks_per_node: int = 1,
+) -> npt.NDArray[np.bool_]:
+    """The rows of ``samples/sched`` that ``outside_cpu_share`` reads: its share of these
+    rows alone is that of the whole table. Of a node's threads' samples inside its cores'
+    window (``_thread_window``) it takes each thread's least and greatest on-CPU time, so
+    those rows (all that hold either value) are kept, and the table's first row, as the
+    share reads whether the table is empty. A long run holds ~4 x 10^6 samples per 10^9
+    events (~0.3 GiB); ``steps.analysis.summarize_to`` keeps these once their per-step
+    differences are made."""
+    keep = np.zeros(len(sched), dtype=np.bool_)
+    if not len(sched):
+        return keep
+    keep[0] = True
+    if not len(cpu):
+        return keep
+    run = sched["run_ns"].to_numpy(np.int64)
+    for ranks in _nodes(cpu, ranks_per_node):
+        window = _core_window(cpu, threads, attrs, ranks, warmup)
+        if window is None:
+            continue
+        at = np.flatnonzero(_thread_window(sched, ranks, warmup, int(window[0]["step"].max())))
+        by = pd.Series(run[at]).groupby(sched["tid"].to_numpy()[at])
+        ends = (run[at] == by.transform("min").to_numpy()) | (
+            run[at] == by.transform("max").to_numpy()
+        )
+        keep[at[ends]] = True
+    return keep
+
+
+def _nodes(cpu: pd.DataFrame, ranks_per_node: int) -> list[set[int]]:
+    """The ranks of each node that has core samples (ranks grouped by position)."""
+    per_node = max(1, int(ranks_per_node))
+    ranks = pd.Series(sorted(set(cpu["rank"])))
+    return [{int(r) for r in group} for _, group in ranks.groupby(lambda i: i // per_node)]
+
+
+def _core_window(
+    cpu: pd.DataFrame,
+    threads: pd.DataFrame,
+    attrs: Mapping[str, Any],
+    ranks: set[int],
+    warmup: int,
+) -> tuple[pd.DataFrame, npt.NDArray[np.int64]] | None:
+    """A node's core samples that its share reads, and their distinct instants (None when
+    fewer than two): those of one rank of the node (all ranks see the same /proc/stat), of
+    the run's cores, from the one that closes the last warm-up step (step warmup - 1; -1 is
+    before step 0) to the last."""
+    th = threads[threads["rank"].isin(ranks)]
+    cores: frozenset[int] = frozenset().union(*(_cpus(a) for a in th["cpus_actual"].unique()))
+    cores = cores or _cpus(attrs.get("allowed_cpus"))
+    rank = min(ranks)
+    c = cpu[(cpu["rank"] == rank) & (cpu["step"] >= warmup - 1)]
+    if cores:
+        c = c[c["cpu"].isin(cores)]
+    times = np.unique(c["t_ns"].to_numpy())
+    return None if len(times) < 2 else (c, times)
+
+
+def _thread_window(
+    sched: pd.DataFrame, ranks: set[int], warmup: int, last_step: int
+) -> npt.NDArray[np.bool_]:
+    """The node's threads' samples of the cores' window: the same step boundaries (taken in
+    the same call as the cores')."""
+    step = sched["step"].to_numpy()
+    return sched["rank"].isin(ranks).to_numpy() & (step >= warmup - 1) & (step <= last_step)
+
+
 def _node_share(
     cpu: pd.DataFrame,
     sched: pd.DataFrame,
@@ -121,18 +193,10 @@ def _node_share(
     ranks: set[int],
     warmup: int,
 ) -> float | None:
-    th = threads[threads["rank"].isin(ranks)]
-    cores: frozenset[int] = frozenset().union(*(_cpus(a) for a in th["cpus_actual"].unique()))
-    cores = cores or _cpus(attrs.get("allowed_cpus"))
-    # The samples of one rank of the node (all ranks see the same /proc/stat): from the one
-    # that closes the last warm-up step (step warmup - 1; -1 is before step 0) to the last.
-    rank = min(ranks)
-    c = cpu[(cpu["rank"] == rank) & (cpu["step"] >= warmup - 1)]
-    if cores:
-        c = c[c["cpu"].isin(cores)]
-    times = np.unique(c["t_ns"].to_numpy())
-    if len(times) < 2:
+    window = _core_window(cpu, threads, attrs, ranks, warmup)
+    if window is None:
         return None
+    c, times = window
     first, last = c[c["t_ns"] == times[0]], c[c["t_ns"] == times[-1]]
     busy_cols = ["user", "system", "other"]
     busy_s = (
@@ -150,9 +214,7 @@ def _node_share(
     window_s = (int(times[-1]) - int(times[0])) / 1e9
     if n_cores == 0 or window_s <= 0:
         return None
-    # The threads' samples of the same step boundaries (taken in the same call as the cores').
-    s = sched[sched["rank"].isin(ranks)]
-    s = s[(s["step"] >= warmup - 1) & (s["step"] <= int(c["step"].max()))]
+    s = sched[_thread_window(sched, ranks, warmup, int(c["step"].max()))]
     # Each thread's on-CPU time across the window it was sampled in (a thread that came or went
     # inside the window counts its part).
     run = s.groupby("tid")["run_ns"].agg(["min", "max"])

@@ -270,6 +270,26 @@ def sched_deltas(sched: pd.DataFrame, *, step: int | None = None) -> pd.DataFram
     return pd.DataFrame(out, copy=False)
 
 
+def step_sample_rows(sched: pd.DataFrame, *, rank: int, step: int) -> npt.NDArray[np.bool_]:
+    """The rows of ``sched`` that ``sched_deltas(sched[sched["rank"] == rank], step=step)``
+    reads: the rank's samples tagged ``step`` and each one's predecessor of its thread (that
+    of the sample before it, by time). Those rows alone give the same deltas."""
+    keep = np.zeros(len(sched), dtype=np.bool_)
+    mine = np.flatnonzero(sched["rank"].to_numpy() == rank)
+    if not len(mine):
+        return keep
+    pid, tid = (sched[k].to_numpy(np.int64)[mine] for k in ("pid", "tid"))
+    # sched_deltas' order within one rank: by thread, then time (stable).
+    order = mine[np.lexsort((sched["t_ns"].to_numpy()[mine], tid, pid))]
+    at = np.flatnonzero(sched["step"].to_numpy()[order] == step)
+    keep[order[at]] = True
+    before = at[at > 0]
+    pid_o, tid_o = (sched[k].to_numpy(np.int64)[order] for k in ("pid", "tid"))
+    same = (pid_o[before] == pid_o[before - 1]) & (tid_o[before] == tid_o[before - 1])
+    keep[order[before[same] - 1]] = True
+    return keep
+
+
 def _thread_starts(
     thread: list[npt.NDArray[np.int64]], rows: npt.NDArray[np.intp]
 ) -> npt.NDArray[np.bool_]:
@@ -555,10 +575,10 @@ def overlaps(
         return out
     busy = _measured(loader[loader["item"] >= 0], warmup)
     ranks = np.unique(np.asarray(busy["rank"]))
-    comp = _measured(app[app["phase"].astype(str) == Phase.COMPUTE.value], warmup)
+    comp = _measured(app[app["phase"] == Phase.COMPUTE.value], warmup)
     out["loader_compute_overlap"] = _overlap_fraction(comp, busy, ranks)
     if not cuda.empty:
-        k = _measured(cuda[cuda["kind"].astype(str) == "kernel"], warmup)
+        k = _measured(cuda[cuda["kind"] == "kernel"], warmup)
         out["kernel_loader_overlap"] = _overlap_fraction(k, busy, ranks)
     return out
 
@@ -1011,6 +1031,7 @@ def _stream_attribution(
         loader_waits.append(piece.loc[is_loader, "attributed_wait_ns"].to_numpy(np.float64))
         piece.insert(0, "run_id", run_id)
         sink(piece)
+        chunked.release_free_heap()
     loader_wait = float(
         pd.Series(np.concatenate(loader_waits) if loader_waits else np.empty(0)).sum()
     )

@@ -53,7 +53,7 @@ def timeline_bars(tables: dict[str, pd.DataFrame], *, step: int, rank: int = 0) 
     apart; it is empty for collectives and waits."""
     app = tables[Table.APP]
     app = app[(app["rank"] == rank)]
-    st = app[(app["step"] == step) & (app["phase"].astype(str) == Phase.STEP.value)]
+    st = app[(app["step"] == step) & (app["phase"] == Phase.STEP.value)]
     if st.empty:
         return pd.DataFrame(columns=TIMELINE_COLUMNS)
     window = (int(st["start_ns"].iloc[0]), int(st["end_ns"].iloc[0]))

@@ -63,9 +63,7 @@ def api_calls(
 def _rank0_steps(tables: Mapping[str, pd.DataFrame], attrs: Mapping[str, Any]) -> pd.DataFrame:
     warm = int(attrs.get("warmup_steps", 0))
     app = tables[Table.APP]
-    return app[
-        (app["phase"].astype(str) == Phase.STEP.value) & (app["step"] >= warm) & (app["rank"] == 0)
-    ]
+    return app[(app["phase"] == Phase.STEP.value) & (app["step"] >= warm) & (app["rank"] == 0)]
 
 
 def _median_pick(st: pd.DataFrame) -> int:

@@ -18,7 +18,7 @@ import pandas as pd
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
-from codl.analysis import chunked, columns
+from codl.analysis import chunked, columns, load
 from codl.analysis import compare as cmp
 from codl.analysis import decompose as dec
 from codl.analysis import summarize as sm
@@ -77,8 +77,13 @@ def summarize_to(
     # The scheduler samples' per-step differences, which the decomposition and the summary
     # both use: made once.
     deltas = sm.sched_deltas(tables[Table.SCHED])
-    pt = _step_parts(tables, attrs, deltas, run_id)
     figure_tables = [api_calls, timeline] if api_calls is not None and timeline is not None else []
+    # The step timeline's step picked now, so that the samples themselves can be cut to the
+    # rows still read: the share of the cores' time outside the run, and that step's waits.
+    picked = _timeline_step(trace, tables, attrs) if figure_tables else None
+    chunked.release_free_heap()  # the differences' temporaries, before the cut makes its own
+    tables[Table.SCHED] = _sched_still_read(tables, attrs, None if picked is None else picked[0])
+    pt = _step_parts(tables, attrs, deltas, run_id)
     with output_unit(
         [steps, summary, attribution, parts, *figure_tables],
         inputs=(trace,),
@@ -105,9 +110,9 @@ def summarize_to(
             df.to_parquet(unit.path(out), index=False)
             _wrote(df, out)
         log.info("wrote %s (%d rows in %d pieces)", attribution, at.rows, at.pieces)
-        if api_calls is not None and timeline is not None:
+        if api_calls is not None and timeline is not None and picked is not None:
             written = _write_figure_tables(
-                trace, tables, attrs, api, (unit.path(api_calls), unit.path(timeline))
+                tables, attrs, api, (unit.path(api_calls), unit.path(timeline)), picked
             )
             # Logged by their final names: the unit renames them there together.
             for df, out in zip(written, (api_calls, timeline), strict=True):
@@ -178,17 +183,39 @@ class _ParquetPieces:
             empty.to_parquet(self._path, index=False)
 
 
+def _sched_still_read(
+    tables: dict[str, pd.DataFrame], attrs: dict[str, Any], step: int | None
+) -> pd.DataFrame:
+    """The scheduler samples that are read once their per-step differences are made: those
+    of ``load.outside_cpu_share`` and, where ``step`` is given, the step timeline's (rank 0's
+    samples of ``step`` and their predecessors). A long run's whole table is ~0.3 GiB per
+    10^9 events, held to the end for these few rows."""
+    sched = tables[Table.SCHED]
+    keep = load.sched_sample_rows(
+        tables[Table.CPU],
+        sched,
+        tables[Table.THREADS],
+        attrs,
+        warmup=columns.warmup_steps(attrs),
+        ranks_per_node=sm.ranks_per_node(attrs),
+    )
+    if step is not None:
+        keep |= sm.step_sample_rows(sched, rank=0, step=step)
+    return sched[keep].reset_index(drop=True)
+
+
 def _write_figure_tables(
-    trace: Path,
     tables: dict[str, pd.DataFrame],
     attrs: dict[str, Any],
     api: Any,
     outs: tuple[Path, Path],
+    picked: tuple[int | None, str],
 ) -> list[pd.DataFrame]:
-    """The two figure tables of one run (api_calls, timeline) written to ``outs``."""
+    """The two figure tables of one run (api_calls, timeline of the step ``picked``: its step
+    and how it was picked, as ``_timeline_step`` gives them) written to ``outs``."""
     spec = attrs.get("spec", {})
     spec = json.loads(spec) if isinstance(spec, str) else spec
-    step, pick = _timeline_step(trace, tables, attrs)
+    step, pick = picked
     written = run_tables.write_run_tables(
         tables,
         attrs,
