@@ -77,11 +77,11 @@ def summarize_to(
     # The scheduler samples' per-step differences, which the decomposition and the summary
     # both use: made once.
     deltas = sm.sched_deltas(tables[Table.SCHED])
+    chunked.release_free_heap()  # the differences' temporaries, before the next make theirs
     figure_tables = [api_calls, timeline] if api_calls is not None and timeline is not None else []
     # The step timeline's step picked now, so that the samples themselves can be cut to the
     # rows still read: the share of the cores' time outside the run, and that step's waits.
     picked = _timeline_step(trace, tables, attrs) if figure_tables else None
-    chunked.release_free_heap()  # the differences' temporaries, before the cut makes its own
     tables[Table.SCHED] = _sched_still_read(tables, attrs, None if picked is None else picked[0])
     pt = _step_parts(tables, attrs, deltas, run_id)
     with output_unit(
