@@ -223,16 +223,7 @@ def sched_deltas(sched: pd.DataFrame, *, step: int | None = None) -> pd.DataFram
     # In index arrays and one column at a time: a long run has ~10^6 samples, and each
     # full-length temporary costs 8 bytes a sample (the frame-wide copies once took ~40).
     thread = [sched[k].to_numpy(np.int64) for k in ("rank", "pid", "tid")]
-    # By thread, then time; stable, as the samples of one instant keep their order.
-    order = np.lexsort((sched["t_ns"].to_numpy(), *thread[::-1]))
-    same = np.ones(len(order) - 1, dtype=np.bool_)
-    for k in thread:
-        sorted_k = k[order]
-        same &= sorted_k[1:] == sorted_k[:-1]
-        del sorted_k
-    cur = order[1:][same]  # samples with a predecessor of their thread, and that predecessor
-    prev = order[:-1][same]
-    del order, same
+    cur, prev = _predecessors(sched["t_ns"].to_numpy(), thread)
     if step is not None:
         one = sched["step"].to_numpy()[cur] == step
         cur, prev = cur[one], prev[one]
@@ -270,6 +261,21 @@ def sched_deltas(sched: pd.DataFrame, *, step: int | None = None) -> pd.DataFram
     return pd.DataFrame(out, copy=False)
 
 
+def _predecessors(
+    t_ns: npt.NDArray[Any], thread: list[npt.NDArray[np.int64]]
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+    """(samples with a predecessor of their thread, that predecessor), as positions: threads
+    keyed by the arrays ``thread``, samples ordered by thread, then time (stable, as the
+    samples of one instant keep their order)."""
+    order = np.lexsort((t_ns, *thread[::-1]))
+    same = np.ones(max(len(order) - 1, 0), dtype=np.bool_)
+    for k in thread:
+        sorted_k = k[order]
+        same &= sorted_k[1:] == sorted_k[:-1]
+        del sorted_k
+    return order[1:][same], order[:-1][same]
+
+
 def step_sample_rows(sched: pd.DataFrame, *, rank: int, step: int) -> npt.NDArray[np.bool_]:
     """The rows of ``sched`` that ``sched_deltas(sched[sched["rank"] == rank], step=step)``
     reads: the rank's samples tagged ``step`` and each one's predecessor of its thread (that
@@ -278,15 +284,11 @@ def step_sample_rows(sched: pd.DataFrame, *, rank: int, step: int) -> npt.NDArra
     mine = np.flatnonzero(sched["rank"].to_numpy() == rank)
     if not len(mine):
         return keep
-    pid, tid = (sched[k].to_numpy(np.int64)[mine] for k in ("pid", "tid"))
-    # sched_deltas' order within one rank: by thread, then time (stable).
-    order = mine[np.lexsort((sched["t_ns"].to_numpy()[mine], tid, pid))]
-    at = np.flatnonzero(sched["step"].to_numpy()[order] == step)
-    keep[order[at]] = True
-    before = at[at > 0]
-    pid_o, tid_o = (sched[k].to_numpy(np.int64)[order] for k in ("pid", "tid"))
-    same = (pid_o[before] == pid_o[before - 1]) & (tid_o[before] == tid_o[before - 1])
-    keep[order[before[same] - 1]] = True
+    thread = [sched[k].to_numpy(np.int64)[mine] for k in ("pid", "tid")]
+    cur, prev = _predecessors(sched["t_ns"].to_numpy()[mine], thread)
+    at_step = sched["step"].to_numpy()[mine] == step
+    keep[mine[at_step]] = True
+    keep[mine[prev[at_step[cur]]]] = True
     return keep
 
 
