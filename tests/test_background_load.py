@@ -181,6 +181,20 @@ def _share(
     )
 
 
+def _random_case(rng: np.random.Generator) -> tuple[int, int, int, int, pd.DataFrame]:
+    """(ranks, cores, warm-up, ranks per node, samples/cpu) of one random case."""
+    ranks, cores = int(rng.integers(1, 5)), int(rng.integers(1, 6))
+    warmup, per_node = int(rng.integers(0, 4)), int(rng.integers(1, 4))
+    return ranks, cores, warmup, per_node, _core_samples(rng, ranks, int(rng.integers(2, 9)), cores)
+
+
+def _same_share(got: dict[str, Any], whole: dict[str, Any], case: int) -> bool:
+    """Assert ``got`` is the whole table's share, to the bit; whether it is a number."""
+    assert got[load.FLAG_COLUMN] == whole[load.FLAG_COLUMN], case
+    pd.testing.assert_series_equal(pd.Series(got), pd.Series(whole), check_exact=True)
+    return not np.isnan(whole[load.SHARE_COLUMN])
+
+
 def test_the_core_samples_kept_give_the_share_of_the_whole_table() -> None:
     # read_summary keeps only the samples/cpu rows outside_cpu_share reads (a row per core,
     # rank and step is ~5 x 10^6 rows at 10^9 events), reduced block by block: the share must
@@ -190,9 +204,7 @@ def test_the_core_samples_kept_give_the_share_of_the_whole_table() -> None:
     rng = np.random.default_rng(7)
     numeric = 0
     for case in range(40):
-        ranks, cores = int(rng.integers(1, 5)), int(rng.integers(1, 6))
-        warmup, per_node = int(rng.integers(0, 4)), int(rng.integers(1, 4))
-        cpu = _core_samples(rng, ranks, int(rng.integers(2, 9)), cores)
+        ranks, cores, warmup, per_node, cpu = _random_case(rng)
         masks = ["", f"0-{max(0, cores - 2)}", "1"]
         threads = pd.DataFrame(
             {
@@ -226,10 +238,7 @@ def test_the_core_samples_kept_give_the_share_of_the_whole_table() -> None:
             blocks.add({c: cpu[c].to_numpy()[lo : lo + size] for c in cpu})
         streamed = blocks.result()
         pd.testing.assert_frame_equal(streamed, reduced.reset_index(drop=True), check_dtype=False)
-        got = share(reduced)
-        assert got[load.FLAG_COLUMN] == whole[load.FLAG_COLUMN], case
-        pd.testing.assert_series_equal(pd.Series(got), pd.Series(whole), check_exact=True)
-        numeric += not np.isnan(whole[load.SHARE_COLUMN])
+        numeric += _same_share(share(reduced), whole, case)
         assert len(reduced) < len(cpu) or len(cpu) <= 4 * ranks * cores
     assert numeric >= 20
 
@@ -242,9 +251,7 @@ def test_the_thread_samples_kept_give_the_share_of_the_whole_table() -> None:
     rng = np.random.default_rng(13)
     numeric = 0
     for case in range(40):
-        ranks, cores = int(rng.integers(1, 5)), int(rng.integers(1, 6))
-        warmup, per_node = int(rng.integers(0, 4)), int(rng.integers(1, 4))
-        cpu = _core_samples(rng, ranks, int(rng.integers(2, 9)), cores)
+        ranks, cores, warmup, per_node, cpu = _random_case(rng)
         threads = pd.DataFrame(
             {"rank": np.arange(ranks), "tid": 100 + np.arange(ranks), "cpus_actual": ""}
         )
@@ -258,26 +265,14 @@ def test_the_thread_samples_kept_give_the_share_of_the_whole_table() -> None:
                     run = 0 if rng.random() < 0.05 else run + int(rng.integers(0, 4 * 10**8))
                     rows.append({"rank": rank, "step": step, "tid": int(tid), "run_ns": run})
         sched = pd.DataFrame(rows, columns=["rank", "step", "tid", "run_ns"])
+        attrs = {"allowed_cpus": f"0-{cores - 1}"}
         share = functools.partial(
-            _share,
-            threads=threads,
-            attrs={"allowed_cpus": f"0-{cores - 1}"},
-            warmup=warmup,
-            per_node=per_node,
+            _share, threads=threads, attrs=attrs, warmup=warmup, per_node=per_node
         )
-        whole = share(cpu, sched=sched)
         keep = load.sched_sample_rows(
-            cpu,
-            sched,
-            threads,
-            {"allowed_cpus": f"0-{cores - 1}"},
-            warmup=warmup,
-            ranks_per_node=per_node,
+            cpu, sched, threads, attrs, warmup=warmup, ranks_per_node=per_node
         )
-        got = share(cpu, sched=sched[keep])
-        assert got[load.FLAG_COLUMN] == whole[load.FLAG_COLUMN], case
-        pd.testing.assert_series_equal(pd.Series(got), pd.Series(whole), check_exact=True)
-        numeric += not np.isnan(whole[load.SHARE_COLUMN])
+        numeric += _same_share(share(cpu, sched=sched[keep]), share(cpu, sched=sched), case)
         assert keep.sum() < len(sched) or len(sched) <= 4 * ranks
     assert numeric >= 20
     # Samples only of the warm-up: none in the window, and the share counts no thread time;
