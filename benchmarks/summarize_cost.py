@@ -14,9 +14,10 @@ refuses, the row says "warm"):
   (what every run costs whatever its size).
 
 Reports the median round's wall seconds and CPU seconds (the child's user + system time,
-all its threads), events per second and per CPU-second (what "per core" means here, whatever
-else the machine runs), peak RSS (the child's ru_maxrss, the child forked from a small
-launcher: see LAUNCH), the wall-time ratio to the plain read's median, the fastest and
+all its threads and child processes), events per second and per CPU-second (what "per core"
+means here, whatever else the machine runs), peak RSS (the child's ru_maxrss or, where
+larger, the summed PSS of its process tree sampled every 20 ms; the child forked from a
+small launcher: see LAUNCH), the wall-time ratio to the plain read's median, the fastest and
 slowest rounds, the machine's highest 1-minute load over the rounds and its core count. Every
 process starts cold: Python, its imports and the file's open are in every number. The codl
 sources timed are byte-compiled first, as an installed copy is (``compile_sources``). Nothing
@@ -91,16 +92,42 @@ def drop_cache(path: Path) -> bool:
 # rusage. A child spawned from this script directly inherits its peak RSS: Linux carries the
 # parent's high-water mark into a vfork()ed child's ru_maxrss at exec (this script holds the
 # trace writer's ~250 MiB, which then showed as every command's floor, the plain read's too).
+# The rusage of a process that forks children of its own (summarize's loader process) has
+# the largest process's high-water mark, not their sum: the launcher also samples the
+# command's process tree every 20 ms (psutil) and reports the larger of the two. The tree is
+# summed in PSS (each page shared by n processes counted 1/n in each), so that the pages a
+# forked child shares with its parent count once.
 LAUNCH = """
-import json, os, sys, time
+import json, os, sys, threading, time
+import psutil
 start = time.perf_counter()
 pid = os.fork()
 if pid == 0:
     os.execv(sys.argv[2], sys.argv[2:])
+most, ended = [0], threading.Event()
+def sample():
+    tree = psutil.Process(pid)
+    while not ended.wait(0.02):
+        try:
+            procs = [tree, *tree.children(recursive=True)]
+        except psutil.Error:
+            continue
+        rss = 0
+        for p in procs:
+            try:
+                rss += p.memory_full_info().pss
+            except psutil.Error:
+                pass
+        most[0] = max(most[0], rss)
+sampler = threading.Thread(target=sample, daemon=True)
+sampler.start()
 _, status, usage = os.wait4(pid, 0)
 wall = time.perf_counter() - start
+ended.set()
+sampler.join()
+peak = max(usage.ru_maxrss / 1024, most[0] / 2**20)
 with open(sys.argv[1], "w") as fh:
-    json.dump([wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024], fh)
+    json.dump([wall, usage.ru_utime + usage.ru_stime, peak], fh)
 sys.exit(os.waitstatus_to_exitcode(status))
 """
 

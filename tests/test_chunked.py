@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import gzip
+import os
 import shutil
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import h5py
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
@@ -16,6 +19,7 @@ import pytest
 from codl.analysis import chunked, columns
 from codl.analysis import decompose as dec
 from codl.analysis import summarize as sm
+from codl.errors import TraceFormatError
 from codl.figures import data as figdata
 from codl.figures import run_tables
 from codl.paths import RunFiles
@@ -56,6 +60,7 @@ def _synthetic(
     by_rank: bool = False,
     launch_names: int = 0,
     runtime_only: bool = False,
+    app: bool = False,
 ) -> Path:
     """Two ranks, steps -1..59, loader and CUDA API rows over several blocks, steps that
     straddle block boundaries, and stages/kinds some steps lack. Rows alternate between the
@@ -63,7 +68,9 @@ def _synthetic(
     step order, as a merged trace has them (blocks reduced run by run). ``launch_names`` more
     runtime calls whose names are launches (the reduction compares a few, looks up more).
     ``runtime_only``: events/cuda has runtime calls only, as a ``cuda_api`` trace (blocks of
-    measured steps reduced without gathers)."""
+    measured steps reduced without gathers). ``app``: each rank's compute span of every
+    step in events/app (the first half of the step's time), which the loader's overlap is
+    measured against."""
     rng = np.random.default_rng(3)
     n = 2 * block_rows("events/loader") + 12_345
     step = np.sort(rng.integers(-1, 60, n))
@@ -117,6 +124,22 @@ def _synthetic(
                     "tid": np.full(m, 9),
                     "stream": np.full(m, -1),
                     "correlation": np.arange(lo, sl.stop),
+                },
+            )
+        if app:
+            span = n * 1000 // 61
+            steps = np.repeat(np.arange(60), 2)
+            begin = (steps + 1) * span
+            w.append(
+                "events/app",
+                {
+                    "rank": np.tile(np.arange(2, dtype=np.int16), 60),
+                    "step": steps,
+                    "phase": np.full(120, "compute", dtype=object),
+                    "tid": np.full(120, 9),
+                    "start_ns": begin,
+                    "end_ns": begin + span // 2,
+                    "gpu_ns": np.full(120, -1),
                 },
             )
         return w.finish()
@@ -363,11 +386,12 @@ def test_reduced_runtime_calls_give_the_same_tables(
         np.testing.assert_array_equal(at_or_below, np.cumsum(g["calls"].to_numpy()))
 
 
+@pytest.mark.parametrize("loader_process", [False, True])
 def test_an_error_in_a_reduction_on_its_thread_reaches_the_reader(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, loader_process: bool
 ) -> None:
     # The item counts run on a thread, one block behind: their failure in the 2nd of 3 blocks
-    # is raised by read_summary, not lost with the thread.
+    # is raised by read_summary, not lost with the thread, nor with the loader's process.
     monkeypatch.setattr(chunked, "_STREAM_ROWS", 5_000)
     trace = _synthetic(tmp_path / "t.h5")
     calls = []
@@ -383,8 +407,53 @@ def test_an_error_in_a_reduction_on_its_thread_reaches_the_reader(
     with open_trace(trace) as t:
         assert len(t.chunk_index("events/loader")) == 3  # type: ignore[arg-type]
     with pytest.raises(MemoryError, match="2nd block"):
-        chunked.read_summary(trace)
-    assert len(calls) >= 2
+        chunked.read_summary(trace, loader_process=loader_process)
+    if not loader_process:  # a forked child counts in its own copy of ``calls``
+        assert len(calls) >= 2
+
+
+@pytest.mark.parametrize("gpu_rows", [False, True])
+def test_the_loader_pass_in_its_own_process_gives_the_same_reduction(
+    tmp_path: Path, gpu_rows: bool
+) -> None:
+    # events/loader reduced in a forked child, beside the parent's pass over events/cuda:
+    # the same per-step sums, item counts and overlaps as in one process. With GPU activity
+    # rows the child declines (the kernel overlap needs events/cuda) and the parent does it.
+    trace = _synthetic(tmp_path / "t.h5", runtime_only=not gpu_rows, app=True)
+    with open_trace(trace) as t:
+        assert any(k in t.strings for k in ("kernel", "memcpy", "memset")) == gpu_rows
+    here = chunked.read_summary(trace, threads=2, loader_process=False)
+    apart = chunked.read_summary(trace, threads=2, loader_process=True)
+    pd.testing.assert_frame_equal(apart[3].steps, here[3].steps, check_exact=True)
+    assert apart[3].overlaps == pytest.approx(here[3].overlaps, rel=0, abs=0, nan_ok=True)
+    assert not np.isnan(here[3].overlaps["loader_compute_overlap"])
+    assert np.isnan(here[3].overlaps["kernel_loader_overlap"]) != gpu_rows
+    assert here[3].steps["loader_items"].sum() > 0
+    for name in here[0]:
+        pd.testing.assert_frame_equal(apart[0][name], here[0][name], check_exact=True)
+
+
+def test_a_loader_table_that_fails_its_check_in_the_child_is_refused(tmp_path: Path) -> None:
+    # The child verifies events/loader: a changed byte there is raised by read_summary in
+    # the parent, as the one-process read raises it.
+    trace = _synthetic(tmp_path / "t.h5", runtime_only=True)
+    with h5py.File(trace, "r+") as f:
+        ds = f["events/loader/item"]
+        ds[3] = ds[3] + 1
+    for loader_process in (False, True):
+        with pytest.raises(TraceFormatError, match="events/loader/item"):
+            chunked.read_summary(trace, loader_process=loader_process)
+
+
+def test_a_loader_process_that_dies_is_an_error_not_a_hang(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A child killed before it answers (here: it exits at once) is reported with its exit
+    # code; the parent neither waits for ever nor goes on without the loader's numbers.
+    trace = _synthetic(tmp_path / "t.h5", runtime_only=True)
+    monkeypatch.setattr(chunked, "_loader_alone", lambda path, threads: os._exit(7))
+    with pytest.raises(RuntimeError, match="ended without a result, exit code 7"):
+        chunked.read_summary(trace, loader_process=True)
 
 
 @pytest.mark.parametrize("item_offset", [0, 1 << 62])
@@ -418,3 +487,34 @@ def test_loader_items_counted_once_per_key_across_blocks(item_offset: int) -> No
     want = pd.concat(want_parts).groupby(level=["rank", "step"]).sum().sort_index()
     pd.testing.assert_series_equal(got, want, check_names=False, check_dtype=False)
     assert got.sum() > 0
+
+
+def test_the_loader_gets_a_process_where_it_pays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Asked for, or on Linux with four cores or more for a trace of 32 MiB or more, from a
+    # process with no other Python thread (a fork then could copy a lock another thread holds).
+    big, small = tmp_path / "big.h5", tmp_path / "small.h5"
+    with big.open("wb") as fh:
+        fh.truncate(chunked._PROCESS_MIN_BYTES)
+    small.write_bytes(b"x")
+    monkeypatch.setattr(chunked.sys, "platform", "linux")
+    monkeypatch.setattr(chunked, "default_threads", lambda: 4)
+    assert chunked._loader_process_pays(None, big)
+    assert not chunked._loader_process_pays(None, small)
+    assert not chunked._loader_process_pays(None, tmp_path / "missing.h5")
+    assert not chunked._loader_process_pays(False, big)
+    assert chunked._loader_process_pays(True, small)
+    monkeypatch.setattr(chunked, "default_threads", lambda: 3)
+    assert not chunked._loader_process_pays(None, big)
+    monkeypatch.setattr(chunked, "default_threads", lambda: 4)
+    release = threading.Event()
+    other = threading.Thread(target=release.wait)
+    other.start()
+    try:
+        assert not chunked._loader_process_pays(None, big)
+    finally:
+        release.set()
+        other.join()
+    monkeypatch.setattr(chunked.sys, "platform", "darwin")
+    assert not chunked._loader_process_pays(None, big)

@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import multiprocessing as mp
 import os
+import sys
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -555,7 +559,11 @@ def _frame(
 
 
 def read_summary(
-    path: Path, *, threads: int = 1, warmup_rows: bool = False
+    path: Path,
+    *,
+    threads: int = 1,
+    warmup_rows: bool = False,
+    loader_process: bool | None = None,
 ) -> tuple[dict[str, pd.DataFrame], dict[str, Any], ApiReduction, LoaderReduction]:
     """What ``summarize.summarize_tables`` needs of a trace, with the two big tables reduced
     as they are read, block by block: the CUDA runtime calls (``ApiReduction``) and the
@@ -568,53 +576,169 @@ def read_summary(
     The trace is verified (``Trace.verify``) in the same pass: each table's blocks are
     checked and hashed as they are read (``Trace.verified_blocks``), so every byte is decoded
     once; a table that fails its check raises before anything made of it is returned.
+
+    ``loader_process``: events/loader is reduced in a forked process of its own, beside this
+    one's pass over events/cuda (``_LoaderProcess``); None (the default) does so where it
+    pays (``_loader_process_pays``). Either way the result is the same.
     """
+    apart = _loader_process_pays(loader_process, path)
+    beside = _LoaderProcess(path, threads) if apart else None
+    try:
+        with open_trace(path) as t:
+            t.verify_structure()
+            attrs = dict(t.attrs)
+            warmup = warmup_steps(attrs)
+            present = t.tables()
+            tables: dict[str, pd.DataFrame] = {}
+            with (
+                ThreadPoolExecutor(threads) if threads > 1 else contextlib.nullcontext() as pool,
+                ThreadPoolExecutor(1, thread_name_prefix="codl-reduce") as reducing,
+            ):
+                api = _ApiPass(t.strings, warmup, 0 if warmup_rows else warmup, OneBehind(reducing))
+                for name in present:
+                    if name == Table.CUDA:
+                        blocks = t.verified_blocks(name, pool=pool, reuse=True, rows=_STREAM_ROWS)
+                        for _, _, block in blocks:
+                            api.add(block)
+                        block = {}  # its arrays, and the reused buffers they are views of, freed
+                    elif name != Table.LOADER:
+                        _read_small(t, name, tables, warmup, pool)
+                tables[Table.CUDA] = _frame(Table.CUDA, api.kept, t.strings)
+                for name in SUMMARY_TABLES:
+                    if name not in tables:
+                        tables[name] = empty_frame(name)
+                loader = beside.result() if beside is not None else None
+                if loader is None:
+                    loader = _loader_here(t, tables, warmup, pool, OneBehind(reducing))
+            tables[Table.LOADER] = empty_frame(Table.LOADER)
+    finally:
+        if beside is not None:
+            beside.close()
+    out = {n: tables[n] for n in SUMMARY_TABLES}, attrs, api.result(), loader
+    release_free_heap()
+    return out
+
+
+def _read_small(
+    t: Trace, name: str, tables: dict[str, pd.DataFrame], warmup: int, pool: Any
+) -> None:
+    """A table other than the two big ones, verified: samples/cpu reduced as it is read, the
+    summary's other tables whole, the rest only checked (the summary vouches for them too)."""
+    if name == Table.CPU:
+        cores = _CoreSamplePass(warmup)
+        for _, _, block in t.verified_blocks(name, pool=pool, reuse=True, rows=_STREAM_ROWS):
+            cores.add(block)
+        tables[name] = cores.result()
+    elif name in SUMMARY_TABLES:
+        tables[name] = t.verified_table(name, pool=pool)
+    else:
+        for _ in t.verified_blocks(name, pool=pool, reuse=True, rows=_STREAM_ROWS):
+            pass
+
+
+def _loader_here(
+    t: Trace, tables: dict[str, pd.DataFrame], warmup: int, pool: Any, behind: OneBehind
+) -> LoaderReduction:
+    """events/loader reduced in this process. Its overlaps are measured against the compute
+    spans (events/app) and the kernels (events/cuda), so it comes after both."""
+    loader = _LoaderPass(t.strings, warmup, _loader_targets(tables, warmup), behind)
+    if Table.LOADER in t.tables():
+        marks = _Watermarks(t, Table.LOADER)
+        blocks = t.verified_blocks(Table.LOADER, pool=pool, reuse=True, rows=_STREAM_ROWS)
+        for _, hi, block in blocks:
+            loader.add(block, marks.after(hi))
+    return loader.result()
+
+
+# Traces smaller than this (~4 x 10^6 events) are read in one process: below it the fork and
+# the child's own opening of the trace cost about what the second process saves (10^6
+# events: 2.05 s against 1.97 s on the H200 node, within the rounds' spread, +0.4 CPU-s).
+_PROCESS_MIN_BYTES: Final = 32 << 20
+
+
+def _loader_process_pays(wanted: bool | None, path: Path) -> bool:
+    """Whether events/loader gets a process of its own: where asked, else on Linux with four
+    cores or more, for a trace of _PROCESS_MIN_BYTES or more, from a process running no other
+    Python thread. Its pass and the CUDA pass
+    each hold the GIL (and h5py's lock) for much of their time, so on threads they take
+    turns; in two processes they do not. On fewer cores they would only share the same cores;
+    fork is Linux's to trust (macOS's system libraries are not fork-safe), and a fork while
+    another thread holds a lock (h5py's, logging's) leaves the child waiting on it for ever."""
+    if wanted is not None:
+        return wanted and "fork" in mp.get_all_start_methods()
+    if sys.platform != "linux" or default_threads() < 4 or threading.active_count() > 1:
+        return False
+    try:
+        return path.stat().st_size >= _PROCESS_MIN_BYTES
+    except OSError:  # open_trace says what is wrong with the path
+        return False
+
+
+def _loader_alone(path: Path, threads: int) -> LoaderReduction | None:
+    """events/loader reduced on its own (``_LoaderProcess``'s child), or None where its
+    overlaps need the kernels of events/cuda (the trace's strings name a GPU kind), which only
+    the parent's pass has."""
     with open_trace(path) as t:
-        t.verify_structure()
-        attrs = dict(t.attrs)
-        warmup = warmup_steps(attrs)
-        present = t.tables()
-        tables: dict[str, pd.DataFrame] = {}
+        if any(k in t.strings for k in _GPU_KINDS):
+            return None
+        warmup = warmup_steps(dict(t.attrs))
+        # The compute spans, unchecked: the parent verifies events/app and refuses the trace
+        # if it fails, whatever comes from here.
+        tables: dict[str, pd.DataFrame] = {Table.APP: t.table(Table.APP)}
         with (
             ThreadPoolExecutor(threads) if threads > 1 else contextlib.nullcontext() as pool,
             ThreadPoolExecutor(1, thread_name_prefix="codl-reduce") as reducing,
         ):
-            api = _ApiPass(t.strings, warmup, 0 if warmup_rows else warmup, OneBehind(reducing))
-            for name in present:
-                if name == Table.CUDA:
-                    blocks = t.verified_blocks(name, pool=pool, reuse=True, rows=_STREAM_ROWS)
-                    for _, _, block in blocks:
-                        api.add(block)
-                    block = {}  # its arrays, and the reused buffers they are views of, freed
-                elif name == Table.CPU:
-                    cores = _CoreSamplePass(warmup)
-                    for _, _, block in t.verified_blocks(
-                        name, pool=pool, reuse=True, rows=_STREAM_ROWS
-                    ):
-                        cores.add(block)
-                    tables[name] = cores.result()
-                elif name in SUMMARY_TABLES and name != Table.LOADER:
-                    tables[name] = t.verified_table(name, pool=pool)
-                elif name != Table.LOADER:  # not summarized; the summary vouches for it too
-                    for _ in t.verified_blocks(name, pool=pool, reuse=True, rows=_STREAM_ROWS):
-                        pass
-            tables[Table.CUDA] = _frame(Table.CUDA, api.kept, t.strings)
-            for name in SUMMARY_TABLES:
-                if name not in tables:
-                    tables[name] = empty_frame(name)
-            # The loader's overlaps are measured against the compute spans (events/app) and
-            # the kernels (events/cuda): its table comes last.
-            targets = _loader_targets(tables, warmup)
-            loader = _LoaderPass(t.strings, warmup, targets, OneBehind(reducing))
-            if Table.LOADER in present:
-                marks = _Watermarks(t, Table.LOADER)
-                blocks = t.verified_blocks(Table.LOADER, pool=pool, reuse=True, rows=_STREAM_ROWS)
-                for _, hi, block in blocks:
-                    loader.add(block, marks.after(hi))
-        tables[Table.LOADER] = empty_frame(Table.LOADER)
-    out = {n: tables[n] for n in SUMMARY_TABLES}, attrs, api.result(), loader.result()
-    release_free_heap()
-    return out
+            return _loader_here(t, tables, warmup, pool, OneBehind(reducing))
+
+
+def _loader_child(path: Path, threads: int, conn: Connection) -> None:
+    try:
+        result: tuple[str, Any] = ("ok", _loader_alone(path, threads))
+    except BaseException as e:  # every failure reaches the parent, which raises it
+        result = ("error", e)
+    try:
+        conn.send(result)
+    except Exception as e:  # an exception that does not pickle: its text does
+        conn.send(("error", RuntimeError(f"{type(result[1]).__name__}: {result[1]} ({e})")))
+    finally:
+        conn.close()
+
+
+class _LoaderProcess:
+    """events/loader reduced in a forked child process (``_loader_alone``) while the caller
+    reads the rest. Forked before the caller opens the trace or starts a thread of its own:
+    the child inherits no open HDF5 file and no held lock, and opens the trace itself. Its
+    result (a row per rank and step, two fractions) comes back through a pipe; ``close``
+    ends a child whose result is no longer wanted."""
+
+    def __init__(self, path: Path, threads: int) -> None:
+        ctx = mp.get_context("fork")
+        self._conn, child_conn = ctx.Pipe(duplex=False)
+        self._child = ctx.Process(
+            target=_loader_child, args=(path, threads, child_conn), name="codl-loader"
+        )
+        self._child.start()
+        child_conn.close()
+
+    def result(self) -> LoaderReduction | None:
+        try:
+            status, value = self._conn.recv()
+        except EOFError:
+            self._child.join()
+            raise RuntimeError(
+                "the loader's pass (a process of its own) ended without a result, exit code "
+                f"{self._child.exitcode}"
+            ) from None
+        if status == "error":
+            raise value
+        return cast(LoaderReduction | None, value)
+
+    def close(self) -> None:
+        self._conn.close()
+        if self._child.is_alive():
+            self._child.terminate()
+        self._child.join()
 
 
 class _CoreSamplePass:
