@@ -6,6 +6,7 @@ import gzip
 import os
 import shutil
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -518,3 +519,30 @@ def test_the_loader_gets_a_process_where_it_pays(
         other.join()
     monkeypatch.setattr(chunked.sys, "platform", "darwin")
     assert not chunked._loader_process_pays(None, big)
+
+
+def test_a_failed_read_in_the_parent_ends_the_loader_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The parent's own read fails (a changed byte in events/cuda) while the child still works:
+    # the parent raises at once and the child is ended, not waited for.
+    trace = _synthetic(tmp_path / "t.h5", runtime_only=True)
+    with h5py.File(trace, "r+") as f:
+        ds = f["events/cuda/correlation"]
+        ds[3] = ds[3] + 1
+    children: list[int] = []
+    real = chunked._LoaderProcess.__init__
+
+    def start(self: chunked._LoaderProcess, path: Path, threads: int) -> None:
+        real(self, path, threads)
+        children.append(self._child.pid or 0)
+
+    monkeypatch.setattr(chunked._LoaderProcess, "__init__", start)
+    monkeypatch.setattr(chunked, "_loader_alone", lambda path, threads: time.sleep(120))
+    began = time.monotonic()
+    with pytest.raises(TraceFormatError, match="events/cuda/correlation"):
+        chunked.read_summary(trace, loader_process=True)
+    assert time.monotonic() - began < 60
+    assert len(children) == 1
+    with pytest.raises(ProcessLookupError):
+        os.kill(children[0], 0)

@@ -737,7 +737,9 @@ class _LoaderProcess:
     def close(self) -> None:
         self._conn.close()
         if self._child.is_alive():
-            self._child.terminate()
+            # SIGKILL: the child only reads, and a SIGTERM handler it inherited (a caller's
+            # deferral of signals around its outputs) would keep it alive.
+            self._child.kill()
         self._child.join()
 
 
