@@ -112,13 +112,13 @@ def sample():
             procs = [tree, *tree.children(recursive=True)]
         except psutil.Error:
             continue
-        rss = 0
+        pss = 0
         for p in procs:
             try:
-                rss += p.memory_full_info().pss
+                pss += p.memory_full_info().pss
             except psutil.Error:
                 pass
-        most[0] = max(most[0], rss)
+        most[0] = max(most[0], pss)
 sampler = threading.Thread(target=sample, daemon=True)
 sampler.start()
 _, status, usage = os.wait4(pid, 0)

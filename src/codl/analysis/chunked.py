@@ -582,38 +582,36 @@ def read_summary(
     pays (``_loader_process_pays``). Either way the result is the same.
     """
     apart = _loader_process_pays(loader_process, path)
-    beside = _LoaderProcess(path, threads) if apart else None
-    try:
-        with open_trace(path) as t:
-            t.verify_structure()
-            attrs = dict(t.attrs)
-            warmup = warmup_steps(attrs)
-            present = t.tables()
-            tables: dict[str, pd.DataFrame] = {}
-            with (
-                ThreadPoolExecutor(threads) if threads > 1 else contextlib.nullcontext() as pool,
-                ThreadPoolExecutor(1, thread_name_prefix="codl-reduce") as reducing,
-            ):
-                api = _ApiPass(t.strings, warmup, 0 if warmup_rows else warmup, OneBehind(reducing))
-                for name in present:
-                    if name == Table.CUDA:
-                        blocks = t.verified_blocks(name, pool=pool, reuse=True, rows=_STREAM_ROWS)
-                        for _, _, block in blocks:
-                            api.add(block)
-                        block = {}  # its arrays, and the reused buffers they are views of, freed
-                    elif name != Table.LOADER:
-                        _read_small(t, name, tables, warmup, pool)
-                tables[Table.CUDA] = _frame(Table.CUDA, api.kept, t.strings)
-                for name in SUMMARY_TABLES:
-                    if name not in tables:
-                        tables[name] = empty_frame(name)
-                loader = beside.result() if beside is not None else None
-                if loader is None:
-                    loader = _loader_here(t, tables, warmup, pool, OneBehind(reducing))
-            tables[Table.LOADER] = empty_frame(Table.LOADER)
-    finally:
-        if beside is not None:
-            beside.close()
+    with (
+        _LoaderProcess(path, threads) if apart else contextlib.nullcontext() as beside,
+        open_trace(path) as t,
+    ):
+        t.verify_structure()
+        attrs = dict(t.attrs)
+        warmup = warmup_steps(attrs)
+        present = t.tables()
+        tables: dict[str, pd.DataFrame] = {}
+        with (
+            ThreadPoolExecutor(threads) if threads > 1 else contextlib.nullcontext() as pool,
+            ThreadPoolExecutor(1, thread_name_prefix="codl-reduce") as reducing,
+        ):
+            api = _ApiPass(t.strings, warmup, 0 if warmup_rows else warmup, OneBehind(reducing))
+            for name in present:
+                if name == Table.CUDA:
+                    blocks = t.verified_blocks(name, pool=pool, reuse=True, rows=_STREAM_ROWS)
+                    for _, _, block in blocks:
+                        api.add(block)
+                    block = {}  # its arrays, and the reused buffers they are views of, freed
+                elif name != Table.LOADER:
+                    _read_small(t, name, tables, warmup, pool)
+            tables[Table.CUDA] = _frame(Table.CUDA, api.kept, t.strings)
+            for name in SUMMARY_TABLES:
+                if name not in tables:
+                    tables[name] = empty_frame(name)
+            loader = beside.result() if beside is not None else None
+            if loader is None:
+                loader = _loader_here(t, tables, warmup, pool, OneBehind(reducing))
+        tables[Table.LOADER] = empty_frame(Table.LOADER)
     out = {n: tables[n] for n in SUMMARY_TABLES}, attrs, api.result(), loader
     release_free_heap()
     return out
@@ -659,11 +657,11 @@ _PROCESS_MIN_BYTES: Final = 32 << 20
 def _loader_process_pays(wanted: bool | None, path: Path) -> bool:
     """Whether events/loader gets a process of its own: where asked, else on Linux with four
     cores or more, for a trace of _PROCESS_MIN_BYTES or more, from a process running no other
-    Python thread. Its pass and the CUDA pass
-    each hold the GIL (and h5py's lock) for much of their time, so on threads they take
-    turns; in two processes they do not. On fewer cores they would only share the same cores;
-    fork is Linux's to trust (macOS's system libraries are not fork-safe), and a fork while
-    another thread holds a lock (h5py's, logging's) leaves the child waiting on it for ever."""
+    Python thread. Its pass and the CUDA pass each hold the GIL (and h5py's lock) for much of
+    their time, so on threads they take turns; in two processes they do not. On fewer cores
+    they would only share the same cores; fork is Linux's to trust (macOS's system libraries
+    are not fork-safe), and a fork while another thread holds a lock (h5py's, logging's)
+    leaves the child waiting on it for ever."""
     if wanted is not None:
         return wanted and "fork" in mp.get_all_start_methods()
     if sys.platform != "linux" or default_threads() < 4 or threading.active_count() > 1:
@@ -709,8 +707,8 @@ class _LoaderProcess:
     """events/loader reduced in a forked child process (``_loader_alone``) while the caller
     reads the rest. Forked before the caller opens the trace or starts a thread of its own:
     the child inherits no open HDF5 file and no held lock, and opens the trace itself. Its
-    result (a row per rank and step, two fractions) comes back through a pipe; ``close``
-    ends a child whose result is no longer wanted."""
+    result (a row per rank and step, two fractions) comes back through a pipe; leaving the
+    ``with`` block ends a child whose result is no longer wanted."""
 
     def __init__(self, path: Path, threads: int) -> None:
         ctx = mp.get_context("fork")
@@ -734,7 +732,10 @@ class _LoaderProcess:
             raise value
         return cast(LoaderReduction | None, value)
 
-    def close(self) -> None:
+    def __enter__(self) -> _LoaderProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
         self._conn.close()
         if self._child.is_alive():
             # SIGKILL: the child only reads, and a SIGTERM handler it inherited (a caller's
