@@ -1,0 +1,154 @@
+"""How many cores a `codl summarize` job should get: one trace by the cores it is given, and a
+matrix's traces summarized as the workflow's `summarize` rule runs them.
+
+The rule asks for one thread (`threads: 1`), so Snakemake runs as many summarize jobs at once
+as it has cores (`--cores`, or `--local-cores` under Slurm, where summarize is a local rule),
+and each job decodes and reduces on every core of the machine (`chunked.default_threads`):
+the jobs share the cores through the OS. The alternative is to give each job T cores of its
+own and run cores / T jobs at once. This benchmark times both, with `codl summarize`, the
+command the rule's script runs (`steps.analysis.summarize_to`), each job from a cold file:
+
+- ``one trace``: a trace summarized by a process confined to N cores (`taskset`), as a job
+  given N cores would be;
+- ``matrix``: TRACES copies of one trace summarized by J jobs at once, each confined to its own
+  T cores (J x T = the machine's cores), or, with T = "all", unconfined, as the rule's jobs
+  are; the makespan (first start to last end) is reported.
+
+Rounds alternate the layouts; each layout's median round is reported, the fastest and
+slowest beside it. Linux only (`taskset`, `posix_fadvise`).
+
+    PYTHONPATH=src python benchmarks/summarize_matrix.py --events 1e7 1e8 [--traces 16]
+        [--repeat 2] [--csv PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+from summarize_cost import compile_sources, drop_cache, summarize_cmd  # noqa: E402
+from synth_trace import make_trace  # noqa: E402
+
+DEFAULT_CSV = BENCH / "results" / "summarize_matrix.csv"
+
+
+def confined(cmd: list[str], cores: list[int] | None) -> list[str]:
+    """``cmd`` run on ``cores`` only (None: wherever the OS puts it)."""
+    if cores is None:
+        return cmd
+    taskset = shutil.which("taskset")
+    if taskset is None:
+        raise SystemExit("taskset not found (util-linux): this benchmark needs it")
+    return [taskset, "-c", ",".join(map(str, cores)), *cmd]
+
+
+def makespan(traces: list[Path], out: Path, jobs: int, per_job: int | None) -> float:
+    """Seconds from the first job's start to the last one's end: ``traces`` summarized by
+    ``jobs`` at once, job slot i on cores i*per_job.. (None: every job unconfined)."""
+    allowed = sorted(os.sched_getaffinity(0))
+    slots = [
+        None if per_job is None else allowed[i * per_job : (i + 1) * per_job] for i in range(jobs)
+    ]
+    for t in traces:
+        drop_cache(t)
+    shutil.rmtree(out, ignore_errors=True)
+    pending = list(enumerate(traces))
+    running: dict[int, subprocess.Popen[bytes]] = {}  # job slot -> its job
+    start = time.perf_counter()
+    while pending or running:
+        for slot in [s for s in range(jobs) if s not in running][: len(pending)]:
+            i, trace = pending.pop(0)
+            cmd = confined(summarize_cmd(trace, out / str(i)), slots[slot])
+            running[slot] = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+        time.sleep(0.002)
+        for slot, job in list(running.items()):
+            if job.poll() is not None:
+                if job.returncode:
+                    raise SystemExit(f"{job.args} failed ({job.returncode})")
+                del running[slot]
+    return time.perf_counter() - start
+
+
+def layouts(cores: int) -> list[tuple[int, int | None]]:
+    """(jobs at once, cores per job): the rule's (every job unconfined), then J x T = cores."""
+    out: list[tuple[int, int | None]] = [(cores, None)]
+    out += [(cores // t, t) for t in (1, 2, 4, 8) if t <= cores and cores % t == 0]
+    return out
+
+
+def row(
+    events: int, what: str, jobs: int, per_job: int | None, got: list[float]
+) -> dict[str, object]:
+    return {
+        "events": events,
+        "what": what,
+        "jobs_at_once": jobs,
+        "cores_per_job": "all" if per_job is None else per_job,
+        "seconds": round(statistics.median(got), 3),
+        "fastest_round_s": round(min(got), 3),
+        "slowest_round_s": round(max(got), 3),
+        "rounds": len(got),
+        "load_1m": round(os.getloadavg()[0], 2),
+        "cores": len(os.sched_getaffinity(0)),
+    }
+
+
+def measure(events: int, tmp: Path, traces: int, repeat: int) -> list[dict[str, object]]:
+    first = tmp / "t0.h5"
+    n = make_trace(first, events)
+    copies = [first] + [tmp / f"t{i}.h5" for i in range(1, traces)]
+    for c in copies[1:]:
+        shutil.copyfile(first, c)
+    cores = len(os.sched_getaffinity(0))
+    single = [c for c in (cores, 8, 4, 2, 1) if c <= cores]
+    one: dict[int, list[float]] = {c: [] for c in dict.fromkeys(single)}
+    matrix: dict[tuple[int, int | None], list[float]] = {lay: [] for lay in layouts(cores)}
+    for _ in range(repeat):
+        for c, got in one.items():
+            got.append(makespan([first], tmp / "out", 1, c))
+        for (jobs, per_job), got in matrix.items():
+            got.append(makespan(copies, tmp / "out", jobs, per_job))
+    rows = [row(n, "one trace", 1, c, got) for c, got in one.items()]
+    rows += [row(n, f"matrix of {traces}", j, t, got) for (j, t), got in matrix.items()]
+    for r in rows:
+        print(r, flush=True)
+    for c in copies:
+        c.unlink()
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--events", type=float, nargs="+", default=[1e7])
+    p.add_argument("--traces", type=int, default=16, help="traces in the matrix")
+    p.add_argument("--repeat", type=int, default=2, help="rounds (median reported)")
+    p.add_argument("--csv", type=Path, default=DEFAULT_CSV)
+    p.add_argument("--tmpdir", type=Path, default=None)
+    args = p.parse_args()
+    if args.repeat <= 0 or args.traces <= 0:
+        p.error("--repeat and --traces must be positive")
+    compile_sources([])
+    rows: list[dict[str, object]] = []
+    with tempfile.TemporaryDirectory(dir=args.tmpdir, prefix="codl-matrix-") as tmp:
+        for events in args.events:
+            rows += measure(int(events), Path(tmp), args.traces, args.repeat)
+    args.csv.parent.mkdir(parents=True, exist_ok=True)
+    with args.csv.open("w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    print(f"# wrote {args.csv}")
+
+
+if __name__ == "__main__":
+    main()
