@@ -16,9 +16,11 @@ refuses, the row says "warm"):
 Reports the median round's wall seconds and CPU seconds (the child's user + system time,
 all its threads and child processes), events per second and per CPU-second (what "per core"
 means here, whatever else the machine runs), peak RSS (the child's ru_maxrss or, where
-larger, the summed PSS of its process tree sampled every 20 ms; the child forked from a
-small launcher: see LAUNCH), the wall-time ratio to the plain read's median, the fastest and
-slowest rounds, the machine's highest 1-minute load over the rounds and its core count. Every
+larger, the summed PSS of its process tree sampled every 20 ms in one more round of each
+command, not among the timed ones, as sampling slows it: its wall time is reported apart;
+the child forked from a small launcher: see LAUNCH), the wall-time ratio to the plain read's
+median, the fastest and slowest rounds, the machine's highest 1-minute load over the rounds
+and its core count. Every
 process starts cold: Python, its imports and the file's open are in every number. The codl
 sources timed are byte-compiled first, as an installed copy is (``compile_sources``). Nothing
 here is derived: every number is timed.
@@ -93,17 +95,21 @@ def drop_cache(path: Path) -> bool:
 # parent's high-water mark into a vfork()ed child's ru_maxrss at exec (this script holds the
 # trace writer's ~250 MiB, which then showed as every command's floor, the plain read's too).
 # The rusage of a process that forks children of its own (summarize's loader process) has
-# the largest process's high-water mark, not their sum: the launcher also samples the
-# command's process tree every 20 ms (psutil) and reports the larger of the two. The tree is
-# summed in PSS (each page shared by n processes counted 1/n in each), so that the pages a
-# forked child shares with its parent count once.
+# the largest process's high-water mark, not their sum: asked to (argv[2] == "1"), the
+# launcher also samples the command's process tree every 20 ms (psutil) and reports the
+# larger of the two. The tree is summed in PSS (each page shared by n processes counted 1/n
+# in each), so that the pages a forked child shares with its parent count once. Reading a
+# process's PSS walks its page tables under its memory map's lock, which slows a process that
+# maps and unmaps as it allocates (codl summarize at 10^8 events: ~2x on the H200 node), so
+# the rounds that are timed run without the sampler and one more round of each command
+# samples (``measure``).
 LAUNCH = """
 import json, os, sys, threading, time
 import psutil
 start = time.perf_counter()
 pid = os.fork()
 if pid == 0:
-    os.execv(sys.argv[2], sys.argv[2:])
+    os.execv(sys.argv[3], sys.argv[3:])
 most, ended = [0], threading.Event()
 def sample():
     tree = psutil.Process(pid)
@@ -120,11 +126,13 @@ def sample():
                 pass
         most[0] = max(most[0], pss)
 sampler = threading.Thread(target=sample, daemon=True)
-sampler.start()
+if sys.argv[2] == "1":
+    sampler.start()
 _, status, usage = os.wait4(pid, 0)
 wall = time.perf_counter() - start
 ended.set()
-sampler.join()
+if sampler.is_alive():
+    sampler.join()
 peak = max(usage.ru_maxrss / 1024, most[0] / 2**20)
 with open(sys.argv[1], "w") as fh:
     json.dump([wall, usage.ru_utime + usage.ru_stime, peak], fh)
@@ -132,10 +140,14 @@ sys.exit(os.waitstatus_to_exitcode(status))
 """
 
 
-def timed(cmd: list[str], trace: Path, src: Path | None = None) -> tuple[float, float, float, bool]:
-    """(wall seconds, CPU seconds, peak RSS MiB, cold) of one child process (and its
-    threads: ru_utime + ru_stime), as the launcher (LAUNCH) measured them; ``src``: the
-    ``codl`` package it imports comes from there (a baseline's checkout)."""
+def timed(
+    cmd: list[str], trace: Path, src: Path | None = None, *, sample: bool = False
+) -> tuple[float, float, float, bool]:
+    """(wall seconds, CPU seconds, peak memory MiB, cold) of one child process (and its
+    threads and children: ru_utime + ru_stime), as the launcher (LAUNCH) measured them;
+    ``src``: the ``codl`` package it imports comes from there (a baseline's checkout);
+    ``sample``: the peak is the process tree's summed PSS where larger than ru_maxrss (which
+    slows the command: time such a round for its memory only)."""
     cold = drop_cache(trace)
     env = None
     if src is not None:
@@ -143,7 +155,7 @@ def timed(cmd: list[str], trace: Path, src: Path | None = None) -> tuple[float, 
         path = [str(src), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     with tempfile.NamedTemporaryFile(suffix=".json") as report:
-        launch = [sys.executable, "-c", LAUNCH, report.name, *cmd]
+        launch = [sys.executable, "-c", LAUNCH, report.name, str(int(sample)), *cmd]
         code = subprocess.run(launch, stdout=subprocess.DEVNULL, env=env, check=False).returncode
         if code:
             raise SystemExit(f"{cmd} failed ({code})")
@@ -218,6 +230,8 @@ def measure(
         for what, cmd in commands.items():
             load = os.getloadavg()[0]
             runs[what].append((*timed(cmd, trace, srcs.get(what)), load))
+    # One more round of each, for its memory alone (LAUNCH: the sampler slows the command).
+    sampled = {w: timed(cmd, trace, srcs.get(w), sample=True) for w, cmd in commands.items()}
     rows = []
     plain = statistics.median(r[0] for r in runs["plain h5py read"])
     plain_cpu = statistics.median(r[1] for r in runs["plain h5py read"])
@@ -233,12 +247,14 @@ def measure(
                 "cpu_seconds": round(cpu, 3),
                 "events_per_s": round(n / wall),
                 "events_per_cpu_s": round(n / cpu),
-                "peak_rss_mib": round(max(r[2] for r in got), 1),
+                "peak_rss_mib": round(max(sampled[what][2], *(r[2] for r in got)), 1),
                 "ratio_to_plain_read": round(wall / plain, 2),
                 "cpu_ratio_to_plain_read": round(cpu / plain_cpu, 2),
                 "rounds": len(got),
                 "fastest_round_s": round(min(r[0] for r in got), 3),
                 "slowest_round_s": round(max(r[0] for r in got), 3),
+                # The memory round's wall time: what the sampler costs the command.
+                "sampled_round_s": round(sampled[what][0], 3),
                 "cache": "cold" if cold else "warm",
                 "load_1m": round(load, 2),
                 "cores": os.cpu_count(),
