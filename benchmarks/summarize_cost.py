@@ -99,10 +99,10 @@ def drop_cache(path: Path) -> bool:
 # launcher also samples the command's process tree every 20 ms (psutil) and reports the
 # larger of the two. The tree is summed in PSS (each page shared by n processes counted 1/n
 # in each), so that the pages a forked child shares with its parent count once. Reading a
-# process's PSS walks its page tables under its memory map's lock, which slows a process that
-# maps and unmaps as it allocates (codl summarize at 10^8 events: ~2x on the H200 node), so
-# the rounds that are timed run without the sampler and one more round of each command
-# samples (``measure``).
+# process's PSS walks its page tables under its memory map's lock, so the rounds that are
+# timed run without the sampler and one more round of each command samples (``measure``),
+# its wall time reported apart (``sampled_round_s``: within the timed rounds' spread at every
+# size measured, on both machines).
 LAUNCH = """
 import json, os, sys, threading, time
 import psutil
