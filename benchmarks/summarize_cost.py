@@ -17,13 +17,12 @@ Reports the median round's wall seconds and CPU seconds (the child's user + syst
 all its threads and child processes), events per second and per CPU-second (what "per core"
 means here, whatever else the machine runs), peak RSS (the child's ru_maxrss or, where
 larger, the summed PSS of its process tree sampled every 20 ms in one more round of each
-command, not among the timed ones, as sampling slows it: its wall time is reported apart;
-the child forked from a small launcher: see LAUNCH), the wall-time ratio to the plain read's
-median, the fastest and slowest rounds, the machine's highest 1-minute load over the rounds
-and its core count. Every
-process starts cold: Python, its imports and the file's open are in every number. The codl
-sources timed are byte-compiled first, as an installed copy is (``compile_sources``). Nothing
-here is derived: every number is timed.
+command, kept out of the timed ones, whose wall time is reported apart; the child forked
+from a small launcher: see LAUNCH), the wall-time ratio to the plain read's median, the
+fastest and slowest rounds, the machine's highest 1-minute load over the rounds and its core
+count. Every process starts cold: Python, its imports and the file's open are in every
+number. The codl sources timed are byte-compiled first, as an installed copy is
+(``compile_sources``). Nothing here is derived: every number is timed.
 
     PYTHONPATH=src python benchmarks/summarize_cost.py --events 1e6 1e7 [--repeat 3] [--csv PATH]
         [--baseline REV|NAME=DIR]  # and `codl summarize` of revision REV, in the same rounds
@@ -146,8 +145,8 @@ def timed(
     """(wall seconds, CPU seconds, peak memory MiB, cold) of one child process (and its
     threads and children: ru_utime + ru_stime), as the launcher (LAUNCH) measured them;
     ``src``: the ``codl`` package it imports comes from there (a baseline's checkout);
-    ``sample``: the peak is the process tree's summed PSS where larger than ru_maxrss (which
-    slows the command: time such a round for its memory only)."""
+    ``sample``: the peak is the process tree's summed PSS where larger than ru_maxrss (a
+    round for its memory: the sampler reads the command's page tables as it runs)."""
     cold = drop_cache(trace)
     env = None
     if src is not None:
@@ -230,7 +229,8 @@ def measure(
         for what, cmd in commands.items():
             load = os.getloadavg()[0]
             runs[what].append((*timed(cmd, trace, srcs.get(what)), load))
-    # One more round of each, for its memory alone (LAUNCH: the sampler slows the command).
+    # One more round of each, for its memory alone (LAUNCH: the sampler is kept out of the
+    # timed rounds).
     sampled = {w: timed(cmd, trace, srcs.get(w), sample=True) for w, cmd in commands.items()}
     rows = []
     plain = statistics.median(r[0] for r in runs["plain h5py read"])
@@ -253,7 +253,7 @@ def measure(
                 "rounds": len(got),
                 "fastest_round_s": round(min(r[0] for r in got), 3),
                 "slowest_round_s": round(max(r[0] for r in got), 3),
-                # The memory round's wall time: what the sampler costs the command.
+                # The memory round's wall time: whether the sampler cost the command any.
                 "sampled_round_s": round(sampled[what][0], 3),
                 "cache": "cold" if cold else "warm",
                 "load_1m": round(load, 2),

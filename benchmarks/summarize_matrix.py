@@ -52,15 +52,15 @@ def confined(cmd: list[str], cores: list[int] | None) -> list[str]:
     return [taskset, "-c", ",".join(map(str, cores)), *cmd]
 
 
-def makespan(traces: list[Path], out: Path, jobs: int, per_job: int | None) -> float:
+def makespan(traces: list[Path], out: Path, jobs: int, per_job: int | None) -> tuple[float, bool]:
     """Seconds from the first job's start to the last one's end: ``traces`` summarized by
-    ``jobs`` at once, job slot i on cores i*per_job.. (None: every job unconfined)."""
+    ``jobs`` at once, job slot i on cores i*per_job.. (None: every job unconfined); and
+    whether every trace was read cold."""
     allowed = sorted(os.sched_getaffinity(0))
     slots = [
         None if per_job is None else allowed[i * per_job : (i + 1) * per_job] for i in range(jobs)
     ]
-    for t in traces:
-        drop_cache(t)
+    cold = all([drop_cache(t) for t in traces])
     shutil.rmtree(out, ignore_errors=True)
     pending = list(enumerate(traces))
     running: dict[int, subprocess.Popen[bytes]] = {}  # job slot -> its job
@@ -76,7 +76,7 @@ def makespan(traces: list[Path], out: Path, jobs: int, per_job: int | None) -> f
                 if job.returncode:
                     raise SystemExit(f"{job.args} failed ({job.returncode})")
                 del running[slot]
-    return time.perf_counter() - start
+    return time.perf_counter() - start, cold
 
 
 def layouts(cores: int) -> list[tuple[int, int | None]]:
@@ -87,8 +87,9 @@ def layouts(cores: int) -> list[tuple[int, int | None]]:
 
 
 def row(
-    events: int, what: str, jobs: int, per_job: int | None, got: list[float]
+    events: int, what: str, jobs: int, per_job: int | None, runs: list[tuple[float, bool]]
 ) -> dict[str, object]:
+    got = [r[0] for r in runs]
     return {
         "events": events,
         "what": what,
@@ -98,6 +99,7 @@ def row(
         "fastest_round_s": round(min(got), 3),
         "slowest_round_s": round(max(got), 3),
         "rounds": len(got),
+        "cache": "cold" if all(r[1] for r in runs) else "warm",
         "load_1m": round(os.getloadavg()[0], 2),
         "cores": len(os.sched_getaffinity(0)),
     }
@@ -111,8 +113,10 @@ def measure(events: int, tmp: Path, traces: int, repeat: int) -> list[dict[str, 
         shutil.copyfile(first, c)
     cores = len(os.sched_getaffinity(0))
     single = [c for c in (cores, 8, 4, 2, 1) if c <= cores]
-    one: dict[int, list[float]] = {c: [] for c in dict.fromkeys(single)}
-    matrix: dict[tuple[int, int | None], list[float]] = {lay: [] for lay in layouts(cores)}
+    one: dict[int, list[tuple[float, bool]]] = {c: [] for c in dict.fromkeys(single)}
+    matrix: dict[tuple[int, int | None], list[tuple[float, bool]]] = {
+        lay: [] for lay in layouts(cores)
+    }
     for _ in range(repeat):
         for c, got in one.items():
             got.append(makespan([first], tmp / "out", 1, c))
