@@ -266,6 +266,16 @@ def measure(
     return rows
 
 
+def write_rows(rows: list[dict[str, object]], path: Path) -> None:
+    """The rows as CSV at ``path`` (their keys the header), and a line saying so."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    print(f"# wrote {path}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--events", type=float, nargs="+", default=[1e6, 1e7])
@@ -281,18 +291,13 @@ def main() -> None:
     args = p.parse_args()
     if args.repeat <= 0:
         p.error("--repeat must be positive")
-    rows = []
+    rows: list[dict[str, object]] = []
     with tempfile.TemporaryDirectory(dir=args.tmpdir, prefix="codl-summ-") as tmp:
         base = baseline_src(args.baseline, Path(tmp)) if args.baseline else None
         compile_sources([base[1]] if base else [])
         for events in args.events:
             rows += measure(int(events), Path(tmp), args.repeat, base)
-    args.csv.parent.mkdir(parents=True, exist_ok=True)
-    with args.csv.open("w", newline="", encoding="utf-8") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    print(f"# wrote {args.csv}")
+    write_rows(rows, args.csv)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ slowest beside it. Linux only (`taskset`, `posix_fadvise`).
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import shutil
 import statistics
@@ -36,7 +35,7 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
-from summarize_cost import compile_sources, drop_cache, summarize_cmd  # noqa: E402
+from summarize_cost import compile_sources, drop_cache, summarize_cmd, write_rows  # noqa: E402
 from synth_trace import make_trace  # noqa: E402
 
 DEFAULT_CSV = BENCH / "results" / "summarize_matrix.csv"
@@ -146,12 +145,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=args.tmpdir, prefix="codl-matrix-") as tmp:
         for events in args.events:
             rows += measure(int(events), Path(tmp), args.traces, args.repeat)
-    args.csv.parent.mkdir(parents=True, exist_ok=True)
-    with args.csv.open("w", newline="", encoding="utf-8") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    print(f"# wrote {args.csv}")
+    write_rows(rows, args.csv)
 
 
 if __name__ == "__main__":
