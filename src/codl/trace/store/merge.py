@@ -7,19 +7,26 @@ clock, or, after a failed run, into one incomplete trace that keeps every rank's
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
+import numpy.typing as npt
+import pandas as pd
 
 from codl.errors import TraceFormatError
 from codl.trace.clock import TIME_COLUMNS, Alignment, alignment_of
 from codl.trace.schema import TABLES
 from codl.trace.store.files import incomplete_path
-from codl.trace.store.reader import open_trace
+from codl.trace.store.layout import table_schema
+from codl.trace.store.reader import Trace, open_trace
 from codl.trace.store.writer import DEFAULT_COMPRESSION, RESERVED_ATTRS, TraceWriter
 
 MERGE_TIMEOUT_S = 300.0
+# Rows per block a merge reads: two sets of a block's arrays (~40 B a row of events/cuda, read
+# into while the writer compresses the one before) stay ~20 MiB.
+_MERGE_ROWS: Final = 1 << 18
 
 
 def rank_trace_path(trace_path: Path, rank: int) -> Path:
@@ -58,7 +65,11 @@ def merge_incomplete_ranks(
             try:
                 with open_trace(p, allow_incomplete=True) as t:
                     attrs = dict(t.attrs)
-                    tables = {n: t.table(n) for n in TABLES if n in t.tables()}
+                    # Read through once before any row is appended: a file that fails part way
+                    # is left whole for inspection, none of its rows merged (a rank's tables
+                    # are too big to hold until they are known to be readable).
+                    for _ in _rank_blocks(t, None):
+                        pass
             except (OSError, TraceFormatError, KeyError, ValueError):
                 continue  # unreadable: left in place for inspection, not merged
             if attrs.get("rank", r) != r or (run_id is not None and attrs.get("run_id") != run_id):
@@ -69,9 +80,8 @@ def merge_incomplete_ranks(
                 {**kept_attrs, "rank": r, "file": p.name, "stopped": str(own or "no reason")}
             )
             base = base or {k: v for k, v in attrs.items() if k not in RESERVED_ATTRS}
-            for name, df in tables.items():
-                if len(df):
-                    writer.append(name, _columns(df))
+            with open_trace(p, allow_incomplete=True) as t:
+                _append_rank(writer, t, None)
             read.append(p)
         if not read:
             writer.abort(reason, keep=False)
@@ -84,12 +94,47 @@ def merge_incomplete_ranks(
     return kept
 
 
-def _columns(df: Any) -> dict[str, Any]:
-    # Integer columns as arrays, symbol (categorical) columns as strings: what append takes.
-    return {
-        c: df[c].to_numpy() if df[c].dtype.kind in "iu" else df[c].astype(str).tolist()
-        for c in df.columns
-    }
+def _rank_blocks(
+    t: Trace, alignment: Alignment | None
+) -> Iterator[tuple[str, dict[str, npt.NDArray[Any]]]]:
+    """(table, raw columns) of a rank trace, block by block in its row order, each block
+    checked as ``Trace.verify`` checks it (codes, index ranges, the column digests after a
+    table's last block, where the writer stored them), times moved onto rank 0's clock by
+    ``alignment``. A rank of a day-long run holds 10^8 rows or more: never a table whole, and
+    never a Python string per row (``sym`` columns stay codes into ``t.strings``)."""
+    for name in TABLES:
+        if name not in t.tables():
+            continue
+        for _, _, raw in t.verified_blocks(name, reuse=True, rows=_MERGE_ROWS):
+            if alignment is None:
+                yield name, raw
+            else:
+                yield (
+                    name,
+                    {
+                        c: v - alignment.offset_at(v) if c in TIME_COLUMNS else v
+                        for c, v in raw.items()
+                    },
+                )
+
+
+def _append_rank(w: TraceWriter, t: Trace, alignment: Alignment | None) -> None:
+    """Every row of rank trace ``t`` appended to ``w`` (``_rank_blocks``), its string codes
+    turned into ``w``'s. Strings are interned in the order of their first row, table by table,
+    as appending the decoded tables interned them."""
+    ours = np.full(len(t.strings), -1, dtype=np.int64)
+    for name, block in _rank_blocks(t, alignment):
+        cols: dict[str, npt.NDArray[Any]] = {}
+        for c in table_schema(name):
+            values = block[c.name]
+            if c.is_symbol:
+                codes, firsts = pd.factorize(values)
+                for code in firsts[ours[firsts] < 0]:
+                    ours[code] = w.intern(t.strings[code])
+                values = ours[firsts][codes]
+            cols[c.name] = values
+        if len(cols[table_schema(name)[0].name]):
+            w.append(name, cols)
 
 
 def check_rank_parts(parts: list[Path], *, run_id: str | None) -> None:
@@ -170,20 +215,6 @@ def rank_alignments(per_rank: list[dict[str, Any]]) -> list[Alignment]:
     return [alignment_of(r, a.get("clock_sync"), clock0) for r, a in enumerate(per_rank)]
 
 
-def aligned_columns(df: Any, alignment: Alignment) -> dict[str, Any]:
-    """A rank table's columns for the merged trace, its times moved onto rank 0's clock."""
-    out: dict[str, Any] = {}
-    for c in df.columns:
-        if df[c].dtype.kind not in "iu":
-            out[c] = df[c].astype(str).tolist()
-        elif c in TIME_COLUMNS:
-            t = df[c].to_numpy().astype("int64")
-            out[c] = t - alignment.offset_at(t)
-        else:
-            out[c] = df[c].to_numpy()
-    return out
-
-
 def merge_rank_traces(
     trace_path: Path,
     world: int,
@@ -207,11 +238,13 @@ def merge_rank_traces(
                 if r == 0:
                     # The writer's own (digest, completion) are written anew.
                     base = {k: v for k, v in t.attrs.items() if k not in RESERVED_ATTRS}
-                for name in TABLES:
-                    if name in t.tables():
-                        df = t.table(name)
-                        if len(df):
-                            w.append(name, aligned_columns(df, alignments[r]))
+                try:
+                    _append_rank(w, t, alignments[r])
+                except TraceFormatError as e:
+                    # A corrupt part: no merged trace (its digests would vouch for the damage),
+                    # every part left as it is.
+                    w.abort(str(e), keep=False)
+                    raise TraceFormatError(f"{e}; nothing merged") from e
         for a, x in zip(alignments, per_rank, strict=True):
             for k in ("t_begin_ns", "t_end_ns"):
                 x[k] = int(x[k] - a.offset_at(np.array([x[k]], dtype=np.int64))[0])

@@ -1,0 +1,141 @@
+"""Merging rank traces block by block: what the merged trace holds, and what a corrupt part
+leaves behind (issue 36: a day-long run's ranks hold 10^8 rows each, too many to merge whole)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from codl.errors import TraceFormatError
+from codl.spec import RunSpec
+from codl.trace.store import TraceWriter, incomplete_path, open_trace
+from codl.trace.store.merge import merge_incomplete_ranks, merge_rank_traces, rank_trace_path
+
+SPEC = {"layout": {"ranks_per_node": 2}}
+RUN_ID = RunSpec.from_dict(SPEC).run_id
+# More rows than one block the merge reads (2^18), so that a rank's table comes in pieces.
+ROWS = 300_000
+
+
+def cuda_rows(rank: int, n: int) -> dict[str, object]:
+    """``n`` runtime calls of rank ``rank``: rank 1 names them in another order, and its last
+    name first appears after the merge's first block."""
+    names = ["cudaLaunchKernel", "cudaMemcpyAsync", "cudaEventRecord"]
+    order = names if rank == 0 else names[::-1]
+    idx = np.arange(n)
+    name = np.where(idx < ROWS - 1000, idx % 2, 2)
+    if rank == 1:
+        name[: ROWS - 1000] = (idx[: ROWS - 1000] + 1) % 2
+    start = 1_000_000 + idx * 10
+    return {
+        "rank": np.full(n, rank, np.int16),
+        "step": (idx // 1000).astype(np.int32),
+        "kind": ["runtime"] * n,
+        "name": [order[i] for i in name],
+        "tid": np.full(n, 100 + rank),
+        "stream": np.full(n, -1),
+        "correlation": idx,
+        "start_ns": start,
+        "end_ns": start + 5,
+    }
+
+
+def rank_part(trace: Path, rank: int, *, complete: bool = True) -> Path:
+    path = rank_trace_path(trace, rank)
+    with TraceWriter(path) as w:
+        w.set_attrs(
+            run_id=RUN_ID,
+            spec=SPEC,
+            rank=rank,
+            world_size=2,
+            t_begin_ns=0,
+            t_end_ns=10**10,
+        )
+        w.append(
+            "threads",
+            {"t_ns": [0], "rank": [rank], "pid": [7], "tid": [100 + rank], "role": ["launch"],
+             "name": [f"rank{rank}-main"], "cpus_planned": ["0-3"], "cpus_actual": ["0-3"]},
+        )  # fmt: skip
+        w.append("events/cuda", cuda_rows(rank, ROWS))
+        if complete:
+            w.finish()
+        else:
+            w.abort("killed by the test")
+    return path if complete else incomplete_path(path)
+
+
+def decoded(path: Path, table: str) -> pd.DataFrame:
+    with open_trace(path, allow_incomplete=True) as t:
+        df = t.table(table)
+    return df.astype({c: str for c in df.columns if isinstance(df[c].dtype, pd.CategoricalDtype)})
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def corrupt_a_late_chunk(path: Path) -> None:
+    """Flip bits inside events/cuda's data, past its first merge block: HDF5's checksum of
+    that chunk fails when it is read."""
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        ds = f["events/cuda/correlation"]
+        info = ds.id.get_chunk_info(ds.id.get_num_chunks() - 1)
+        offset, size = info.byte_offset, info.size
+    with path.open("r+b") as fh:
+        fh.seek(offset + size // 2)
+        flipped = bytes(b ^ 0x5A for b in fh.read(8))
+        fh.seek(offset + size // 2)
+        fh.write(flipped)
+
+
+def test_merged_trace_holds_every_rank_in_order_with_its_own_strings(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.h5"
+    parts = [rank_part(trace, r) for r in range(2)]
+    want = {n: [decoded(p, n) for p in parts] for n in ("threads", "events/cuda")}
+    merge_rank_traces(trace, 2, run_id=RUN_ID)
+    with open_trace(trace) as t:
+        t.verify()
+        assert t.attrs["world_size"] == 2
+    for name, frames in want.items():
+        got = decoded(trace, name)
+        pd.testing.assert_frame_equal(got, pd.concat(frames, ignore_index=True))
+    # Rank 1's late name decodes as itself, not as whatever code it had in rank 1's file.
+    cuda = decoded(trace, "events/cuda")
+    late = cuda[(cuda["rank"] == 1) & (cuda["correlation"] >= ROWS - 1000)]
+    assert set(late["name"]) == {"cudaLaunchKernel"}
+    assert not any(p.exists() for p in parts)
+
+
+def test_a_corrupt_rank_part_merges_nothing_and_stays(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.h5"
+    parts = [rank_part(trace, r) for r in range(2)]
+    corrupt_a_late_chunk(parts[1])
+    before = {p: digest(p) for p in parts}
+    with pytest.raises(TraceFormatError, match="nothing merged"):
+        merge_rank_traces(trace, 2, run_id=RUN_ID)
+    # No merged trace, complete or incomplete, whose digests would vouch for the damage.
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in parts)
+    assert {p: digest(p) for p in parts} == before
+
+
+def test_an_incomplete_merge_leaves_a_rank_it_cannot_read_whole(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.h5"
+    good = rank_part(trace, 0, complete=False)
+    bad = rank_part(trace, 1, complete=False)
+    want = decoded(good, "events/cuda")
+    corrupt_a_late_chunk(bad)
+    before = digest(bad)
+    kept = merge_incomplete_ranks(trace, 2, reason="the test stopped it", run_id=RUN_ID)
+    assert kept is not None
+    # Rank 0 whole, none of rank 1's rows (not its first blocks either), rank 1's file as it was.
+    pd.testing.assert_frame_equal(decoded(kept, "events/cuda"), want)
+    with open_trace(kept, allow_incomplete=True) as t:
+        assert [x["rank"] for x in t.attrs["ranks"]] == [0]
+    assert not good.exists()
+    assert digest(bad) == before
