@@ -1,5 +1,6 @@
-"""Merging rank traces block by block: what the merged trace holds, and what a corrupt part
-leaves behind (issue 36: a day-long run's ranks hold 10^8 rows each, too many to merge whole)."""
+"""The commands between a run and its summary, block by block (issue 36: a day-long run's
+ranks hold 10^8 rows each, too many to read whole): merging rank traces (what the merged trace
+holds, what a corrupt part leaves behind) and `codl inspect` (every row counted and checked)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from codl.cli import main
 from codl.errors import TraceFormatError
 from codl.spec import RunSpec
 from codl.trace.store import TraceWriter, incomplete_path, open_trace
@@ -139,3 +141,30 @@ def test_an_incomplete_merge_leaves_a_rank_it_cannot_read_whole(tmp_path: Path) 
         assert [x["rank"] for x in t.attrs["ranks"]] == [0]
     assert not good.exists()
     assert digest(bad) == before
+
+
+def test_inspect_counts_every_row_of_a_table_read_in_blocks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    part = rank_part(tmp_path / "trace.h5", 0)
+    capsys.readouterr()
+    assert main(["inspect", "--json", "--allow-incomplete", str(part)]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["rows"] == {"events/cuda": ROWS, "threads": 1}
+
+
+def test_inspect_refuses_a_late_corrupt_block_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    part = rank_part(tmp_path / "trace.h5", 0)
+    corrupt_a_late_chunk(part)
+    before = digest(part)
+    capsys.readouterr()
+    assert main(["--log-level", "WARNING", "inspect", "--allow-incomplete", str(part)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and "/events/cuda/correlation" in lines[0], captured.err
+    assert digest(part) == before
