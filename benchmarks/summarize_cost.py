@@ -11,7 +11,8 @@ refuses, the row says "warm"):
 - a plain h5py read of the columns summarize reads (every column of the small tables; of
   events/cuda and events/loader those of ``chunked.READ_COLUMNS``), whole columns into memory;
 - ``imports only``: Python started and the modules ``codl summarize`` imports, no trace read
-  (what every run costs whatever its size).
+  (what every run costs whatever its size);
+- ``codl inspect TRACE``, a user's first look at the same trace.
 
 Reports the median round's wall seconds and CPU seconds (the child's user + system time,
 all its threads and child processes), events per second and per CPU-second (what "per core"
@@ -25,7 +26,8 @@ number. The codl sources timed are byte-compiled first, as an installed copy is
 (``compile_sources``). Nothing here is derived: every number is timed.
 
     PYTHONPATH=src python benchmarks/summarize_cost.py --events 1e6 1e7 [--repeat 3] [--csv PATH]
-        [--baseline REV|NAME=DIR]  # and `codl summarize` of revision REV, in the same rounds
+        [--baseline REV|NAME=DIR]  # and `codl summarize`, `codl inspect` of revision REV, in the
+                                   # same rounds
 """
 
 from __future__ import annotations
@@ -168,6 +170,11 @@ def summarize_cmd(trace: Path, out: Path) -> list[str]:
     return [*cli, "summarize", str(trace), "--out-dir", str(out)]
 
 
+def inspect_cmd(trace: Path) -> list[str]:
+    """`codl inspect TRACE`, as a user types it."""
+    return [sys.executable, "-m", "codl.cli", "--log-level", "WARNING", "inspect", str(trace)]
+
+
 def baseline_src(baseline: str, tmp: Path) -> tuple[str, Path]:
     """(name, src folder) of ``--baseline``: ``NAME=DIR`` names a ``src`` folder already
     there (a machine without the repository's history); else a git revision of this
@@ -212,6 +219,8 @@ def measure(
         # The floor every run of the command pays whatever the trace: Python's start and the
         # imports `codl summarize` makes (pandas, h5py, numpy), reading nothing.
         "imports only": [py, "-c", IMPORTS],
+        # A user's first look at the trace: every table's rows counted, every block checked.
+        "codl inspect": inspect_cmd(trace),
     }
     # The same command from a baseline revision's code, in the same rounds: a before/after
     # measured side by side.
@@ -221,6 +230,8 @@ def measure(
         what = f"codl summarize @{rev}"
         commands[what] = summarize_cmd(trace, tmp / f"base{events}")
         srcs[what] = src
+        commands[f"codl inspect @{rev}"] = inspect_cmd(trace)
+        srcs[f"codl inspect @{rev}"] = src
     # Rounds of the commands in turn, so that the machine's other load falls on each alike;
     # each one's median round is reported (wall and CPU seconds each their own median), the
     # fastest and slowest beside it.
@@ -285,8 +296,8 @@ def main() -> None:
     p.add_argument(
         "--baseline",
         metavar="REV|NAME=DIR",
-        help="also time `codl summarize` with the src/ of this git revision (or the src folder "
-        "DIR, named NAME), in the same rounds",
+        help="also time `codl summarize` and `codl inspect` with the src/ of this git revision "
+        "(or the src folder DIR, named NAME), in the same rounds",
     )
     args = p.parse_args()
     if args.repeat <= 0:

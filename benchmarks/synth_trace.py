@@ -8,9 +8,11 @@ takes its own, as the tracer does), the launch and autograd threads' counters ac
 compute and data-wait spans (events/phase_sched), one NVML sample of its GPU, ~2,100 CUDA
 runtime calls of a real name mix (launches, copies, events, syncs; log-normal latencies with a
 rare slow tail) and the loader's rows for the batch (fetch, decode, transform per item on 4
-workers, one collate), written in time order, rank after rank per round as a merged trace holds
-them. That is ~72 % CUDA API rows, ~26 % loader rows and the rest small tables. Root attributes are
-those of a real run (a committed golden trace's), with the layout and levels adjusted.
+workers, one collate). Rank after rank, each rank's rows in time order, as ``merge_rank_traces``
+writes a multi-rank run's trace (``make_rank_parts`` writes the rank traces it merges; before
+2026-12-03 the ranks took turns every 100 steps, an order no merged trace has). That is ~72 %
+CUDA API rows, ~26 % loader rows and the rest small tables. Root attributes are those of a real
+run (a committed golden trace's), with the layout and levels adjusted.
 
     PYTHONPATH=src python benchmarks/synth_trace.py OUT.h5 --events 10000000
 """
@@ -22,6 +24,7 @@ import gzip
 import json
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -283,31 +286,76 @@ def _per_step_samples(
     return {"samples/cpu": cpu, "samples/device": device, "events/phase_sched": phase_sched}
 
 
+def _rank_rounds(
+    rng: np.random.Generator, rank: int, steps_per_rank: int, round_steps: int
+) -> Iterator[dict[str, dict[str, Any]]]:
+    """A rank's tables, ``round_steps`` steps at a time (bounded memory at any size)."""
+    tid = 10_000 + 100 * rank
+    for lo in range(0, steps_per_rank, round_steps):
+        steps = np.arange(lo, min(steps_per_rank, lo + round_steps), dtype=np.int32)
+        t = T0 + steps.astype(np.int64) * STEP_NS
+        yield {
+            "events/app": _app(rank, steps, t, tid),
+            "events/cuda": _cuda(rng, rank, steps, t, tid),
+            "events/loader": _loader(rng, rank, steps, t),
+            **_small(rng, rank, steps, t),
+            **_per_step_samples(rng, rank, steps, t),
+        }
+
+
+def _append_rank(w: TraceWriter, rounds: Iterator[dict[str, dict[str, Any]]]) -> int:
+    written = 0
+    for tables in rounds:
+        for name, cols in tables.items():
+            w.append(name, cols)
+            written += len(next(iter(cols.values())))
+    return written
+
+
+def _span(steps_per_rank: int) -> dict[str, int]:
+    """The run's begin and end (root attributes the tracer writes): its steps and one more."""
+    return {"t_begin_ns": T0, "t_end_ns": T0 + (steps_per_rank + 1) * STEP_NS}
+
+
+def _steps_per_rank(events: int, ranks: int) -> int:
+    return max(4, round(events / (ranks * EVENTS_PER_RANK_STEP)))
+
+
 def make_trace(path: Path, events: int, *, ranks: int = 4, round_steps: int = 100) -> int:
-    """Write a trace of about ``events`` events over ``ranks`` ranks; returns the events."""
-    steps_per_rank = max(4, round(events / (ranks * EVENTS_PER_RANK_STEP)))
+    """Write a trace of about ``events`` events over ``ranks`` ranks; returns the events.
+    Rank after rank, each rank's rows in time order: the order ``merge_rank_traces`` gives a
+    multi-rank run's trace."""
+    steps_per_rank = _steps_per_rank(events, ranks)
     rng = np.random.default_rng(0)
     written = 0
     with TraceWriter(path) as w:
-        w.set_attrs(**_golden_attrs(ranks))
+        w.set_attrs(**_golden_attrs(ranks), **_span(steps_per_rank))
         for rank in range(ranks):
             w.append("threads", _threads(rank)[0])
-        for lo in range(0, steps_per_rank, round_steps):
-            steps = np.arange(lo, min(steps_per_rank, lo + round_steps), dtype=np.int32)
-            for rank in range(ranks):
-                tid = 10_000 + 100 * rank
-                t = T0 + steps.astype(np.int64) * STEP_NS
-                tables = {
-                    "events/app": _app(rank, steps, t, tid),
-                    "events/cuda": _cuda(rng, rank, steps, t, tid),
-                    "events/loader": _loader(rng, rank, steps, t),
-                    **_small(rng, rank, steps, t),
-                    **_per_step_samples(rng, rank, steps, t),
-                }
-                for name, cols in tables.items():
-                    w.append(name, cols)
-                    written += len(next(iter(cols.values())))
+        for rank in range(ranks):
+            written += _append_rank(w, _rank_rounds(rng, rank, steps_per_rank, round_steps))
         w.finish()
+    return written
+
+
+def make_rank_parts(path: Path, events: int, *, ranks: int = 4, round_steps: int = 100) -> int:
+    """The rank traces (``merge.rank_trace_path(path, r)``) that a ``ranks``-rank run leaves
+    for ``merge_rank_traces(path, ranks)``: ``make_trace``'s rows, each rank in its own file
+    with its own root attributes; returns the events."""
+    from codl.trace.store.merge import rank_trace_path
+
+    steps_per_rank = _steps_per_rank(events, ranks)
+    rng = np.random.default_rng(0)
+    merged = _golden_attrs(ranks)
+    written = 0
+    for rank in range(ranks):
+        attrs = {k: v for k, v in merged.items() if k != "ranks"}
+        attrs.update(rank=rank, **_span(steps_per_rank))
+        with TraceWriter(rank_trace_path(path, rank)) as w:
+            w.set_attrs(**attrs)
+            w.append("threads", _threads(rank)[0])
+            written += _append_rank(w, _rank_rounds(rng, rank, steps_per_rank, round_steps))
+            w.finish()
     return written
 
 
