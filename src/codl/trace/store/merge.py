@@ -24,8 +24,8 @@ from codl.trace.store.reader import Trace, open_trace
 from codl.trace.store.writer import DEFAULT_COMPRESSION, RESERVED_ATTRS, TraceWriter
 
 MERGE_TIMEOUT_S = 300.0
-# Rows per block a merge reads: two sets of a block's arrays (~40 B a row of events/cuda, read
-# into while the writer compresses the one before) stay ~20 MiB.
+# Rows per block a merge reads: two sets of a block's arrays (54 B a row of events/cuda, one
+# read into while the writer compresses the other) stay ~30 MiB.
 _MERGE_ROWS: Final = 1 << 18
 
 
