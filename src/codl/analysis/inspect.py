@@ -78,7 +78,7 @@ def _duration_s(attrs: dict[str, Any]) -> float | None:
 
 def _checked_rows(t: Trace, name: str) -> int:
     """Table ``name``'s rows, read block by block and checked as ``Trace.verify`` checks
-    them: a long run's events/cuda read whole (10^8 events: ~28 s, 6.2 GB) only to be counted
+    them: a long run's events/cuda read whole (10^8 events: ~28 s, 5.8 GiB) only to be counted
     is what a first look at a trace must not cost."""
     return sum(hi - lo for lo, hi, _ in t.verified_blocks(name, reuse=True))
 
