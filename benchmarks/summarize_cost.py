@@ -12,7 +12,9 @@ refuses, the row says "warm"):
   events/cuda and events/loader those of ``chunked.READ_COLUMNS``), whole columns into memory;
 - ``imports only``: Python started and the modules ``codl summarize`` imports, no trace read
   (what every run costs whatever its size);
-- ``codl inspect TRACE``, a user's first look at the same trace.
+- ``codl inspect TRACE``, a user's first look at the same trace;
+- with ``--calls``, ``codl summarize TRACE --out-dir DIR --calls``: the same, and the per-call
+  table a user asks for (``calls.parquet``, a row per CUDA runtime API call), in its own pass.
 
 Reports the median round's wall seconds and CPU seconds (the child's user + system time,
 all its threads and child processes), events per second and per CPU-second (what "per core"
@@ -28,6 +30,7 @@ number. The codl sources timed are byte-compiled first, as an installed copy is
     PYTHONPATH=src python benchmarks/summarize_cost.py --events 1e6 1e7 [--repeat 3] [--csv PATH]
         [--baseline REV|NAME=DIR]  # and `codl summarize`, `codl inspect` of revision REV, in the
                                    # same rounds
+        [--calls]                  # and `codl summarize --calls`
 """
 
 from __future__ import annotations
@@ -164,10 +167,11 @@ def timed(
     return wall, cpu, rss, cold
 
 
-def summarize_cmd(trace: Path, out: Path) -> list[str]:
-    """`codl summarize TRACE --out-dir OUT`, as a user types it (warnings only on stderr)."""
+def summarize_cmd(trace: Path, out: Path, *extra: str) -> list[str]:
+    """`codl summarize TRACE --out-dir OUT [EXTRA]`, as a user types it (warnings only on
+    stderr)."""
     cli = [sys.executable, "-m", "codl.cli", "--log-level", "WARNING"]
-    return [*cli, "summarize", str(trace), "--out-dir", str(out)]
+    return [*cli, "summarize", str(trace), "--out-dir", str(out), *extra]
 
 
 def inspect_cmd(trace: Path) -> list[str]:
@@ -207,7 +211,12 @@ def compile_sources(srcs: list[Path]) -> None:
 
 
 def measure(
-    events: int, tmp: Path, repeat: int, baseline: tuple[str, Path] | None = None
+    events: int,
+    tmp: Path,
+    repeat: int,
+    baseline: tuple[str, Path] | None = None,
+    *,
+    calls: bool = False,
 ) -> list[dict[str, object]]:
     trace = tmp / f"t{events}.h5"
     n = make_trace(trace, events)
@@ -222,6 +231,8 @@ def measure(
         # A user's first look at the trace: every table's rows counted, every block checked.
         "codl inspect": inspect_cmd(trace),
     }
+    if calls:
+        commands["codl summarize --calls"] = summarize_cmd(trace, tmp / f"calls{events}", "--calls")
     # The same command from a baseline revision's code, in the same rounds: a before/after
     # measured side by side.
     srcs: dict[str, Path] = {}
@@ -299,6 +310,11 @@ def main() -> None:
         help="also time `codl summarize` and `codl inspect` with the src/ of this git revision "
         "(or the src folder DIR, named NAME), in the same rounds",
     )
+    p.add_argument(
+        "--calls",
+        action="store_true",
+        help="also time `codl summarize --calls` (the per-call table)",
+    )
     args = p.parse_args()
     if args.repeat <= 0:
         p.error("--repeat must be positive")
@@ -307,7 +323,7 @@ def main() -> None:
         base = baseline_src(args.baseline, Path(tmp)) if args.baseline else None
         compile_sources([base[1]] if base else [])
         for events in args.events:
-            rows += measure(int(events), Path(tmp), args.repeat, base)
+            rows += measure(int(events), Path(tmp), args.repeat, base, calls=args.calls)
     write_rows(rows, args.csv)
 
 

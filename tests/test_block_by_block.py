@@ -1,6 +1,7 @@
 """The commands between a run and its summary, block by block (issue 36: a day-long run's
 ranks hold 10^8 rows each, too many to read whole): merging rank traces (what the merged trace
-holds, what a corrupt part leaves behind) and `codl inspect` (every row counted and checked)."""
+holds, what a corrupt part leaves behind), `codl inspect` (every row counted and checked) and
+the per-call table a user asks for (`codl summarize --calls`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import pytest
 
 from codl.cli import main
 from codl.errors import TraceFormatError
+from codl.paths import RunFiles
 from codl.spec import RunSpec
+from codl.steps.analysis import CALL_COLUMNS, write_calls
 from codl.trace.store import TraceWriter, incomplete_path, open_trace
 from codl.trace.store.merge import merge_incomplete_ranks, merge_rank_traces, rank_trace_path
 
@@ -168,3 +171,81 @@ def test_inspect_refuses_a_late_corrupt_block_in_one_line(
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and "/events/cuda/correlation" in lines[0], captured.err
     assert digest(part) == before
+
+
+def calls_trace(path: Path, n: int, warmup: int) -> pd.DataFrame:
+    """A one-rank trace of ``n`` events/cuda rows, every third a kernel (GPU activity, not a
+    call), 10^5 rows a step; returns the table the calls should make of it."""
+    idx = np.arange(n)
+    is_kernel = idx % 3 == 2
+    names = np.array(["cudaLaunchKernel", "cudaMemcpyAsync", "sgemm_kernel"])
+    start = 1_000_000 + idx * 10
+    rows = {
+        "rank": np.zeros(n, np.int16),
+        "step": (idx // 100_000).astype(np.int32),
+        "kind": np.where(is_kernel, "kernel", "runtime").tolist(),
+        "name": names[np.where(is_kernel, 2, idx % 2)].tolist(),
+        "tid": np.full(n, 100),
+        "stream": np.where(is_kernel, 7, -1),
+        "correlation": idx,
+        "start_ns": start,
+        "end_ns": start + 5,
+    }
+    with TraceWriter(path) as w:
+        w.set_attrs(run_id=RUN_ID, spec=SPEC, warmup_steps=warmup, t_begin_ns=0, t_end_ns=10**10)
+        w.append("events/cuda", rows)
+        w.finish()
+    calls = pd.DataFrame(rows)[~is_kernel].drop(columns=["kind", "stream"])
+    calls["warmup"] = calls["step"] < warmup
+    return calls.reset_index(drop=True)
+
+
+def test_calls_table_holds_every_runtime_call_in_row_groups(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.h5"
+    # More rows than the reader's blocks (1 Mi): the table is written in several pieces.
+    want = calls_trace(trace, 1_200_000, warmup=2)
+    out = tmp_path / "calls.parquet"
+    assert write_calls(trace, out) == len(want) == 800_000
+    import pyarrow.parquet as pq
+
+    assert pq.ParquetFile(out).metadata.num_row_groups >= 2
+    got = pd.read_parquet(out)
+    assert list(got.columns) == list(CALL_COLUMNS)
+    assert got["warmup"].sum() == 2 * 100_000 * 2 // 3 + 1  # steps 0 and 1, less kernels
+    pd.testing.assert_frame_equal(got.astype({"name": str}), want, check_dtype=False)
+    assert got.dtypes["rank"] == np.int16 and got.dtypes["start_ns"] == np.int64
+
+
+def test_a_corrupt_trace_writes_no_calls_table_and_keeps_the_last(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.h5"
+    calls_trace(trace, 300_000, warmup=0)
+    out = tmp_path / "calls.parquet"
+    write_calls(trace, out)
+    before = digest(out)
+    corrupt_a_late_chunk(trace)
+    with pytest.raises(TraceFormatError, match="events/cuda"):
+        write_calls(trace, out)
+    assert digest(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["calls.parquet", "trace.h5"]
+
+
+def test_summarize_writes_the_calls_table_only_where_asked(tmp_path: Path) -> None:
+    import gzip
+    import shutil
+
+    trace = tmp_path / "trace.h5"
+    golden = Path(__file__).parent / "golden" / "traces" / "r1_combined.h5.gz"
+    with gzip.open(golden, "rb") as src, trace.open("wb") as dst:
+        shutil.copyfileobj(src, dst)
+    plain, asked = RunFiles(tmp_path / "plain"), RunFiles(tmp_path / "asked")
+    assert main(["summarize", str(trace), "--out-dir", str(plain.dir)]) == 0
+    assert main(["summarize", str(trace), "--out-dir", str(asked.dir), "--calls"]) == 0
+    assert not plain.calls.exists()
+    # A CPU run makes no CUDA calls: the table has its columns and no rows; the summary's
+    # tables are those written without the flag.
+    calls = pd.read_parquet(asked.calls)
+    assert list(calls.columns) == list(CALL_COLUMNS) and calls.empty
+    for name, path in plain.tables().items():
+        pd.testing.assert_frame_equal(
+            pd.read_parquet(path), pd.read_parquet(asked.tables()[name]), obj=name
+        )

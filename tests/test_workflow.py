@@ -15,6 +15,7 @@ import yaml
 from codl.config import build_plan
 from codl.figures import RUN_FIGURES
 from codl.paths import FIGURE_FORMATS, ResultPaths
+from codl.steps.analysis import CALL_COLUMNS
 
 pytestmark = pytest.mark.slow
 
@@ -123,6 +124,16 @@ def test_workflow_runs_once_and_reruns_only_changed_specs(tmp_path: Path) -> Non
     out, second = snakemake(workdir, cfg_path)
     assert second == {}, out[-2000:]
     assert "Nothing to be done" in out
+
+    # The per-call table only where asked: not made by the default target, and asking for it
+    # runs its rule alone (CPU runs make no CUDA calls: tables with their columns, no rows).
+    assert not any(paths.calls(rid).exists() for rid in ids.values())
+    out, asked = snakemake(workdir, cfg_path, "all_calls")
+    assert asked["calls"] == 3 and "run" not in asked and "summarize" not in asked, out[-2000:]
+    for rid in ids.values():
+        calls = pd.read_parquet(paths.calls(rid))
+        assert list(calls.columns) == list(CALL_COLUMNS) and calls.empty
+        assert f"wrote {rel.calls(rid)} (0 calls)" in paths.calls_log(rid).read_text()
 
     compute_trace = paths.trace(ids["compute"])
     before = compute_trace.stat().st_mtime_ns

@@ -75,8 +75,15 @@ class RunFiles:
 
     @property
     def api_calls(self) -> Path:
-        """Every measured CUDA runtime API call, for the latency CDF (codl.figures.run_tables)."""
+        """The measured CUDA runtime API calls' latencies in per-name buckets, for the latency
+        CDF (codl.figures.run_tables)."""
         return self.dir / "api_calls.parquet"
+
+    @property
+    def calls(self) -> Path:
+        """Every CUDA runtime API call, a row each (``steps.analysis.write_calls``): written
+        only where asked (``codl summarize --calls``, the workflow's ``calls`` rule)."""
+        return self.dir / "calls.parquet"
 
     @property
     def timeline(self) -> Path:
@@ -185,6 +192,9 @@ class ResultPaths:
     def timeline(self, run_id: str) -> Path:
         return self.run_files(run_id).timeline
 
+    def calls(self, run_id: str) -> Path:
+        return self.run_files(run_id).calls
+
     def log(self, rule: str, name: str | None = None) -> Path:
         """The log of one job of ``rule``: ``logs/<rule>/<name>.log`` for a job per wildcard
         value (pass ``"{run_id}"`` for a rule's pattern), ``logs/<rule>.log`` for a single job."""
@@ -195,6 +205,9 @@ class ResultPaths:
 
     def summarize_log(self, run_id: str) -> Path:
         return self.log("summarize", run_id)
+
+    def calls_log(self, run_id: str) -> Path:
+        return self.log("calls", run_id)
 
     # merges
     @property

@@ -5,6 +5,8 @@
 
 localrules:
     summarize,
+    calls,
+    all_calls,
     compare,
     figures,
 
@@ -31,6 +33,28 @@ rule summarize:
     threads: 1
     script:
         "../scripts/summarize.py"
+
+
+# Every CUDA runtime API call of a run, a row each: written only where asked (`snakemake
+# all_calls`, or one run's calls.parquet as the target), as it grows with the calls (~0.4 GB
+# per 7 x 10^7). No rule reads it; the summary has what its tables need.
+rule calls:
+    input:
+        trace=PATHS.trace("{run_id}"),
+    output:
+        calls=PATHS.calls("{run_id}"),
+    log:
+        PATHS.calls_log("{run_id}"),
+    conda:
+        CONDA_ENV
+    threads: 1
+    script:
+        "../scripts/calls.py"
+
+
+rule all_calls:
+    input:
+        all_of("calls"),
 
 
 rule compare:

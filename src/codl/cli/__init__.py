@@ -302,7 +302,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
 
 def cmd_summarize(args: argparse.Namespace) -> int:
     from codl.outputs import check_outputs
-    from codl.steps.analysis import summarize_to
+    from codl.steps.analysis import summarize_to, write_calls
 
     _not_a_directory(args.trace, "a trace file", RunFiles(Path(args.trace)).trace.name)
     # Beside the trace by default: the run directory the workflow's summarize rule writes into.
@@ -313,13 +313,14 @@ def cmd_summarize(args: argparse.Namespace) -> int:
     # The same tables, under the same names, as the workflow's summarize rule writes, as one
     # unit (summarize_to); checked here too, so that a refused output costs no time.
     tables = files.tables()
+    outs = [*tables.values(), files.summarize_unit, *([files.calls] if args.calls else [])]
     if out.is_dir():
-        check_outputs(
-            {f"--out-dir ({p.name})": p for p in [*tables.values(), files.summarize_unit]},
-            inputs=(Path(args.trace),),
-        )
+        check_outputs({f"--out-dir ({p.name})": p for p in outs}, inputs=(Path(args.trace),))
     summary = summarize_to(Path(args.trace), **tables, manifest=files.summarize_unit)
     print(summary.T.to_string())
+    if args.calls:
+        # A second pass, after the summary's tables are in place: a failure here loses none.
+        write_calls(Path(args.trace), files.calls)
     return 0
 
 
@@ -437,6 +438,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--out-dir",
         help="directory for the tables (default: the trace's own directory, where the "
         "workflow's summarize rule writes them)",
+    )
+    s.add_argument(
+        "--calls",
+        action="store_true",
+        help="also write calls.parquet: every CUDA runtime API call, a row each (it grows with "
+        "the calls: ~0.4 GB for 7 x 10^7 calls)",
     )
     s.set_defaults(func=cmd_summarize)
 
