@@ -202,10 +202,10 @@ def calls_trace(path: Path, n: int, warmup: int) -> pd.DataFrame:
 
 def test_calls_table_holds_every_runtime_call_in_row_groups(tmp_path: Path) -> None:
     trace = tmp_path / "trace.h5"
-    # More rows than the reader's blocks (1 Mi): the table is written in several pieces.
-    want = calls_trace(trace, 1_200_000, warmup=2)
+    # More rows than a block (2^18): the table is written in several pieces.
+    want = calls_trace(trace, 600_000, warmup=2)
     out = tmp_path / "calls.parquet"
-    assert write_calls(trace, out) == len(want) == 800_000
+    assert write_calls(trace, out) == len(want) == 400_000
     import pyarrow.parquet as pq
 
     assert pq.ParquetFile(out).metadata.num_row_groups >= 2
