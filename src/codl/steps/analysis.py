@@ -139,7 +139,7 @@ def write_calls(trace: Path, out: Path) -> int:
     """Every CUDA runtime API call of ``trace`` as one Parquet table at ``out``, columns
     ``CALL_COLUMNS``, in the trace's order; returns its rows. What a user asks for where the
     per-name latency buckets of api_calls.parquet are not enough: it grows with the calls
-    (~10^8 rows per 10^8-event trace), so no table of the summary is made of it.
+    (~7 x 10^7 rows per 10^8-event trace), so no table of the summary is made of it.
 
     Read and written block by block (a row group per block of the trace, the names
     dictionary-encoded over the trace's string table), so memory does not grow with the
