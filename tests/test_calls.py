@@ -314,3 +314,99 @@ def test_traces_on_disk_give_the_same_table_measured_steps_only(tmp_path: Path) 
     pd.testing.assert_frame_equal(
         table[cols].reset_index(drop=True), expected[cols].reset_index(drop=True)
     )
+
+
+def test_per_name_medians_added_in_blocks_are_pandas_medians(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(calls, "_MERGE_AT", 1000)  # merged many times over
+    rng = np.random.default_rng(3)
+    # Four names, odd and even counts, many equal durations (ns ticks of a coarse clock).
+    codes = rng.integers(0, 4, 10_001)
+    ns = rng.integers(1, 400, len(codes)) * 1000 + codes * 7
+    ns[codes == 3] = rng.integers(0, 5, int((codes == 3).sum()))
+    m = calls._NameMedians()
+    for lo in range(0, len(ns), 777):
+        m.add(codes[lo : lo + 777], ns[lo : lo + 777])
+    want = pd.Series(ns).groupby(codes).median()
+    assert m.medians() == {int(k): float(v) for k, v in want.items()}
+
+
+def big_run(rng: np.random.Generator, n: int) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """events/cuda, events/cuda_sched and a twin's events/cuda of ``n`` calls: three names,
+    one of them (a sync call) never made by the twin, durations on a coarse grid (equal
+    values, even and odd counts), ~0.1 % of the calls 3-50x their name's normal time with
+    evidence, and the first two steps warm-up."""
+    idx = np.arange(n)
+    names = np.array(["cudaLaunchKernel", "cudaMemcpyAsync", "cudaStreamSynchronize"])
+    which = np.where(idx % 97 == 0, 2, idx % 2)
+    dur = (NORMAL["cudaLaunchKernel"] * rng.integers(8, 13, n) // 10).astype(np.int64)
+    slow = rng.random(n) < 0.001
+    dur[slow] *= rng.integers(3, 50, int(slow.sum()))
+    start = 1_000_000_000 + idx * 50 * US
+    run = pd.DataFrame(
+        {
+            "rank": np.zeros(n, np.int16),
+            "step": (idx // 20_000).astype(np.int32),
+            "kind": np.where(which == 2, "sync", "runtime"),
+            "name": names[which],
+            "tid": np.where(idx % 2, LAUNCH_TID, AUTOGRAD_TID),
+            "stream": -1,
+            "correlation": idx,
+            "start_ns": start,
+            "end_ns": start + dur,
+        }
+    )
+    cpu = np.where(slow, dur // 3, dur)
+    evidence = run[["rank", "tid", "correlation", "start_ns", "end_ns"]].assign(
+        thread_cpu_ns=cpu,
+        voluntary=np.where(slow, idx % 3, 0),
+        involuntary=np.where(slow, 1 + idx % 2, 0),
+        cpu_entry=np.int16(2),
+        cpu_exit=np.where(idx % 5 == 0, -1, 3).astype(np.int16),
+    )
+    twin = run[which != 2].iloc[: n // 3].assign(step=5)
+    twin["end_ns"] = (
+        twin["start_ns"] + NORMAL["cudaLaunchKernel"] * rng.integers(9, 12, len(twin)) // 10
+    )
+    return run, evidence, twin
+
+
+def write_blocks(path: Path, run_id: str, tables: dict[str, pd.DataFrame]) -> Path:
+    with TraceWriter(path) as w:
+        w.set_attrs(run_id=run_id, warmup_steps=2, spec="{}")
+        for name, frame in tables.items():
+            w.append(name, {c: frame[c].to_numpy() for c in frame.columns})
+        return w.finish()
+
+
+@pytest.mark.parametrize("with_twin", [True, False])
+def test_a_long_trace_is_attributed_block_by_block_as_its_frames_are(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, with_twin: bool
+) -> None:
+    # Over two of the writer's blocks (131,072 rows), read in blocks of those, medians merged
+    # many times: the table attribute_calls makes of the whole frames, every column.
+    monkeypatch.setattr(calls, "_BLOCK_ROWS", 1 << 17)
+    monkeypatch.setattr(calls, "_MERGE_AT", 1 << 14)
+    run, evidence, twin = big_run(np.random.default_rng(11), 300_000)
+    threads = THREADS.assign(rank=0)
+    path = write_blocks(
+        tmp_path / "run.h5",
+        "r1",
+        {"events/cuda": run, "events/cuda_sched": evidence, "threads": threads},
+    )
+    rule = SlowCallRule() if with_twin else SlowCallRule(threshold_ns=20 * US)
+    twin_path = write_blocks(tmp_path / "twin.h5", "t1", {"events/cuda": twin})
+    got = calls.attribute_trace(path, twin_path if with_twin else None, rule=rule)
+    want = calls.attribute_calls(
+        run[run["step"] >= 2],
+        evidence,
+        run="r1",
+        twin=twin if with_twin else None,
+        threads=threads,
+        rule=rule,
+    )
+    assert 100 < len(got) < 1000 and set(got["baseline_source"]) == (
+        {"twin", "self"} if with_twin else {"self"}
+    )
+    pd.testing.assert_frame_equal(got, want)

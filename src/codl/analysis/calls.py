@@ -51,16 +51,17 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Final, cast
 
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
 from codl.trace.schema import Table
-from codl.trace.store import open_trace
+from codl.trace.store import Trace, open_trace
 
 API_KINDS = ("runtime", "sync")
 EVIDENCE_KEYS = ["rank", "tid", "correlation", "start_ns"]
@@ -284,6 +285,18 @@ _SLOW_COLUMNS = (
 )
 
 
+def _checked(rule: SlowCallRule | None, twin: bool) -> SlowCallRule:
+    """``rule`` (default: ``SlowCallRule()``), refused where it cannot judge a call without a
+    twin."""
+    rule = rule or SlowCallRule()
+    if not twin and rule.threshold_ns is None:
+        raise ValueError(
+            "attribute_calls: no isolation twin given, so 'slow' needs an absolute "
+            "SlowCallRule(threshold_ns=...)"
+        )
+    return rule
+
+
 def attribute_calls(
     calls: pd.DataFrame,
     evidence: pd.DataFrame | None,
@@ -303,13 +316,25 @@ def attribute_calls(
     ``sched_events`` its (``events/sched_switch``, ``events/sched_waking``) frames, which make
     the split exact (``exact_split``).
     """
-    rule = rule or SlowCallRule()
-    if twin is None and rule.threshold_ns is None:
-        raise ValueError(
-            "attribute_calls: no isolation twin given, so 'slow' needs an absolute "
-            "SlowCallRule(threshold_ns=...)"
-        )
-    slow = _slow_calls(calls, evidence, twin, rule)
+    rule = _checked(rule, twin is not None)
+    return _attributed(
+        _slow_calls(calls, evidence, twin, rule),
+        run=run,
+        threads=threads,
+        sched_samples=sched_samples,
+        sched_events=sched_events,
+    )
+
+
+def _attributed(
+    slow: pd.DataFrame,
+    *,
+    run: str,
+    threads: pd.DataFrame | None,
+    sched_samples: pd.DataFrame | None,
+    sched_events: tuple[pd.DataFrame, pd.DataFrame] | None,
+) -> pd.DataFrame:
+    """The attribution rows (``CALL_COLUMNS``) of the slow calls ``slow`` (``_slow_calls``)."""
     roles = _roles(threads)
     peers = CpuPeers(sched_samples, threads)
     rows = [
@@ -378,7 +403,11 @@ def _slow_calls(
         slow = api[api["duration_ns"] > rule.threshold_ns]
     else:
         slow = api[api["duration_ns"] > rule.factor * api["baseline_ns"]]
-    slow = slow.copy()
+    return _with_evidence(slow.copy(), evidence)
+
+
+def _with_evidence(slow: pd.DataFrame, evidence: pd.DataFrame | None) -> pd.DataFrame:
+    """``slow`` with each call's scheduling evidence (-1 where it has none)."""
     if evidence is not None and not evidence.empty:
         ev = evidence[[*EVIDENCE_KEYS, "thread_cpu_ns", "voluntary", "involuntary"]].copy()
         at_exit, at_entry = evidence["cpu_exit"], evidence["cpu_entry"]
@@ -434,33 +463,152 @@ def attribute_trace(
     trace_path: Path, twin_path: Path | None = None, *, rule: SlowCallRule | None = None
 ) -> pd.DataFrame:
     """``attribute_calls`` for one rank's trace (and its twin's), measured steps only: warm-up
-    holds the subscription, autotuning and first-touch allocations, which no twin repeats."""
+    holds the subscription, autotuning and first-touch allocations, which no twin repeats.
+
+    The same table, without reading either trace's calls whole (a long run makes ~10^8): each
+    trace's events/cuda is read block by block (verified as it is read) into exact per-name
+    medians (``_NameMedians``), then the run's once more for the calls over their limit, and
+    its events/cuda_sched for those calls' evidence only. Memory grows with the slow calls
+    and the distinct durations, not with the calls."""
+    rule = _checked(rule, twin_path is not None)
+    twin = None
+    if twin_path is not None:
+        with open_trace(twin_path) as w:
+            twin = _medians(w)
     with open_trace(trace_path) as t:
         run = str(t.attrs["run_id"])
-        cuda = _measured(t.table(Table.CUDA), int(t.attrs.get("warmup_steps", 0)))
-        evidence = t.table(Table.CUDA_SCHED)
+        base = _baseline_table(_medians(t), twin)
+        found = _slow_rows(t, base, rule)
+        slow = _with_evidence(found, _evidence_of(t, found))
         threads, samples = t.table(Table.THREADS), t.table(Table.SCHED)
         events = None
         if Table.SCHED_SWITCH in t.tables():
             events = (t.table(Table.SCHED_SWITCH), t.table(Table.SCHED_WAKING))
-    twin = None
-    if twin_path is not None:
-        with open_trace(twin_path) as w:
-            twin = _measured(w.table(Table.CUDA), int(w.attrs.get("warmup_steps", 0)))
-    return attribute_calls(
-        cuda,
-        evidence,
-        run=run,
-        twin=twin,
-        threads=threads,
-        sched_samples=samples,
-        rule=rule,
-        sched_events=events,
+    return _attributed(slow, run=run, threads=threads, sched_samples=samples, sched_events=events)
+
+
+# Rows a block of the streamed tables; per-name durations gathered before they are merged.
+_BLOCK_ROWS: Final = 1 << 18
+_MERGE_AT: Final = 1 << 21
+
+
+class _NameMedians:
+    """Exact medians of int64 durations per name code, added block by block: a count per
+    distinct (code, duration), merged as they gather, so memory grows with the distinct
+    durations (at most one per nanosecond of a name's range), not with the calls. The median is
+    ``Series.median``'s: the middle value, or the mean of the middle two."""
+
+    def __init__(self) -> None:
+        self._codes = self._ns = self._counts = np.empty(0, np.int64)
+        self._pending: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]] = []
+        self._pending_n = 0
+
+    def add(self, codes: npt.NDArray[Any], ns: npt.NDArray[np.int64]) -> None:
+        if len(ns):
+            self._pending.append((codes.astype(np.int64), ns.astype(np.int64)))
+            self._pending_n += len(ns)
+        if self._pending_n >= _MERGE_AT:
+            self._merge()
+
+    def _merge(self) -> None:
+        codes = np.concatenate([self._codes, *(c for c, _ in self._pending)])
+        ns = np.concatenate([self._ns, *(n for _, n in self._pending)])
+        ones = [np.ones(len(n), np.int64) for _, n in self._pending]
+        counts = np.concatenate([self._counts, *ones])
+        self._pending, self._pending_n = [], 0
+        order = np.lexsort((ns, codes))
+        codes, ns, counts = codes[order], ns[order], counts[order]
+        first = np.ones(len(ns), dtype=np.bool_)
+        first[1:] = (codes[1:] != codes[:-1]) | (ns[1:] != ns[:-1])
+        at = np.flatnonzero(first)
+        self._codes, self._ns = codes[at], ns[at]
+        self._counts = np.add.reduceat(counts, at) if len(at) else counts
+
+    def medians(self) -> dict[int, float]:
+        self._merge()
+        edges = np.flatnonzero(np.diff(self._codes)) + 1
+        out: dict[int, float] = {}
+        for lo, hi in zip([0, *edges], [*edges, len(self._codes)], strict=True):
+            if lo == hi:
+                continue
+            ns, upto = self._ns[lo:hi], np.cumsum(self._counts[lo:hi])
+            n = int(upto[-1])
+            # The values at 0-based positions (n - 1) // 2 and n // 2: the same one for odd n.
+            a = ns[np.searchsorted(upto, (n - 1) // 2, side="right")]
+            b = ns[np.searchsorted(upto, n // 2, side="right")]
+            out[int(self._codes[lo])] = (float(a) + float(b)) / 2
+        return out
+
+
+def _api_blocks(t: Trace) -> Iterator[dict[str, npt.NDArray[Any]]]:
+    """The measured API calls (``API_KINDS``, steps from ``warmup_steps``) of each block of
+    ``t``'s events/cuda, verified as it is read."""
+    warmup = int(t.attrs.get("warmup_steps", 0))
+    kinds = [t.strings.index(k) for k in API_KINDS if k in t.strings]
+    if Table.CUDA not in t.tables() or not kinds:
+        return
+    for _, _, block in t.verified_blocks(Table.CUDA, rows=_BLOCK_ROWS):
+        keep = np.isin(block["kind"], kinds) & (block["step"] >= warmup)
+        yield {c: v[keep] for c, v in block.items()}
+
+
+def _medians(t: Trace) -> dict[str, float]:
+    """p50 duration per API name of ``t``'s measured calls (``baselines``' per trace)."""
+    m = _NameMedians()
+    for block in _api_blocks(t):
+        m.add(block["name"], block["end_ns"] - block["start_ns"])
+    return {t.strings[code]: p50 for code, p50 in m.medians().items()}
+
+
+def _baseline_table(own: dict[str, float], twin: dict[str, float] | None) -> pd.DataFrame:
+    """``baselines`` from per-name medians: the twin's where it called that name."""
+    names = list(own)
+    theirs = twin or {}
+    return pd.DataFrame(
+        {
+            "name": names,
+            "baseline_ns": [theirs.get(n, own[n]) for n in names],
+            "baseline_source": ["twin" if n in theirs else "self" for n in names],
+        }
     )
 
 
-def _measured(cuda: pd.DataFrame, warmup: int) -> pd.DataFrame:
-    return cuda[cuda["step"] >= warmup]
+def _slow_rows(t: Trace, base: pd.DataFrame, rule: SlowCallRule) -> pd.DataFrame:
+    """The measured API calls of ``t`` over ``rule``'s limit against ``base``
+    (``_baseline_table``), in the trace's order, with their duration and baseline: what
+    ``_slow_calls`` selects before the evidence, made block by block."""
+    code = {s: i for i, s in enumerate(t.strings)}
+    limit = np.full(len(t.strings), np.inf)
+    for name, p50 in zip(base["name"], base["baseline_ns"], strict=True):
+        limit[code[name]] = (
+            rule.threshold_ns if rule.threshold_ns is not None else rule.factor * p50
+        )
+    keep = ("rank", "tid", "name", "correlation", "start_ns", "end_ns")
+    pieces: dict[str, list[npt.NDArray[Any]]] = {c: [] for c in (*keep, "duration_ns")}
+    for block in _api_blocks(t):
+        ns = (block["end_ns"] - block["start_ns"]).astype(np.int64)
+        slow = ns > limit[block["name"]]
+        for c in keep:
+            pieces[c].append(block[c][slow])
+        pieces["duration_ns"].append(ns[slow])
+    cols = {c: np.concatenate(v) if v else np.empty(0, np.int64) for c, v in pieces.items()}
+    names = np.asarray(t.strings, dtype=object)
+    frame = pd.DataFrame({**cols, "name": names[cols["name"].astype(np.int64)].astype(str)})
+    return frame.merge(base, on="name", how="left")
+
+
+def _evidence_of(t: Trace, slow: pd.DataFrame) -> pd.DataFrame | None:
+    """The rows of ``t``'s events/cuda_sched that ``slow``'s calls may match (by
+    correlation), read block by block and verified; None without the table."""
+    if Table.CUDA_SCHED not in t.tables():
+        return None
+    wanted = slow["correlation"].to_numpy(np.int64)
+    pieces: list[pd.DataFrame] = []
+    for _, _, block in t.verified_blocks(Table.CUDA_SCHED, rows=_BLOCK_ROWS):
+        mine = np.isin(block["correlation"], wanted)
+        if mine.any():
+            pieces.append(pd.DataFrame({c: v[mine] for c, v in block.items()}))
+    return pd.concat(pieces, ignore_index=True) if pieces else None
 
 
 def summarize_calls(table: pd.DataFrame) -> pd.DataFrame:
