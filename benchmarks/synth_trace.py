@@ -321,15 +321,22 @@ def _steps_per_rank(events: int, ranks: int) -> int:
     return max(4, round(events / (ranks * EVENTS_PER_RANK_STEP)))
 
 
-def make_trace(path: Path, events: int, *, ranks: int = 4, round_steps: int = 100) -> int:
+def make_trace(
+    path: Path, events: int, *, ranks: int = 4, round_steps: int = 100, repeat: int = 0
+) -> int:
     """Write a trace of about ``events`` events over ``ranks`` ranks; returns the events.
     Rank after rank, each rank's rows in time order: the order ``merge_rank_traces`` gives a
-    multi-rank run's trace."""
+    multi-rank run's trace. ``repeat``: the run's repeat index (its own run id, its own
+    random rows), for a matrix of several runs."""
     steps_per_rank = _steps_per_rank(events, ranks)
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(repeat)
     written = 0
+    attrs = _golden_attrs(ranks)
+    if repeat:
+        attrs["spec"]["repeat"] = repeat
+        attrs["run_id"] = RunSpec.from_dict(attrs["spec"]).run_id
     with TraceWriter(path) as w:
-        w.set_attrs(**_golden_attrs(ranks), **_span(steps_per_rank))
+        w.set_attrs(**attrs, **_span(steps_per_rank))
         for rank in range(ranks):
             w.append("threads", _threads(rank)[0])
         for rank in range(ranks):

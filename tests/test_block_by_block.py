@@ -1,10 +1,12 @@
 """The commands between a run and its summary, block by block (issue 36: a day-long run's
 ranks hold 10^8 rows each, too many to read whole): merging rank traces (what the merged trace
 holds, what a corrupt part leaves behind), `codl inspect` (every row counted and checked) and
-the per-call table a user asks for (`codl summarize --calls`)."""
+the per-call table a user asks for (`codl summarize --calls`), and the compare's merged
+attribution table (~10^6 rows per 10^8-event run), copied run by run."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 from pathlib import Path
 
@@ -13,9 +15,10 @@ import pandas as pd
 import pytest
 
 from codl.cli import main
-from codl.errors import TraceFormatError
+from codl.errors import CodlError, TraceFormatError
 from codl.paths import RunFiles
 from codl.spec import RunSpec
+from codl.steps import analysis
 from codl.steps.analysis import CALL_COLUMNS, write_calls
 from codl.trace.store import TraceWriter, incomplete_path, open_trace
 from codl.trace.store.merge import merge_incomplete_ranks, merge_rank_traces, rank_trace_path
@@ -249,3 +252,69 @@ def test_summarize_writes_the_calls_table_only_where_asked(tmp_path: Path) -> No
         pd.testing.assert_frame_equal(
             pd.read_parquet(path), pd.read_parquet(asked.tables()[name]), obj=name
         )
+
+
+def attribution_file(path: Path, run_id: str, rows: int, seed: int) -> Path:
+    """A per-run attribution table as summarize writes it (pieces of one schema), ``rows``
+    rows of ``run_id`` in row groups of 1,000."""
+    rng = np.random.default_rng(seed)
+    df = pd.DataFrame(
+        {
+            "run_id": run_id,
+            "rank": rng.integers(0, 4, rows),
+            "step": np.arange(rows) // 7,
+            "thread_rank": rng.integers(0, 4, rows),
+            "tid": rng.integers(1, 1 << 22, rows),
+            "pid": rng.integers(1, 1 << 22, rows),
+            "role": rng.choice(["loader_worker", "pin_memory", "main", 'other, "quoted"'], rows),
+            "name": rng.choice(["pt_data_worker", "python3", "nccl,proxy"], rows),
+            "share_ns": rng.random(rows) * 1e6 / 3,
+            "launch_wait_ns": rng.integers(0, 10**9, rows),
+            "attributed_wait_ns": np.where(rng.random(rows) < 0.1, np.nan, rng.random(rows) * 1e5),
+        }
+    )
+    df.to_parquet(path, index=False, row_group_size=1000)
+    return path
+
+
+@pytest.mark.parametrize("name", ["attribution.csv", "attribution.csv.gz", "attribution.csv.xz"])
+def test_compare_copies_the_attribution_table_run_by_run_as_the_join_reads(
+    tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Batches smaller than a run's table and its row groups, so each run comes in pieces.
+    monkeypatch.setattr(analysis, "_COPY_ROWS", 700)
+    paths = [
+        attribution_file(tmp_path / "a.parquet", "run_a", 2_500, 0),
+        attribution_file(tmp_path / "empty.parquet", "run_e", 0, 1),
+        attribution_file(tmp_path / "b.parquet", "run_b", 3_001, 2),
+    ]
+    out = tmp_path / name
+    assert analysis._copy_csv(paths, "attribution", {}, out) == 5_501
+    expected = tmp_path / f"joined.{name}"
+    analysis._read_all(paths, "attribution").to_csv(expected, index=False)
+    assert pd.read_csv(out).shape == (5_501, 11)
+    opener = {".gz": gzip.open, ".xz": __import__("lzma").open}.get(out.suffix, open)
+    with opener(out, "rb") as got, opener(expected, "rb") as want:
+        assert got.read() == want.read()
+
+
+def test_compare_copies_no_rows_as_the_join_of_none(tmp_path: Path) -> None:
+    paths = [attribution_file(tmp_path / "e.parquet", "run_e", 0, 0)]
+    out = tmp_path / "attribution.csv"
+    assert analysis._copy_csv(paths, "attribution", {}, out) == 0
+    assert out.read_bytes() == b"\n" == analysis._read_all(paths, "x").to_csv(index=False).encode()
+
+
+def test_compare_refuses_attribution_tables_of_other_columns_naming_both(tmp_path: Path) -> None:
+    a = attribution_file(tmp_path / "a.parquet", "run_a", 10, 0)
+    b = attribution_file(tmp_path / "b.parquet", "run_b", 10, 1)
+    changed = pd.read_parquet(b).drop(columns="role").assign(step=0.5, extra=1)
+    changed.to_parquet(b, index=False)
+    with pytest.raises(
+        CodlError,
+        match=r"b\.parquet: its attribution columns differ from those of .*a\.parquet "
+        r"\(no role; extra too; step double, not int64\)",
+    ):
+        analysis._copy_csv([a, b], "attribution", {}, tmp_path / "attribution.csv")
+    with pytest.raises(CodlError, match=r"compressed as \.gz, \.bz2, \.xz .*'\.csv\.zip'"):
+        analysis._copy_csv([a], "attribution", {}, tmp_path / "attribution.csv.zip")
