@@ -267,7 +267,7 @@ def attribution_file(path: Path, run_id: str, rows: int, seed: int) -> Path:
             "tid": rng.integers(1, 1 << 22, rows),
             "pid": rng.integers(1, 1 << 22, rows),
             "role": rng.choice(["loader_worker", "pin_memory", "main", 'other, "quoted"'], rows),
-            "name": rng.choice(["pt_data_worker", "python3", "nccl,proxy"], rows),
+            "name": rng.choice(["pt_data_worker", "python3", "nccl,proxy", "wörker"], rows),
             "share_ns": rng.random(rows) * 1e6 / 3,
             "launch_wait_ns": rng.integers(0, 10**9, rows),
             "attributed_wait_ns": np.where(rng.random(rows) < 0.1, np.nan, rng.random(rows) * 1e5),

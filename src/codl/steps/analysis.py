@@ -437,7 +437,10 @@ def _copy_csv(
     """The per-run ``kind`` tables ``paths`` joined as :func:`_read_all` joins them, written to
     ``out`` as CSV (``DataFrame.to_csv`` of the join) a row batch at a time, never joined;
     returns the rows. Files of no rows are left out, as the join leaves them; the others must
-    have the same columns and types, which the join would otherwise have to reconcile."""
+    have the same columns and types, which the join would otherwise have to reconcile. The
+    text is the join's where a column's format does not hang on its other rows, as in the
+    attribution (no nullable integers, no timestamps: pandas writes an int column with a null
+    as floats, and a timestamp column's precision by its values, column-wide)."""
     missing = [str(p) for p in paths if not Path(p).exists()]
     if missing:
         raise CodlError(f"missing {kind} files (their runs did not finish): {missing}")
@@ -451,7 +454,7 @@ def _copy_csv(
     rows = 0
     header = True
     first: tuple[Path, pa.Schema] | None = None
-    with opener(out, "wt", newline="") as handle:
+    with opener(out, "wt", newline="", encoding="utf-8") as handle:  # as to_csv, any locale
         for path in map(Path, paths):
             run_id = verify_member(path, checked=checked)
             parquet = pq.ParquetFile(path)
