@@ -17,9 +17,10 @@ import pandas as pd
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 import pytest
 
-from codl.analysis import chunked, columns
+from codl.analysis import chunked, columns, intervals
 from codl.analysis import decompose as dec
 from codl.analysis import summarize as sm
+from codl.analysis.intervals import interval_union
 from codl.errors import TraceFormatError
 from codl.figures import data as figdata
 from codl.figures import run_tables
@@ -546,3 +547,91 @@ def test_a_failed_read_in_the_parent_ends_the_loader_process(
     assert len(children) == 1
     with pytest.raises(ProcessLookupError):
         os.kill(children[0], 0)
+
+
+def _ranks_in_turn(path: Path, order: list[tuple[int, int, int]]) -> Path:
+    """events/loader and events/app of three ranks that each ran over the same time, their
+    rows written in the turns ``order`` gives ((rank, first step, last step), as a merged
+    trace writes rank after rank, or as one whose rank 0 comes back): several index entries
+    a rank, an entry or two holding two ranks, workers' busy intervals with gaps between."""
+    rng = np.random.default_rng(11)
+    step_ns, per_step = 1_000_000, 2_000
+    with TraceWriter(path, compression="gzip") as w:
+        w.set_attrs(warmup_steps=1)
+        for rank, first, last in order:
+            steps = np.repeat(np.arange(first, last), per_step)
+            m = len(steps)
+            start = steps * step_ns + rng.integers(0, step_ns, m)
+            end = start + rng.integers(1, 400, m)
+            by_end = np.argsort(end, kind="stable")  # rows are written as they end
+            w.append(
+                "events/loader",
+                {
+                    "rank": np.full(m, rank, np.int16),
+                    "step": steps[by_end],
+                    "worker": np.zeros(m, np.int16),
+                    "pid": np.full(m, 100 + rank),
+                    "tid": np.full(m, 100 + rank),
+                    "cpu": np.zeros(m, np.int16),
+                    "item": np.arange(m),
+                    "stage": np.full(m, "fetch", dtype=object),
+                    "start_ns": start[by_end],
+                    "end_ns": end[by_end],
+                },
+            )
+            span = np.arange(first, last)
+            w.append(
+                "events/app",
+                {
+                    "rank": np.full(len(span), rank, np.int16),
+                    "step": span,
+                    "phase": np.full(len(span), "compute", dtype=object),
+                    "tid": np.full(len(span), 100 + rank),
+                    "start_ns": span * step_ns + step_ns // 4,
+                    "end_ns": span * step_ns + 3 * step_ns // 4,
+                    "gpu_ns": np.full(len(span), -1),
+                },
+            )
+        return w.finish()
+
+
+@pytest.mark.parametrize(
+    "order",
+    [
+        [(0, 0, 150), (1, 0, 150), (2, 0, 150)],  # rank after rank: a merged trace
+        [(0, 0, 80), (1, 0, 150), (0, 80, 150), (2, 0, 150)],  # rank 0 comes back
+    ],
+)
+def test_the_loaders_overlap_is_exact_and_its_union_stays_small_rank_after_rank(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, order: list[tuple[int, int, int]]
+) -> None:
+    # The busy-time union closes its pieces at each rank's own watermark: the same fraction
+    # as the whole tables give, with only the pieces the next rows can still reach held open.
+    # With one watermark over the table (the next rank's first start is the run's start) a
+    # rank's union held all of its pieces, and each block was joined to them all.
+    trace = _ranks_in_turn(tmp_path / "t.h5", order)
+    with open_trace(trace) as t:
+        index = t.chunk_index("events/loader")
+        assert index is not None and len(index) >= 6
+        loader, app = t.table("events/loader"), t.table("events/app")
+        marks = chunked._Watermarks(t, "events/loader")
+        rank, start = loader["rank"].to_numpy(), loader["start_ns"].to_numpy()
+        for hi in index[:, 1].tolist():
+            for r in range(3):
+                later = start[hi:][rank[hi:] == r]
+                bound = int(later.min()) if len(later) else np.iinfo(np.int64).max
+                assert marks.after(hi, r) == bound
+    want = sm.overlaps(app, loader, reader.empty_frame("events/cuda"), warmup=1)
+    held: list[int] = []
+    add = intervals.UnionOverlap.add
+
+    def add_held(self: Any, starts: Any, ends: Any, watermark: int) -> None:
+        add(self, starts, ends, watermark)
+        held.append(len(self._open))
+
+    monkeypatch.setattr(intervals.UnionOverlap, "add", add_held)
+    got = chunked.read_summary(trace, loader_process=False)[3].overlaps
+    assert got["loader_compute_overlap"] == want["loader_compute_overlap"]
+    assert 0.05 < got["loader_compute_overlap"] < 0.95
+    pieces = len(interval_union(start, loader["end_ns"].to_numpy()))
+    assert len(held) >= 6 and max(held) < pieces / 50
