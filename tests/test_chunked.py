@@ -600,6 +600,7 @@ def _ranks_in_turn(path: Path, order: list[tuple[int, int, int]]) -> Path:
     [
         [(0, 0, 150), (1, 0, 150), (2, 0, 150)],  # rank after rank: a merged trace
         [(0, 0, 80), (1, 0, 150), (0, 80, 150), (2, 0, 150)],  # rank 0 comes back
+        [(r, s, s + 2) for s in range(0, 150, 2) for r in range(3)],  # turns: every entry mixed
     ],
 )
 def test_the_loaders_overlap_is_exact_and_its_union_stays_small_rank_after_rank(

@@ -827,16 +827,16 @@ class _Watermarks:
             entries.append(where[one])
             ranks.append(lowest[one].astype(np.int64))
             earliest.append(t_lo[first:last][one])
-            for e in where[~one].tolist():
-                e_lo, e_hi = int(self._index[e, 0]), int(self._index[e, 1])
+            for e, low in zip(where[~one].tolist(), lowest[~one].tolist(), strict=True):
+                e_lo, e_hi = (int(x) for x in self._index[e, :2])
                 cols = t.read_rows(name, e_lo, e_hi, ["rank", "start_ns"])
-                r = cols["rank"].astype(np.int64)
-                order = np.argsort(r, kind="stable")
-                r, start = r[order], cols["start_ns"][order]
-                cut = np.flatnonzero(np.diff(r, prepend=r[0] - 1))
-                entries.append(np.full(len(cut), e))
-                ranks.append(r[cut])
-                earliest.append(np.minimum.reduceat(start, cut))
+                r = cols["rank"].astype(np.int64) - low
+                present = np.flatnonzero(np.bincount(r))
+                own_first = np.full(int(r.max()) + 1, _NO_ROW)
+                np.minimum.at(own_first, r, cols["start_ns"])  # O(rows), whatever their order
+                entries.append(np.full(len(present), e))
+                ranks.append(present + low)
+                earliest.append(own_first[present])
         entry, rank_of, t_min = (np.concatenate(x) for x in (entries, ranks, earliest))
         # Per rank: the entries holding its rows, in order, and its earliest start from each on.
         self._own: dict[int, tuple[_Ints, _Ints]] = {}
