@@ -636,3 +636,6 @@ def test_the_loaders_overlap_is_exact_and_its_union_stays_small_rank_after_rank(
     assert 0.05 < got["loader_compute_overlap"] < 0.95
     pieces = len(interval_union(start, loader["end_ns"].to_numpy()))
     assert len(held) >= 6 and max(held) < pieces / 50
+    # The loader's own process (4+ cores) builds its watermarks the same way.
+    apart = chunked.read_summary(trace, loader_process=True)[3].overlaps
+    assert apart["loader_compute_overlap"] == want["loader_compute_overlap"]
