@@ -552,8 +552,9 @@ def test_a_failed_read_in_the_parent_ends_the_loader_process(
 def _ranks_in_turn(path: Path, order: list[tuple[int, int, int]]) -> Path:
     """events/loader and events/app of three ranks that each ran over the same time, their
     rows written in the turns ``order`` gives ((rank, first step, last step), as a merged
-    trace writes rank after rank, or as one whose rank 0 comes back): several index entries
-    a rank, an entry or two holding two ranks, workers' busy intervals with gaps between."""
+    trace writes rank after rank, or as one whose rank 0 comes back, or in short turns):
+    index entries of one rank and entries of several, workers' busy intervals with gaps
+    between."""
     rng = np.random.default_rng(11)
     step_ns, per_step = 1_000_000, 2_000
     with TraceWriter(path, compression="gzip") as w:
