@@ -806,7 +806,8 @@ class _Watermarks:
     (time quadratic in the rows). Each index entry's ranks come from the rank column (2
     bytes a row, read once: ~40 ms per 10^8 events); an entry of one rank has that rank's
     earliest start in the index (t_lo), one of several ranks (where a rank's rows end and the
-    next's begin) has each rank's read from its rows."""
+    next's begin, or every entry where the ranks take turns) has each rank's read from its
+    rows."""
 
     def __init__(self, t: Trace, name: str) -> None:
         index = t.chunk_index(name)
