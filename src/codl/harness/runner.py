@@ -14,19 +14,21 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import multiprocessing.resource_sharer
 import os
 import random
 import signal
 import socket
 import statistics
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sized
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any, cast
+from typing import Any, Final, cast
 
 import numpy as np
 import torch
@@ -73,13 +75,33 @@ _CPYTHON_SWITCH_INTERVAL_S = sys.getswitchinterval()
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
+# A batch's tensors reach the rank as file descriptors, each fetched from the worker's
+# multiprocessing resource sharer over a socket with a handshake (sharing strategy
+# file_descriptor). A stop raised while the rank is inside that fetch cuts the handshake: the
+# worker's sharer thread then prints a BrokenPipeError traceback into the run's stderr.
+_FD_HANDOVER_CODE: Final = multiprocessing.resource_sharer.__file__
+# How soon a stop that landed inside such a fetch is delivered again; a fetch takes well under
+# a millisecond unless the machine is loaded.
+_HANDOVER_RETRY_S: Final = 0.01
+
+
+def _in_fd_handover(frame: FrameType | None) -> bool:
+    while frame is not None:
+        if frame.f_code.co_filename == _FD_HANDOVER_CODE:
+            return True
+        frame = frame.f_back
+    return False
+
+
 class _StopHandler:
     """SIGTERM/SIGINT handler of one run: raise RunInterruptedError to stop it.
 
     Repeats within REPEAT_IGNORE_S of the first (Slurm and group-wide kills deliver several)
     are ignored, so they cannot interrupt the unwinding into the code that writes the trace
     (which then ignores both signals itself). A later one raises again: the first may have been
-    swallowed, raised inside a finalizer where Python only prints it.
+    swallowed, raised inside a finalizer where Python only prints it. A signal that lands while
+    the rank fetches a loader worker's file descriptor is sent again once the fetch is over
+    (see _FD_HANDOVER_CODE), so a stop never leaves a worker's traceback behind.
     """
 
     def __init__(self) -> None:
@@ -88,6 +110,9 @@ class _StopHandler:
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         now = time.monotonic()
         if self.first is not None and now - self.first < REPEAT_IGNORE_S:
+            return
+        if _in_fd_handover(frame):
+            threading.Timer(_HANDOVER_RETRY_S, os.kill, (os.getpid(), signum)).start()
             return
         self.first = now
         raise RunInterruptedError(f"received {signal.Signals(signum).name}")
