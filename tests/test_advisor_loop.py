@@ -52,17 +52,26 @@ def run_plan(plan: Plan, paths: ResultPaths) -> None:
     )
 
 
+# Data runs of one worker count further apart than this were slowed by the machine, not by
+# their setting: on a quiet machine the two policies' runs lie within 1.6x of each other.
+NOISE_FACTOR = 2.0
+
+
 def skip_if_the_loader_did_not_scale(paths: ResultPaths, exc: mdl.ModelError) -> NoReturn:
     """The model refuses data runs that do not tell rate and per-core efficiency apart. On a
     2-core VM shared with other jobs, 4 workers can deliver no more than 1 (the machine gives
-    the test's process group its share whatever the worker count): skip with the numbers then,
-    and only then; any other refusal fails."""
+    the test's process group its share whatever the worker count), or one run is slowed by a
+    factor (CI, 2026-12-04: 1 worker at 96 and 301 samples/s, so that 4 workers' 668-700 looked
+    like linear scaling): skip with the numbers then, and only then; any other refusal fails."""
     runs = pd.read_csv(paths.runs_table)
-    data = runs[runs["mode"] == "data"].groupby("workers")["throughput_samples_s"].mean()
-    flat = data.loc[data.index.max()] <= data.loc[data.index.min()] * 1.05
-    if "cannot be told apart" in str(exc) and flat:
+    data = runs[runs["mode"] == "data"].groupby("workers")["throughput_samples_s"]
+    mean = data.mean()
+    flat = mean.loc[mean.index.max()] <= mean.loc[mean.index.min()] * 1.05
+    noisy = bool((data.max() > data.min() * NOISE_FACTOR).any())
+    if "cannot be told apart" in str(exc) and (flat or noisy):
+        why = "did not scale" if flat else f"ran over {NOISE_FACTOR:g}x apart at one worker count"
         pytest.skip(
-            f"loader did not scale on this machine (samples/s by workers: {data.to_dict()})"
+            f"the loader {why} on this machine (samples/s by workers: {data.apply(list).to_dict()})"
         )
     raise exc
 
