@@ -1701,9 +1701,9 @@ def test_a_stop_inside_a_workers_descriptor_hand_over_waits_for_its_end(
     """A batch's tensors come from a loader worker as file descriptors, each fetched over a
     socket with a handshake. A stop raised inside that handshake cut it, and the worker's
     multiprocessing resource sharer printed a BrokenPipeError traceback into the run's stderr
-    (seen in CI: 1 kill in ~15 on a loaded 2-core machine). The signal here lands exactly
-    there: it must be delivered again after the fetch, the batch must arrive whole, and the
-    worker must print nothing."""
+    (CI, 2026-12-04; 1 of 40 kills of the endless run on the 2-core machine). The signal here
+    lands exactly there: it must be delivered again after the fetch, the batch must arrive
+    whole, and the worker must print nothing."""
     from multiprocessing import connection
 
     import torch

@@ -80,8 +80,8 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # file_descriptor). A stop raised while the rank is inside that fetch cuts the handshake: the
 # worker's sharer thread then prints a BrokenPipeError traceback into the run's stderr.
 _FD_HANDOVER_CODE: Final = multiprocessing.resource_sharer.__file__
-# How soon a stop that landed inside such a fetch is delivered again; a fetch takes well under
-# a millisecond unless the machine is loaded.
+# How soon a stop that landed inside such a fetch is delivered again (again, if the next fetch
+# has begun by then): a fetch is a few round trips on a local socket.
 _HANDOVER_RETRY_S: Final = 0.01
 
 
