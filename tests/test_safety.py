@@ -1729,6 +1729,9 @@ def test_a_stop_inside_a_workers_descriptor_hand_over_waits_for_its_end(
         num_workers=1,
         multiprocessing_context="fork",
     )
+    # The strategy whose hand-over this is, whatever an earlier test left (runs put theirs back).
+    strategy = torch.multiprocessing.get_sharing_strategy()
+    torch.multiprocessing.set_sharing_strategy("file_descriptor")
     before = signal.signal(signal.SIGUSR1, runner._StopHandler())
     got: list[torch.Tensor] = []
     batches = iter(loader)
@@ -1742,6 +1745,7 @@ def test_a_stop_inside_a_workers_descriptor_hand_over_waits_for_its_end(
         batches._shutdown_workers()  # type: ignore[attr-defined]
         time.sleep(5 * runner._HANDOVER_RETRY_S)  # no re-delivery left to reach `before`
         signal.signal(signal.SIGUSR1, before)
+        torch.multiprocessing.set_sharing_strategy(strategy)
     assert sent, "no batch was fetched through a handshake"
     assert got and torch.equal(got[0], samples[:2]), "the signalled batch did not arrive whole"
     assert stopped - sent[0] < 2.0, "the stop was not delivered again after the fetch"
