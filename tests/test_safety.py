@@ -1742,7 +1742,7 @@ def test_a_stop_inside_a_workers_descriptor_hand_over_waits_for_its_end(
         stopped = time.monotonic()
     finally:
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-        batches._shutdown_workers()  # type: ignore[attr-defined]
+        runner._shutdown_loader(batches)
         time.sleep(5 * runner._HANDOVER_RETRY_S)  # no re-delivery left to reach `before`
         signal.signal(signal.SIGUSR1, before)
         torch.multiprocessing.set_sharing_strategy(strategy)
