@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from codl import __version__
+from codl.blas import one_blas_thread
 from codl.cli.options import MAX_CORES, MAX_WINDOW_S, Parser, bounded_int, finite_float
 from codl.errors import CodlError, RunInterruptedError
 from codl.log import LEVELS, configure
@@ -486,10 +487,13 @@ def main(argv: list[str] | None = None) -> int:
         except CodlError as exc:
             print(f"codl advise: error: {exc}", file=sys.stderr)
             return 2
+        one_blas_thread()
         from codl.cli import advise
 
         return advise.main(argv[at + 1 :])
     args = build_parser().parse_args(argv)
+    if args.command != "run":  # its ranks' torch may compute on OpenBLAS (codl.blas)
+        one_blas_thread()
     try:
         configure(args.log_level)
         return int(args.func(args))
