@@ -64,12 +64,17 @@ with h5py.File(sys.argv[1], "r") as f:
 WORKFLOW = """
 import sys
 from pathlib import Path
+from codl.blas import one_blas_thread
+one_blas_thread()
 from codl.paths import RunFiles
 from codl.steps.analysis import summarize_to
 summarize_to(Path(sys.argv[1]), **RunFiles(Path(sys.argv[2])).tables())
 """
 
-IMPORTS = "import codl.cli, codl.steps.analysis"
+# As `codl summarize` loads them: one OpenBLAS thread asked for first (codl.blas).
+IMPORTS = (
+    "from codl.blas import one_blas_thread; one_blas_thread(); import codl.cli, codl.steps.analysis"
+)
 
 
 def plain_columns() -> str:

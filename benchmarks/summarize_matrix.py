@@ -15,16 +15,20 @@ command the rule's script runs (`steps.analysis.summarize_to`), each job from a 
   are; the makespan (first start to last end) is reported.
 
 Rounds alternate the layouts; each layout's median round is reported, the fastest and
-slowest beside it. Linux only (`taskset`, `posix_fadvise`).
+slowest beside it, and the CPU seconds of all its jobs (their user + system time). With
+``--baseline``, only the rule's layout is timed, for this checkout and for the baseline's
+``src`` in turn (which goes first alternates by round): a before/after of what a matrix's
+summarize jobs cost one another. Linux only (`taskset`, `posix_fadvise`).
 
     PYTHONPATH=src python benchmarks/summarize_matrix.py --events 1e7 1e8 [--traces 16]
-        [--repeat 2] [--csv PATH]
+        [--repeat 2] [--csv PATH] [--baseline REV|NAME=DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -35,7 +39,13 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
-from summarize_cost import compile_sources, drop_cache, summarize_cmd, write_rows  # noqa: E402
+from summarize_cost import (  # noqa: E402
+    baseline_src,
+    compile_sources,
+    drop_cache,
+    summarize_cmd,
+    write_rows,
+)
 from synth_trace import make_trace  # noqa: E402
 
 DEFAULT_CSV = BENCH / "results" / "summarize_matrix.csv"
@@ -51,10 +61,20 @@ def confined(cmd: list[str], cores: list[int] | None) -> list[str]:
     return [taskset, "-c", ",".join(map(str, cores)), *cmd]
 
 
-def makespan(traces: list[Path], out: Path, jobs: int, per_job: int | None) -> tuple[float, bool]:
+Run = tuple[float, float, bool]  # makespan, CPU seconds of all jobs, every trace read cold
+
+
+def makespan(
+    traces: list[Path], out: Path, jobs: int, per_job: int | None, src: Path | None = None
+) -> Run:
     """Seconds from the first job's start to the last one's end: ``traces`` summarized by
-    ``jobs`` at once, job slot i on cores i*per_job.. (None: every job unconfined); and
-    whether every trace was read cold."""
+    ``jobs`` at once, job slot i on cores i*per_job.. (None: every job unconfined); the
+    jobs' CPU seconds; and whether every trace was read cold. ``src``: the jobs import
+    ``codl`` from there (a baseline's)."""
+    env = None
+    if src is not None:
+        path = [str(src), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     allowed = sorted(os.sched_getaffinity(0))
     slots = [
         None if per_job is None else allowed[i * per_job : (i + 1) * per_job] for i in range(jobs)
@@ -63,19 +83,23 @@ def makespan(traces: list[Path], out: Path, jobs: int, per_job: int | None) -> t
     shutil.rmtree(out, ignore_errors=True)
     pending = list(enumerate(traces))
     running: dict[int, subprocess.Popen[bytes]] = {}  # job slot -> its job
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     while pending or running:
         for slot in [s for s in range(jobs) if s not in running][: len(pending)]:
             i, trace = pending.pop(0)
             cmd = confined(summarize_cmd(trace, out / str(i)), slots[slot])
-            running[slot] = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+            running[slot] = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env=env)
         time.sleep(0.002)
         for slot, job in list(running.items()):
             if job.poll() is not None:
                 if job.returncode:
                     raise SystemExit(f"{job.args} failed ({job.returncode})")
                 del running[slot]
-    return time.perf_counter() - start, cold
+    wall = time.perf_counter() - start
+    now = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = now.ru_utime + now.ru_stime - used.ru_utime - used.ru_stime
+    return wall, cpu, cold
 
 
 def layouts(cores: int) -> list[tuple[int, int | None]]:
@@ -86,7 +110,7 @@ def layouts(cores: int) -> list[tuple[int, int | None]]:
 
 
 def row(
-    events: int, what: str, jobs: int, per_job: int | None, runs: list[tuple[float, bool]]
+    events: int, what: str, jobs: int, per_job: int | None, runs: list[Run]
 ) -> dict[str, object]:
     got = [r[0] for r in runs]
     return {
@@ -97,36 +121,61 @@ def row(
         "seconds": round(statistics.median(got), 3),
         "fastest_round_s": round(min(got), 3),
         "slowest_round_s": round(max(got), 3),
+        "cpu_seconds": round(statistics.median(r[1] for r in runs), 2),
         "rounds": len(got),
-        "cache": "cold" if all(r[1] for r in runs) else "warm",
+        "cache": "cold" if all(r[2] for r in runs) else "warm",
         "load_1m": round(os.getloadavg()[0], 2),
         "cores": len(os.sched_getaffinity(0)),
     }
 
 
-def measure(events: int, tmp: Path, traces: int, repeat: int) -> list[dict[str, object]]:
+def measure(
+    events: int, tmp: Path, traces: int, repeat: int, baseline: tuple[str, Path] | None = None
+) -> list[dict[str, object]]:
     first = tmp / "t0.h5"
     n = make_trace(first, events)
     copies = [first] + [tmp / f"t{i}.h5" for i in range(1, traces)]
     for c in copies[1:]:
         shutil.copyfile(first, c)
     cores = len(os.sched_getaffinity(0))
+    if baseline is not None:
+        rows = against(n, copies, tmp, cores, repeat, baseline)
+    else:
+        rows = by_layout(n, copies, tmp, cores, repeat)
+    for r in rows:
+        print(r, flush=True)
+    for c in copies:
+        c.unlink()
+    return rows
+
+
+def against(
+    n: int, copies: list[Path], tmp: Path, cores: int, repeat: int, baseline: tuple[str, Path]
+) -> list[dict[str, object]]:
+    """The rule's layout, this checkout's code and the baseline's in turn."""
+    rev, src = baseline
+    codes: dict[str, Path | None] = {"": None, f" @{rev}": src}
+    runs: dict[str, list[Run]] = {k: [] for k in codes}
+    for i in range(repeat):
+        for k in list(codes)[:: 1 if i % 2 == 0 else -1]:
+            runs[k].append(makespan(copies, tmp / "out", cores, None, codes[k]))
+    return [row(n, f"matrix of {len(copies)}{k}", cores, None, got) for k, got in runs.items()]
+
+
+def by_layout(
+    n: int, copies: list[Path], tmp: Path, cores: int, repeat: int
+) -> list[dict[str, object]]:
+    first = copies[0]
     single = [c for c in (cores, 8, 4, 2, 1) if c <= cores]
-    one: dict[int, list[tuple[float, bool]]] = {c: [] for c in dict.fromkeys(single)}
-    matrix: dict[tuple[int, int | None], list[tuple[float, bool]]] = {
-        lay: [] for lay in layouts(cores)
-    }
+    one: dict[int, list[Run]] = {c: [] for c in dict.fromkeys(single)}
+    matrix: dict[tuple[int, int | None], list[Run]] = {lay: [] for lay in layouts(cores)}
     for _ in range(repeat):
         for c, got in one.items():
             got.append(makespan([first], tmp / "out", 1, c))
         for (jobs, per_job), got in matrix.items():
             got.append(makespan(copies, tmp / "out", jobs, per_job))
     rows = [row(n, "one trace", 1, c, got) for c, got in one.items()]
-    rows += [row(n, f"matrix of {traces}", j, t, got) for (j, t), got in matrix.items()]
-    for r in rows:
-        print(r, flush=True)
-    for c in copies:
-        c.unlink()
+    rows += [row(n, f"matrix of {len(copies)}", j, t, got) for (j, t), got in matrix.items()]
     return rows
 
 
@@ -137,14 +186,21 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=2, help="rounds (median reported)")
     p.add_argument("--csv", type=Path, default=DEFAULT_CSV)
     p.add_argument("--tmpdir", type=Path, default=None)
+    p.add_argument(
+        "--baseline",
+        metavar="REV|NAME=DIR",
+        help="time only the rule's layout, for this checkout and for the src/ of this git "
+        "revision (or the src folder DIR, named NAME), in turn",
+    )
     args = p.parse_args()
     if args.repeat <= 0 or args.traces <= 0:
         p.error("--repeat and --traces must be positive")
-    compile_sources([])
     rows: list[dict[str, object]] = []
     with tempfile.TemporaryDirectory(dir=args.tmpdir, prefix="codl-matrix-") as tmp:
+        base = baseline_src(args.baseline, Path(tmp)) if args.baseline else None
+        compile_sources([base[1]] if base else [])
         for events in args.events:
-            rows += measure(int(events), Path(tmp), args.traces, args.repeat)
+            rows += measure(int(events), Path(tmp), args.traces, args.repeat, base)
     write_rows(rows, args.csv)
 
 
