@@ -3,10 +3,11 @@
 numpy's OpenBLAS starts a thread per core when numpy is imported, and each spins for work
 for a while before it sleeps. The analysis (summarize, inspect, compare, the figures, the
 advisor) multiplies no matrix large enough to want them, and on the 16-core H200 node those
-threads cost every `codl summarize` 1.7-1.9 CPU-seconds at start for no wall time (10^6
-events: 3.9 CPU-s against 2.0; 10^8: 22.0 against 20.2; `docs/performance.md`), CPU a
-matrix's summarize jobs take from one another. ``codl run`` keeps the default: on a
-CPU-only aarch64 machine torch's own CPU compute is OpenBLAS's.
+threads cost every `codl summarize` ~1.8 CPU-seconds for no wall time (10^6 events: 3.9
+CPU-s against 2.1 in the same wall time), CPU that a matrix's summarize jobs, 16 at once,
+take from one another (with one thread they finished 1.14x sooner at 10^6 events;
+`docs/performance.md`). ``codl run`` keeps the default: on a CPU-only aarch64 machine
+torch's own CPU compute is OpenBLAS's.
 """
 
 from __future__ import annotations
