@@ -28,6 +28,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "codl._version",
             "codl.errors",
             "codl.log",
+            "codl.blas",
             "codl.paths",
             "codl.files",
             "codl.outputs",
