@@ -21,10 +21,12 @@ print(json.dumps({{"var": os.environ.get({var!r}), "threads": len(os.listdir("/p
 """
 
 
-def _report(before: str, tmp_path: Path, **env: str) -> dict[str, object]:
+def _report(before: str, tmp_path: Path, script: str = REPORT, **env: str) -> dict[str, object]:
+    """Run ``script`` with ``before`` in a fresh process whose environment has no count of its
+    own unless ``env`` gives one; its last line, as JSON."""
     clean = {k: v for k, v in os.environ.items() if k != BLAS_THREADS_VAR}
     out = subprocess.run(
-        [sys.executable, "-c", REPORT.format(before=before, var=BLAS_THREADS_VAR)],
+        [sys.executable, "-c", script.format(before=before, var=BLAS_THREADS_VAR)],
         capture_output=True,
         text=True,
         check=True,
@@ -90,3 +92,27 @@ def test_every_workflow_script_asks_before_it_loads_numpy() -> None:
             and not line.startswith(("from codl.blas ", "from codl.log "))
         ]
         assert heavy and call < min(heavy), script.name
+
+
+# The environment a shared-node job (the share rule's `codl run`) gets, as JSON.
+JOB_ENV = """
+import json, os
+{before}
+from pathlib import Path
+from codl.steps.share import Job, job_env
+job = Job(name="a", spec=None, dataset_dir=None, trace=Path("a.h5"))
+print(json.dumps({{"here": os.environ.get({var!r}), "job": job_env(job, os.environ).get({var!r})}}))
+"""
+
+
+def test_a_training_run_started_by_an_analysis_process_keeps_the_users_threads(
+    tmp_path: Path,
+) -> None:
+    """The share rule's script asks for one thread, then starts `codl run` jobs: those compute
+    as `codl run` does when a user types it (torch on OpenBLAS on aarch64)."""
+    ask = "from codl.blas import one_blas_thread; one_blas_thread()"
+    assert _report(ask, tmp_path, JOB_ENV) == {"here": "1", "job": None}
+    # A count the user set, even 1, is the user's: the job keeps it.
+    assert _report(ask, tmp_path, JOB_ENV, **{BLAS_THREADS_VAR: "1"}) == {"here": "1", "job": "1"}
+    assert _report(ask, tmp_path, JOB_ENV, **{BLAS_THREADS_VAR: "4"}) == {"here": "4", "job": "4"}
+    assert _report("", tmp_path, JOB_ENV) == {"here": None, "job": None}

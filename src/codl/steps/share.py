@@ -34,6 +34,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from codl.advisor.settings import ShareSettings, share_settings, share_specs
+from codl.blas import users_env
 from codl.config import build_plan
 from codl.errors import CodlError
 from codl.figures import FigureName
@@ -119,8 +120,9 @@ def gpus_for(specs: Sequence[RunSpec], visible: int) -> list[int | None]:
 
 
 def job_env(job: Job, base: Mapping[str, str]) -> dict[str, str]:
-    """The job's environment: ``base`` with the job's GPU the only visible one."""
-    env = dict(base)
+    """The job's environment: ``base`` with the job's GPU the only visible one, and OpenBLAS's
+    threads as the user left them (the rule's script asked for one: `codl.blas`)."""
+    env = users_env(base)
     if job.gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(job.gpu)
     return env
