@@ -149,6 +149,16 @@ sys.exit(os.waitstatus_to_exitcode(status))
 """
 
 
+def src_env(src: Path | None) -> dict[str, str] | None:
+    """The environment of a child that imports ``codl`` from ``src`` (a baseline's checkout);
+    None (this process's own) for this checkout's."""
+    if src is None:
+        return None
+    # Ahead of the rest (this checkout's src, the packages): its codl is the one imported.
+    path = [str(src), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+
+
 def timed(
     cmd: list[str], trace: Path, src: Path | None = None, *, sample: bool = False
 ) -> tuple[float, float, float, bool]:
@@ -158,14 +168,11 @@ def timed(
     ``sample``: the peak is the process tree's summed PSS where larger than ru_maxrss (a
     round for its memory: the sampler reads the command's page tables as it runs)."""
     cold = drop_cache(trace)
-    env = None
-    if src is not None:
-        # Ahead of the rest (this checkout's src, the packages): its codl is the one imported.
-        path = [str(src), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     with tempfile.NamedTemporaryFile(suffix=".json") as report:
         launch = [sys.executable, "-c", LAUNCH, report.name, str(int(sample)), *cmd]
-        code = subprocess.run(launch, stdout=subprocess.DEVNULL, env=env, check=False).returncode
+        code = subprocess.run(
+            launch, stdout=subprocess.DEVNULL, env=src_env(src), check=False
+        ).returncode
         if code:
             raise SystemExit(f"{cmd} failed ({code})")
         wall, cpu, rss = json.loads(Path(report.name).read_text())

@@ -43,6 +43,7 @@ from summarize_cost import (  # noqa: E402
     baseline_src,
     compile_sources,
     drop_cache,
+    src_env,
     summarize_cmd,
     write_rows,
 )
@@ -71,10 +72,7 @@ def makespan(
     ``jobs`` at once, job slot i on cores i*per_job.. (None: every job unconfined); the
     jobs' CPU seconds; and whether every trace was read cold. ``src``: the jobs import
     ``codl`` from there (a baseline's)."""
-    env = None
-    if src is not None:
-        path = [str(src), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    env = src_env(src)
     allowed = sorted(os.sched_getaffinity(0))
     slots = [
         None if per_job is None else allowed[i * per_job : (i + 1) * per_job] for i in range(jobs)
