@@ -27,6 +27,7 @@ from codl.config import build_plan
 from codl.datasets import MANIFEST, OWNER_MARKER, generate, stage
 from codl.errors import CodlError, ConfigError
 from codl.spec import DatasetSpec
+from shellenv import without_venv
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = DatasetSpec(name="tiny", samples=4, classes=2, height=16, width=16)
@@ -174,8 +175,8 @@ def test_a_tier_name_with_a_trailing_newline_is_refused() -> None:
 
 
 def snakemake_in(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    # A fresh shell: the venv's bin (and its codl) not on PATH.
+    env = without_venv()
     env.pop("CODL_SURELY_UNDEFINED_VAR", None)
     return subprocess.run(
         [

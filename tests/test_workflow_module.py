@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from codl.config import build_plan, load_yaml
+from shellenv import without_venv
 from test_workflow import job_counts
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,8 +59,8 @@ def _deploy(dest: Path, config: Path, *, prefix: str = "") -> None:
 
 
 def _dry_run(cwd: Path, *args: str) -> str:
-    env = dict(os.environ)
-    env["PATH"] = f"{SNAKEMAKE.parent}{os.pathsep}{env.get('PATH', '')}"
+    # A fresh shell: the venv's bin (and its codl) not on PATH.
+    env = without_venv()
     env.pop("CODL_ROOT", None)
     proc = subprocess.run(
         [str(SNAKEMAKE), "--dry-run", "--cores", "2", *args],

@@ -25,7 +25,7 @@ if ADVISOR.calibrate:
             fit=lambda wildcards, input: Path(input.fit[0]).parents[1],
             options=calibrate_options(config),
         shell:
-            "codl advise {params.fit:q} --boot 0 --probe-out {output.probe:q} "
+            '"$CODL_PYTHON" -m codl.cli advise {params.fit:q} --boot 0 --probe-out {output.probe:q} '
             "{params.options} > {log:q} 2>&1"
 
     rule calibrate:
@@ -52,7 +52,7 @@ if ADVISOR.calibrate:
             results=lambda wildcards, input: Path(input.runs).parents[1],
             options=calibrate_options(config),
         shell:
-            "codl advise {params.fit:q} --calibrate {params.results:q} "
+            '"$CODL_PYTHON" -m codl.cli advise {params.fit:q} --calibrate {params.results:q} '
             "--probe-config {input.probe:q} --calibration-table {output.table:q} "
             "--out {output.verify:q} --predictions {output.predictions:q} "
             "--text {output.text:q} {params.options} > {log:q} 2>&1"

@@ -15,7 +15,7 @@ rule dataset:
         spec=get_dataset_spec_json,
         out=get_dataset_out_dir,
     shell:
-        "codl dataset --spec-json {params.spec:q} --out {params.out:q} > {log:q} 2>&1"
+        '"$CODL_PYTHON" -m codl.cli dataset --spec-json {params.spec:q} --out {params.out:q} > {log:q} 2>&1'
 
 
 rule stage_dataset:
@@ -31,4 +31,4 @@ rule stage_dataset:
     params:
         target=get_tier_target,
     shell:
-        "codl stage {input.manifest:q} --to {params.target:q} --marker {output.marker:q} > {log:q} 2>&1"
+        '"$CODL_PYTHON" -m codl.cli stage {input.manifest:q} --to {params.target:q} --marker {output.marker:q} > {log:q} 2>&1'

@@ -17,7 +17,7 @@ rule spec:
     params:
         spec=get_spec_json,
     shell:
-        "codl write-spec {params.spec:q} --out {output.spec:q} > {log:q} 2>&1"
+        '"$CODL_PYTHON" -m codl.cli write-spec {params.spec:q} --out {output.spec:q} > {log:q} 2>&1'
 
 
 rule run:
@@ -49,5 +49,5 @@ rule run:
         dataset=get_dataset_arg,
         kineto=str(PATHS.kineto_dir("{run_id}")),
     shell:
-        "codl run {input.spec:q} --trace {output.trace:q} {params.dataset} "
+        '"$CODL_PYTHON" -m codl.cli run {input.spec:q} --trace {output.trace:q} {params.dataset} '
         "--kineto-dir {params.kineto:q} --cpus-per-task {resources.cpus_per_task} > {log:q} 2>&1"

@@ -9,7 +9,7 @@ from codl.log import configure
 one_blas_thread()  # before numpy loads; see codl.blas
 configure()
 
-from codl.advisor.verify import map_to
+from codl.steps.advisor import map_to
 
 map_to(
     runs=Path(snakemake.input.runs),
