@@ -27,9 +27,9 @@ from typing import Any
 
 import yaml
 
-from codl.config import load_plan
-from codl.figures import RUN_FIGURES
-from codl.paths import FIGURE_FORMATS, ResultPaths
+from codl.config import load_plan, load_yaml
+from codl.figures import plan_figures
+from codl.paths import FIGURE_FORMATS, ResultPaths, set_name_of
 from codl.steps.workflow import dataset_input
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,12 +62,12 @@ def write_config(directory: Path, runs: int) -> Path:
 def minimal_snakefile(config: Path) -> str:
     """The same jobs as the workflow, with every per-run value computed here, once."""
     plan = load_plan(config)
-    p = ResultPaths()
+    p = ResultPaths(set_name=set_name_of(load_yaml(config), [config]))
     specs = plan.specs  # a property that re-derives every run_id: once
     ids = sorted(specs)
     datasets = sorted({name for name, _tier in plan.datasets()})
     inputs = {i: dataset_input(p, specs[i]) for i in ids}
-    figures = [str(p.figure(n, f)) for n in RUN_FIGURES for f in FIGURE_FORMATS]
+    figures = [str(p.figure(n, f)) for n in plan_figures(specs.values()) for f in FIGURE_FORMATS]
     tables = [str(p.runs_table), str(p.comparison_table), str(p.decomposition_table)]
 
     per_run_outputs = [

@@ -5,15 +5,23 @@ and the step timeline shows the same bars as the run's trace gives directly."""
 from __future__ import annotations
 
 import gzip
+import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
+import pytest
+import yaml
 
-from codl.figures import RUN_FIGURES, FigureName, run_tables
+from codl.analysis.summarize import spec_columns
+from codl.config import build_plan, load_plan
+from codl.figures import RUN_FIGURES, FigureName, plan_figures, run_tables
 from codl.figures import data as figdata
-from codl.figures.registry import FIGURES, FigureInputs
+from codl.figures.registry import FIGURES, FigureInputs, draw_figure, drawn_figures
 from codl.figures.run_tables import TIMELINE_KEYS, timeline_title
 from codl.paths import FIGURE_FORMATS, RunFiles
 from codl.steps.analysis import compare_to, figures_to, summarize_to
@@ -21,6 +29,9 @@ from codl.trace.schema import Table
 from codl.trace.store import open_trace
 
 TRACES = Path(__file__).resolve().parent / "golden" / "traces"
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = REPO / "config" / "smoke.yaml"
+API = FigureName.API_LATENCY_CDF
 
 
 def _unpack(packed: Path, to: Path) -> Path:
@@ -64,7 +75,14 @@ def test_figures_come_from_tables_alone(tmp_path: Path) -> None:
         timelines=[f.timeline for f in files],
         figdir=figdir,
     )
-    for name in RUN_FIGURES:
+    # CPU runs: none records CUDA API calls, and no API-latency figure is drawn, not even one
+    # that says so; every other run figure is.
+    want = drawn_figures(pd.read_csv(merged["runs_table"]))
+    assert want == [n for n in RUN_FIGURES if n != API]
+    assert sorted(p.name for p in figdir.iterdir()) == sorted(
+        f"{name}.{fmt}" for name in want for fmt in FIGURE_FORMATS
+    )
+    for name in want:
         for fmt in FIGURE_FORMATS:
             assert (figdir / f"{name}.{fmt}").stat().st_size > 1000, name
 
@@ -132,3 +150,86 @@ def test_the_step_timeline_shows_a_step_in_which_the_loader_worked(tmp_path: Pat
     workers = shown.loc[shown["role"] == "loader", "track"]
     assert workers.str.startswith("loader worker").any()
     assert "of the steps in which a loader worker ran" in timeline_title(shown)
+
+
+def _cuda_config(level: str) -> dict[str, Any]:
+    """The smoke config on CUDA, its isolation-vs-combined runs with trace level ``level``."""
+    cfg = yaml.safe_load(SMOKE.read_text())
+    cfg["defaults"]["device"] = "cuda"
+    experiment = cfg["experiments"][0]
+    experiment["factors"] = {"mode": ["compute", "combined"], "pinning.policy": ["none"]}
+    experiment["base"] = {"trace": {level: True}}
+    cfg["experiments"] = [experiment]
+    return cfg
+
+
+def _runs_table(specs: Any) -> pd.DataFrame:
+    """The spec columns of a runs table, as summarize writes them from each run's spec."""
+    return pd.DataFrame([spec_columns(s.to_dict()) for s in specs])
+
+
+def test_a_plan_has_the_api_latency_figure_only_with_a_run_that_records_calls() -> None:
+    cpu = list(load_plan(SMOKE).specs.values())
+    assert not any(s.trace.cuda_api or s.trace.cupti for s in cpu)
+    assert plan_figures(cpu) == [n for n in RUN_FIGURES if n != API]
+    # The figures rule draws what the plan declared: the runs table tells the same.
+    assert drawn_figures(_runs_table(cpu)) == plan_figures(cpu)
+    for level in ("cuda_api", "cupti"):
+        specs = list(build_plan(_cuda_config(level)).specs.values())
+        assert plan_figures(specs) == list(RUN_FIGURES), level
+        assert drawn_figures(_runs_table(specs)) == plan_figures(specs), level
+        # One traced run among plain ones is enough.
+        plain = list(build_plan(yaml.safe_load(SMOKE.read_text())).specs.values())
+        assert API in plan_figures([*plain, specs[0]])
+
+
+def test_the_api_latency_figure_is_drawn_only_for_runs_that_record_calls(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    calls = pd.DataFrame(
+        {"label": "combined / none / callbacks", "run_id": "r", "us": rng.lognormal(1.5, 0.3, 50)}
+    )
+    outputs = [tmp_path / f"api.{fmt}" for fmt in FIGURE_FORMATS]
+    cpu = pd.DataFrame({"run_id": ["r"], "cuda_api": [False], "cupti": [False]})
+    draw_figure(API, FigureInputs(runs=cpu, api_calls=calls), outputs)
+    assert not any(p.exists() for p in outputs)
+    traced = cpu.assign(cuda_api=True)
+    draw_figure(API, FigureInputs(runs=traced, api_calls=calls), outputs)
+    assert all(p.stat().st_size > 1000 for p in outputs)
+
+
+def _figures_rule_outputs(config: Path, workdir: Path) -> list[str]:
+    """The file names of the `figures` rule's outputs in a dry run of ``config``."""
+    proc = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "snakemake"),
+            "--dry-run",
+            "--cores",
+            "1",
+            "--configfile",
+            str(config),
+            "--directory",
+            str(workdir),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    rule = re.search(r"^rule figures:\n(?:.*\n)*?\s+output: (.*)$", out, re.MULTILINE)
+    assert rule, out[-3000:]
+    return sorted(Path(p.strip()).name for p in rule.group(1).split(","))
+
+
+@pytest.mark.parametrize("level", ["", "cuda_api"])
+def test_the_figures_rule_declares_the_plans_figures(level: str, tmp_path: Path) -> None:
+    config = SMOKE
+    if level:
+        config = tmp_path / "cuda.yaml"
+        config.write_text(yaml.safe_dump(_cuda_config(level)))
+    specs = load_plan(config).specs.values()
+    names = _figures_rule_outputs(config, tmp_path / "work")
+    assert names == sorted(f"{n}.{fmt}" for n in plan_figures(specs) for fmt in FIGURE_FORMATS)
+    assert (f"{API}.png" in names) == bool(level)

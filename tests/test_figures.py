@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +13,10 @@ import pandas as pd
 import pytest
 
 from codl.analysis.summarize import sched_deltas
+from codl.figures import RUN_FIGURES
 from codl.figures import data as figdata
 from codl.figures import draw as plots
+from codl.figures.registry import FIGURES, FigureInputs
 from codl.trace.store import empty_frame
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -697,11 +700,15 @@ def test_busy_cpu_runs_are_marked_in_every_figure_that_draws_runs(tmp_path: Path
 
 
 @pytest.fixture
-def drawn(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """The figures the draw functions make, kept open instead of saved."""
+def drawn(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
+    """The figures the draw functions make, kept open instead of saved (closed after)."""
+    import matplotlib.pyplot as plt
+
     figs: list[Any] = []
     monkeypatch.setattr(plots, "_save", lambda fig, _outputs: figs.append(fig))
-    return figs
+    yield figs
+    for fig in figs:
+        plt.close(fig)
 
 
 def test_a_near_zero_twin_gets_a_difference_not_a_percentage() -> None:
@@ -774,3 +781,203 @@ def test_predicted_vs_measured_labels_do_not_overlap(drawn: list[Any]) -> None:
     assert len(boxes) == n
     overlaps = [(i, j) for i in range(n) for j in range(i + 1, n) if boxes[i].overlaps(boxes[j])]
     assert not overlaps, overlaps
+
+
+# Figures claim only what they show: no interval over one run, no text under 8 pt, none cut
+# or printed over another (the demo's figures: one run per setting, a few steps each).
+
+
+def _golden_inputs() -> FigureInputs:
+    return FigureInputs(
+        runs=pd.read_csv(GOLDEN_TABLES / "runs.csv", dtype={"run_id": str}),
+        steps=pd.read_csv(GOLDEN_TABLES / "steps.csv", dtype={"run_id": str}),
+        comparison=pd.read_csv(GOLDEN_TABLES / "comparison.csv"),
+        decomposition=pd.read_csv(GOLDEN_TABLES / "decomposition.csv", dtype={"run_id": str}),
+    )
+
+
+def _golden_figures(drawn: list[Any]) -> dict[str, Any]:
+    """Every figure the merged golden tables (real CPU runs, one per setting) make, by name."""
+    inputs = _golden_inputs()
+    names = []
+    for fig in FIGURES:
+        if fig.merged_only and fig.name in RUN_FIGURES:
+            fig.draw(fig.prepare(inputs), [], **fig.options(inputs))
+            names.append(fig.name.value)
+    assert len(drawn) == len(names)
+    return dict(zip(names, drawn, strict=True))
+
+
+def _texts(fig: Any) -> list[Any]:
+    from matplotlib.text import Text
+
+    fig.draw_without_rendering()
+    return [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+
+
+def _small_texts(fig: Any) -> list[tuple[str, float]]:
+    return [(t.get_text(), t.get_fontsize()) for t in _texts(fig) if t.get_fontsize() < 8]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_no_text_is_smaller_than_8_pt(name: str, drawn: list[Any], tmp_path: Path) -> None:
+    CASES[name][0](tmp_path)
+    (fig,) = drawn
+    assert plots.SMALL >= 8
+    assert not _small_texts(fig), name
+
+
+def test_the_demos_figures_print_every_text_at_8_pt_or_more_unclipped(drawn: list[Any]) -> None:
+    figs = _golden_figures(drawn)
+    assert set(figs) >= {"component_durations", "policy_heatmap", "decomposition"}
+    for name, fig in figs.items():
+        assert not _small_texts(fig), name
+        renderer = fig.canvas.get_renderer()
+        for t in _texts(fig):
+            clip = t.get_clip_box() if t.get_clip_on() else None
+            if clip is not None:
+                box = t.get_window_extent(renderer)
+                assert clip.x0 <= box.x0 and box.x1 <= clip.x1, (name, t.get_text())
+
+
+def _overlapping_ticks(ax: Any) -> list[tuple[str, str]]:
+    renderer = ax.figure.canvas.get_renderer()
+    labels = [t for t in ax.get_xticklabels() if t.get_text()]
+    boxes = [t.get_window_extent(renderer) for t in labels]
+    return [
+        (labels[i].get_text(), labels[j].get_text())
+        for i in range(len(boxes))
+        for j in range(i + 1, len(boxes))
+        if boxes[i].overlaps(boxes[j])
+    ]
+
+
+def test_the_demos_tick_labels_never_print_over_each_other(drawn: list[Any]) -> None:
+    figs = _golden_figures(drawn)
+    for name in ("component_durations", "step_time_distributions", "decomposition"):
+        fig = figs[name]
+        fig.draw_without_rendering()
+        renderer = fig.canvas.get_renderer()
+        panels = [ax for ax in fig.axes if any(t.get_text() for t in ax.get_xticklabels())]
+        for ax in panels:
+            assert not _overlapping_ticks(ax), name
+        # Nor over the next panel's: each panel's labels stay within its own column.
+        spans = sorted(
+            (
+                min(t.get_window_extent(renderer).x0 for t in ax.get_xticklabels()),
+                max(t.get_window_extent(renderer).x1 for t in ax.get_xticklabels()),
+            )
+            for ax in panels
+        )
+        assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans)), name
+
+
+def test_heatmap_cell_texts_stay_inside_their_cells(drawn: list[Any]) -> None:
+    # The demo's cell "187 compute+comm" lost its leading digit past the axes' edge; a
+    # throughput of four digits and a busy two-rank row are wider still.
+    table = pd.DataFrame(
+        {
+            "row": ["none x2 ranks no pin", "none x2 ranks no pin", "shared no pin"],
+            "policy": ["none", "none", "shared"],
+            "workers": [0, 1, 2],
+            "mode": ["compute+comm", "combined", "data+sleep"],
+            "throughput_samples_s": [187.0, 1234.0, 99.0],
+            "runs": [1, 1, 12],
+            "busy_runs": [1, 1, 0],
+            "ratio": [np.nan, 0.27, 1.8],
+            "ci_low": [np.nan, 0.2, 1.5],
+            "ci_high": [np.nan, 0.6, 2.2],
+            "n_runs": [np.nan, 1, 12],
+            "n_isolation_runs": [np.nan, 1, 10],
+            "busy": [False, True, False],
+        }
+    )
+    plots.policy_heatmap(table, [])
+    (fig,) = drawn
+    fig.draw_without_rendering()
+    renderer = fig.canvas.get_renderer()
+    texts = []
+    for ax in fig.axes[:2]:
+        frame = ax.get_window_extent(renderer)
+        for t in ax.texts:
+            j, i = t.get_position()
+            (x0, y0), (x1, y1) = ax.transData.transform([(j - 0.5, i - 0.5), (j + 0.5, i + 0.5)])
+            box = t.get_window_extent(renderer)
+            inside = min(x0, x1) < box.x0 and box.x1 < max(x0, x1)
+            assert inside and min(y0, y1) < box.y0 and box.y1 < max(y0, y1), t.get_text()
+            assert frame.x0 < box.x0 and box.x1 < frame.x1, t.get_text()
+            texts.append(t.get_text())
+    assert "187\ncompute+comm\n(1 run)\n1 busy CPUs!" in texts
+    assert "1,234\ncombined\n(1 run)\n1 busy CPUs!" in texts
+    assert not _small_texts(fig)
+
+
+def test_the_heatmap_claims_an_interval_only_over_runs(drawn: list[Any]) -> None:
+    one = heatmap().assign(ci_low=0.5, ci_high=3.0, n_runs=1, n_isolation_runs=1, runs=1)
+    plots.policy_heatmap(one, [])
+    ratio = drawn[0].axes[1]
+    cells = [t.get_text() for t in ratio.texts if t.get_text() != "no pair"]
+    # One run an arm: the bootstrap resamples that run's steps only, and no cell shows it.
+    assert cells and not any("[" in c for c in cells)
+    assert all("(1/1 runs)" in c for c in cells)
+    assert "CI" not in ratio.get_title() and "no interval" in ratio.get_title()
+    mixed = one.assign(n_runs=[3, 1, 3, 3], n_isolation_runs=[3, 3, 2, 2])
+    plots.policy_heatmap(mixed, [])
+    ratio = drawn[1].axes[1]
+    cells = {t.get_text().split("\n")[0]: t.get_text() for t in ratio.texts}
+    assert "[0.50, 3.00]" in cells["2.20"] and "[" not in cells["2.50"]
+    assert ">= 2 runs" in ratio.get_title() and "CI" in ratio.get_title()
+
+
+def _whiskers(ax: Any) -> int:
+    """Error bars drawn with a length (a NaN interval draws no segment)."""
+    n = 0
+    for c in ax.containers:
+        if getattr(c, "errorbar", None) is not None:
+            for lines in c.errorbar.lines[2]:
+                n += sum(1 for seg in lines.get_segments() if len(seg))
+    return n
+
+
+def test_component_durations_claims_no_interval_over_one_run(drawn: list[Any]) -> None:
+    head = comparison().assign(
+        isolation_ci_low=lambda d: d["isolation"] * 0.9,
+        isolation_ci_high=lambda d: d["isolation"] * 1.1,
+        combined_ci_low=lambda d: d["combined"] * 0.8,
+        combined_ci_high=lambda d: d["combined"] * 1.3,
+        n_runs=1,
+        n_isolation_runs=1,
+        steps=8,
+        isolation_steps=8,
+    )
+    plots.component_durations(head, [])
+    (fig,) = drawn
+    title = fig.get_suptitle()
+    assert "CI" not in title and "bootstrap" not in title
+    assert "1 run and 8 steps per bar" in title and "no interval" in title
+    # The change labels read "(p50 ...)": the title names parentheses, not brackets.
+    assert "in parentheses" in title and "bracket" not in title
+    assert all(_whiskers(ax) == 0 for ax in fig.axes)
+    # Labels then sit on the bars themselves, not on a whisker nobody sees.
+    d = head[head["metric"] == "compute_eff_ms"]
+    assert sorted(t.xy[1] for t in fig.axes[0].texts) == sorted(d["combined"])
+
+
+def test_component_durations_names_the_interval_where_bars_have_runs(drawn: list[Any]) -> None:
+    head = comparison().assign(
+        isolation_ci_low=lambda d: d["isolation"] * 0.9,
+        isolation_ci_high=lambda d: d["isolation"] * 1.1,
+        combined_ci_low=lambda d: d["combined"] * 0.8,
+        combined_ci_high=lambda d: d["combined"] * 1.3,
+        n_runs=[3] * 4 + [1] * 8,
+        n_isolation_runs=2,
+        steps=600,
+        isolation_steps=400,
+    )
+    plots.component_durations(head, [])
+    (fig,) = drawn
+    title = fig.get_suptitle()
+    assert "1-3 runs and 400-600 steps per bar" in title
+    assert "95 % two-level bootstrap CI (runs, then steps) on bars of >= 2 runs" in title
+    # 3 pairs a panel: 3 isolation bars of 2 runs, 1 combined bar of 3 runs.
+    assert all(_whiskers(ax) == 4 for ax in fig.axes)

@@ -1,14 +1,17 @@
 """Figures. Each function draws one figure from prepared DataFrames and saves it; nothing here
 computes a statistic (that is summarize/compare/figdata) or reads a trace.
 
-A panel whose data cannot exist on this run set (CUDA-only metrics on a CPU run) says so in
-the figure instead of staying blank.
+A figure whose data no run of the set records is not drawn at all (``codl.figures.NEEDS_TRACE``);
+a panel without data for this run set says why instead of staying blank. No text is smaller than
+``SMALL`` (8 pt at the figure's own size, which is its print size: ``_save`` keeps it) and none
+is cut or printed over another: figures grow until their labels fit (``_grow_until``). A title
+claims an interval only where one is drawn, and names n beside it.
 """
 
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,15 +75,69 @@ DEFAULT_COMPONENT_METRICS = ("compute_eff_ms", "launch_wait_ms", "allreduce_ms",
 
 
 def _save(fig: Any, outputs: Sequence[Path]) -> None:
+    # bbox_inches="tight" crops or pads the canvas, never scales it: a figure prints at its size.
     for out in outputs:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(out, dpi=130, bbox_inches="tight")
     plt.close(fig)
 
 
+# The smallest type any figure prints, in points at the figure's size (its print size): tick
+# labels, annotations, legends and cell texts alike.
+SMALL = 8
+# Room around a label in its slot (a pair of bars, a box, a heatmap cell), in points.
+LABEL_PAD = 4.0
+# A bar group or a box needs this many runs for an interval over runs: with one, the bootstrap
+# resamples that run's steps only, which says nothing of how runs scatter (STYLE: the run is
+# the sample).
+MIN_INTERVAL_RUNS = 2
+
+
+def _grow_until(fig: Any, shortfall: Callable[[Any], tuple[float, float]], tries: int = 4) -> None:
+    """Enlarge ``fig`` until its text fits: ``shortfall(renderer)`` says how many times wider
+    and taller the figure's slots must be (1 where they suffice); the figure grows by that much,
+    a margin beside it, until nothing falls short. Axes only grow with their figure, so a slot
+    grows by at least the figure's factor and a few tries suffice."""
+    for _ in range(tries):
+        fig.draw_without_rendering()
+        gx, gy = shortfall(fig.canvas.get_renderer())
+        if gx <= 1.0 and gy <= 1.0:
+            return
+        w, h = fig.get_size_inches()
+        fig.set_size_inches(w * max(gx * 1.03, 1.0), h * max(gy * 1.03, 1.0))
+
+
+def _xtick_shortfall(axes: Sequence[Any]) -> Callable[[Any], tuple[float, float]]:
+    """How much wider the x tick slots of ``axes`` must be for each label to fit its own: half
+    the distance to its neighbours on either side, and no further than the axes' edge (a
+    categorical axis: a label past it prints under the next panel's)."""
+
+    def shortfall(renderer: Any) -> tuple[float, float]:
+        need = 1.0
+        pad = LABEL_PAD * renderer.points_to_pixels(1.0)
+        for ax in axes:
+            box = ax.get_window_extent(renderer)
+            ticks = [
+                (float(ax.transData.transform((t, 0))[0]), label)
+                for t, label in zip(ax.get_xticks(), ax.get_xticklabels(), strict=False)
+                if label.get_text()
+            ]
+            xs = [x for x, _ in ticks]
+            for i, (x, label) in enumerate(ticks):
+                left = x - xs[i - 1] if i else 2 * (x - box.x0)
+                right = xs[i + 1] - x if i + 1 < len(xs) else 2 * (box.x1 - x)
+                slot = min(left, right)
+                width = label.get_window_extent(renderer).width + pad
+                if slot > 0:
+                    need = max(need, width / slot)
+        return need, 1.0
+
+    return shortfall
+
+
 # A placeholder's font size, and the average width of one of its characters in font sizes: lines
 # are wrapped to the panel's width (less a margin), so the text stays clear of the frame.
-NOTE_FONTSIZE = 8
+NOTE_FONTSIZE = SMALL
 NOTE_CHAR_WIDTH = 0.6
 NOTE_MARGIN = 0.8
 
@@ -163,8 +220,10 @@ def component_durations(
     headline: pd.DataFrame, outputs: Sequence[Path], *, metrics: Sequence[str] | None = None
 ) -> None:
     """Fig. 1: isolation vs combined per policy at the headline statistic (one row per
-    comparison, as ``compare.headline`` gives: p95, p50 change beside it), each bar with its
-    own 95 % CI (``figdata.with_arm_intervals``) and n (runs, steps) under each pair.
+    comparison, as ``compare.headline`` gives: p95, p50 change beside it), n (runs, steps) under
+    each pair. A bar of ``MIN_INTERVAL_RUNS`` runs or more has its own 95 % CI
+    (``figdata.with_arm_intervals``); a bar of one run has none, and the title says which and
+    how many runs and steps the bars rest on.
 
     The data component is shown as per-item loader service time, not data wait: an isolation
     `data` run waits for data all step long, so its data wait is not comparable.
@@ -181,19 +240,47 @@ def component_durations(
     stat = str(ok["stat"].iloc[0]) if "stat" in ok else "median"
     for ax, metric in zip(axes, present, strict=True):
         _component_panel(ax, _labelled_pairs(ok[ok["metric"] == metric].copy()), metric, stat)
-    axes[0].legend(fontsize=7, loc="upper left")
-    fig.suptitle(
-        f"Isolation vs combined at the {stat} of the steady-state steps: bars with 95 % "
-        "two-level bootstrap CI (runs, then steps);\nlabel: change at the "
-        f"{stat} (p50 change in brackets); under each pair: runs and steps, isolation+combined",
-        fontsize=9,
-    )
+    # One legend beside the panels: inside one it covered the first pair's change label.
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.legend(handles, names, fontsize=SMALL, loc="outside right upper", frameon=False)
+    fig.suptitle(_component_title(ok[ok["metric"].isin(present)], stat), fontsize=9)
+    _grow_until(fig, _xtick_shortfall(list(axes)))
     _save(fig, outputs)
+
+
+def _span(values: np.ndarray, noun: str) -> str:
+    """'1 run', '3-5 runs', '? runs' (none known): the range of counts of ``values``."""
+    known = values[np.isfinite(values)]
+    if not len(known):
+        return _n(np.nan, noun)
+    lo, hi = int(known.min()), int(known.max())
+    return _n(lo, noun) if lo == hi else f"{lo}-{hi} {noun}s"
+
+
+def _component_title(d: pd.DataFrame, stat: str) -> str:
+    """The figure's claim, as the bars drawn bear it: runs and steps per bar, and an interval
+    only on bars of ``MIN_INTERVAL_RUNS`` runs or more."""
+    runs = np.concatenate([_column(d, "n_isolation_runs"), _column(d, "n_runs")])
+    steps = np.concatenate([_column(d, "isolation_steps"), _column(d, "steps")])
+    many = runs >= MIN_INTERVAL_RUNS
+    ci = "95 % two-level bootstrap CI (runs, then steps)"
+    if many.all():
+        claim = f"bars with {ci}"
+    elif many.any():
+        claim = f"{ci} on bars of >= {MIN_INTERVAL_RUNS} runs, none on the others"
+    else:
+        claim = f"no interval (an interval over runs needs >= {MIN_INTERVAL_RUNS})"
+    return (
+        f"Isolation vs combined at the {stat} of the steady-state steps, "
+        f"{_span(runs, 'run')} and {_span(steps, 'step')} per bar: {claim};\n"
+        f"label: change at the {stat} (p50 change in parentheses); "
+        "under each pair: runs and steps, isolation+combined"
+    )
 
 
 def _component_figure(pairs: list[int]) -> tuple[Any, np.ndarray]:
     """The figure and its panels, one per metric with ``pairs`` bar pairs each (empty: one
-    two-pair panel for the note)."""
+    two-pair panel for the note). A first size: ``_grow_until`` widens it to its labels."""
     pairs = pairs or [2]
     # Panels as wide as their number of bar pairs, so tick labels of a crowded panel fit; past
     # MAX_PAIRS_PER_ROW pairs in all, one panel per row (a page is not 30 inches wide).
@@ -225,6 +312,21 @@ def _no_pairs_reason(headline: pd.DataFrame, usable: bool) -> str:
     return why
 
 
+# A tick label's run marks take a new line past this many characters, a mark never split: the
+# marks of a 2-rank unpinned run on a busy machine made one label as wide as three pairs.
+MARKS_WIDTH = 16
+
+
+def _marks_lines(marks: list[str]) -> str:
+    lines: list[str] = []
+    for mark in marks:
+        if lines and len(lines[-1]) + 1 + len(mark) <= MARKS_WIDTH:
+            lines[-1] += " " + mark
+        else:
+            lines.append(mark)
+    return "\n".join(lines)
+
+
 def _labelled_pairs(d: pd.DataFrame) -> pd.DataFrame:
     """One metric's comparisons with a tick label each (policy, workers, mode where several,
     instrumentation marks, n), in study order."""
@@ -235,8 +337,8 @@ def _labelled_pairs(d: pd.DataFrame) -> pd.DataFrame:
         + d["workers"].astype(str)
         + ("\n" + d["mode"].astype(str) if many else "")
     )
-    marks = [" ".join(_run_marks(r)) for _, r in d.iterrows()]
-    d["label"] += [f" {m}" if m else "" for m in marks]
+    marks = [_marks_lines(_run_marks(r)) for _, r in d.iterrows()]
+    d["label"] += [f"\n{m}" if m else "" for m in marks]
     d["label"] += [
         f"\nruns {_count(ni)}+{_count(nc)}\nsteps {_count(si)}+{_count(sc)}"
         for ni, nc, si, sc in zip(
@@ -271,33 +373,51 @@ def _component_panel(ax: Any, d: pd.DataFrame, metric: str, stat: str) -> None:
                 textcoords="offset points",
                 ha="center",
                 va="bottom",
-                fontsize=6.5,
+                fontsize=SMALL,
             )
     ymax = np.nanmax(tops) if np.isfinite(tops).any() else 1.0
-    ax.set_ylim(0, ymax * 1.22)
-    ax.set_xticks(x, d["label"], fontsize=6, rotation=0)
-    ax.set_ylabel(f"{stat} of {METRIC_LABELS.get(metric, metric)}", fontsize=8)
+    # Head room for the two-line change label above the highest bar.
+    ax.set_ylim(0, ymax * 1.3)
+    ax.set_xticks(x, d["label"], fontsize=SMALL, rotation=0)
+    ax.set_ylabel(f"{stat} of {METRIC_LABELS.get(metric, metric)}", fontsize=SMALL + 1)
     ax.set_title(METRIC_LABELS.get(metric, metric).split(" (")[0], fontsize=9)
 
 
+def _arm_interval(
+    ok: np.ndarray, value: np.ndarray, lo: np.ndarray, hi: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(high ends, whisker lengths below/above) of the bars where ``ok``; NaN elsewhere, which
+    draws no whisker and no cap."""
+    lo, hi = np.where(ok, lo, np.nan), np.where(ok, hi, np.nan)
+    return hi, np.vstack([np.clip(value - lo, 0, None), np.clip(hi - value, 0, None)])
+
+
 def _arm_bars(ax: Any, x: np.ndarray, d: pd.DataFrame) -> np.ndarray:
-    """The isolation and combined bars with their error bars; returns each pair's top (the
-    higher of its bars and error bars) so the change label can sit clear of both."""
+    """The isolation and combined bars, with error bars on those of ``MIN_INTERVAL_RUNS`` runs
+    or more; returns each pair's top (the higher of its bars and error bars) so the change
+    label can sit clear of both."""
     iso = d["isolation"].to_numpy(dtype=float)
     comb = d["combined"].to_numpy(dtype=float)
-    iso_lo, iso_hi = _column(d, "isolation_ci_low"), _column(d, "isolation_ci_high")
+    iso_ok = _column(d, "n_isolation_runs") >= MIN_INTERVAL_RUNS
+    comb_ok = _column(d, "n_runs") >= MIN_INTERVAL_RUNS
     comb_lo, comb_hi = _column(d, "combined_ci_low"), _column(d, "combined_ci_high")
     # Without an arm's own interval, the interval of the difference still places the
-    # combined bar's error bar (it exists even where the twin is 0 and a ratio does not).
+    # combined bar's error bar (it exists even where the twin is 0 and a ratio does not); it
+    # rests on the runs of both arms.
     fallback = ~np.isfinite(comb_lo)
     comb_lo = np.where(fallback, iso + _column(d, "diff_ci_low"), comb_lo)
     comb_hi = np.where(fallback, iso + _column(d, "diff_ci_high"), comb_hi)
+    comb_ok &= ~fallback | iso_ok
+    iso_hi, iso_err = _arm_interval(
+        iso_ok, iso, _column(d, "isolation_ci_low"), _column(d, "isolation_ci_high")
+    )
+    comb_hi, comb_err = _arm_interval(comb_ok, comb, comb_lo, comb_hi)
     err = {"capsize": 3, "error_kw": {"elinewidth": 1}}
-    for dx, v, lo, hi, color, name in (
-        (-0.2, iso, iso_lo, iso_hi, ISO_COLOR, "isolation"),
-        (0.2, comb, comb_lo, comb_hi, COMB_COLOR, "combined"),
+    for dx, v, yerr, color, name in (
+        (-0.2, iso, iso_err, ISO_COLOR, "isolation"),
+        (0.2, comb, comb_err, COMB_COLOR, "combined"),
     ):
-        ax.bar(x + dx, v, 0.4, color=color, label=name, yerr=_yerr(v, lo, hi), **err)
+        ax.bar(x + dx, v, 0.4, color=color, label=name, yerr=yerr, **err)
     # The change label sits above the higher of the pair's bars and error bars, centred on
     # the pair, so it never overlaps a whisker.
     tops: np.ndarray = np.nanmax(np.vstack([iso, comb, iso_hi, comb_hi]), axis=0)
@@ -305,15 +425,18 @@ def _arm_bars(ax: Any, x: np.ndarray, d: pd.DataFrame) -> np.ndarray:
 
 
 def api_latency_cdf(api: pd.DataFrame, outputs: Sequence[Path]) -> None:
-    """Fig. 2: CDF of CUDA runtime API call latency, isolation vs combined."""
+    """Fig. 2: CDF of CUDA runtime API call latency, isolation vs combined. Drawn only for a
+    run set with a run that records the calls (``codl.figures.NEEDS_TRACE``): no calls here means
+    that level recorded none, and the figure says so rather than show an empty axis."""
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     # A log axis cannot show zero-length calls (clock granularity); they are left out.
     api = api[api["us"] > 0] if {"label", "us"} <= set(api) else pd.DataFrame()
     if api.empty:
         _note(
             ax,
-            "CUDA runtime API latency needs trace.cuda_api or trace.cupti\n"
-            "on a CUDA run; none of these runs has either.",
+            "trace.cuda_api or trace.cupti was on, yet no CUDA runtime API call of a measured "
+            "step was recorded: a recorder that was lost says why in its run's trace attributes "
+            "(codl inspect).",
         )
         _save(fig, outputs)
         return
@@ -330,9 +453,15 @@ def api_latency_cdf(api: pd.DataFrame, outputs: Sequence[Path]) -> None:
             label=f"{label} ({_n(runs, 'run')}, {_n(int(cum[-1]), 'call')})",
         )
     ax.set_xscale("log")
+    if np.log10(api["us"].max() / api["us"].min()) <= 2:
+        # Over a decade or two the log axis labelled its minor ticks too, "3x10^0" printed
+        # over "4x10^0": plain numbers at 1, 2 and 5 of each decade instead.
+        ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("runtime API call duration (us, log scale)")
     ax.set_ylabel("fraction of calls at or below")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=SMALL)
     ax.set_title("CUDA runtime API call latency, measured steps (empirical CDF)", fontsize=10)
     _save(fig, outputs)
 
@@ -388,13 +517,19 @@ def launch_wait_vs_compute(steps: pd.DataFrame, outputs: Sequence[Path]) -> None
     ax.set_title(
         "Per step: launch-thread run-queue wait and compute duration (association)", fontsize=10
     )
-    ax.legend(fontsize=6.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ax.legend(fontsize=SMALL, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     _save(fig, outputs)
 
 
-def _fits(label: str, width_ms: float, span_ms: float) -> bool:
-    """Whether a 6-pt label fits inside a bar (about 1.1 % of a 10-inch axis per character)."""
-    return bool(label) and width_ms > 0.011 * span_ms * (len(label) + 1)
+# The average width of a character in font sizes (DejaVu Sans, mixed case).
+CHAR_WIDTH = 0.6
+
+
+def _fits(label: str, width_ms: float, span_ms: float, axis_pt: float) -> bool:
+    """Whether a ``SMALL`` label fits inside a bar ``width_ms`` wide on an axis ``span_ms``
+    long and ``axis_pt`` points wide, a character's width to spare."""
+    need = CHAR_WIDTH * SMALL * (len(label) + 1)
+    return bool(label) and span_ms > 0 and width_ms / span_ms * axis_pt > need
 
 
 def step_timeline(timeline: pd.DataFrame, outputs: Sequence[Path], *, title: str = "") -> None:
@@ -443,6 +578,7 @@ def _timeline_spans(ax: Any, spans: pd.DataFrame, tracks: list[str], title: str)
     ypos = {t: i for i, t in enumerate(tracks)}
     span_ms = float(spans["end_ms"].max())
     legend: dict[str, Any] = {}
+    axis_pt = ax.get_position().width * ax.figure.get_figwidth() * 72
     for _, r in spans.iterrows():
         width = float(r["end_ms"] - r["start_ms"])
         if r.get("kind") == "offcpu":
@@ -460,26 +596,26 @@ def _timeline_spans(ax: Any, spans: pd.DataFrame, tracks: list[str], title: str)
             linewidth=0.5,
         )
         legend.setdefault(key, bar)
-        if _fits(str(r["label"]), width, span_ms):
+        if _fits(str(r["label"]), width, span_ms, axis_pt):
             ax.text(
                 float(r["start_ms"]) + width / 2,
                 ypos[r["track"]],
                 str(r["label"]),
                 ha="center",
                 va="center",
-                fontsize=6,
+                fontsize=SMALL,
             )
-    ax.set_yticks(range(len(tracks)), tracks, fontsize=7)
+    ax.set_yticks(range(len(tracks)), tracks, fontsize=SMALL)
     ax.invert_yaxis()
     ax.set_xlim(0, span_ms)
-    ax.set_xlabel("time since step start (ms)", fontsize=8)
+    ax.set_xlabel("time since step start (ms)", fontsize=SMALL + 1)
     ax.set_title(title or "One combined step", fontsize=9)
     # Phases first, in step order, then roles: the legend reads like the step.
     order = [p for p in PHASE_COLORS if p in legend] + [k for k in legend if k not in PHASE_COLORS]
     ax.legend(
         [legend[k] for k in order],
         order,
-        fontsize=7,
+        fontsize=SMALL,
         loc="upper left",
         bbox_to_anchor=(1.01, 1.0),
         frameon=False,
@@ -519,14 +655,14 @@ def _timeline_waits(wax: Any, waits: pd.DataFrame) -> None:
             xytext=(3, 0),
             textcoords="offset points",
             va="center",
-            fontsize=6,
+            fontsize=SMALL,
         )
-    wax.set_yticks(y, list(w["track"]), fontsize=7)
+    wax.set_yticks(y, list(w["track"]), fontsize=SMALL)
     wax.invert_yaxis()
     wax.set_xlim(0, total.max() * 1.25)
     wax.set_xlabel(
         "run-queue wait in this step, total per thread (ms; schedstat gives no position)",
-        fontsize=8,
+        fontsize=SMALL + 1,
     )
     wax.set_title("Threads waiting for a CPU during this step (most first)", fontsize=9)
 
@@ -549,8 +685,19 @@ def _heat_cells(
     return grid.reindex(index=policies, columns=workers).to_numpy(dtype=float)
 
 
+def _both_arms_many(n_runs: Any, n_isolation_runs: Any) -> bool:
+    """Whether a ratio rests on ``MIN_INTERVAL_RUNS`` runs or more on either side (NaN: no)."""
+    return bool(
+        pd.notna(n_runs)
+        and pd.notna(n_isolation_runs)
+        and min(n_runs, n_isolation_runs) >= MIN_INTERVAL_RUNS
+    )
+
+
 def _heat_texts(table: pd.DataFrame, col: str, policies: list[str], workers: list[Any]) -> Any:
-    """Cell texts: throughput and its run count; a ratio with its CI and runs (comb./iso.)."""
+    """Cell texts: throughput, its mode (where cells differ) and its runs; a ratio, its 95 % CI
+    where both arms have ``MIN_INTERVAL_RUNS`` runs or more, and its runs (comb./iso.). One
+    short item a line, so that a cell is as narrow as its number allows."""
     v = _heat_cells(table, col, policies, workers)
     if col == "ratio":
         lo, hi, nr, ni = (
@@ -562,7 +709,9 @@ def _heat_texts(table: pd.DataFrame, col: str, policies: list[str], workers: lis
         )
         return np.vectorize(
             lambda x, a, b, c, d, f: (
-                f"{x:.2f}\n[{a:.2f}, {b:.2f}]\n({_count(c)}/{_count(d)} runs)"
+                f"{x:.2f}"
+                + (f"\n[{a:.2f}, {b:.2f}]" if _both_arms_many(c, d) else "")
+                + f"\n({_count(c)}/{_count(d)} runs)"
                 + (f"\n{LOAD_MARK}" if f > 0 else "")
             )
         )(v, lo, hi, nr, ni, busy)
@@ -578,7 +727,7 @@ def _heat_texts(table: pd.DataFrame, col: str, policies: list[str], workers: lis
     return np.vectorize(
         lambda x, r, b, m: (
             f"{x:,.0f}"
-            + (f" {m}" if m else "")
+            + (f"\n{m}" if m else "")
             + f"\n({_n(r, 'run')})"
             + (f"\n{_count(b)} {LOAD_MARK}" if b > 0 else "")
         )
@@ -591,10 +740,46 @@ def _truthy(table: pd.DataFrame, col: str) -> pd.Series:
     return (table[col].astype(str).str.lower() == "true").astype(float)
 
 
+def _ratio_title(d: pd.DataFrame) -> str:
+    """The inflation panel's title: the interval it claims as its cells bear it, n beside."""
+    many = [
+        _both_arms_many(r, i)
+        for r, i in zip(_column(d, "n_runs"), _column(d, "n_isolation_runs"), strict=True)
+    ]
+    head = "compute inflation: combined / isolation at p95\n"
+    ci = "95 % two-level bootstrap CI (runs, then steps)"
+    if all(many):
+        return head + f"[{ci}] (runs comb./iso.)"
+    if any(many):
+        return head + f"[{ci}, both arms >= {MIN_INTERVAL_RUNS} runs] (runs comb./iso.)"
+    return head + f"(runs comb./iso.); no interval, which needs >= {MIN_INTERVAL_RUNS} runs an arm"
+
+
+def _cell_shortfall(panels: list[Any]) -> Callable[[Any], tuple[float, float]]:
+    """How much wider and taller the heatmap cells of ``panels`` must be for each cell's text
+    to fit inside its cell, ``LABEL_PAD`` to spare on every side."""
+
+    def shortfall(renderer: Any) -> tuple[float, float]:
+        gx = gy = 1.0
+        pad = 2 * LABEL_PAD * renderer.points_to_pixels(1.0)
+        for ax in panels:
+            (x0, y0), (x1, y1) = ax.transData.transform([(-0.5, -0.5), (0.5, 0.5)])
+            cell_w, cell_h = abs(x1 - x0), abs(y1 - y0)
+            for t in ax.texts:
+                box = t.get_window_extent(renderer)
+                gx = max(gx, (box.width + pad) / cell_w)
+                gy = max(gy, (box.height + pad) / cell_h)
+        return gx, gy
+
+    return shortfall
+
+
 def policy_heatmap(table: pd.DataFrame, outputs: Sequence[Path]) -> None:
     """Fig. 5: policy x workers: throughput (sequential colours), and compute inflation
-    (combined / isolation at p95; diverging colours centred at 1) with its 95 % CI and runs.
-    Both panels share one grid, so a cell means the same (policy, workers) in each."""
+    (combined / isolation at p95; diverging colours centred at 1) with its runs and, where both
+    arms have ``MIN_INTERVAL_RUNS`` runs or more, its 95 % CI. Both panels share one grid, so a
+    cell means the same (policy, workers) in each; the figure grows until every cell's text
+    fits inside its cell."""
     have = {"policy", "workers"} <= set(table) and len(table) > 0
     if have and "row" in table:
         # A row per policy and marks (figdata.heatmap_table): in the policy's order, its
@@ -619,54 +804,68 @@ def policy_heatmap(table: pd.DataFrame, outputs: Sequence[Path]) -> None:
         1, 2, figsize=(11, 0.7 * max(3, len(policies)) + 2.2), layout="constrained"
     )
     panels = (
-        ("throughput_samples_s", "throughput (samples/s) of the multi-component runs, median"),
-        ("ratio", "compute inflation: combined / isolation at p95\n[95 % CI] (runs comb./iso.)"),
+        (
+            "throughput_samples_s",
+            "median throughput (samples/s) of a cell's multi-component runs\n(runs in parentheses)",
+        ),
+        ("ratio", ""),
     )
+    drawn = []
     for k, (ax, (col, title)) in enumerate(zip(axes, panels, strict=True)):
         d = table.dropna(subset=[col]) if have and col in table else pd.DataFrame()
         if d.empty:
-            _note(ax, f"no data for {title.splitlines()[0]}")
+            _note(ax, "no data for " + ("throughput" if col != "ratio" else "compute inflation"))
             continue
-        grid = _heat_cells(d, col, policies, workers)
-        texts = _heat_texts(d, col, policies, workers)
-        norm: Any
-        if col == "ratio":
-            # A ratio lives around 1: diverging colours, white at 1, on a log scale so that
-            # x2 and x0.5 are equally far from white.
-            cmap = plt.get_cmap("RdBu_r").with_extremes(bad="#eeeeee")
-            reach = float(np.nanmax(np.abs(np.log(grid[grid > 0])))) if (grid > 0).any() else 0
-            r = float(np.exp(max(reach, 0.05)))
-            norm = matplotlib.colors.LogNorm(vmin=1 / r, vmax=r)
-            label, missing = "ratio (1 = no change)", "no pair"
-        else:
-            cmap = plt.get_cmap("Blues").with_extremes(bad="#eeeeee")
-            norm = matplotlib.colors.Normalize(np.nanmin(grid) * 0.9, np.nanmax(grid))
-            label, missing = "samples/s", "not run"
-        im = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap=cmap, norm=norm)
-        ax.set_xticks(range(len(workers)), [str(int(w)) for w in workers])
-        ax.set_yticks(range(len(policies)), policies)
-        ax.set_xlabel("loader workers" + (" (0: no loader)" if 0 in workers else ""))
+        _heat_panel(fig, ax, d, col, policies, workers)
         if k == 0:
             ax.set_ylabel("CPU-set policy")
-        for (i, j), v in np.ndenumerate(grid):
-            finite = np.isfinite(v)
-            ax.text(
-                j,
-                i,
-                texts[i, j] if finite else missing,
-                ha="center",
-                va="center",
-                color=_text_color(cmap, norm, v) if finite else "#777777",
-                fontsize=7.5 if finite else 7,
-            )
-        bar = fig.colorbar(im, ax=ax, label=label, shrink=0.9)
-        if col == "ratio":
-            # Plain ratio ticks, not a log axis's powers of ten.
-            ticks = np.unique(np.round(np.geomspace(norm.vmin, norm.vmax, 5), 2))
-            bar.set_ticks(ticks.tolist(), labels=[f"{t:.2f}" for t in ticks])
-            bar.ax.minorticks_off()
-        ax.set_title(title, fontsize=9)
+        ax.set_title(title or _ratio_title(d), fontsize=9)
+        drawn.append(ax)
+    _grow_until(fig, _cell_shortfall(drawn))
     _save(fig, outputs)
+
+
+def _heat_panel(
+    fig: Any, ax: Any, d: pd.DataFrame, col: str, policies: list[str], workers: list[Any]
+) -> None:
+    """One heatmap panel of ``col`` on the shared grid: cells, their texts, axes and colour
+    bar."""
+    grid = _heat_cells(d, col, policies, workers)
+    texts = _heat_texts(d, col, policies, workers)
+    norm: Any
+    if col == "ratio":
+        # A ratio lives around 1: diverging colours, white at 1, on a log scale so that
+        # x2 and x0.5 are equally far from white.
+        cmap = plt.get_cmap("RdBu_r").with_extremes(bad="#eeeeee")
+        reach = float(np.nanmax(np.abs(np.log(grid[grid > 0])))) if (grid > 0).any() else 0
+        r = float(np.exp(max(reach, 0.05)))
+        norm = matplotlib.colors.LogNorm(vmin=1 / r, vmax=r)
+        label, missing = "ratio (1 = no change)", "no pair"
+    else:
+        cmap = plt.get_cmap("Blues").with_extremes(bad="#eeeeee")
+        norm = matplotlib.colors.Normalize(np.nanmin(grid) * 0.9, np.nanmax(grid))
+        label, missing = "samples/s", "not run"
+    im = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap=cmap, norm=norm)
+    ax.set_xticks(range(len(workers)), [str(int(w)) for w in workers])
+    ax.set_yticks(range(len(policies)), policies)
+    ax.set_xlabel("loader workers" + (" (0: no loader)" if 0 in workers else ""))
+    for (i, j), v in np.ndenumerate(grid):
+        finite = np.isfinite(v)
+        ax.text(
+            j,
+            i,
+            texts[i, j] if finite else missing,
+            ha="center",
+            va="center",
+            color=_text_color(cmap, norm, v) if finite else "#777777",
+            fontsize=SMALL,
+        )
+    bar = fig.colorbar(im, ax=ax, label=label, shrink=0.9)
+    if col == "ratio":
+        # Plain ratio ticks, not a log axis's powers of ten.
+        ticks = np.unique(np.round(np.geomspace(norm.vmin, norm.vmax, 5), 2))
+        bar.set_ticks(ticks.tolist(), labels=[f"{t:.2f}" for t in ticks])
+        bar.ax.minorticks_off()
 
 
 def _flagged(steps: pd.DataFrame) -> pd.Series:
@@ -692,7 +891,7 @@ def step_time_distributions(steps: pd.DataFrame, outputs: Sequence[Path]) -> Non
             kept = g.loc[~flag]
             n_out = int(flag.sum())
             runs = kept["run_id"].nunique() if "run_id" in kept else np.nan
-            label = f"{m}\n{p}" + (f"\n{marks}" if marks else "")
+            label = f"{m}\n{p}" + (f"\n{_marks_lines(_run_marks(grp.iloc[0]))}" if marks else "")
             label += f"\n{_n(runs, 'run')}\n{_n(len(kept), 'step')}"
             label += f"\n+{n_out} flagged" if n_out else ""
             groups.append((label, kept["step_ms"].to_numpy(), g.loc[flag, "step_ms"]))
@@ -711,7 +910,7 @@ def step_time_distributions(steps: pd.DataFrame, outputs: Sequence[Path]) -> Non
     for i, (_, _, out) in enumerate(groups, start=1):
         if len(out):
             ax.scatter(np.full(len(out), i), out, marker="x", color="#c44e52", s=40, zorder=3)
-    ax.set_xticks(range(1, len(groups) + 1), [n for n, _, _ in groups], fontsize=6.5)
+    ax.set_xticks(range(1, len(groups) + 1), [n for n, _, _ in groups], fontsize=SMALL)
     # Loader-bound groups have tails 20x their median: on a linear axis every other box is a
     # flat line at the bottom. A log axis keeps both readable.
     medians = [float(np.median(v)) for _, v, _ in groups]
@@ -725,6 +924,7 @@ def step_time_distributions(steps: pd.DataFrame, outputs: Sequence[Path]) -> Non
         "dots = steps beyond; x = flagged anomalous steps (left out of the statistics)",
         fontsize=9,
     )
+    _grow_until(fig, _xtick_shortfall([ax]))
     _save(fig, outputs)
 
 
@@ -824,19 +1024,18 @@ def decomposition(frame: pd.DataFrame, outputs: Sequence[Path]) -> None:
                 str(g["note"]).replace(" (", "\n("),
                 ha="center",
                 va="center",
-                fontsize=6.5,
+                fontsize=SMALL,
                 color="#555555",
                 transform=ax.get_xaxis_transform(),
             )
     ax.axhline(0, color="k", lw=0.6)
     ax.set_xlim(-0.6, len(d) - 0.4)
-    ax.set_xticks(x, _decomposition_labels(d), fontsize=6.5)
+    ax.set_xticks(x, _decomposition_labels(d), fontsize=SMALL)
     ax.set_ylabel("ms per step beyond the twin")
     budget = "host_source" not in d or (d["host_source"].astype(str) == "compute span").all()
     ax.set_title(
         "Compute inflation against the twin (black) and its measured parts, per step:\n"
-        "bars the mean over blocks, whiskers a 95 % Student-t interval over blocks (none with"
-        " one block), dots one run each;\n"
+        f"bars the mean over blocks, {_block_whiskers(d)}, dots one run each;\n"
         + (
             "the parts add up to the inflation"
             if budget
@@ -844,8 +1043,23 @@ def decomposition(frame: pd.DataFrame, outputs: Sequence[Path]) -> None:
         ),
         fontsize=9,
     )
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ax.legend(fontsize=SMALL, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    _grow_until(fig, _xtick_shortfall([ax]))
     _save(fig, outputs)
+
+
+def _block_whiskers(d: pd.DataFrame) -> str:
+    """What the decomposition's whiskers are, as the groups drawn have them (an interval over
+    blocks: none for a group of one block)."""
+    cols = ("compute_inflation_ms", *BUDGET_PARTS)
+    drawn = np.isfinite(np.vstack([_column(d, c) for c in cols])).any(axis=0)
+    has = np.isfinite(np.vstack([_column(d, f"{c}_ci_low") for c in cols])).any(axis=0)[drawn]
+    ci = "whiskers a 95 % Student-t interval over blocks"
+    if len(has) and has.all():
+        return ci
+    if has.any():
+        return f"{ci} (none with one block)"
+    return f"no whiskers (an interval over blocks needs >= {MIN_INTERVAL_RUNS} blocks a group)"
 
 
 def _run_marks(r: pd.Series, *, ranks: bool = True) -> list[str]:
@@ -871,7 +1085,7 @@ def _decomposition_labels(d: pd.DataFrame) -> list[str]:
         # The rank count is on the first line already.
         marks = _run_marks(r, ranks=False)
         if marks:
-            label += "\n" + " ".join(marks)
+            label += "\n" + _marks_lines(marks)
         n_runs = r.get("n_runs", r.get("runs"))
         label += f"\n{r['view']}\n{_n(n_runs, 'run')}, {_n(r.get('n_blocks'), 'block')}"
         label += f"\n{_n(r.get('steps'), 'step')}"
@@ -934,13 +1148,15 @@ def _map_panel(fig: Any, ax: Any, grid: Any, metric: str) -> None:
     edge = {"data-bound": ("#222222", "--"), "launch-bound": ("#ffb000", "-")}
     for (i, k), v in np.ndenumerate(grid.values):
         if not np.isfinite(v):
-            ax.text(k, i, "n/a", ha="center", va="center", color="#777777", fontsize=7)
+            ax.text(k, i, "n/a", ha="center", va="center", color="#777777", fontsize=SMALL)
             continue
         regime = str(grid.regimes[i, k])
         mark = REGIME_MARKS.get(regime, "")
         text = f"{v:.2f}" if metric.startswith("inflation") else f"{v * 100:.0f}%"
         color = _text_color(cmap, norm, v)
-        ax.text(k, i, f"{text} {mark}".strip(), ha="center", va="center", color=color, fontsize=8)
+        ax.text(
+            k, i, f"{text} {mark}".strip(), ha="center", va="center", color=color, fontsize=SMALL
+        )
         if regime in edge:
             ax.add_patch(
                 matplotlib.patches.Rectangle(
@@ -984,12 +1200,14 @@ def predicted_vs_measured(
     colors: dict[str, Any] = {}
     for policy, g in d.groupby("policy"):
         yerr = _yerr(_column(g, "throughput"), _column(g, "pred_lo"), _column(g, "pred_hi"))
-        xerr = None
-        if "measured_lo" in g and g["measured_lo"].notna().any():
-            # 95 % bootstrap interval of the measured mean (advisor.verify.score_predictions).
-            xerr = _yerr(
-                _column(g, "measured"), _column(g, "measured_lo"), _column(g, "measured_hi")
-            )
+        # 95 % bootstrap interval of the measured mean (advisor.verify.score_predictions), on
+        # settings of MIN_INTERVAL_RUNS runs or more: of one run it resamples only its steps.
+        _, xerr = _arm_interval(
+            _column(g, "n_runs") >= MIN_INTERVAL_RUNS,
+            _column(g, "measured"),
+            _column(g, "measured_lo"),
+            _column(g, "measured_hi"),
+        )
         drawn = ax.errorbar(
             g["measured"], g["throughput"], xerr=xerr, yerr=yerr, fmt="o", capsize=3, label=policy
         )
@@ -1009,15 +1227,18 @@ def predicted_vs_measured(
         # In its point's colour (the policy's), joined to it by a thin line.
         [colors.get(str(p), "k") for p in d["policy"]],
     )
-    ax.set_xlabel("measured throughput per rank (samples/s, mean of runs [95 % CI])")
+    lo_n, hi_n = int(d["n_runs"].min()), int(d["n_runs"].max())
+    many = np.isfinite(_column(d, "measured_lo")) & (_column(d, "n_runs") >= MIN_INTERVAL_RUNS)
+    ci = "" if not many.any() else " [95 % CI]" if many.all() else " [95 % CI if >= 2 runs]"
+    ax.set_xlabel(f"measured throughput per rank (samples/s, mean of runs{ci})")
     ax.set_ylabel("predicted (samples/s) [one-run interval]")
     versus = f"advised vs best measured {summary['advised_vs_best'] * 100:+.1f} %"
     if np.isfinite(summary.get("advised_vs_other", np.nan)):
-        versus += (
-            f"; advised / best other {summary['advised_vs_other']:.2f} "
-            f"[{summary['advised_vs_other_lo']:.2f}, {summary['advised_vs_other_hi']:.2f}]"
-        )
-    lo_n, hi_n = int(d["n_runs"].min()), int(d["n_runs"].max())
+        versus += f"; advised / best other {summary['advised_vs_other']:.2f}"
+        if lo_n >= MIN_INTERVAL_RUNS:
+            versus += (
+                f" [{summary['advised_vs_other_lo']:.2f}, {summary['advised_vs_other_hi']:.2f}]"
+            )
     runs = f"{lo_n}" if lo_n == hi_n else f"{lo_n}-{hi_n}"
     ax.set_title(
         f"{int(summary['settings'])} settings, {runs} runs each: |error| median "
@@ -1046,33 +1267,34 @@ def _point_labels(
 ) -> None:
     """Label each point with the first offset of ``LABEL_OFFSETS`` whose text box overlaps no
     label already placed: points a few pixels apart get labels that do not print over each
-    other (the last candidate is taken when all collide)."""
+    other (the last candidate is taken when all collide). Boxes are measured, not guessed."""
+    from matplotlib.text import Text
+
     fig = ax.figure
-    to_px = ax.transData.transform
-    pt = fig.dpi / 72.0
-    placed: list[tuple[float, float, float, float]] = []
+    fig.draw_without_rendering()  # the layout first: it moves the points
+    renderer = fig.canvas.get_renderer()
+    placed: list[Any] = []
     order = np.lexsort((x, -y))  # top first: its labels take the free places above
     for i in order:
         if not (np.isfinite(x[i]) and np.isfinite(y[i])):
             continue
-        px, py = to_px((x[i], y[i]))
-        w, h = (4.3 * len(labels[i]) + 2) * pt, 9 * pt  # 7-pt text
-        for dx, dy in LABEL_OFFSETS:
-            box = (px + dx * pt, py + dy * pt, px + dx * pt + w, py + dy * pt + h)
-            if not any(
-                box[0] < b[2] and b[0] < box[2] and box[1] < b[3] and b[1] < box[3] for b in placed
-            ):
-                break
-        placed.append(box)
-        ax.annotate(
+        label = ax.annotate(
             labels[i],
             (x[i], y[i]),
-            fontsize=7,
+            fontsize=SMALL,
             color=colors[i],
-            xytext=(dx, dy),
+            xytext=LABEL_OFFSETS[0],
             textcoords="offset points",
             arrowprops={"arrowstyle": "-", "lw": 0.5, "color": colors[i]},
         )
+        for offset in LABEL_OFFSETS:
+            label.set_position(offset)
+            label.update_positions(renderer)
+            # The text's own box (an Annotation's includes its leader line).
+            box = Text.get_window_extent(label, renderer)
+            if not any(box.overlaps(b) for b in placed):
+                break
+        placed.append(box)
 
 
 def share_throughput(report: pd.DataFrame, outputs: Sequence[Path], *, jobs: Sequence[str]) -> None:

@@ -9,6 +9,11 @@ the advisor's included; :func:`draw_figure` draws one by name.
 Two run figures need more than the merged runs/steps/comparison/decomposition tables: the
 API-latency CDF and the step timeline read the per-run tables of ``codl.figures.run_tables``,
 so the figures rule reads tables only and never reopens a trace.
+
+A run figure of ``codl.figures.NEEDS_TRACE`` is drawn only for a run set in which some run records
+its trace level (:func:`drawn_figures`, from the runs table): the same figures the workflow planned
+as outputs from the specs (``codl.figures.plan_figures``), and no figure that only says it has
+no data.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import pandas as pd
 
 from codl.advisor.verify import prediction_summary
 from codl.analysis import compare as cmp
-from codl.figures import FigureName
+from codl.figures import NEEDS_TRACE, TRACE_LEVELS, FigureName, run_figures
 from codl.figures import data as figdata
 from codl.figures import draw as plots
 from codl.figures.run_tables import timeline_title
@@ -129,8 +134,26 @@ if _unbound or len(BY_NAME) != len(FIGURES):
     raise RuntimeError(f"codl.figures.registry: every FigureName once in FIGURES; {_unbound}")
 
 
+def drawn_figures(runs: pd.DataFrame) -> list[FigureName]:
+    """The run figures of the run set of ``runs`` (the runs table): ``codl.figures.run_figures``
+    of the trace levels its runs record, as its columns of those names say (summarize copies them
+    from each run's spec, as ``plan_figures`` reads them)."""
+    traced = [
+        lvl
+        for lvl in TRACE_LEVELS
+        if lvl in runs and (runs[lvl].astype(str).str.lower() == "true").any()
+    ]
+    return run_figures(traced)
+
+
 def draw_figure(name: FigureName, inputs: FigureInputs, outputs: Sequence[Path]) -> None:
-    """Draw figure ``name`` from ``inputs`` into every path of ``outputs``."""
+    """Draw figure ``name`` from ``inputs`` into every path of ``outputs``; a figure of
+    ``NEEDS_TRACE`` whose level no run of ``inputs.runs`` records is not drawn (no file)."""
+    if name in NEEDS_TRACE and name not in drawn_figures(inputs.runs):
+        log.info(
+            "not drawing %s: no run records trace.%s", name, " or trace.".join(NEEDS_TRACE[name])
+        )
+        return
     # Logged before drawing: a figure that fails names itself as the last line of the log.
     log.info("drawing %s", ", ".join(str(p) for p in outputs))
     fig = BY_NAME[name]
