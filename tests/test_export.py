@@ -197,7 +197,7 @@ def test_document_shape(exported: dict[str, Any]) -> None:
     assert int(other["time_base_unix_ns"]) == 1_700_000_000 * 10**9
     for e in exported["traceEvents"]:
         assert isinstance(e["pid"], int)
-        assert e["ph"] in {"M", "X", "C", "s", "f"}
+        assert e["ph"] in {"M", "X", "C", "s", "f", "i"}
         if e["ph"] != "M":
             assert isinstance(e["ts"], float)
         if e["ph"] in {"X", "M", "s", "f"}:
@@ -303,10 +303,13 @@ def test_all_events_sorted_after_metadata(exported: dict[str, Any]) -> None:
 def test_window_exports_only_overlapping_events(tmp_path: Path) -> None:
     with open_trace(write_trace(tmp_path / "t.h5")) as t:
         doc = to_chrome_trace(t, t0=BASE + 25_000, t1=BASE + 40_000)
-    xs = events(doc, "X")
+    xs = [e for e in events(doc, "X") if e["cat"] != "axis"]
     assert sorted(e["name"] for e in xs) == ["allreduce", "forward"]
-    # Times stay relative to the earliest exported timestamp, here the comm bucket at +20 us.
-    assert int(doc["otherData"]["time_base_monotonic_ns"]) == BASE + 20_000
+    # The time axis is the trace's, not the window's: here its earliest event (no t_begin_ns).
+    assert int(doc["otherData"]["time_base_monotonic_ns"]) == BASE
+    assert doc["otherData"]["time_base"] == "earliest event"
+    (window,) = [e for e in events(doc, "X") if e["cat"] == "axis"]
+    assert (window["ts"], window["dur"]) == (25.0, 15.0)
     assert json.loads(json.dumps(doc, allow_nan=False)) == doc
 
 
@@ -329,7 +332,10 @@ def test_cli_export_window_in_seconds_since_the_run_began(tmp_path: Path) -> Non
     frm, to = (BASE + 25_000 - begin) / 1e9, (BASE + 40_000 - begin) / 1e9
     assert main(["export", str(trace), "-o", str(out), "--from", repr(frm), "--to", repr(to)]) == 0
     doc = json.loads(out.read_text(encoding="utf-8"))
-    assert sorted(e["name"] for e in events(doc, "X")) == ["allreduce", "forward"]
+    assert sorted(e["name"] for e in events(doc, "X", "app") + events(doc, "X", "comm")) == [
+        "allreduce",
+        "forward",
+    ]
     assert doc["traceEvents"] == whole["traceEvents"]
 
 

@@ -28,7 +28,7 @@ pb = pytest.importorskip(
 
 from codl.errors import CodlError  # noqa: E402
 from codl.trace import perfetto_proto  # noqa: E402
-from codl.trace.export import comm_pid, gpu_pid, to_chrome_trace  # noqa: E402
+from codl.trace.export import TimePoint, comm_pid, gpu_pid, to_chrome_trace  # noqa: E402
 from codl.trace.perfetto_proto import export_perfetto, write_perfetto  # noqa: E402
 from codl.trace.store import TraceWriter, open_trace  # noqa: E402
 
@@ -68,13 +68,23 @@ class Parsed:
     tracks: dict[int, Track]
     slices: list[Slice]
     counters: dict[int, list[tuple[int, int]]]
+    instants: list[Slice] = field(default_factory=list)
 
     def track_named(self, name: str) -> Track:
         (t,) = [t for t in self.tracks.values() if t.name == name]
         return t
 
+    def zero_monotonic(self) -> int:
+        """The CLOCK_MONOTONIC ns of the time axis's 0, from its instant there."""
+        (mark,) = [i for i in self.instants if i.cat == "axis"]
+        assert mark.start == 0
+        return int(mark.args["monotonic_ns"])
+
     def where(self, s: Slice) -> str:
-        t = self.tracks[s.track]
+        return self.where_track(s.track)
+
+    def where_track(self, uuid: int) -> str:
+        t = self.tracks[uuid]
         return t.name if t.parent is None else f"{self.tracks[t.parent].name}/{t.name}"
 
     def flow_pairs(self) -> list[tuple[Slice, Slice]]:
@@ -124,6 +134,7 @@ def parse(data: bytes) -> Parsed:
             # Names resolved now, in packet order, as the trace processor's tokenizer does.
             timed.append((p.timestamp, n, p.track_event, {k: dict(v) for k, v in interned.items()}))
     slices: list[Slice] = []
+    instants: list[Slice] = []
     counters: dict[int, list[tuple[int, int]]] = {}
     stacks: dict[int, list[tuple[int, Any, dict[str, dict[int, str]]]]] = {}
     for ts, _, ev, names in sorted(timed, key=lambda x: (x[0], x[1])):
@@ -132,6 +143,12 @@ def parse(data: bytes) -> Parsed:
             counters.setdefault(ev.track_uuid, []).append((ts, ev.counter_value))
         elif ev.type == pb.TrackEvent.TYPE_SLICE_BEGIN:
             stacks.setdefault(ev.track_uuid, []).append((ts, ev, names))
+        elif ev.type == pb.TrackEvent.TYPE_INSTANT:
+            args = {names["debug_annotation_names"][a.name_iid]: a.int_value
+                    for a in ev.debug_annotations}  # fmt: skip
+            (cat,) = [names["event_categories"][c] for c in ev.category_iids]
+            name = names["event_names"][ev.name_iid]
+            instants.append(Slice(ev.track_uuid, name, cat, ts, ts, args, [], []))
         else:
             assert ev.type == pb.TrackEvent.TYPE_SLICE_END
             start, b, nm = stacks[ev.track_uuid].pop()
@@ -149,7 +166,7 @@ def parse(data: bytes) -> Parsed:
                 )
             )  # fmt: skip
     assert not any(stacks.values()), "a slice never ended"
-    return Parsed(len(trace.packet), root, clock, tracks, slices, counters)
+    return Parsed(len(trace.packet), root, clock, tracks, slices, counters, instants)
 
 
 @pytest.fixture
@@ -161,7 +178,8 @@ def exported(tmp_path: Path) -> Parsed:
 def test_clock_root_ordering_and_process_names(exported: Parsed) -> None:
     assert exported.clock.primary_trace_clock == pb.BUILTIN_CLOCK_MONOTONIC
     clocks = {c.clock_id: c.timestamp for c in exported.clock.clocks}
-    assert clocks == {pb.BUILTIN_CLOCK_MONOTONIC: BASE, pb.BUILTIN_CLOCK_REALTIME: 1_700 * 10**15}
+    # The axis's 0 (the trace's earliest event, BASE: it has no t_begin_ns) in Unix time.
+    assert clocks == {pb.BUILTIN_CLOCK_MONOTONIC: 0, pb.BUILTIN_CLOCK_REALTIME: 1_700 * 10**15}
     assert exported.root.process_ordering == pb.TrackDescriptor.PROCESS_ORDERING_EXPLICIT
     assert exported.root.thread_ordering == pb.TrackDescriptor.THREAD_ORDERING_EXPLICIT
     procs = {t.pid: t for t in exported.tracks.values() if t.tid is None and t.pid is not None}
@@ -196,14 +214,14 @@ def test_sort_order_is_the_json_exports(tmp_path: Path, exported: Parsed) -> Non
 def test_every_event_exact_in_ns_on_its_track(exported: Parsed) -> None:
     by_cat = Counter(s.cat for s in exported.slices)
     assert by_cat == {"app": len(APP), "loader": len(LOADER), "cuda": len(CUDA), "comm": 1}
-    app = sorted((exported.where(s), s.name, s.start - BASE, s.end - BASE, s.args["step"])
+    app = sorted((exported.where(s), s.name, s.start, s.end, s.args["step"])
                  for s in exported.slices if s.cat == "app")  # fmt: skip
     names = {MAIN: "launch: python3", 4250: "autograd: pt_autograd_0"}
     assert app == sorted((names[a[1]], a[0], a[2], a[3], a[4]) for a in APP)
-    gpu_ns = {s.name + str(s.start - BASE): s.args.get("gpu_ns") for s in exported.slices
+    gpu_ns = {s.name + str(s.start): s.args.get("gpu_ns") for s in exported.slices
               if s.cat == "app"}  # fmt: skip
     assert gpu_ns["data_wait0"] is None and gpu_ns["forward1000"] == 5_000
-    loader = sorted((exported.where(s), s.name, s.start - BASE, s.end - BASE, s.args["item"])
+    loader = sorted((exported.where(s), s.name, s.start, s.end, s.args["item"])
                     for s in exported.slices if s.cat == "loader")  # fmt: skip
     assert loader == sorted(("loader: pt_data_worker", r[2], r[4], r[5], r[3]) for r in LOADER)
     cuda = {s.name: (exported.where(s), s.args["kind"]) for s in exported.slices
@@ -215,7 +233,7 @@ def test_every_event_exact_in_ns_on_its_track(exported: Parsed) -> None:
     }
     (comm,) = [s for s in exported.slices if s.cat == "comm"]
     assert exported.where(comm) == "comm rank 0/collectives"
-    assert (comm.start - BASE, comm.end - BASE, comm.args["bytes"]) == (20_000, 26_000, 25 << 20)
+    assert (comm.start, comm.end, comm.args["bytes"]) == (20_000, 26_000, 25 << 20)
 
 
 def test_flow_from_launch_to_kernel_only(exported: Parsed) -> None:
@@ -228,9 +246,9 @@ def test_counters_match_the_json_export(exported: Parsed) -> None:
     wait = exported.track_named("run-queue wait launch: python3 [4242]")
     assert exported.tracks[wait.parent or 0].pid == MAIN
     # Cumulative waits 1000, 1600, 4600 -> per-interval 600, 3000, and 0 closing the track.
-    assert exported.counters[wait.uuid] == [(BASE, 600), (BASE + 10_000, 3_000), (BASE + 20_000, 0)]
+    assert exported.counters[wait.uuid] == [(0, 600), (10_000, 3_000), (20_000, 0)]
     power = exported.track_named("GPU 0 power")
-    assert exported.counters[power.uuid] == [(BASE, 90_000), (BASE + 20_000, 650_000)]
+    assert exported.counters[power.uuid] == [(0, 90_000), (20_000, 650_000)]
 
 
 def _flow_trace(path: Path, n: int) -> Path:
@@ -288,10 +306,11 @@ def test_flows_across_batches_match_the_json_export(
     with open_trace(path) as t:
         doc = json.loads(json.dumps(to_chrome_trace(t)))
         got = parse(_write(t))
-    base = int(doc["otherData"]["time_base_monotonic_ns"])
+    # Both on the one time axis: ns (protobuf) and us (JSON) from the same zero.
+    assert int(doc["otherData"]["time_base_monotonic_ns"]) == got.zero_monotonic()
 
     def ns(e: dict[str, Any]) -> int:
-        return base + round(e["ts"] * 1000)
+        return round(e["ts"] * 1000)
 
     starts = {e["id"]: ns(e) for e in doc["traceEvents"] if e["ph"] == "s"}
     want = sorted((starts[e["id"]], ns(e)) for e in doc["traceEvents"] if e["ph"] == "f")
@@ -364,7 +383,7 @@ def test_nesting_survives_equal_starts(tmp_path: Path) -> None:
         path = w.finish()
     with open_trace(path) as t:
         got = parse(_write(t))
-    spans = sorted((s.name, s.start - BASE, s.end - BASE) for s in got.slices)
+    spans = sorted((s.name, s.start, s.end) for s in got.slices)
     assert spans == [("backward", 50, 100), ("forward", 0, 50), ("step", 0, 100)]
 
 
@@ -378,10 +397,10 @@ def test_window_and_empty_window(tmp_path: Path) -> None:
     args = ["export", str(trace), "-o", str(out), "--format", "perfetto-proto"]
     assert main([*args, "--from", repr(frm), "--to", repr(to)]) == 0
     got = parse(out.read_bytes())
-    assert sorted(s.name for s in got.slices) == ["allreduce", "forward"]
+    assert sorted(s.name for s in got.slices if s.cat != "axis") == ["allreduce", "forward"]
     far = tmp_path / "far.pftrace"
     with pytest.raises(CodlError, match="no event in the window"):
-        export_perfetto(trace, far, from_s=1e6, to_s=1e6 + 1)
+        export_perfetto(trace, far, start=TimePoint(10**15), end=TimePoint(10**15 + 10**9))
     assert not far.exists() and not list(tmp_path.glob(".codl-unit.*"))
 
 
@@ -402,4 +421,6 @@ def test_two_ranks_sort_rank_by_rank(tmp_path: Path) -> None:
     order = {t.name: t.order for t in got.tracks.values() if t.name.startswith("GPU rank")}
     assert order == {"GPU rank 0": 2, "GPU rank 1": 6}
     streams = {(got.tracks[t.parent].name, t.name) for t in got.tracks.values() if t.parent}
-    assert streams == {(f"GPU rank {r}", f"stream {s}") for r in (0, 1) for s in (7, 9)}
+    assert streams == {(f"GPU rank {r}", f"stream {s}") for r in (0, 1) for s in (7, 9)} | {
+        ("time axis", "codl export")
+    }

@@ -17,27 +17,31 @@ Open the output in https://ui.perfetto.dev (or chrome://tracing). Layout:
 - counters: per-thread run-queue wait per sampling interval (``samples/sched``) in the thread's
   process, and NVML utilisation, memory, clock and power in ``GPU rank N``.
 
-Times are microseconds (floats, so nanoseconds survive) relative to the earliest exported
-timestamp; ``otherData`` records that base as CLOCK_MONOTONIC ns, and as Unix ns when the trace
-has clock anchors, so absolute times can be recovered.
+Times are on the export's time axis (:class:`TimeAxis`): microseconds (floats, so nanoseconds
+survive) since the run began (root attribute ``t_begin_ns``; a trace without it counts from its
+earliest event), whatever window is exported, so a time read off one export selects the same
+instant in the next (``codl export --from/--to`` take this axis). ``otherData`` records the
+zero as CLOCK_MONOTONIC ns, and as Unix ns when the trace has clock anchors. A ``time axis``
+process holds a ``run begin`` instant at 0 and, for a window, a ``window`` slice over it:
+Perfetto counts its timecode from a trace's first event, which the instant makes the axis's 0.
 
 The JSON holds one dict per event: export a time window (``t0``/``t1``) of long runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import numpy as np
 import pandas as pd
 
-from codl.errors import CodlError, TraceFormatError
+from codl.errors import CodlError
 from codl.outputs import output_unit
 from codl.trace.schema import SCHEMA_VERSION, Table
 from codl.trace.store import Trace, open_trace
@@ -50,6 +54,15 @@ COMM_PID_BASE: Final = (1 << 30) + (1 << 20)
 # are, and distinct for every (rank, stream) and rank.
 STREAM_TID_BASE: Final = 1 << 31
 COMM_TID_BASE: Final = (1 << 31) + (1 << 30)
+# The "time axis" process and its one track (the run-begin instant, the window's slice): a pid
+# and a tid that no process, stream or collectives track has, first in sort order.
+AXIS_PID: Final = GPU_PID_BASE - 1
+AXIS_TID: Final = (1 << 32) - 1
+AXIS_SORT_INDEX: Final = -1
+# The largest --from/--to on the axis: far beyond any run (115 days), in ns far inside int64;
+# and on CLOCK_MONOTONIC (mono:NS), what int64 holds.
+MAX_WINDOW_S: Final = 1e7
+MAX_MONOTONIC_NS: Final = 2**63 - 1
 # A flow's id: the rank above the CUPTI correlation id (a per-process counter), below 2**53 so
 # that JSON readers parsing numbers as doubles keep it exact.
 _FLOW_RANK_SHIFT: Final = 32
@@ -192,17 +205,79 @@ class _Builder:
         self.events.append({"name": name, "ph": "C", "ts": ts_us, "pid": pid, "args": values})
 
 
-def _time_base(trace: Trace, tables: dict[str, pd.DataFrame]) -> int:
+class TimePoint(NamedTuple):
+    """One bound of an export's window: ``ns`` on the export's time axis (since the run began),
+    or CLOCK_MONOTONIC ns as the trace stores them when ``monotonic``."""
+
+    ns: int
+    monotonic: bool = False
+
+    def text(self) -> str:
+        """As a user gives it: ``1.27 s`` on the axis, ``mono:NS`` on CLOCK_MONOTONIC."""
+        return f"mono:{self.ns}" if self.monotonic else f"{self.ns / 1e9:.9g} s"
+
+
+@dataclass(frozen=True)
+class TimeAxis:
+    """The time axis every export of a trace writes, in either format: ns since ``zero_ns``
+    (CLOCK_MONOTONIC), the run's start (``t_begin_ns``) or, in a trace without one, its
+    earliest event (``zero_is`` says which). The zero is the trace's, never the window's."""
+
+    zero_ns: int
+    zero_is: str
+    unix_zero_ns: int | None = None
+    end_ns: int | None = None  # the run's end (``t_end_ns``) on the axis, where known
+
+    def ns(self, monotonic_ns: int) -> int:
+        return monotonic_ns - self.zero_ns
+
+    def monotonic(self, point: TimePoint) -> int:
+        return point.ns if point.monotonic else self.zero_ns + point.ns
+
+    def text(self, monotonic_ns: int | None) -> str:
+        """A trace time as the axis's seconds (``1.27 s``), ``...`` for an open bound."""
+        return "..." if monotonic_ns is None else f"{self.ns(monotonic_ns) / 1e9:.9g} s"
+
+    @property
+    def marker(self) -> str:
+        """The name of the instant at the axis's 0."""
+        return "run begin" if self.zero_is == "t_begin_ns" else "time zero (earliest event)"
+
+
+def time_axis(trace: Trace) -> TimeAxis | None:
+    """The export's time axis of ``trace``: zero at ``t_begin_ns``, else at its earliest event
+    (of the event and sample tables, the whole trace: a chunk index gives it, else one column is
+    read); None for a trace that has neither."""
+    begin, end = trace.attrs.get("t_begin_ns"), trace.attrs.get("t_end_ns")
+    if isinstance(begin, int):
+        zero, zero_is = begin, "t_begin_ns"
+    else:
+        earliest = _earliest(trace)
+        if earliest is None:
+            return None
+        zero, zero_is = earliest, "earliest event"
+    return TimeAxis(
+        zero,
+        zero_is,
+        unix_zero_ns=_unix_base(trace, zero),
+        end_ns=end - zero if isinstance(end, int) else None,
+    )
+
+
+def _earliest(trace: Trace) -> int | None:
     lows: list[int] = []
-    for name, df in tables.items():
-        if df.empty:
+    present = set(trace.tables())
+    for name in (*_EVENT_TABLES, *_SAMPLE_TABLES):
+        if name not in present:
+            continue
+        index = trace.chunk_index(name)
+        if index is not None:
+            if len(index):
+                lows.append(int(index[:, 2].min()))
             continue
         col = "start_ns" if name in _EVENT_TABLES else "t_ns"
-        lows.append(int(df[col].min()))
-    if lows:
-        return min(lows)
-    t_begin = trace.attrs.get("t_begin_ns")
-    return int(t_begin) if isinstance(t_begin, int) else 0
+        lows += [int(b[col].min()) for b in trace.iter_blocks(name, [col]) if len(b[col])]
+    return min(lows) if lows else None
 
 
 def _unix_base(trace: Trace, base_ns: int) -> int | None:
@@ -215,15 +290,49 @@ def _unix_base(trace: Trace, base_ns: int) -> int | None:
     return base_ns - mono + real
 
 
+def window_bounds(
+    axis: TimeAxis | None, start: TimePoint | None, end: TimePoint | None
+) -> tuple[int | None, int | None]:
+    """``[start, end)`` as CLOCK_MONOTONIC ns ``(t0, t1)``, the trace reader's window; CodlError
+    for a bound out of range or an end not after the start (the command line checks the same
+    before it opens the trace)."""
+    for name, point in (("--from", start), ("--to", end)):
+        if point is None:
+            continue
+        hi = MAX_MONOTONIC_NS if point.monotonic else round(MAX_WINDOW_S * 1e9)
+        if not 0 <= point.ns <= hi:
+            raise CodlError(f"{name}: got {point.ns} ns, expected a time in [0, {hi}] ns")
+    t0 = None if start is None else _monotonic(axis, start)
+    t1 = None if end is None else _monotonic(axis, end)
+    if start is not None and end is not None and t0 is not None and t1 is not None and t1 <= t0:
+        raise CodlError(empty_window_text(start, end))
+    return t0, t1
+
+
+def empty_window_text(start: TimePoint, end: TimePoint) -> str:
+    """The error for ``--to`` not after ``--from``, the bounds as the user gave them."""
+    return f"--to must be after --from: the window [{start.text()}, {end.text()}) is empty"
+
+
+def _monotonic(axis: TimeAxis | None, point: TimePoint) -> int:
+    # No axis: a trace with no event and no t_begin_ns, where every window is empty (the
+    # caller's error then says so).
+    return point.ns if axis is None else axis.monotonic(point)
+
+
 def to_chrome_trace(
     trace: Trace, *, t0: int | None = None, t1: int | None = None
 ) -> dict[str, Any]:
-    """The Chrome trace-event JSON object of ``trace`` (optionally only the window [t0, t1))."""
+    """The Chrome trace-event JSON object of ``trace`` (optionally only the window [t0, t1) of
+    CLOCK_MONOTONIC ns), its times on the trace's :func:`time_axis`."""
     tables: dict[str, pd.DataFrame] = {
         name: trace.table(name, t0=t0, t1=t1) for name in _EVENT_TABLES + _SAMPLE_TABLES
     }
     threads = trace.table(Table.THREADS).drop_duplicates(subset=["pid", "tid"], keep="last")
-    b = _Builder(_time_base(trace, tables))
+    axis = time_axis(trace)
+    b = _Builder(axis.zero_ns if axis is not None else 0)
+    if axis is not None:
+        _axis_events(b, axis, t0, t1)
     # Events are added in this order, which is also the order of the metadata events.
     hosts = _host_processes(b, tables[Table.LOADER], threads)
     _app_events(b, tables[Table.APP], hosts)
@@ -240,14 +349,54 @@ def to_chrome_trace(
         "schema_version": str(SCHEMA_VERSION),
         "run_id": str(trace.attrs.get("run_id", "")),
         "complete": str(trace.complete).lower(),
-        "time_base_monotonic_ns": str(b.base_ns),
     }
-    unix = _unix_base(trace, b.base_ns)
-    if unix is not None:
-        other["time_base_unix_ns"] = str(unix)
+    if axis is not None:
+        other.update(_axis_data(axis, t0, t1))
     # No "displayTimeUnit": Perfetto's JSON importer reads "ns" there as the unit of `ts` itself
     # (not just of the display, as in Chrome's spec), which would shrink every span 1000x.
     return {"traceEvents": b.meta + b.events, "otherData": other}
+
+
+def _axis_data(axis: TimeAxis, t0: int | None, t1: int | None) -> dict[str, str]:
+    """``otherData``'s account of the time axis (strings: Unix ns do not fit a double)."""
+    zero = (
+        "the run began (root attribute t_begin_ns)"
+        if axis.zero_is == "t_begin_ns"
+        else "the trace's earliest event (it has no root attribute t_begin_ns)"
+    )
+    out = {
+        "time_axis": f"ts in microseconds since {zero}; codl export --from/--to take this axis",
+        "time_base": axis.zero_is,
+        "time_base_monotonic_ns": str(axis.zero_ns),
+    }
+    if axis.unix_zero_ns is not None:
+        out["time_base_unix_ns"] = str(axis.unix_zero_ns)
+    if t0 is not None or t1 is not None:
+        out["window"] = f"[{axis.text(t0)}, {axis.text(t1)})"
+    return out
+
+
+def _axis_events(b: _Builder, axis: TimeAxis, t0: int | None, t1: int | None) -> None:
+    """The ``time axis`` track: an instant at 0, which makes the axis's 0 the trace's first
+    timestamp (Perfetto's timecode counts from there), and the exported window as a slice
+    (select it and press F in Perfetto to zoom to it)."""
+    b.process(AXIS_PID, "time axis", AXIS_SORT_INDEX)
+    b.thread(AXIS_PID, AXIS_TID, "codl export", 0)
+    args = {"monotonic_ns": str(axis.zero_ns)}
+    if axis.unix_zero_ns is not None:
+        args["unix_ns"] = str(axis.unix_zero_ns)
+    b.events.append(
+        {"name": axis.marker, "cat": "axis", "ph": "i", "s": "t", "ts": 0.0}
+        | {"pid": AXIS_PID, "tid": AXIS_TID, "args": args}
+    )
+    lo = 0 if t0 is None else axis.ns(t0)
+    hi = axis.end_ns if t1 is None else axis.ns(t1)
+    if (t0 is not None or t1 is not None) and hi is not None and hi > lo:
+        b.events.append(
+            {"name": "window", "cat": "axis", "ph": "X", "ts": lo / 1e3, "dur": (hi - lo) / 1e3}
+            | {"pid": AXIS_PID, "tid": AXIS_TID}
+            | {"args": {"from": f"{lo / 1e9:.9g} s", "to": f"{hi / 1e9:.9g} s"}}
+        )
 
 
 @dataclass(frozen=True)
@@ -472,78 +621,55 @@ def export_chrome(
     out_path: str | os.PathLike[str],
     *,
     allow_incomplete: bool = False,
-    t0: int | None = None,
-    t1: int | None = None,
-    from_s: float | None = None,
-    to_s: float | None = None,
+    start: TimePoint | None = None,
+    end: TimePoint | None = None,
     option: str = "output",
 ) -> Path:
     """Write the Chrome trace JSON of the trace at ``trace_path`` to ``out_path``; returns it.
 
-    The window is ``[t0, t1)`` in trace nanoseconds, or ``[from_s, to_s)`` in seconds since
-    the run began (root attribute ``t_begin_ns``); with a chunk index only the chunks that
-    overlap it are read. A window that holds no event is an error, not an empty file. The
-    output is written as a unit (``codl.outputs``; ``option`` names it in errors):
-    a viewer never opens a half-written file, a device or pipe is streamed to.
+    The window is ``[start, end)`` on the export's time axis (:func:`time_axis`; a bound may
+    be CLOCK_MONOTONIC instead, :class:`TimePoint`); with a chunk index only the chunks that
+    overlap it are read. The trace is verified first (:func:`verified_trace`). A window that
+    holds no event is an error, not an empty file. The output is written as a unit
+    (``codl.outputs``; ``option`` names it in errors): a viewer never opens a half-written
+    file, a device or pipe is streamed to.
     """
     out = Path(out_path)
     with (
         output_unit({option: out}, inputs=(Path(trace_path),)) as unit,
-        open_trace(trace_path, allow_incomplete=allow_incomplete) as trace,
+        verified_trace(trace_path, allow_incomplete=allow_incomplete) as trace,
     ):
-        if from_s is not None or to_s is not None:
-            t0, t1 = seconds_window(trace, from_s, to_s)
+        axis = time_axis(trace)
+        t0, t1 = window_bounds(axis, start, end)
         doc = to_chrome_trace(trace, t0=t0, t1=t1)
         if (t0 is not None or t1 is not None) and not any(
-            e["ph"] != "M" for e in doc["traceEvents"]
+            e["ph"] != "M" and e.get("cat") != "axis" for e in doc["traceEvents"]
         ):
-            raise CodlError(
-                f"{trace.path}: no event in the window {_window_text(trace, t0, t1)}; "
-                f"the run spans {_span_text(trace)}"
-            )
+            raise empty_window(trace, axis, t0, t1)
         with unit.path(out).open("w", encoding="utf-8") as fh:
             json.dump(doc, fh, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
     return out
 
 
-def _seconds(trace: Trace, t_ns: int | None) -> str:
-    begin = trace.attrs.get("t_begin_ns")
-    if t_ns is None or not isinstance(begin, int):
-        return "..." if t_ns is None else f"{t_ns} ns"
-    return f"{(t_ns - begin) / 1e9:g} s"
+@contextlib.contextmanager
+def verified_trace(
+    trace_path: str | os.PathLike[str], *, allow_incomplete: bool = False
+) -> Iterator[Trace]:
+    """The open trace, after ``Trace.verify``: every column read against the digest its writer
+    stored (one pass, as ``codl inspect`` and ``summarize`` check), so that a trace whose
+    contents were changed or damaged is refused with one line naming it, never exported."""
+    with open_trace(trace_path, allow_incomplete=allow_incomplete) as trace:
+        trace.verify()
+        yield trace
 
 
-def _window_text(trace: Trace, t0: int | None, t1: int | None) -> str:
-    return f"[{_seconds(trace, t0)}, {_seconds(trace, t1)})"
-
-
-def _span_text(trace: Trace) -> str:
-    end = trace.attrs.get("t_end_ns")
-    return f"0 s to {_seconds(trace, end if isinstance(end, int) else None)}"
-
-
-# The largest --from/--to: far beyond any run (115 days), and in nanoseconds far inside int64.
-MAX_WINDOW_S: Final = 1e7
-
-
-def seconds_window(
-    trace: Trace, from_s: float | None, to_s: float | None
-) -> tuple[int | None, int | None]:
-    """``[from_s, to_s)`` seconds since the run began as trace nanoseconds (``t_begin_ns``).
-
-    Each bound finite and in [0, MAX_WINDOW_S], ``to_s`` after ``from_s``: CodlError otherwise
-    (the command line checks the same before it opens the trace)."""
-    begin = trace.attrs.get("t_begin_ns")
-    if not isinstance(begin, int):
-        raise TraceFormatError(
-            f"{trace.path}: no integer root attribute 't_begin_ns' to count --from/--to from"
-        )
-    for name, value in (("--from", from_s), ("--to", to_s)):
-        if value is not None and not (math.isfinite(value) and 0 <= value <= MAX_WINDOW_S):
-            raise CodlError(f"{name}: got {value}, expected seconds in [0, {MAX_WINDOW_S:g}]")
-    if from_s is not None and to_s is not None and to_s <= from_s:
-        raise CodlError(f"--to {to_s} must be after --from {from_s}")
-    return (
-        None if from_s is None else begin + round(from_s * 1e9),
-        None if to_s is None else begin + round(to_s * 1e9),
+def empty_window(trace: Trace, axis: TimeAxis | None, t0: int | None, t1: int | None) -> CodlError:
+    """The error for a window that holds no event, naming the run's span on the axis."""
+    if axis is None:
+        return CodlError(f"{trace.path}: no event in the window; the trace has no events")
+    span = f"0 s to {axis.end_ns / 1e9:.9g} s" if axis.end_ns is not None else "from 0 s"
+    return CodlError(
+        f"{trace.path}: no event in the window [{axis.text(t0)}, {axis.text(t1)}) (seconds "
+        f"since {'the run began' if axis.zero_is == 't_begin_ns' else 'its earliest event'}); "
+        f"the run spans {span}"
     )

@@ -18,8 +18,14 @@ run-queue wait and NVML counters), written as Perfetto ``TracePacket`` messages
   each thread, and for the launch flows the keys of the kernels and copies that CUPTI
   recorded (24 bytes each; the ``cupti`` level records one short window, the ``cuda_api``
   level none);
-- times are CLOCK_MONOTONIC ns as stored (``trace_packet_defaults`` sets the clock, a clock
-  snapshot makes it the trace's clock and adds CLOCK_REALTIME from the run's start anchor);
+- times are on the export's time axis (``codl.trace.export.TimeAxis``), as in the JSON export
+  but in ns: ns since the run began (``t_begin_ns``), whatever window is exported, so a time
+  read off the file or Perfetto's UI is a ``codl export --from/--to`` bound. They are written
+  as the trace's MONOTONIC clock moved to that zero (``trace_packet_defaults`` sets the clock;
+  a clock snapshot makes it the trace's clock and maps its 0 to CLOCK_REALTIME from the run's
+  start anchor, so Perfetto's UTC display stays true); the ``time axis`` track's ``run begin``
+  instant at 0 carries the zero's CLOCK_MONOTONIC and Unix ns, and makes 0 the trace's first
+  timestamp, where Perfetto's timecode counts from; a window is a slice on that track;
 - order: the root track (uuid 0) asks for explicit process and thread order, and every
   process and thread track carries the JSON export's sort index as ``sibling_order_rank``;
   child tracks of a process (streams, counters) are ordered explicitly too;
@@ -46,15 +52,20 @@ from codl.outputs import output_unit
 from codl.trace.export import (
     _DEVICE_COUNTERS,
     _FLOW_RANK_SHIFT,
-    _span_text,
+    AXIS_PID,
+    AXIS_SORT_INDEX,
+    TimeAxis,
+    TimePoint,
     _thread_order,
-    _window_text,
     comm_pid,
+    empty_window,
     gpu_pid,
-    seconds_window,
+    time_axis,
+    verified_trace,
+    window_bounds,
 )
 from codl.trace.schema import TABLES, Table
-from codl.trace.store import Trace, open_trace
+from codl.trace.store import Trace
 
 # Rows turned into packets and serialised at a time: large enough that a Trace message's
 # overhead vanishes, small enough that the Python objects of a batch stay a few MB.
@@ -95,8 +106,9 @@ class ExportStats:
 class _Writer:
     """Packets of one sequence into ``fh``: batching, interning and track descriptors."""
 
-    def __init__(self, fh: IO[bytes], pb: Any) -> None:
+    def __init__(self, fh: IO[bytes], pb: Any, zero_ns: int = 0) -> None:
         self.fh, self.pb = fh, pb
+        self.zero_ns = zero_ns  # the time axis's 0 (CLOCK_MONOTONIC): every timestamp from it
         self.trace = pb.Trace()
         self.stats = ExportStats()
         self._iids: dict[tuple[str, str], int] = {}
@@ -139,17 +151,17 @@ class _Writer:
             self.stats.tracks += 1
         return uuid
 
-    def start(self, base_mono: int | None, base_real: int | None) -> None:
+    def start(self, axis: TimeAxis | None) -> None:
         """Sequence start, clock and the root track's explicit ordering."""
         pb = self.pb
         first = self.packet(_SEQ_CLEARED)
         first.trace_packet_defaults.timestamp_clock_id = _CLOCK_MONOTONIC
-        if base_mono is not None:
+        if axis is not None:
             snap = self.packet(0).clock_snapshot
             snap.primary_trace_clock = _CLOCK_MONOTONIC
-            clocks = [(_CLOCK_MONOTONIC, base_mono)]
-            if base_real is not None:
-                clocks.append((_CLOCK_REALTIME, base_real))
+            clocks = [(_CLOCK_MONOTONIC, 0)]
+            if axis.unix_zero_ns is not None:
+                clocks.append((_CLOCK_REALTIME, axis.unix_zero_ns))
             for clock_id, ts in clocks:
                 c = snap.clocks.add()
                 c.clock_id, c.timestamp = clock_id, ts
@@ -217,13 +229,16 @@ class _Writer:
         args: Mapping[str, Sequence[int | str | None]],
         flows: Mapping[int, list[int]] | None = None,
         ends_flow: Mapping[int, int] | None = None,
+        *,
+        counted: bool = True,
     ) -> None:
-        """One BEGIN/END pair per row; ``args`` values None are left out; ``flows`` (row ->
-        flow ids it starts) and ``ends_flow`` (row -> flow id it terminates)."""
+        """One BEGIN/END pair per row (``start``/``end``: CLOCK_MONOTONIC ns); ``args`` values
+        None are left out; ``flows`` (row -> flow ids it starts) and ``ends_flow`` (row -> flow
+        id it terminates); ``counted``: an event of the trace (not the axis's own)."""
         te_type = self.pb.TrackEvent
         end = np.maximum(end, start)
         order = np.lexsort((-(end - start), start))
-        starts, ends = start.tolist(), end.tolist()
+        starts, ends = (start - self.zero_ns).tolist(), (end - self.zero_ns).tolist()
         for i in order.tolist():
             p = self.packet()
             p.timestamp = starts[i]
@@ -251,12 +266,27 @@ class _Writer:
             q.timestamp = ends[i]
             q.track_event.type = te_type.TYPE_SLICE_END
             q.track_event.track_uuid = tracks[i]
-        self.stats.slices += len(starts)
+        if counted:
+            self.stats.slices += len(starts)
         self.flush()
+
+    def instant(self, track: int, ts: int, name: str, cat: str, args: Mapping[str, int]) -> None:
+        """A TYPE_INSTANT event at ``ts`` (CLOCK_MONOTONIC ns), not counted as the trace's."""
+        p = self.packet()
+        p.timestamp = ts - self.zero_ns
+        ev = p.track_event
+        ev.type = self.pb.TrackEvent.TYPE_INSTANT
+        ev.track_uuid = track
+        ev.name_iid = self.iid(p, "event_names", name)
+        ev.category_iids.append(self.iid(p, "event_categories", cat))
+        for key, value in args.items():
+            a = ev.debug_annotations.add()
+            a.name_iid = self.iid(p, "debug_annotation_names", key)
+            a.int_value = value
 
     def counter(self, track: int, ts: int, value: int) -> None:
         p = self.packet()
-        p.timestamp = ts
+        p.timestamp = ts - self.zero_ns
         p.track_event.type = self.pb.TrackEvent.TYPE_COUNTER
         p.track_event.track_uuid = track
         p.track_event.counter_value = value
@@ -534,23 +564,39 @@ def _device(w: _Writer, trace: Trace, t0: int | None, t1: int | None) -> None:
         w.flush()
 
 
-def _bases(trace: Trace) -> tuple[int | None, int | None]:
-    anchor = trace.attrs.get("anchors_start")
-    if isinstance(anchor, dict):
-        real, mono = anchor.get("realtime_ns"), anchor.get("monotonic_ns")
-        if isinstance(real, int) and isinstance(mono, int):
-            return mono, real
-    begin = trace.attrs.get("t_begin_ns")
-    return (begin if isinstance(begin, int) else None), None
+def _axis(w: _Writer, axis: TimeAxis, t0: int | None, t1: int | None) -> None:
+    """The ``time axis`` track, as in the JSON export: the instant at 0 and the window."""
+    track = w.child(w.process(AXIS_PID, "time axis", AXIS_SORT_INDEX), ("axis",), "codl export", 0)
+    args = {"monotonic_ns": axis.zero_ns}
+    if axis.unix_zero_ns is not None:
+        args["unix_ns"] = axis.unix_zero_ns
+    w.instant(track, axis.zero_ns, axis.marker, "axis", args)
+    lo = axis.zero_ns if t0 is None else t0
+    hi = (None if axis.end_ns is None else axis.zero_ns + axis.end_ns) if t1 is None else t1
+    if (t0 is not None or t1 is not None) and hi is not None and hi > lo:
+        w.slices(
+            "axis",
+            [track],
+            ["window"],
+            np.array([lo], dtype=np.int64),
+            np.array([hi], dtype=np.int64),
+            {"from": [f"{axis.ns(lo) / 1e9:.9g} s"], "to": [f"{axis.ns(hi) / 1e9:.9g} s"]},
+            counted=False,
+        )
+    w.flush()
 
 
 def write_perfetto(
     trace: Trace, fh: IO[bytes], *, t0: int | None = None, t1: int | None = None
 ) -> ExportStats:
-    """Stream the Perfetto protobuf trace of ``trace`` (optionally the window [t0, t1)) into
-    ``fh``; returns what was written."""
-    w = _Writer(fh, _pb())
-    w.start(*_bases(trace))
+    """Stream the Perfetto protobuf trace of ``trace`` (optionally the window [t0, t1) of
+    CLOCK_MONOTONIC ns) into ``fh``, its times on the trace's ``time_axis``; returns what was
+    written."""
+    axis = time_axis(trace)
+    w = _Writer(fh, _pb(), axis.zero_ns if axis is not None else 0)
+    w.start(axis)
+    if axis is not None:
+        _axis(w, axis, t0, t1)
     hosts = _hosts(w, trace, t0, t1)
     w.flush()
     _app(w, trace, hosts, t0, t1)
@@ -568,27 +614,24 @@ def export_perfetto(
     out_path: str | os.PathLike[str],
     *,
     allow_incomplete: bool = False,
-    from_s: float | None = None,
-    to_s: float | None = None,
+    start: TimePoint | None = None,
+    end: TimePoint | None = None,
     option: str = "output",
 ) -> Path:
     """Write the Perfetto protobuf trace of the trace at ``trace_path`` to ``out_path`` as a
-    unit (``codl.outputs``), streamed; the window as in ``export_chrome``. A window that holds
-    no event is an error, and the unit then leaves nothing behind."""
+    unit (``codl.outputs``), streamed; the trace verified and the window taken as in
+    ``export_chrome``. A window that holds no event is an error, and the unit then leaves
+    nothing behind."""
     out = Path(out_path)
     _pb()  # a missing package is said before any output exists
     with (
         output_unit({option: out}, inputs=(Path(trace_path),)) as unit,
-        open_trace(trace_path, allow_incomplete=allow_incomplete) as trace,
+        verified_trace(trace_path, allow_incomplete=allow_incomplete) as trace,
     ):
-        t0 = t1 = None
-        if from_s is not None or to_s is not None:
-            t0, t1 = seconds_window(trace, from_s, to_s)
+        axis = time_axis(trace)
+        t0, t1 = window_bounds(axis, start, end)
         with unit.path(out).open("wb") as fh:
             stats = write_perfetto(trace, fh, t0=t0, t1=t1)
         if (t0 is not None or t1 is not None) and not (stats.slices or stats.counter_values):
-            raise CodlError(
-                f"{trace.path}: no event in the window {_window_text(trace, t0, t1)}; "
-                f"the run spans {_span_text(trace)}"
-            )
+            raise empty_window(trace, axis, t0, t1)
     return out

@@ -60,8 +60,11 @@ def convert_trace(
         )
     with (
         output_unit({option: out_path}, inputs=(src_path,)) as unit,
-        open_trace(src_path, allow_incomplete=allow_incomplete),  # the input's checks
+        open_trace(src_path, allow_incomplete=allow_incomplete) as source,
     ):
+        # The input's columns against their digests first: a damaged input is named as the
+        # input, not as the temporary copy that the check after the copy would read.
+        source.verify()
         tmp = unit.path(out_path)
         with h5py.File(src_path, "r") as f, h5py.File(tmp, "w") as g:
             _copy_group(f, g, codec)
