@@ -211,3 +211,28 @@ def test_the_advice_ratio_has_a_bootstrap_interval_around_the_planted_one() -> N
     assert summary["advised_vs_best"] == 0.0
     assert summary["advised_vs_other"] == pytest.approx(other["advice_ratio"])
     assert summary["advised_vs_other_lo"] == pytest.approx(other["advice_ratio_lo"])
+
+
+@pytest.mark.parametrize(
+    ("section", "key"),
+    [
+        ("{cores: .nan}", "advisor.cores"),
+        ("{cores: many}", "advisor.cores"),
+        ("{repeats: .inf}", "advisor.repeats"),
+        ("3", "advisor"),
+    ],
+)
+def test_a_bad_advisor_value_is_one_line_naming_its_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], section: str, key: str
+) -> None:
+    # advisor_settings reads the section before the plan checks the config (common.smk and
+    # `codl plan`): its own check, not an int() traceback.
+    from codl.cli import main
+
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        f"advisor: {section}\nexperiments: [{{name: e, factors: {{mode: [compute]}}}}]\n"
+    )
+    assert main(["plan", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert f"  - {key}: got " in err and "Traceback" not in err, err

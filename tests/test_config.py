@@ -256,7 +256,7 @@ BAD_CONFIGS: list[tuple[str, Any, list[str]]] = [
     (
         "misspelled mode in a factor",
         one(factors={"mode": ["data", "combind"]}),
-        ["mode=combind", "mode: got 'combind'", "'combined'"],
+        ["experiments[0].factors.mode: got 'combind'", "did you mean 'combined'"],
     ),
     (
         "misspelled policy",
@@ -271,7 +271,7 @@ BAD_CONFIGS: list[tuple[str, Any, list[str]]] = [
     (
         "negative workers in a factor",
         one(factors={"loader.workers": [2, -1]}),
-        ["loader.workers=-1", "loader.workers: got -1"],
+        ["experiments[0].factors.loader.workers: -1 is less than the minimum of 0"],
     ),
     ("zero measured steps", one(base={"steps": {"measured": 0}}), ["steps.measured", "0 is less"]),
     ("string where an integer is due", one(base={"seed": "1"}), ["base.seed", "'1'"]),
@@ -434,7 +434,7 @@ def test_every_mistake_is_reported_at_once(tmp_path: Path) -> None:
         "experiments[0].base.loader.wrkers",
         "experiments[1] (b): layout.backend",
         "experiments[2] (c: pinning.policy=none): workload.model",
-        "experiments[2] (c: pinning.policy=isolatd): pinning.policy: got 'isolatd'",
+        "experiments[2].factors.pinning.policy: got 'isolatd'",
         "experiments[3].name: duplicate",
         "experiments[4].factors.loader.wrkers",
         "experiments[5] (e): mode: 'comm' needs >= 2 ranks",
@@ -444,16 +444,20 @@ def test_every_mistake_is_reported_at_once(tmp_path: Path) -> None:
 
 
 def test_a_mistake_in_base_is_reported_once_not_per_combination() -> None:
-    cfg = one(
-        base={"dataset": {"name": "bad name"}},
-        factors={"mode": ["data", "combined"], "pinning.policy": ["none", "shared", "isolated"]},
-        repeats=2,
-    )
+    factors = {"mode": ["data", "combined"], "pinning.policy": ["none", "shared", "isolated"]}
+    cfg = one(base={"layout": {"backend": "nccl"}}, factors=factors, repeats=2)
     with pytest.raises(ConfigError) as info:
         build_plan(cfg)
     assert info.value.problems == (
-        "experiments[0] (e, every combination): dataset.name: got 'bad name', expected letters, "
-        "digits, '_', '.', '-' (it becomes a path)",
+        "experiments[0] (e, every combination): layout.backend: got 'nccl' with device 'cpu', "
+        "expected 'gloo' on CPU",
+    )
+    # A mistake of the key alone is the schema's: named where it was written.
+    with pytest.raises(ConfigError) as info:
+        build_plan(one(base={"dataset": {"name": "bad name"}}, factors=factors, repeats=2))
+    assert info.value.problems == (
+        "experiments[0].base.dataset.name: got 'bad name', expected letters, digits, '_', '.', "
+        "'-', starting with a letter or digit (it becomes a path)",
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ import yaml
 
 from codl.analysis.repeats import plan_repeats, repeats_needed
 from codl.cli import main
-from codl.config import block_slots, build_plan, plan_blocks
+from codl.config import analysed_blocks, block_progress, block_slots, build_plan, plan_blocks
 from codl.errors import ConfigError
 from test_workflow import snakemake
 
@@ -195,3 +196,85 @@ def test_codl_plan_target_ci_prints_the_repeats(
     assert rows[0]["repeats"] == repeats_needed(rows[0]["sd_log"], rows[0]["ratio"], 5.0)
     assert main(["plan", str(config), "--target-ci", "5", "--pilot", str(tmp_path / "no")]) == 2
     assert "no runs table" in capsys.readouterr().err
+
+
+# A `blocks:` section each way it can be wrong: one line naming the key and what was expected,
+# from the plan, from plan_blocks given a config nobody checked, and from `codl plan`.
+BAD_BLOCKS: list[tuple[str, Any, str]] = [
+    ("a number", 3, "blocks: got 3, expected a mapping"),
+    ("a list", ["abba"], "blocks: got ['abba'], expected a mapping"),
+    ("a word", "abba", "blocks: got 'abba', expected a mapping"),
+    ("YAML yes", True, "blocks: got true (YAML reads yes/no/on/off as true/false), expected a"),
+    (
+        "unknown key",
+        {"sed": 1},
+        "blocks.sed: unknown key, expected one of ['order', 'per_invocation', 'seed']",
+    ),
+    ("a number as a key", {1: 2}, "blocks.1: unknown key"),
+    ("unknown order", {"order": "abab"}, "blocks.order: got 'abab', expected one of"),
+    ("order as a number", {"order": 3}, "blocks.order: got 3, expected one of"),
+    ("order empty", {"order": None}, "blocks.order: got null, expected one of"),
+    ("negative seed", {"seed": -1}, "blocks.seed: -1 is less than the minimum of 0"),
+    ("seed past 2^31", {"seed": 2**31}, "blocks.seed: 2147483648 is greater than the maximum"),
+    ("seed NaN", {"seed": math.nan}, "blocks.seed: got nan, expected an integer from 0 to"),
+    ("seed inf", {"order": "shuffle", "seed": math.inf}, "blocks.seed: got inf, expected"),
+    ("seed a fraction", {"seed": 1.5}, "blocks.seed: got 1.5, expected an integer"),
+    ("seed 2.0", {"seed": 2.0}, "blocks.seed: got 2.0, expected an integer"),
+    ("seed a word", {"seed": "seven"}, "blocks.seed: got 'seven', expected an integer"),
+    ("seed a quoted number", {"seed": "7"}, "blocks.seed: got '7', expected an integer"),
+    ("seed YAML yes", {"seed": True}, "blocks.seed: got true (YAML reads"),
+    ("seed a list", {"seed": [1]}, "blocks.seed: got [1], expected an integer"),
+    ("no block per invocation", {"per_invocation": 0}, "blocks.per_invocation: 0 is less than"),
+    ("per_invocation NaN", {"per_invocation": math.nan}, "blocks.per_invocation: got nan"),
+    ("per_invocation a word", {"per_invocation": "two"}, "blocks.per_invocation: got 'two'"),
+    ("per_invocation 1.5", {"per_invocation": 1.5}, "blocks.per_invocation: got 1.5"),
+]
+
+
+@pytest.mark.parametrize(
+    ("section", "expected"), [c[1:] for c in BAD_BLOCKS], ids=[c[0] for c in BAD_BLOCKS]
+)
+def test_a_bad_blocks_section_is_refused_by_name(
+    section: Any, expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = {**BASE, "blocks": section}
+    with pytest.raises(ConfigError) as info:
+        build_plan(cfg)
+    assert len(info.value.problems) == 1, info.value.problems
+    assert info.value.problems[0].startswith(expected), info.value.problems
+    with pytest.raises(ConfigError) as unchecked:
+        plan_blocks(cfg, build_plan(BASE))
+    assert unchecked.value.problems == info.value.problems
+    config = tmp_path / "blocks.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    assert main(["plan", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and "Traceback" not in err, err
+
+
+def test_an_invocation_analyses_the_measured_blocks_and_at_most_per_invocation_more() -> None:
+    cfg = {**BASE, "experiments": [{**BASE["experiments"][0], "repeats": 4}]}
+    blocks = plan_blocks({**cfg, "blocks": {"order": "abba"}}, build_plan(cfg))
+    assert len(blocks) == 4
+
+    def measured(*done: int, half: int | None = None) -> Callable[[str], bool]:
+        ids = {rid for b in done for rid in blocks[b].run_ids}
+        if half is not None:
+            ids.add(blocks[half].run_ids[0])
+        return ids.__contains__
+
+    def picked(per: int | None, seen: Callable[[str], bool]) -> list[int]:
+        section = {"order": "abba", **({} if per is None else {"per_invocation": per})}
+        return [b.index for b in analysed_blocks({"blocks": section}, blocks, seen)]
+
+    assert picked(None, measured()) == [0, 1, 2, 3]
+    assert picked(1, measured()) == [0]
+    assert picked(1, measured(0)) == [0, 1]
+    assert picked(2, measured(0, 2)) == [0, 1, 2, 3]
+    # A block a failed invocation left half-measured is finished before a new one starts.
+    assert picked(1, measured(0, half=1)) == [0, 1]
+    rows = block_progress(
+        blocks, analysed_blocks({"blocks": {"per_invocation": 1}}, blocks, measured(0))
+    )
+    assert [r["analysed"] for r in rows] == [True, True, False, False]
+    assert [r["block"] for r in rows] == ["block0", "block1", "block2", "block3"]

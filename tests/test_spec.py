@@ -13,8 +13,12 @@ from typing import Any
 import pytest
 
 from codl.config import schema
-from codl.errors import ConfigError
+from codl.errors import CodlError, ConfigError
 from codl.spec import (
+    MAX_SEED,
+    MAX_SWITCH_INTERVAL_MS,
+    MIN_SWITCH_INTERVAL_MS,
+    UPPER_LIMITS,
     Backend,
     DeviceKind,
     Mode,
@@ -24,6 +28,7 @@ from codl.spec import (
     TraceCompression,
     field_paths,
     is_safe_name,
+    loads_json,
 )
 
 # Leaves that normalized() resets when the mode does not load data.
@@ -340,6 +345,35 @@ def _properties_without_docs(node: Any, where: str = "") -> list[str]:
 
 def test_every_schema_property_has_description_and_default() -> None:
     assert _properties_without_docs(schema()) == []
+
+
+def test_schema_maxima_are_the_specs_upper_limits() -> None:
+    """`codl plan` names a key past its limit where it was written (`defaults.loader.workers`)
+    through the schema's `maximum`; `codl run` of a spec file through UPPER_LIMITS."""
+    leaves = _schema_leaves(schema()["$defs"]["run"])
+    maxima = {path: leaf["maximum"] for path, leaf in leaves.items() if "maximum" in leaf}
+    limits = {key: limit for key, (limit, _) in UPPER_LIMITS.items()}
+    assert maxima == {**limits, "seed": MAX_SEED, "dataset.quality": 100}
+    assert leaves["runtime.switch_interval_ms"]["anyOf"] == [
+        {"const": 0},
+        {"minimum": MIN_SWITCH_INTERVAL_MS, "maximum": MAX_SWITCH_INTERVAL_MS},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("value", "shown_as"),
+    [(float("nan"), "nan"), (float("-inf"), "-inf"), (10**400, "an integer of about 401 digits")],
+)
+def test_a_float_field_takes_only_finite_numbers(value: Any, shown_as: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        RunSpec.from_dict({"workload": {"lr": value}})
+    assert info.value.problems == (f"workload.lr: got {shown_as}, expected a finite number",)
+    assert RunSpec.from_dict({"workload": {"lr": 2}}).workload.lr == 2.0
+
+
+def test_a_spec_file_with_an_endless_integer_is_refused() -> None:
+    with pytest.raises(CodlError, match=r"spec\.json: holds an integer of more than \d+ digits"):
+        loads_json('{"seed": ' + "9" * 5000 + "}", source="spec.json")
 
 
 def test_schema_defaults_of_run_sections_are_valid_specs() -> None:

@@ -7,12 +7,14 @@ naming the key path, the value and what was expected, before any job starts.
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import math
 import os
 import random
 import re
-from collections.abc import Iterable, Mapping
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from importlib import resources
@@ -23,12 +25,28 @@ import jsonschema
 import yaml
 
 from codl.errors import ConfigError
-from codl.spec import SAFE_NAME, DatasetSpec, Mode, RunSpec, did_you_mean, field_paths
+from codl.spec import (
+    SAFE_NAME,
+    DatasetSpec,
+    Mode,
+    RunSpec,
+    did_you_mean,
+    field_paths,
+    shown,
+)
 
 SAFE_NAME_PATTERN = SAFE_NAME.pattern
 
 
 def schema() -> dict[str, Any]:
+    """The config schema (a copy: the caller may change it)."""
+    return copy.deepcopy(_schema())
+
+
+@functools.cache
+def _schema() -> dict[str, Any]:
+    # Parsed once: the pure-Python parser takes ~0.15 s for it, and a plan checks the whole
+    # config and then each experiment's factor values against it.
     text = resources.files("codl").joinpath("schemas/config.schema.yaml").read_text()
     data: dict[str, Any] = yaml.safe_load(text)
     return data
@@ -62,6 +80,33 @@ def _construct_unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -
 _StrictLoader.add_constructor(
     yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
     _construct_unique_mapping,
+)
+
+
+def _marked(construct: Any, what: str) -> Any:
+    """``construct`` with its ValueError (an integer of more digits than Python converts, a date
+    such as 2024-13-01) raised as a YAML error at the value's line and column."""
+
+    def checked(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
+        try:
+            return construct(loader, node)
+        except (ValueError, OverflowError) as exc:
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                # Python's own advice after the ';' (sys.set_int_max_str_digits) is not ours.
+                f"{_clip(str(node.value))!r} is not {what} ({str(exc).split(';')[0]})",
+                node.start_mark,
+            ) from None
+
+    return checked
+
+
+_StrictLoader.add_constructor(
+    "tag:yaml.org,2002:int", _marked(yaml.SafeLoader.construct_yaml_int, "an integer codl reads")
+)
+_StrictLoader.add_constructor(
+    "tag:yaml.org,2002:timestamp", _marked(yaml.SafeLoader.construct_yaml_timestamp, "a date")
 )
 
 
@@ -154,41 +199,153 @@ def load_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def _key_path(path: Any) -> str:
-    out = ""
+def _key_path(path: Iterable[Any], root: Any, where: str = "") -> str:
+    """``path`` as the user reads it (``experiments[0].base.seed``), after ``where``.
+
+    Walked along ``root``: a part is a list index only where ``root`` has a list, so that a
+    YAML mapping key that is a number (``defaults: {2: x}``) reads ``defaults.2``, not
+    ``defaults[2]``.
+    """
+    out = where
+    node = root
     for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        out += f"[{part}]" if isinstance(node, list) else (f".{part}" if out else str(part))
+        try:
+            node = node[part]
+        except (LookupError, TypeError):
+            node = None
     return out or "<root>"
 
 
-def _schema_errors(cfg: Mapping[str, Any]) -> list[tuple[tuple[Any, ...], str]]:
-    """(absolute path, message) of every schema violation, one per offending key."""
-    validator = jsonschema.Draft202012Validator(schema())
+def _is_integer(checker: Any, instance: Any) -> bool:
+    """JSON Schema's integer includes 2.0, which ``int()`` would take and the run spec refuses;
+    here an integer is an ``int`` (not a bool: YAML reads `yes` as true), and within a float's
+    range, since none of the config's integers is meant past it."""
+    return (
+        isinstance(instance, int)
+        and not isinstance(instance, bool)
+        and abs(instance) <= sys.float_info.max
+    )
+
+
+def _is_number(checker: Any, instance: Any) -> bool:
+    """Finite numbers only: YAML's `.nan` and `.inf` are floats to JSON Schema, and NaN passes
+    every `minimum` and `maximum` (a comparison with NaN is false)."""
+    if isinstance(instance, float):
+        return math.isfinite(instance)
+    return _is_integer(checker, instance)
+
+
+# The stubs leave `extend` unannotated; it returns a validator class like the one it extends.
+_Validator: type[jsonschema.Draft202012Validator] = jsonschema.validators.extend(  # type: ignore[no-untyped-call]
+    jsonschema.Draft202012Validator,
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine_many(
+        {"integer": _is_integer, "number": _is_number}
+    ),
+)
+
+_KIND_WORDS = {
+    "integer": "an integer",
+    "number": "a finite number",
+    "string": "a string",
+    "boolean": "true or false",
+    "object": "a mapping",
+    "array": "a list",
+    "null": "null",
+}
+
+
+def _bounds(sub: Mapping[str, Any]) -> str:
+    low, high = sub.get("minimum"), sub.get("maximum")
+    if low is not None and high is not None:
+        return f" from {low} to {high}"
+    out = ""
+    if low is not None:
+        out += f" >= {low}"
+    if sub.get("exclusiveMinimum") is not None:
+        out += f" > {sub['exclusiveMinimum']}"
+    if high is not None:
+        out += f" <= {high}"
+    return out
+
+
+# A pattern that admits one word (`^auto$`).
+_LITERAL = re.compile(r"\^([\w-]+)\$")
+
+
+def _expected(sub: Mapping[str, Any], kinds: Any = None) -> str:
+    """What schema ``sub`` admits, in words ("an integer from 0 to 19", "an integer >= 1 or
+    'auto'"); ``kinds``: the type of a branch's parent, for an `anyOf` branch without one."""
+    if "const" in sub:
+        return repr(sub["const"])
+    if "enum" in sub:
+        return f"one of {[str(c) for c in sub['enum']]}"
+    kinds = sub.get("type", kinds)
+    words = []
+    for kind in [kinds] if isinstance(kinds, str) else list(kinds or ()):
+        literal = _LITERAL.fullmatch(str(sub.get("pattern", "")))
+        if kind == "string" and literal:
+            words.append(repr(literal.group(1)))
+        else:
+            words.append(
+                _KIND_WORDS.get(kind, kind)
+                + (_bounds(sub) if kind in ("integer", "number") else "")
+            )
+    return " or ".join(words) or "a value the schema admits"
+
+
+def _got(value: Any) -> str:
+    """A value as the config wrote it: YAML's spelling of booleans and null, and a note that
+    `yes`, `no`, `on` and `off` are booleans to YAML (a user who wrote `workers: yes`)."""
+    if isinstance(value, bool):
+        return f"{str(value).lower()} (YAML reads yes/no/on/off as true/false)"
+    return "null" if value is None else shown(value)
+
+
+def _messages(
+    errors: Iterable[Any], root: Any, where: str = ""
+) -> list[tuple[tuple[Any, ...], str]]:
+    """(path from ``root``, message) of every schema violation, one per offending key; keys
+    named after ``where``. A value of the wrong type gets that one line: no bound or pattern
+    line besides it."""
     out: list[tuple[tuple[Any, ...], str]] = []
-    for err in sorted(validator.iter_errors(cfg), key=lambda e: list(map(str, e.absolute_path))):
+    errors = sorted(errors, key=lambda e: list(map(str, e.absolute_path)))
+    mistyped = {tuple(e.absolute_path) for e in errors if e.validator == "type"}
+    for err in errors:
         path = tuple(err.absolute_path)
+        key = _key_path(path, root, where)
         if err.validator == "additionalProperties" and isinstance(err.instance, Mapping):
             allowed = sorted(err.schema.get("properties", {}))
             for extra in err.instance:
                 if extra not in allowed:
-                    key = _key_path((*path, extra))
                     out.append(
                         (
                             (*path, extra),
-                            f"{key}: unknown key, expected one of {allowed}"
-                            + did_you_mean(str(extra), allowed),
+                            f"{_key_path((*path, extra), root, where)}: unknown key, "
+                            f"expected one of {allowed}" + did_you_mean(str(extra), allowed),
                         )
                     )
         elif "propertyNames" in err.schema_path:
             # jsonschema reports a bad name at its parent's path; name the key itself.
-            key = _key_path((*path, err.instance))
-            out.append(((*path, err.instance), f"{key}: invalid key name, {err.message}"))
+            named = (*path, err.instance)
+            out.append((named, f"{_key_path(named, root, where)}: invalid key name, {err.message}"))
+        elif err.validator == "type":
+            out.append((path, f"{key}: got {_got(err.instance)}, expected {_expected(err.schema)}"))
+        elif path in mistyped:
+            continue
+        elif err.validator == "pattern" and _LITERAL.fullmatch(err.validator_value):
+            # `^auto$` beside an integer: "expected an integer >= 1 or 'auto'".
+            out.append((path, f"{key}: got {_got(err.instance)}, expected {_expected(err.schema)}"))
+        elif err.validator == "anyOf":
+            kinds = err.schema.get("type")
+            wanted = " or ".join(_expected(branch, kinds) for branch in err.validator_value)
+            out.append((path, f"{key}: got {_got(err.instance)}, expected {wanted}"))
         elif err.validator == "enum":
             choices = [str(c) for c in err.validator_value]
             out.append(
                 (
                     path,
-                    f"{_key_path(path)}: got {err.instance!r}, expected one of {choices}"
+                    f"{key}: got {err.instance!r}, expected one of {choices}"
                     + did_you_mean(err.instance, choices),
                 )
             )
@@ -196,13 +353,28 @@ def _schema_errors(cfg: Mapping[str, Any]) -> list[tuple[tuple[Any, ...], str]]:
             out.append(
                 (
                     path,
-                    f"{_key_path(path)}: got {err.instance!r}, expected letters, digits, '_', "
+                    f"{key}: got {err.instance!r}, expected letters, digits, '_', "
                     "'.', '-', starting with a letter or digit (it becomes a path)",
                 )
             )
         else:
-            out.append((path, f"{_key_path(path)}: {_clip(err.message)}"))
+            out.append((path, f"{key}: {_clip(err.message)}"))
     return out
+
+
+def _schema_errors(cfg: Mapping[str, Any]) -> list[tuple[tuple[Any, ...], str]]:
+    """(absolute path, message) of every schema violation, one per offending key."""
+    return _messages(_Validator(_schema()).iter_errors(cfg), cfg)
+
+
+def section_problems(cfg: Mapping[str, Any], name: str) -> list[str]:
+    """The schema's problems with one top-level section of ``cfg`` (``advisor``, ``blocks``,
+    ``share``...), each naming its key: for a reader of that section that runs before
+    ``build_plan`` checks the whole config (the workflow reads ``advisor`` first), so that a
+    word or NaN where a number is due never reaches its ``int()``."""
+    if not isinstance(cfg, Mapping) or name not in cfg:
+        return []
+    return [msg for path, msg in _schema_errors({name: cfg[name]}) if path[:1] == (name,)]
 
 
 def schema_problems(cfg: Mapping[str, Any]) -> list[str]:
@@ -408,11 +580,9 @@ def build_plan(
     shared_broken = any(
         not path or path[0] == "tiers" or path == ("defaults",) for path, _ in errors
     )
-    broken_experiments = {
-        path[1] for path, _ in errors if len(path) >= 2 and path[0] == "experiments"
-    }
     if shared_broken or any(path == ("experiments",) for path, _ in errors):
         raise ConfigError(problems, source=source)
+    problems += _repeat_written(cfg, {path for path, _ in errors})
     tiers, tier_problems = resolve_tiers(
         dict(cfg.get("tiers", {}) or {}),
         project_dirs=(Path.cwd(),) if project_dirs is None else project_dirs,
@@ -420,7 +590,9 @@ def build_plan(
     if tier_problems:
         raise ConfigError(problems + tier_problems, source=source)
     expansion = _Expansion(tiers=tiers, problems=problems)
-    _expand_experiments(expansion, cfg.get("experiments", []), defaults, broken_experiments)
+    _expand_experiments(
+        expansion, cfg.get("experiments", []), defaults, {path for path, _ in errors}
+    )
     problems += _staging_problems(expansion.datasets, tiers, project_dirs)
     plan = Plan(runs=tuple(expansion.runs), tiers=tiers)
     if not any(path and path[0] == "share" for path, _ in errors):
@@ -430,6 +602,26 @@ def build_plan(
     if unique:
         raise ConfigError(unique, source=source)
     return plan
+
+
+def _repeat_written(cfg: Mapping[str, Any], reported: set[tuple[Any, ...]]) -> list[str]:
+    """`repeat` other than 0 written in `defaults` or a `base`: expansion numbers the runs
+    (0 to `repeats` - 1), so the value would be overwritten without a word. 0 is let through: it
+    is what a spec's ``to_dict()`` holds, written back as defaults."""
+    sections: list[tuple[tuple[Any, ...], Any]] = [(("defaults",), cfg.get("defaults"))]
+    sections += [
+        (("experiments", i, "base"), exp.get("base"))
+        for i, exp in enumerate(cfg.get("experiments") or ())
+        if isinstance(exp, Mapping)
+    ]
+    return [
+        f"{_key_path((*path, 'repeat'), cfg)}: got {shown(section['repeat'])}, expected 0 or "
+        "no `repeat` (each experiment's `repeats` numbers its runs 0, 1, ...)"
+        for path, section in sections
+        if isinstance(section, Mapping)
+        and section.get("repeat", 0) != 0
+        and (*path, "repeat") not in reported
+    ]
 
 
 def _without_keys(section: Any, paths: Iterable[tuple[Any, ...]]) -> Any:
@@ -512,25 +704,36 @@ def _expand_experiments(
     expansion: _Expansion,
     experiments: Iterable[Any],
     defaults: Mapping[str, Any],
-    broken_experiments: set[Any],
+    reported: set[tuple[Any, ...]],
 ) -> None:
-    """Expand each experiment the schema left intact; a duplicate name is reported even on a
-    broken one, and only the first experiment of a name is expanded."""
+    """Expand each experiment the schema left intact (``reported``: the paths of its
+    problems); a duplicate name is reported even on a broken one, and only the first
+    experiment of a name is expanded. A broken experiment's factor values are still checked
+    when its `factors` is intact: they do not depend on what broke."""
     valid_keys = set(field_paths())
     seen_names: set[str] = set()
+    broken = {p[1] for p in reported if len(p) >= 2 and p[0] == "experiments"}
+    factors_broken = {
+        p[1] for p in reported if len(p) >= 3 and p[0] == "experiments" and p[2] == "factors"
+    }
     for i, exp in enumerate(experiments):
         where = f"experiments[{i}]"
         name = exp.get("name") if isinstance(exp, Mapping) else None
         if isinstance(name, str) and name in seen_names:
             expansion.problems.append(f"{where}.name: duplicate experiment name {name!r}")
             continue
-        if i in broken_experiments or not isinstance(name, str):
+        if i in broken or not isinstance(name, str):
+            if isinstance(exp, Mapping) and i not in factors_broken:
+                listed = dict(exp.get("factors", {}) or {})
+                if _factors_are_known(where, listed, valid_keys, expansion.problems):
+                    _checked_factors(where, listed, expansion.problems)
             continue
         seen_names.add(name)
         base = _merge(defaults, exp.get("base", {}) or {})
         factors: dict[str, list[Any]] = dict(exp.get("factors", {}) or {})
         if not _factors_are_known(where, factors, valid_keys, expansion.problems):
             continue
+        factors = _checked_factors(where, factors, expansion.problems)
         repeats = int(exp.get("repeats", 1))
         if not _within_run_limit(expansion, where, factors, repeats):
             continue
@@ -553,6 +756,30 @@ def _factors_are_known(
     return not bad
 
 
+def _checked_factors(
+    where: str, factors: Mapping[str, list[Any]], problems: list[str]
+) -> dict[str, list[Any]]:
+    """The factor lists without the values their key's schema refuses, each reported once by
+    the key the user wrote (``experiments[0].factors.loader.workers: got nan, ...``): the
+    schema's `defaults` and `base` checks do not reach a factor's values. The other values
+    are still expanded, so that their runs' problems are found in the same round trip."""
+    run = _schema()["$defs"]["run"]
+    out: dict[str, list[Any]] = {}
+    for key, values in factors.items():
+        prop = run
+        for part in key.split("."):
+            prop = prop["properties"][part]
+        validator = _Validator(prop)
+        kept = []
+        for value in values:
+            found = _messages(validator.iter_errors(value), value, f"{where}.factors.{key}")
+            problems.extend(msg for _, msg in found)  # build_plan drops repeated lines
+            if not found:
+                kept.append(value)
+        out[key] = kept
+    return out
+
+
 def _within_run_limit(
     expansion: _Expansion, where: str, factors: Mapping[str, list[Any]], repeats: int
 ) -> bool:
@@ -563,6 +790,12 @@ def _within_run_limit(
     keys = list(factors)
     planned = math.prod(len(factors[k]) for k in keys) * repeats
     expansion.total_planned += planned
+    if repeats > MAX_RUNS:
+        expansion.problems.append(
+            f"{where}.repeats: got {shown(repeats)}, expected at most {MAX_RUNS} "
+            "(runs in the whole config)"
+        )
+        return False
     if planned > MAX_RUNS or expansion.total_planned > MAX_RUNS:
         expansion.problems.append(
             f"{where}: {planned} runs ({' x '.join(str(len(factors[k])) for k in keys)}"
@@ -742,6 +975,9 @@ def plan_blocks(cfg: Mapping[str, Any], plan: Plan) -> tuple[Block, ...]:
     ``abba`` runs even blocks in config order and odd ones reversed, so that drift within a
     block cancels over two; ``shuffle`` draws each block's order from ``"{seed}:{b}"``.
     Empty without a ``blocks`` section (every run on its own, in no set order)."""
+    problems = section_problems(cfg, "blocks")
+    if problems:  # a config `build_plan` has not checked
+        raise ConfigError(problems)
     section = cfg.get("blocks")
     if not section:
         return ()
@@ -762,6 +998,34 @@ def plan_blocks(cfg: Mapping[str, Any], plan: Plan) -> tuple[Block, ...]:
             random.Random(drawn).shuffle(ids)
         blocks.append(Block(index=b, run_ids=tuple(ids), seed=drawn))
     return tuple(blocks)
+
+
+def analysed_blocks(
+    cfg: Mapping[str, Any], blocks: Sequence[Block], measured: Callable[[str], bool]
+) -> tuple[Block, ...]:
+    """The blocks one invocation of the workflow runs and analyses: every block whose runs are
+    all ``measured`` already, and, in block order, at most ``blocks.per_invocation`` of the
+    others (all of them without the key). A block left half-measured by a failed invocation is
+    one of the others: the next invocation finishes it first."""
+    per = (cfg.get("blocks") or {}).get("per_invocation")
+    done = [b for b in blocks if all(measured(rid) for rid in b.run_ids)]
+    todo = [b for b in blocks if b not in done]
+    started = todo if per is None else todo[: int(per)]
+    return tuple(b for b in blocks if b in done or b in started)
+
+
+def block_progress(blocks: Sequence[Block], analysed: Sequence[Block]) -> list[dict[str, Any]]:
+    """One row per planned block: its runs and whether this invocation's analysis holds it."""
+    held = {b.index for b in analysed}
+    return [
+        {
+            "block": b.name,
+            "runs": len(b.run_ids),
+            "analysed": b.index in held,
+            "run_ids": " ".join(b.run_ids),
+        }
+        for b in blocks
+    ]
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import hashlib
 import json
 import math
 import re
+import sys
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -47,6 +48,9 @@ _ID_OPTIONAL_DEFAULTS: dict[tuple[str, str], Any] = {
 #: The longest switch interval a run may ask for: past a second a thread waiting for the GIL
 #: would starve for the whole of a step, which measures nothing useful.
 MAX_SWITCH_INTERVAL_MS = 1000.0
+#: The shortest: CPython keeps the interval in whole microseconds, so a shorter one would run
+#: with an interval of 0 (a switch request at every check) and be recorded as 0.
+MIN_SWITCH_INTERVAL_MS = 0.001
 #: The highest nice value Linux has (the lowest priority).
 MAX_NICE = 19
 #: ``pinning.launch_cores: auto`` sizes the launch set from the roles it must hold.
@@ -471,9 +475,11 @@ class RunSpec:
         out += self._runtime_problems(p)
         if not math.isfinite(self.workload.lr) or self.workload.lr <= 0:
             out.append(f"{p}workload.lr: got {self.workload.lr}, expected a finite number > 0")
-        for key, value, maximum in _upper_limits(self):
-            if value > maximum:
-                out.append(f"{p}{key}: got {value}, expected <= {maximum} ({_LIMIT_WHY[key]})")
+        for key, (maximum, why) in UPPER_LIMITS.items():
+            value = _leaf(self, key)
+            # isinstance: pinning.launch_cores may be 'auto'.
+            if isinstance(value, int) and value > maximum:
+                out.append(f"{p}{key}: got {shown(value)}, expected <= {maximum} ({why})")
         if self.mode.loads and self.workload.batch_size > self.dataset.samples:
             # drop_last: the loader would yield no batch at all.
             out.append(
@@ -488,7 +494,7 @@ class RunSpec:
 
         def positive(key: str, value: int, minimum: int = 1) -> None:
             if value < minimum:
-                out.append(f"{p}{key}: got {value}, expected an integer >= {minimum}")
+                out.append(f"{p}{key}: got {shown(value)}, expected an integer >= {minimum}")
 
         positive("steps.measured", self.steps.measured)
         positive("steps.warmup", self.steps.warmup, 0)
@@ -512,6 +518,7 @@ class RunSpec:
         positive("dataset.width", self.dataset.width, 8)
         positive("dataset.depth", self.dataset.depth, 1)
         positive("trace.cupti_steps", self.trace.cupti_steps)
+        positive("dataset.seed", self.dataset.seed, 0)
         positive("seed", self.seed, 0)
         if self.seed > MAX_SEED:  # see MAX_SEED
             out.append(f"{p}seed: got {self.seed}, expected an integer <= {MAX_SEED} (2^31 - 1)")
@@ -520,11 +527,14 @@ class RunSpec:
 
     def _runtime_problems(self, p: str) -> list[str]:
         interval = self.runtime.switch_interval_ms
-        if math.isfinite(interval) and 0 <= interval <= MAX_SWITCH_INTERVAL_MS:
+        if math.isfinite(interval) and (
+            interval == 0 or MIN_SWITCH_INTERVAL_MS <= interval <= MAX_SWITCH_INTERVAL_MS
+        ):
             return []
         return [
             f"{p}runtime.switch_interval_ms: got {interval}, expected 0 (CPython's own) "
-            f"or a number of ms up to {MAX_SWITCH_INTERVAL_MS:g}"
+            f"or a number of ms from {MIN_SWITCH_INTERVAL_MS:g} (CPython keeps whole "
+            f"microseconds) to {MAX_SWITCH_INTERVAL_MS:g}"
         ]
 
     def _trace_problems(self, p: str) -> list[str]:
@@ -555,46 +565,49 @@ class RunSpec:
 
 # Upper limits of a run. Past them a run cannot work on any machine this tool targets, or is a
 # hazard: loader.workers forks that many processes per rank (100,000 is a fork bomb), and the
-# data set sizes decide how much is generated and copied to every tier.
-_LIMIT_WHY: dict[str, str] = {
-    "loader.workers": "processes forked per rank",
-    "loader.prefetch_factor": "batches held in memory per worker",
-    "loader.worker_nice": "Linux's lowest priority",
-    "workload.batch_size": "samples per step per rank",
-    "workload.image_size": "pixels per edge",
-    "workload.classes": "outputs of the model head",
-    "dataset.samples": "files generated and staged",
-    "dataset.classes": "class folders generated",
-    "dataset.height": "pixels",
-    "dataset.width": "pixels",
-    "dataset.depth": "voxels",
-    "steps.warmup": "steps",
-    "steps.measured": "steps",
-    "layout.nodes": "nodes",
-    "layout.ranks_per_node": "processes per node",
-    "layout.bucket_cap_mb": "MiB per gradient bucket",
+# data set sizes decide how much is generated and copied to every tier. The config schema
+# states each as the key's `maximum` (tests/test_spec.py keeps them equal), so that `codl plan`
+# names the key where it was written (`defaults.loader.workers`); this table also guards a spec
+# given to `codl run` directly.
+UPPER_LIMITS: dict[str, tuple[int, str]] = {
+    "loader.workers": (MAX_LOADER_WORKERS, "processes forked per rank"),
+    "loader.prefetch_factor": (64, "batches held in memory per worker"),
+    "loader.worker_nice": (MAX_NICE, "Linux's lowest priority"),
+    "workload.batch_size": (65_536, "samples per step per rank"),
+    "workload.image_size": (4_096, "pixels per edge"),
+    "workload.classes": (1_000_000, "outputs of the model head"),
+    "workload.seq_len": (1_048_576, "tokens per sequence"),
+    "dataset.samples": (10_000_000, "files generated and staged"),
+    "dataset.classes": (100_000, "class folders generated"),
+    "dataset.height": (8_192, "pixels"),
+    "dataset.width": (8_192, "pixels"),
+    "dataset.depth": (1_024, "voxels"),
+    "dataset.seed": (2**63 - 1, "a 64-bit seed"),
+    "steps.warmup": (1_000_000, "steps"),
+    "steps.measured": (10_000_000, "steps"),
+    "trace.cupti_steps": (10_000_000, "steps"),
+    "layout.nodes": (4_096, "nodes"),
+    "layout.ranks_per_node": (256, "processes per node"),
+    "layout.bucket_cap_mb": (65_536, "MiB per gradient bucket"),
+    "pinning.cpus": (65_536, "CPUs per rank"),
+    "pinning.launch_cores": (65_536, "CPUs per rank"),
 }
 
 
-def _upper_limits(spec: RunSpec) -> tuple[tuple[str, int, int], ...]:
-    return (
-        ("loader.workers", spec.loader.workers, MAX_LOADER_WORKERS),
-        ("loader.prefetch_factor", spec.loader.prefetch_factor, 64),
-        ("loader.worker_nice", spec.loader.worker_nice, MAX_NICE),
-        ("workload.batch_size", spec.workload.batch_size, 65_536),
-        ("workload.image_size", spec.workload.image_size, 4_096),
-        ("workload.classes", spec.workload.classes, 1_000_000),
-        ("dataset.samples", spec.dataset.samples, 10_000_000),
-        ("dataset.classes", spec.dataset.classes, 100_000),
-        ("dataset.height", spec.dataset.height, 8_192),
-        ("dataset.width", spec.dataset.width, 8_192),
-        ("dataset.depth", spec.dataset.depth, 1_024),
-        ("steps.warmup", spec.steps.warmup, 1_000_000),
-        ("steps.measured", spec.steps.measured, 10_000_000),
-        ("layout.nodes", spec.layout.nodes, 4_096),
-        ("layout.ranks_per_node", spec.layout.ranks_per_node, 256),
-        ("layout.bucket_cap_mb", spec.layout.bucket_cap_mb, 65_536),
-    )
+def _leaf(spec: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        spec = getattr(spec, part)
+    return spec
+
+
+def shown(value: Any) -> str:
+    """A config value as a message shows it: ``repr``, except an integer too long to read (or
+    past what Python will print: 4,300 digits), shown by its length."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
+        digits = math.floor(abs(value).bit_length() * math.log10(2)) + 1
+        return f"{'a negative' if value < 0 else 'an'} integer of about {digits} digits"
+    text = repr(value)
+    return text if len(text) <= 200 else f"{text[:200]}... ({len(text)} characters)"
 
 
 _T = TypeVar("_T")
@@ -686,12 +699,17 @@ def _convert(hint: Any, value: Any, path: str, problems: list[str]) -> Any:
     if hint is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        problems.append(f"{path}: got {value!r}, expected an integer")
+        problems.append(f"{path}: got {shown(value)}, expected an integer")
         return _INVALID
     if hint is float:
+        # NaN and infinity are floats, and pass every comparison a range check makes; an
+        # integer past 1.8e308 has no float (float() raises OverflowError).
         if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-        problems.append(f"{path}: got {value!r}, expected a number")
+            if isinstance(value, float) and math.isfinite(value):
+                return value
+            if isinstance(value, int) and abs(value) <= sys.float_info.max:
+                return float(value)
+        problems.append(f"{path}: got {shown(value)}, expected a finite number")
         return _INVALID
     if hint is str:
         if isinstance(value, str):
@@ -744,6 +762,11 @@ def loads_json(text: str, *, source: str) -> Any:
         data = json.loads(text, object_pairs_hook=unique)
     except json.JSONDecodeError as exc:
         raise CodlError(f"{source}: not valid JSON ({exc})") from None
+    except ValueError:  # json's int() refuses more digits than sys.get_int_max_str_digits()
+        raise CodlError(
+            f"{source}: holds an integer of more than {sys.get_int_max_str_digits()} digits, "
+            "expected a run spec"
+        ) from None
     if duplicates:
         raise ConfigError(duplicates, source=source)
     return data

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from codl.config import Plan, share_problems
+from codl.config import Plan, section_problems, share_problems
 from codl.errors import ConfigError
 from codl.spec import RunSpec
 
@@ -34,6 +34,12 @@ class AdvisorSettings:
 
 
 def advisor_settings(cfg: Mapping[str, Any]) -> AdvisorSettings:
+    # Read before the plan checks the whole config (the workflow and `codl plan` need the
+    # calibration's runs first): the section's own schema problems, each naming its key, so
+    # that a word or NaN never reaches int() below.
+    problems = section_problems(cfg, "advisor")
+    if problems:
+        raise ConfigError(problems, source="the config")
     section = cfg.get("advisor") or {}
     return AdvisorSettings(
         map=bool(section.get("map", False)),
