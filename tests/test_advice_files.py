@@ -25,11 +25,12 @@ REPO = Path(__file__).resolve().parent.parent
 @dataclass(frozen=True)
 class Made:
     """``codl advise RESULTS ARGS > RESULTS/advice.txt`` (stderr too: a refused fit's line is
-    the file); ``outputs``: option -> file under RESULTS it wrote."""
+    the file); ``outputs``: option -> file under RESULTS it wrote. ``--details``: a committed
+    advice file is a record, and keeps the model behind the advice, as the workflow's does."""
 
     results: str
     outputs: tuple[tuple[str, str], ...] = ()
-    args: tuple[str, ...] = ()
+    args: tuple[str, ...] = ("--details",)
 
 
 MADE = (
@@ -112,12 +113,12 @@ def test_advice_file_regenerates(
 def test_a_stale_number_is_caught() -> None:
     # The comparison must fail on the edit this test exists for: a kappa of the model before
     # its refit in an otherwise current file.
-    want = "     kappa        0.8465 0.5777  1.577\n"
-    same_to_printed_precision("     kappa        0.8466 0.5777  1.577\n", want)
+    want = "     kappa          0.8465  0.5777 to 1.577\n"
+    same_to_printed_precision("     kappa          0.8466  0.5777 to 1.577\n", want)
     with pytest.raises(AssertionError):
-        same_to_printed_precision("     kappa        0.9578 0.6712  1.589\n", want)
+        same_to_printed_precision("     kappa          0.9578  0.6712 to 1.589\n", want)
     with pytest.raises(AssertionError):
-        same_to_printed_precision("     kappa        0.8465 0.5777  1.577 note\n", want)
+        same_to_printed_precision("     kappa          0.8465  0.5777 to 1.577 note\n", want)
 
 
 def _script(name: str) -> ModuleType:

@@ -4,6 +4,9 @@ fails in one line."""
 
 from __future__ import annotations
 
+import math
+import shlex
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -125,13 +128,27 @@ def _write_results(root: Path, runs: pd.DataFrame, steps: pd.DataFrame, *, confi
 
 
 @pytest.mark.parametrize("name", ["plain", "with space", "ünïcødé"])
-def test_main_end_to_end(tmp_path: Path, name: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_main_end_to_end(
+    tmp_path: Path, name: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)  # where the verification command runs, as a user types it
     runs, steps = planted_tables(repeats=2, steps=20)
     results = _write_results(tmp_path / name, runs, steps, config=True)
     out = tmp_path / name / "verify.yaml"
     assert advise_cli.main([str(results), "--out", str(out), "--boot", "4", "--steps", "200"]) == 0
     printed = capsys.readouterr().out
-    assert "policy none, 13 workers" in printed
+    lines = printed.splitlines()
+    # The advice first, its prediction and gain, then the command that verifies it with the
+    # config just written; the model's parameters only with --details.
+    assert lines[0] == (
+        "advice for 16 cores per rank: policy none, 13 workers, launch roles not pinned, "
+        "loader.handoff torch"
+    )
+    assert lines[1].startswith("predicted: ") and "samples/s per rank" in lines[1]
+    assert lines[2].startswith("predicted gain: ")
+    assert f"  snakemake --profile profiles/local --configfile {shlex.quote(str(out))}" in lines
+    assert "kappa" not in printed and adv.DETAILS_RULE not in printed
+    assert lines[-1] == adv.DETAILS_HINT
     plan = load_plan(out)
     # The best measured setting is re-run beside the advice unless the advice covers it.
     best = adv.best_measured(mdl.run_data(runs, steps))
@@ -139,6 +156,92 @@ def test_main_end_to_end(tmp_path: Path, name: str, capsys: pytest.CaptureFixtur
     expected = {"advice", "policies", "loader"} | (set() if covered else {"best"})
     assert set(plan.experiments()) == expected
     assert {s.steps.measured for s in plan.specs.values()} == {200}
+
+
+def test_details_and_the_text_record_hold_the_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs, steps = planted_tables(repeats=2, steps=20)
+    results = _write_results(tmp_path / "r", runs, steps, config=True)
+    text = tmp_path / "advice.txt"
+    assert advise_cli.main([str(results), "--boot", "4", "--text", str(text)]) == 0
+    short = capsys.readouterr().out
+    assert advise_cli.main([str(results), "--boot", "4", "--details"]) == 0
+    full = capsys.readouterr().out
+    # --details prints the summary unchanged, then the model under a rule; --text keeps the
+    # details whatever --details says (the file is the advice's record).
+    summary, rule, details = full.partition(f"\n{adv.DETAILS_RULE}\n")
+    assert rule and short.startswith(summary)
+    assert text.read_text() == full
+    for name in ("rate", "kappa", "compute", "k0", "handoff_ms", "best per policy", "fit notes"):
+        assert name in details
+    assert "kappa: loader workers one core keeps busy" in details
+    # The fit's notes are the details'; the advice's own notes are the summary's.
+    fit = mdl.fit(mdl.run_data(runs, steps), cores=CORES, boot=0)
+    assert fit.notes and not any(n in summary for n in fit.notes)
+    assert all(n in details for n in fit.notes)
+
+
+def test_the_verification_command_from_outside_the_checkout_goes_there(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs, steps = planted_tables(repeats=1, steps=10)
+    results = _write_results(tmp_path / "r", runs, steps, config=True)
+    monkeypatch.chdir(tmp_path)  # no profiles/local here
+    assert advise_cli.main(["r", "--boot", "0", "--out", "v.yaml"]) == 0
+    command = (
+        f"  cd {shlex.quote(str(REPO))} && snakemake --profile profiles/local --configfile "
+        f"{shlex.quote(str(tmp_path / 'v.yaml'))}"
+    )
+    assert command in capsys.readouterr().out.splitlines()
+    assert (tmp_path / "v.yaml").is_file() and results.is_dir()
+
+
+@pytest.mark.parametrize(
+    ("value", "lo", "hi", "scale", "words"),
+    [
+        (0.8465, 0.5777, 1.577, 0.0, "0.5777 to 1.577"),
+        # The issue's interval: a k no combined run set, refitted anywhere up to 1.15e4.
+        (0.2438, 0.0, 1.15e4, 0.1, "not determined by these runs (the refits spread it wider"),
+        (4093.0, 3291.0, math.inf, 0.0, "(some refits leave it unbounded: 3291 to none)"),
+        (1.0, math.nan, math.nan, 0.0, "not determined by these runs (no refit identified it)"),
+        # A parameter that may be 0 is bounded, not spread, by a small interval around 0.
+        (0.0, 0.0, 0.05631, 0.1, "0 to 0.05631"),
+        (0.0, 0.0, 33.62, 3.0, "not determined"),
+    ],
+)
+def test_an_interval_that_says_nothing_is_not_shown_as_one(
+    value: float, lo: float, hi: float, scale: float, words: str
+) -> None:
+    assert words in adv.interval_words(value, lo, hi, fmt=".4g", scale=scale)
+
+
+def test_the_gain_is_the_advice_against_the_best_measured_setting() -> None:
+    # Without combined runs at 13-16 workers under `none` the best measured setting is
+    # `isolated` at 8 workers (its compute capacity, 3200); the advice (`none`, 13) is
+    # predicted at `none`'s 3500: +9 %, and the paired interval holds it.
+    runs, steps = planted_tables(repeats=2, steps=20, combined_workers=(4, 8, 24, 32, 48))
+    data = mdl.run_data(runs, steps)
+    fit = mdl.fit(data, cores=CORES, boot=20, seed=0)
+    a = adv.advise(fit, cores=CORES)
+    best = adv.best_measured(data)
+    gain = adv.predicted_gain(fit, a, best)
+    assert gain is not None and not gain.same
+    assert (best.policy, best.workers) == ("isolated", 8)
+    assert gain.gain == pytest.approx(3500 / 3200 - 1, abs=0.02)
+    assert gain.lo <= gain.gain <= gain.hi and gain.lo > 0
+    line = adv.gain_line(gain)
+    assert line.startswith(f"predicted gain: +{100 * gain.gain:.1f} % (95 % interval +")
+    assert "over the best setting measured (policy isolated, 8 workers" in line
+    # The advice measured itself: no gain, said so.
+    same = adv.predicted_gain(fit, a, replace(best, policy="none", workers=a.workers))
+    assert same is not None and same.same
+    assert adv.gain_line(same).startswith("predicted gain: none: the advice is the best setting")
+    # On one plateau with the advice: none, and how the advice differs.
+    plateau = adv.predicted_gain(fit, a, replace(best, policy="none", workers=15))
+    assert plateau is not None
+    assert adv.gain_line(plateau).startswith("predicted gain: none over the best setting")
+    assert "the advice uses 2 workers fewer" in adv.gain_line(plateau)
 
 
 def test_main_cross_validates_and_writes_the_held_out_errors(

@@ -143,10 +143,18 @@ def test_codl_advise_writes_the_probe_and_calibrates_on_it(
     capsys.readouterr()
     assert advise_cli.main([str(results), "--boot", "0", "--calibrate", str(probe)]) == 0
     printed = capsys.readouterr().out
-    assert "calibration on" in printed and "CPU factor 1.3" in printed
+    # The summary says it is calibrated, in words; the probe's table and the factors are the
+    # details'.
+    assert f"the model is calibrated on the probe in {probe}" in printed
+    assert "loader 1.3" in printed and "calibration on" not in printed
+    assert (
+        advise_cli.main([str(results), "--boot", "0", "--calibrate", str(probe), "--details"]) == 0
+    )
+    details = capsys.readouterr().out
+    assert "calibration on" in details and "CPU factor 1.3" in details
     # Machine B computes 10 % faster: the advice's prediction follows (3500 x 1.1 / inflation).
     uncal = adv.advise(mdl.fit(mdl.run_data(runs, steps), cores=CORES, boot=0), cores=CORES)
-    got = re.search(r"predicted (\d+) samples/s per rank", printed)
+    got = re.search(r"predicted: (\d+) samples/s per rank", printed)
     assert got is not None
     assert float(got.group(1)) == pytest.approx(uncal.throughput * B_COMPUTE, rel=0.03)
     rc = advise_cli.main(

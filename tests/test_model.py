@@ -4,6 +4,7 @@ the fit on the committed one-H200 tables runs and is reported against its measur
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -600,3 +601,34 @@ def test_a_fenced_launch_set_is_the_loaders_loss_whatever_the_roles_use() -> Non
     assert mdl.loader_terms("none", None, cores=16, roles=3) == (13.0, 0.0)
     with pytest.raises(mdl.ModelError, match="policy 'bogus'"):
         mdl.loader_terms("bogus", None, cores=16, roles=3, occupancy=occ)
+
+
+def test_tables_the_model_cannot_read_are_named_with_what_was_expected() -> None:
+    runs, steps = planted_tables(repeats=1, steps=5)
+    names = {"runs_name": "R.csv", "steps_name": "S.csv.gz"}
+    with pytest.raises(mdl.ModelError, match=r"^R\.csv: no rows, expected one per run"):
+        mdl.check_tables(runs.iloc[:0], steps, **names)
+    with pytest.raises(mdl.ModelError, match=r"^runs\.csv: no rows"):
+        mdl.run_data(runs.iloc[:0], steps)  # the model's own names by default
+    blank = runs.assign(policy=[None, *runs["policy"].iloc[1:]])
+    with pytest.raises(mdl.ModelError, match=r"R\.csv: column 'policy' row 2 .* is empty"):
+        mdl.check_tables(blank, steps, **names)
+    odd = runs.assign(policy=["nnoe", *runs["policy"].iloc[1:]])
+    with pytest.raises(mdl.ModelError, match=r"'nnoe', expected one of \['isolated'"):
+        mdl.check_tables(odd, steps, **names)
+    gap = steps.assign(step_ms=[1.0, 2.0, np.nan, *steps["step_ms"].iloc[3:]])
+    with pytest.raises(mdl.ModelError, match=r"S\.csv\.gz: column 'step_ms' row 4 .* is empty"):
+        mdl.check_tables(runs, gap, **names)
+
+
+def test_predict_draws_are_the_replicates_behind_the_interval(
+    planted_fit: tuple[mdl.Fit, mdl.RunData],
+) -> None:
+    fit, _ = planted_fit
+    settings = pd.DataFrame({"policy": ["none", "isolated"], "workers": [8, 13]})
+    draws = mdl.predict_draws(fit, settings)
+    assert draws.shape == (len(fit.boot), 2)
+    pred = mdl.predict(fit, settings)
+    lo, hi = np.nanpercentile(draws, [2.5, 97.5], axis=0)
+    assert np.allclose(lo, pred["throughput_lo"]) and np.allclose(hi, pred["throughput_hi"])
+    assert mdl.predict_draws(replace(fit, boot=()), settings).shape == (0, 2)

@@ -11,6 +11,8 @@ configure()
 
 from codl.steps.advisor import advise_to
 
+# advice.txt: what `codl advise` prints first (the advice, its gain, the verification command),
+# then the model's details, which the record keeps (steps.advisor.advice_record says why).
 advise_to(
     runs=Path(snakemake.input.runs),
     steps=Path(snakemake.input.steps),

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import copy
 import enum
+import math
+import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +71,8 @@ class Advice:
     bound: str  # "loader" or "compute"
     inflation: float
     grid: pd.DataFrame = field(repr=False, compare=False)
+    # What the user acts on (an extrapolation, a budget below the fitted ones, the hand-off);
+    # the fit's own notes are ``Fit.notes``, shown with the model's details.
     notes: tuple[str, ...] = ()
     handoff: str = Handoff.TORCH.value  # loader.handoff of the runs the model was fitted on
 
@@ -164,7 +168,7 @@ def advise(
     # (beyond them extra workers take no core of their own, they crowd the ones there are).
     grid["cores_used"] = grid["launch_set"] + np.minimum(grid["workers"], grid["loader_cores"])
     pick = best_setting(grid, tie, prefer)
-    notes = list(fit.notes)
+    notes: list[str] = []
     lo_w, hi_w = min(fit.measured_workers), max(fit.measured_workers)
     if not lo_w <= int(pick["workers"]) <= hi_w:
         notes.append(
@@ -569,43 +573,329 @@ def defaults_from_runs(runs: pd.DataFrame, mode: str) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------
-# CLI
+# The gain: the advice against the best setting measured
 
 
-def print_advice(
-    advice: Advice, fit: mdl.Fit, out: Path | None, tie: float, prefer: Prefer = Prefer.HEADROOM
-) -> None:
-    # Without bootstrap replicates (--boot 0) an interval would be the point twice: a
-    # zero-width "95 %" interval that claims a certainty nothing measured; none is shown.
+@dataclass(frozen=True, kw_only=True)
+class Gain:
+    """What the advice is predicted to gain over the best setting the fitted runs measured,
+    both predicted on the advice's budget (``predicted_gain``)."""
+
+    best: MeasuredSetting
+    same: bool  # the advice is that setting, on the budget it was measured on
+    gain: float  # predicted(advice) / predicted(best) - 1
+    lo: float  # 95 % interval over the bootstrap replicates, paired; NaN without them
+    hi: float
+    cores: int  # the budget both are predicted on
+    measured_cores: int  # the budget the fitted runs had
+    predicted_best: float  # the model's throughput per rank of ``best`` on ``cores``
+    workers: int  # the advice's
+
+
+def predicted_gain(fit: mdl.Fit, advice: Advice, best: MeasuredSetting) -> Gain | None:
+    """The advice's predicted gain over ``best`` (``best_measured``), or None where the model
+    cannot predict ``best`` (a policy it did not fit). The interval pairs the two predictions
+    replicate by replicate: the errors they share (the loader's rate, the compute capacity)
+    cancel, so the gain is narrower than the two intervals side by side would say."""
+    if best.policy not in fit.policies:
+        return None
+    settings = pd.DataFrame(
+        {
+            "policy": [advice.policy, best.policy],
+            "workers": [advice.workers, best.workers],
+            "launch_cores": [advice.launch_cores, best.launch_cores],
+            "cores": [advice.cores, advice.cores],
+        }
+    )
+    point = mdl.predict(replace(fit, boot=()), settings)["throughput"].to_numpy()
+    draws = mdl.predict_draws(fit, settings)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = draws[:, 0] / draws[:, 1] - 1
+    ratios = ratios[np.isfinite(ratios)]
+    lo, hi = np.percentile(ratios, [2.5, 97.5]) if len(ratios) else (np.nan, np.nan)
+    same = (
+        (best.policy, best.workers, best.launch_cores)
+        == (advice.policy, advice.workers, advice.launch_cores)
+    ) and advice.cores == fit.cores
+    return Gain(
+        best=best,
+        same=same,
+        gain=float(point[0] / point[1] - 1),
+        lo=float(lo),
+        hi=float(hi),
+        cores=advice.cores,
+        measured_cores=fit.cores,
+        predicted_best=float(point[1]),
+        workers=advice.workers,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The advice as text: what `codl advise` prints and advice.txt holds
+
+#: An interval wider than this many times its value (or the parameter's scale, for one that may
+#: be 0) is not shown as a result: [0.3, 2.3] around 0.8 already spans a factor of 7, and the
+#: refits of an unidentified parameter spread over orders of magnitude ([0, 1.15e4] for a `k`
+#: that no combined run set). Such a number is said to be "not determined by these runs".
+WIDE = 2.0
+#: The scale of parameters that may be 0, so that [0, 0.05] around 0 is a bound, not a spread:
+#: inflation coefficients in units of the compute time alone, the exponent in units of 1; the
+#: hand-off is measured against the step (``_scale``).
+_SCALE = {"k0": 0.1, "k": 0.1, "core_exponent": 0.1}
+#: A relative gain whose interval is wider than WIDE x this says nothing about the advice.
+_GAIN_SCALE = 0.25
+#: What each parameter of ``Fit.parameters`` is, for a reader of the details.
+PARAMETER_WORDS = {
+    "rate": "samples/s one loader worker delivers",
+    "kappa": "loader workers one core keeps busy",
+    "ceiling": "the most samples/s the loader delivers, whatever its cores",
+    "core_exponent": "how a core's share of the loader changes with fewer cores",
+    "compute": "samples/s the rank computes with no loader running",
+    "compute_ms": "ms of compute per step with no loader running",
+    "k0": "compute slowdown a running loader causes (0.3: 30 % slower)",
+    "k": "further slowdown per runnable worker beyond the loader's cores, per core",
+    "handoff_ms": "ms per step spent handing the batch over, outside compute",
+}
+DETAILS_RULE = "=" * 30 + " details: the model behind the advice " + "=" * 30
+DETAILS_HINT = (
+    "the model behind the advice (its parameters, their intervals, the fit's notes): --details"
+)
+
+
+def undetermined(value: float, lo: float, hi: float, *, scale: float = 0.0) -> str:
+    """Why the interval ``[lo, hi]`` of ``value`` says nothing (``WIDE``), or "" when it does."""
+    if math.isnan(lo) or math.isnan(hi):
+        return "no refit identified it"
+    if math.isinf(lo) or math.isinf(hi):
+        return "some refits leave it unbounded"
+    if hi - lo > WIDE * max(abs(value), scale):
+        if abs(value) >= scale:
+            return f"the refits spread it wider than {WIDE:g}x its value"
+        return f"the refits spread it wider than {WIDE * scale:.3g}"
+    return ""
+
+
+def _number(v: float, fmt: str) -> str:
+    return "none" if math.isinf(v) else format(v, fmt)
+
+
+def interval_words(value: float, lo: float, hi: float, *, fmt: str, scale: float = 0.0) -> str:
+    """``lo to hi``, or that these runs do not determine it, why, and the refits' range."""
+    why = undetermined(value, lo, hi, scale=scale)
+    span = f"{_number(lo, fmt)} to {_number(hi, fmt)}"
+    if not why:
+        return span
+    refits = "" if math.isnan(lo) or math.isnan(hi) else f": {span}"
+    return f"not determined by these runs ({why}{refits})"
+
+
+def snakemake_command(config: Path) -> str:
+    """The command that runs a config from the checkout's root (config/loop-cpu.yaml's
+    header), as a user types it."""
+    return f"snakemake --profile profiles/local --configfile {shlex.quote(str(config))}"
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def verify_lines(
+    config: Path | None,
+    *,
+    command: str,
+    repeats: int,
+    predictions: Path | None = None,
+) -> list[str]:
+    """How to verify the advice: ``command`` runs ``config`` (the verification config written;
+    None: not asked for, and ``command`` runs the config the hint asks to write)."""
+    each = f"{_count(repeats, 'repeat')} each"
+    if config is None:
+        return [
+            "to verify it: add `--out verify.yaml` to this command; the config it writes "
+            f"re-runs the advice and its neighbours ({each}); run it:",
+            f"  {command}",
+        ]
+    scored = (
+        f", and compares what they measure with the predictions in {predictions}"
+        if predictions
+        else ""
+    )
+    return [
+        f"to verify it: {config} re-runs the advice and its neighbours ({each}){scored}; run it:",
+        f"  {command}",
+    ]
+
+
+def _pct(v: float) -> str:
+    return f"{100 * v:+.1f} %"
+
+
+#: A predicted gain within this of 0, interval and all, is "none": the model puts the advice
+#: and the best measured setting on one plateau (the tie rule picked between them).
+_NO_GAIN = 0.005
+
+
+def gain_line(gain: Gain | None) -> str:
+    """The advice's predicted gain over the best setting measured, in words."""
+    if gain is None:
+        return (
+            "predicted gain: not computed: the best setting measured has a policy the model "
+            "did not fit"
+        )
+    b = gain.best
+    measured = f"measured {b.throughput:.0f} samples/s per rank, mean of {_count(b.runs, 'run')}"
+    if gain.same:
+        return f"predicted gain: none: the advice is the best setting measured ({measured})"
+    launch = "" if b.launch_cores is None else f", launch_cores {b.launch_cores}"
+    on = f" on {gain.cores} cores" if gain.cores != gain.measured_cores else ""
+    best = (
+        f"the best setting measured (policy {b.policy}, {b.workers} workers{launch}: "
+        f"predicted {gain.predicted_best:.0f}{on}, {measured})"
+    )
+    ends = [gain.gain] if math.isnan(gain.lo) else [gain.gain, gain.lo, gain.hi]
+    if max(abs(v) for v in ends) < _NO_GAIN:
+        fewer = gain.best.workers - gain.workers
+        uses = (
+            f"; the advice uses {_count(abs(fewer), 'worker')} {'fewer' if fewer > 0 else 'more'}"
+            if fewer
+            else ""
+        )
+        return (
+            f"predicted gain: none over the best setting measured (policy {b.policy}, "
+            f"{b.workers} workers{launch}): the model predicts both at "
+            f"{gain.predicted_best:.0f} samples/s per rank{on} (that setting {measured}){uses}"
+        )
+    if math.isnan(gain.lo):
+        return f"predicted gain: {_pct(gain.gain)} over {best}"
+    why = undetermined(gain.gain, gain.lo, gain.hi, scale=_GAIN_SCALE)
+    if why:
+        return (
+            f"predicted gain: {_pct(gain.gain)} over {best}; its interval is not determined by "
+            f"these runs ({why}: {_pct(gain.lo)} to {_pct(gain.hi)})"
+        )
+    tell = "; the runs cannot tell it from no gain" if gain.lo <= 0 <= gain.hi else ""
+    return (
+        f"predicted gain: {_pct(gain.gain)} (95 % interval {_pct(gain.lo)} to "
+        f"{_pct(gain.hi)}) over {best}{tell}"
+    )
+
+
+def _bound_words(advice: Advice) -> str:
+    if advice.bound == "loader":
+        return "limited by the loader (compute waits for batches)"
+    return "limited by compute (the loader keeps up)"
+
+
+def prediction_line(advice: Advice, *, boot: bool, run_cv: float) -> str:
+    """The predicted throughput of the advice with its intervals in words: the model's (its
+    bootstrap) and a single run's (also the repeats' scatter, ``run_cv``)."""
+    x = advice.throughput
+    total = f" ({advice.total_throughput:.0f} in all)" if advice.total_throughput != x else ""
+    head = f"predicted: {x:.0f} samples/s per rank{total}, {_bound_words(advice)}"
+    if not boot:
+        return f"{head}; no interval (--boot 0 draws no bootstrap)"
+    lo, hi, one_lo, one_hi = (
+        advice.throughput_lo,
+        advice.throughput_hi,
+        advice.pred_lo,
+        advice.pred_hi,
+    )
+    why = undetermined(x, lo, hi)
+    if why:
+        return f"{head}; its interval {interval_words(x, lo, hi, fmt='.0f')}"
+    line = f"{head}; 95 % interval {lo:.0f} to {hi:.0f}"
+    if undetermined(x, one_lo, one_hi):
+        return (
+            f"{line}; a single run's is not determined by these runs (the repeats of a "
+            f"setting scatter by {100 * run_cv:.0f} %, relative SD: {one_lo:.0f} to {one_hi:.0f})"
+        )
+    return f"{line}, a single run {one_lo:.0f} to {one_hi:.0f}"
+
+
+def summary_text(
+    advice: Advice,
+    *,
+    boot: bool,
+    run_cv: float,
+    gain: Gain | None,
+    verify: Sequence[str],
+    notes: Sequence[str] = (),
+) -> str:
+    """The advice as a newcomer reads it: the setting and its predicted gain, the command that
+    verifies it (``verify_lines``), the notes to act on (``advice.notes``, then ``notes``)."""
+    lines = [
+        f"advice for {advice.cores} cores per rank: policy {advice.policy}, "
+        f"{advice.workers} workers, {describe_launch(advice)}, loader.handoff {advice.handoff}",
+        prediction_line(advice, boot=boot, run_cv=run_cv),
+        gain_line(gain),
+        "",
+        *verify,
+    ]
+    every = [*advice.notes, *notes]
+    if every:
+        lines += ["", "notes:", *(f"- {n}" for n in every)]
+    return "\n".join(lines) + "\n"
+
+
+def _scale(fit: mdl.Fit, parameter: str, policy: str) -> float:
+    if parameter == "handoff_ms":
+        # A tenth of the step: [0, 30 ms] around 0 with 30 ms steps says nothing.
+        return 0.1 * float(fit.params.compute_ms.get(policy, 0.0))
+    return _SCALE.get(parameter, 0.0)
+
+
+def parameters_text(fit: mdl.Fit) -> str:
+    """The fitted parameters with their 95 % intervals in words (``interval_words``), and what
+    each one is."""
+    params = fit.parameters()
+    rows = [("parameter", "policy", "value", "95 % interval over the refits")]
+    for r in params.to_dict("records"):
+        value, lo, hi = float(r["value"]), float(r["lo"]), float(r["hi"])
+        name, policy = str(r["parameter"]), str(r["policy"])
+        scale = _scale(fit, name, policy)
+        shown = interval_words(value, lo, hi, fmt=".4g", scale=scale) if fit.boot else "-"
+        rows.append((name, policy, format(value, ".4g"), shown))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    table = [
+        f"{a.rjust(widths[0])}  {b.ljust(widths[1])}  {c.rjust(widths[2])}  {d}".rstrip()
+        for a, b, c, d in rows
+    ]
+    if any(row[3].startswith("not determined") for row in rows):
+        table.append(
+            f"not determined: some refits leave it unbounded, or its interval is wider than "
+            f"{WIDE:g}x the value (and than {WIDE:g}x 0.1 for k0 and k, {WIDE:g}x a tenth of the "
+            "step for handoff_ms): these runs do not pin it"
+        )
+    meaning = [f"  {p}: {PARAMETER_WORDS[p]}" for p in dict.fromkeys(params["parameter"])]
+    return "\n".join([*table, 'what they are (docs/advisor.md, "Equations"):', *meaning])
+
+
+def details_text(
+    advice: Advice, fit: mdl.Fit, *, tie: float, prefer: Prefer = Prefer.HEADROOM
+) -> str:
+    """The model behind the advice: its parameters, the advice's operating point, the best
+    setting per policy and the fit's notes."""
     boot = bool(fit.boot)
-    print(
+    refits = f", {len(fit.boot)} bootstrap refits" if boot else ", no bootstrap (--boot 0)"
+    lines = [
         f"model fitted on {fit.cores} cores per rank ({fit.node.combined_mode}, "
-        f"{fit.node.world} rank(s)); parameters"
-        + (" with 95 % bootstrap intervals:" if boot else " (no bootstrap: no intervals):")
-    )
-    params = fit.parameters() if boot else fit.parameters().drop(columns=["lo", "hi"])
-    print(params.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-    intervals = (
-        f" [{advice.throughput_lo:.0f}, {advice.throughput_hi:.0f}] (model), "
-        f"[{advice.pred_lo:.0f}, {advice.pred_hi:.0f}] (one run)"
-        if boot
-        else " (no interval: --boot 0)"
-    )
-    print(
-        f"\nadvice for {advice.cores} cores per rank: policy {advice.policy}, "
-        f"{advice.workers} workers, {describe_launch(advice)}, loader.handoff {advice.handoff}\n"
-        f"predicted {advice.throughput:.0f} samples/s per rank{intervals}; "
-        f"{advice.total_throughput:.0f} samples/s in all; {advice.bound}-bound, "
-        f"compute inflation {advice.inflation:.3f}"
-    )
+        f"{fit.node.world} rank(s)){refits}:",
+        parameters_text(fit),
+        "",
+        f"advised setting: {advice.bound}-bound, compute inflation {advice.inflation:.3f} "
+        f"(compute {advice.inflation:.2f}x as slow as alone), {advice.launch_set} launch "
+        f"CPU(s), {advice.total_throughput:.0f} samples/s in all",
+    ]
     best = pd.DataFrame(
         [best_setting(g, tie, prefer) for _, g in advice.grid.groupby("policy", sort=True)]
     )
-    print("\nbest per policy (same tie rule):")
     cols = ["policy", "workers", "launch_set", "throughput"]
     cols += ["throughput_lo", "throughput_hi"] if boot else []
-    print(best[cols].to_string(index=False, float_format=lambda v: f"{v:.0f}"))
-    for note in advice.notes:
-        print(f"note: {note}")
-    if out is not None:
-        print(f"\nverification config: {out}")
+    lines += [
+        "",
+        "best per policy (same tie rule):",
+        best[cols].to_string(index=False, float_format=lambda v: f"{v:.0f}"),
+    ]
+    if fit.notes:
+        lines += ["", "fit notes:", *(f"- {n}" for n in fit.notes)]
+    return "\n".join(lines) + "\n"

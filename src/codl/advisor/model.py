@@ -251,11 +251,68 @@ def _require_finite(df: pd.DataFrame, columns: Sequence[str], table: str) -> Non
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             problems.append(
-                f"{table}: column {col!r} row {i + 2} (of the file) is {df[col].iloc[i]!r}, "
+                f"{table}: column {col!r} row {i + 2} (of the file) is {_cell(df[col].iloc[i])}, "
                 f"expected a finite number ({int(bad.sum())} such row(s))"
             )
     if problems:
         raise ModelError("; ".join(problems))
+
+
+def _cell(value: Any) -> str:
+    """A table cell as a message shows it: an empty one (NaN once read) says so."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "empty"
+    return repr(value.item() if isinstance(value, np.generic) else value)
+
+
+def _require_text(df: pd.DataFrame, columns: Sequence[str], table: str) -> None:
+    """ModelError naming the first empty cell of each of ``columns``: the run ids, modes and
+    policies group the runs, and an empty one (a truncated row, a column blanked by hand)
+    would drop its runs from every group without a word."""
+    problems = []
+    for col in columns:
+        empty = df[col].isna().to_numpy() | (df[col].astype(str).str.strip() == "").to_numpy()
+        if empty.any():
+            i = int(np.flatnonzero(empty)[0])
+            problems.append(
+                f"{table}: column {col!r} row {i + 2} (of the file) is empty, expected a "
+                f"{col.replace('_', ' ')} ({int(empty.sum())} such row(s))"
+            )
+    if problems:
+        raise ModelError("; ".join(problems))
+
+
+def check_tables(
+    runs: pd.DataFrame,
+    steps: pd.DataFrame,
+    *,
+    runs_name: str = "runs.csv",
+    steps_name: str = "steps.csv.gz",
+) -> None:
+    """ModelError, naming the table (``runs_name``, ``steps_name``: how the message calls it, a
+    path where the caller read one) and what was expected, for tables the model cannot read:
+    no rows, a missing column, an empty run id, mode or policy, a policy codl does not know,
+    a worker count, batch size or step time that is not a finite number."""
+    for df, name, what in ((runs, runs_name, "run"), (steps, steps_name, "measured step")):
+        if df.empty:
+            raise ModelError(
+                f"{name}: no rows, expected one per {what} (the workflow's compare step "
+                "writes them)"
+            )
+    _require(runs, RUN_COLUMNS, runs_name)
+    _require(steps, STEP_COLUMNS, steps_name)
+    _require_text(runs, ("run_id", "mode", "policy"), runs_name)
+    _require_text(steps, ("run_id",), steps_name)
+    known = sorted(p.value for p in Policy)
+    unknown = ~runs["policy"].astype(str).isin(known)
+    if unknown.any():
+        i = int(np.flatnonzero(unknown.to_numpy())[0])
+        raise ModelError(
+            f"{runs_name}: column 'policy' row {i + 2} (of the file) is "
+            f"{_cell(runs['policy'].iloc[i])}, expected one of {known}"
+        )
+    _require_finite(runs, ("workers", "batch_size"), runs_name)
+    _require_finite(steps, ("step_ms",), steps_name)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -396,10 +453,7 @@ def run_data(
     (4-40 % for the CUDA levels, docs/design.md sect. 5), which the model would read as loss of
     capacity.
     """
-    _require(runs, RUN_COLUMNS, "runs.csv")
-    _require(steps, STEP_COLUMNS, "steps.csv.gz")
-    _require_finite(runs, ("workers", "batch_size"), "runs.csv")
-    _require_finite(steps, ("step_ms",), "steps.csv.gz")
+    check_tables(runs, steps)
     r = runs.copy()
     for col in ("cupti", "cuda_api", "sched_events"):
         if col in r:
@@ -1217,6 +1271,17 @@ def predict(fit: Fit, settings: pd.DataFrame, *, level: float = 0.95) -> pd.Data
     out["pred_hi"] = hi * (1 + z * fit.run_cv)
     out["total_throughput"] = out["throughput"] * fit.node.world
     return out
+
+
+def predict_draws(fit: Fit, settings: pd.DataFrame) -> npt.NDArray[np.float64]:
+    """Each bootstrap replicate's throughput per rank of each setting (as ``predict`` takes
+    them), one row per replicate: two settings compared replicate by replicate share the
+    fit's errors, which an interval of their ratio then leaves out. No replicates: no rows."""
+    # The point prediction without replicates: the settings as ``predict`` completes them.
+    s = predict(replace(fit, boot=()), settings)
+    if not fit.boot:
+        return np.empty((0, len(s)))
+    return np.array([_evaluate(b, fit.node, s)["throughput"] for b in fit.boot])
 
 
 def predict_loader(fit: Fit, settings: pd.DataFrame, *, level: float = 0.95) -> pd.DataFrame:

@@ -7,16 +7,18 @@ optional ``advisor`` section switches them on (``codl.steps.workflow.advisor_tar
 The loop: a config with ``advisor: {advise: true}`` -> runs -> ``advise_to`` fits the model and
 writes ``advice/verify.yaml`` (the advice and its neighbours, with ``advisor.predictions``
 pointing at ``advice/predictions.csv``, the model's prediction for every verification
-setting) -> the verification runs (``--configfile results/advice/verify.yaml``) ->
+setting) -> the verification runs (``--configfile results/<name>/advice/verify.yaml``) ->
 ``predicted_vs_measured_to`` compares the predictions with what those runs measured.
 """
 
 from __future__ import annotations
 
-import contextlib
+import csv
 import datetime
-import io
+import gzip
 import logging
+import re
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,24 +54,122 @@ def _utc_now() -> str:
     return datetime.datetime.now(tz=datetime.UTC).isoformat()
 
 
-def _read_table(path: Path, results: Path) -> pd.DataFrame:
+#: What a results directory holds for ``codl advise``, for the messages that name it.
+RESULTS_EXPECTED = (
+    "a results directory holding the workflow's tables/runs.csv and tables/steps.csv.gz"
+)
+#: How many bytes of a table's end are read to tell a cut-off last row.
+_TAIL_BYTES = 1 << 16
+
+
+def _expected(path: Path) -> str:
+    rows = "one row per measured step" if path.name.startswith("steps") else "one row per run"
+    return f"a CSV table with a header row and {rows}"
+
+
+def _cut_off(path: Path, columns: int) -> bool:
+    """Whether a plain CSV table's last row stops mid-row: no final newline and fewer fields
+    than the header (a copy or a write cut short). A gzip table says so itself (EOFError)."""
+    with path.open("rb") as fh:
+        fh.seek(max(0, path.stat().st_size - _TAIL_BYTES))
+        tail = fh.read()
+    if tail.endswith(b"\n"):
+        return False
+    last = tail.rsplit(b"\n", 1)[-1].decode("utf-8", errors="replace")
+    return len(next(csv.reader([last]), [])) < columns
+
+
+def read_table(path: Path, *, missing: str = "missing table") -> pd.DataFrame:
+    """The CSV table ``path`` (gzip-compressed by its suffix), or a CodlError of one line naming
+    it and what was expected: missing (``missing`` says what, where it is looked for), not a
+    file, empty, not CSV, not UTF-8, a gzip stream cut short, a last row cut off."""
+    if not path.exists():
+        raise CodlError(f"{path}: {missing}")
     if not path.is_file():
-        raise CodlError(f"{path}: missing table ({results} must hold the workflow's tables/)")
+        raise CodlError(f"{path}: not a regular file, expected {_expected(path)}")
+    if path.stat().st_size == 0:
+        raise CodlError(f"{path}: empty file, expected {_expected(path)}")
     verify_member(path)  # compare's tables are read only as a whole unit
-    # Whole-file type inference: chunked reading guesses a sparse text column (outlier_reason)
-    # differently per chunk and warns (DtypeWarning).
-    return pd.read_csv(path, low_memory=False)
+    try:
+        # Whole-file type inference: chunked reading guesses a sparse text column
+        # (outlier_reason) differently per chunk and warns (DtypeWarning).
+        table = pd.read_csv(path, low_memory=False)
+    except pd.errors.EmptyDataError:
+        raise CodlError(f"{path}: no header row, expected {_expected(path)}") from None
+    except pd.errors.ParserError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CodlError(f"{path}: not a CSV table ({first}), expected {_expected(path)}") from None
+    except UnicodeDecodeError as exc:
+        raise CodlError(
+            f"{path}: not UTF-8 text ({exc.reason}), expected {_expected(path)}"
+        ) from None
+    except gzip.BadGzipFile as exc:
+        raise CodlError(
+            f"{path}: not gzip-compressed ({exc}), expected {_expected(path)}"
+        ) from None
+    except (EOFError, zlib.error) as exc:
+        raise CodlError(
+            f"{path}: its gzip stream is cut short or damaged ({exc}), expected "
+            f"{_expected(path)}, compressed whole"
+        ) from None
+    if path.suffix != ".gz" and _cut_off(path, len(table.columns)):
+        raise CodlError(
+            f"{path}: its last row stops mid-row (the file was cut short?), expected "
+            f"{_expected(path)}, each row complete"
+        )
+    return table
 
 
-def _source_config(results: Path) -> dict[str, Any]:
+def _read_table(path: Path, results: Path) -> pd.DataFrame:
+    return read_table(path, missing=f"missing table ({results} must hold the workflow's tables/)")
+
+
+def located(exc: mdl.ModelError, **tables: Path) -> mdl.ModelError:
+    """``exc`` with the table names the model uses (``runs.csv``, ``steps.csv.gz``: keyword
+    ``runs``, ``steps``) replaced by the paths read, so that the one line names the file. The
+    model is pure and knows no paths; its messages name the table at their start or after a
+    "; " (``model._require_finite`` joins several)."""
+    text = str(exc)
+    for name, key in (("runs.csv", "runs"), ("steps.csv.gz", "steps")):
+        if key in tables:
+            # Escaped, not pasted into the template: a path may hold backslashes.
+            named = str(tables[key]).replace("\\", "\\\\")
+            text = re.sub(rf"(^|; ){re.escape(name)}:", rf"\g<1>{named}:", text)
+    return mdl.ModelError(text)
+
+
+def source_config(results: Path) -> dict[str, Any]:
     """RESULTS/config.yaml, the config the runs came from, or {} when the workflow left none."""
     path = results / CONFIG_NAME
-    if not path.is_file():
+    if not path.exists():
         return {}
+    if not path.is_file():
+        raise CodlError(f"{path}: not a regular file, expected the YAML config the runs came from")
     try:
-        return load_yaml(path)
+        cfg = load_yaml(path)
     except ConfigError as exc:
-        raise CodlError(f"{path}: {exc.one_line()}") from None
+        text = exc.one_line()
+        # load_yaml's problems name the file already.
+        raise CodlError(text if text.startswith(str(path)) else f"{path}: {text}") from None
+    for key in ("defaults", "slurm"):
+        if cfg.get(key) is not None and not isinstance(cfg[key], Mapping):
+            raise CodlError(
+                f"{path}: {key}: got a {type(cfg[key]).__name__}, expected a mapping (the "
+                "config the runs came from)"
+            )
+    return cfg
+
+
+def check_results(results: Path) -> None:
+    """CodlError when ``results`` is missing (named by the table looked for there, as a
+    directory without tables is) or not a directory (a file given for it)."""
+    if not results.exists():
+        runs_table = ResultPaths.merged_tables_of(results)[0]
+        raise CodlError(
+            f"{runs_table}: missing table ({results} does not exist; expected {RESULTS_EXPECTED})"
+        )
+    if not results.is_dir():
+        raise CodlError(f"{results}: not a directory, expected {RESULTS_EXPECTED}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,24 +195,41 @@ def fit_results(
 ) -> FittedResults:
     """Fit the model on RESULTS/tables/{runs.csv,steps.csv.gz}; the cores per rank of the runs
     are ``fit_cores`` or RESULTS/config.yaml's ``slurm.cpus_per_rank``."""
+    check_results(results)
     runs_table, steps_table = ResultPaths.merged_tables_of(results)
     runs = _read_table(runs_table, results)
     steps = _read_table(steps_table, results)
-    source_cfg = _source_config(results)
-    cores = (
-        fit_cores or (source_cfg.get("slurm") or {}).get("cpus_per_rank") or _measured_cores(runs)
-    )
+    source_cfg = source_config(results)
+    cores = fit_cores or config_cores(source_cfg, results / CONFIG_NAME) or _measured_cores(runs)
     if cores is None:
         raise CodlError(
             f"cores per rank of the measured runs unknown: {results / CONFIG_NAME} has no "
             "slurm.cpus_per_rank and runs.csv no `cpus` on every row; pass --fit-cores"
         )
-    runs, steps, chosen = choose_handoff(runs, steps, handoff=handoff, combined_mode=mode)
-    data = mdl.run_data(runs, steps, combined_mode=mode)
-    fit = mdl.fit(data, cores=int(cores), boot=boot, seed=seed)
+    try:
+        mdl.check_tables(runs, steps, runs_name=str(runs_table), steps_name=str(steps_table))
+        runs, steps, chosen = choose_handoff(runs, steps, handoff=handoff, combined_mode=mode)
+        data = mdl.run_data(runs, steps, combined_mode=mode)
+        fit = mdl.fit(data, cores=int(cores), boot=boot, seed=seed)
+    except mdl.ModelError as exc:
+        raise located(exc, runs=runs_table, steps=steps_table) from None
     return FittedResults(
         runs=runs, steps=steps, data=data, fit=fit, source_cfg=source_cfg, handoff=chosen
     )
+
+
+def config_cores(cfg: Mapping[str, Any], path: Path) -> int | None:
+    """``slurm.cpus_per_rank`` of the config ``cfg`` (read from ``path``), None when it has
+    none."""
+    value = cfg["slurm"].get("cpus_per_rank") if cfg.get("slurm") else None
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise CodlError(
+            f"{path}: slurm.cpus_per_rank: got {value!r}, expected a whole "
+            "number >= 1 (or pass --fit-cores)"
+        )
+    return value
 
 
 def _measured_cores(runs: pd.DataFrame) -> int | None:
@@ -127,10 +244,7 @@ def _measured_cores(runs: pd.DataFrame) -> int | None:
 
 
 def _read(path: Path) -> pd.DataFrame:
-    if not Path(path).is_file():
-        raise CodlError(f"{path}: no such table")
-    verify_member(Path(path))  # compare's tables are read only as a whole unit
-    return pd.read_csv(path, low_memory=False)
+    return read_table(Path(path), missing="no such table")
 
 
 def map_to(
@@ -194,38 +308,74 @@ def advise_to(
     seed: int = 0,
 ) -> adv.Advice:
     """Fit, advise for ``advisor.cores`` (default: the measured cores per rank), and write the
-    printed advice, the verification config and the predictions of its settings."""
+    advice (``advice_record``), the verification config and the predictions of its settings."""
     run_table, step_table = _read(runs), _read(steps)
+    mdl.check_tables(run_table, step_table, runs_name=str(runs), steps_name=str(steps))
     _one_workload(run_table, build_plan(cfg, source="the config").specs)
     fit_cores = cores_per_rank(cfg)
-    run_table, step_table, chosen = choose_handoff(run_table, step_table)
-    data = mdl.run_data(run_table, step_table)
-    fit = mdl.fit(data, cores=fit_cores, boot=boot, seed=seed)
+    try:
+        run_table, step_table, chosen = choose_handoff(run_table, step_table)
+        data = mdl.run_data(run_table, step_table)
+        fit = mdl.fit(data, cores=fit_cores, boot=boot, seed=seed)
+    except mdl.ModelError as exc:
+        raise located(exc, runs=Path(runs), steps=Path(steps)) from None
     settings = advisor_settings(cfg)
-    advice = adv.advise(
-        fit,
-        cores=settings.cores or fit_cores,
-        prefer=adv.Prefer(settings.prefer),
-        handoff=chosen,
-    )
+    prefer = adv.Prefer(settings.prefer)
+    advice = adv.advise(fit, cores=settings.cores or fit_cores, prefer=prefer, handoff=chosen)
+    best = adv.best_measured(data)
     vcfg = adv.verification_config(
         advice,
         fit,
         defaults=cfg.get("defaults") or {},
         slurm=cfg.get("slurm"),
         repeats=settings.repeats,
-        best=adv.best_measured(data),
+        best=best,
+    )
+    verification = adv.verify_lines(
+        Path(verify),
+        command=adv.snakemake_command(Path(verify)),
+        repeats=settings.repeats,
+        predictions=Path(predictions),
+    )
+    record = advice_record(
+        advice, fit, gain=adv.predicted_gain(fit, advice, best), verify=verification, prefer=prefer
     )
     for path in (text, verify, predictions):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
     record_predictions(vcfg, fit, advice, predictions, predictions)
     # The results directory the tables are in, as `codl advise RESULTS` names it.
     Path(verify).write_text(adv.render_config(vcfg, advice, str(Path(runs).parent.parent)))
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        adv.print_advice(advice, fit, Path(verify), 0.01, adv.Prefer(settings.prefer))
-    Path(text).write_text(printed.getvalue())
+    Path(text).write_text(record)
     return advice
+
+
+def advice_record(
+    advice: adv.Advice,
+    fit: mdl.Fit,
+    *,
+    gain: adv.Gain | None,
+    verify: Sequence[str],
+    prefer: adv.Prefer,
+    tie: float = 0.01,
+    notes: Sequence[str] = (),
+    between: str = "",
+    before_details: str = "",
+    details: bool = True,
+) -> str:
+    """advice.txt: the summary ``codl advise`` prints, then ``between`` (the cross-validation
+    it printed), then the details under a rule. An advice file keeps the details, unlike the
+    terminal: it is the record of the advice, read in the report or beside the verification's
+    results long after, when no ``--details`` can be asked for, and a refit on the
+    verification runs is compared with its parameters. ``before_details``: what the details
+    open with (the calibration's probe table). ``details`` False: what ``codl advise`` prints
+    without ``--details``, which ends by saying how to see them."""
+    summary = adv.summary_text(
+        advice, boot=bool(fit.boot), run_cv=fit.run_cv, gain=gain, verify=verify, notes=notes
+    )
+    if not details:
+        return f"{summary}{between}\n{adv.DETAILS_HINT}\n"
+    details_text = adv.details_text(advice, fit, tie=tie, prefer=prefer)
+    return f"{summary}{between}\n{adv.DETAILS_RULE}\n{before_details}{details_text}"
 
 
 def predicted_vs_measured_to(
