@@ -117,8 +117,8 @@ def test_the_workflow_probes_calibrates_and_advises(tmp_path: Path) -> None:
     work.mkdir()
     config = tmp_path / "calibrate.yaml"
     config.write_text(yaml.safe_dump({"advisor": {"calibrate": str(fit), "cores": PROBE_CORES}}))
-    paths = ResultPaths(root=work)
-    rel = ResultPaths()
+    paths = ResultPaths(root=work, set_name="calibrate")
+    rel = ResultPaths(set_name="calibrate")
     targets = [rel.advice_text, rel.verify_config, rel.predictions_table, rel.calibration_table]
     _, jobs = snakemake(work, config, *map(str, targets))
     assert jobs["run"] == 3 and jobs["probe_config"] == 1 and jobs["calibrate"] == 1

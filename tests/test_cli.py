@@ -167,8 +167,21 @@ def test_plan_lists_each_distinct_run_once(
     assert len(plan.runs) == 5 and len(plan.specs) == 3
     assert main(["plan", str(config)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "3 distinct runs in 2 experiment(s)"
+    # The result set is named by the file: results/shared/.
+    assert lines[0] == (
+        "3 distinct runs in 2 experiment(s); tables, figures and report in results/shared/"
+    )
     assert len(lines) == 4
+    assert main(["plan", "--result-set", str(config)]) == 0
+    assert capsys.readouterr().out == "results/shared\n"
+    config.write_text(f"name: paper-run\n{SHARED_RUNS}")
+    assert main(["plan", "--result-set", str(config)]) == 0
+    assert capsys.readouterr().out == "results/paper-run\n"
+    for bad, why in (("runs", "names the runs' directory"), ("a/b", "name: got 'a/b', expected")):
+        config.write_text(f"name: {bad}\n{SHARED_RUNS}")
+        assert main(["plan", str(config)]) == 2
+        assert why in capsys.readouterr().err
+    config.write_text(SHARED_RUNS)
     assert lines[1].startswith("experiments=a,b  run_id=")
     assert main(["plan", str(config), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
@@ -347,9 +360,15 @@ def test_a_config_with_two_problems_reports_both(
     assert "experiments[1].name: duplicate experiment name 'a'" in err
 
 
-def test_the_demo_shortens_the_spec_commands_on_the_console() -> None:
+@pytest.mark.parametrize(
+    "codl",
+    ["codl", '"$CODL_PYTHON" -m codl.cli'],
+    ids=["typed", "rule"],
+)
+def test_the_demo_shortens_the_spec_commands_on_the_console(codl: str) -> None:
     # The spec rule's command line holds the run's whole spec; `make demo` cuts it to the
-    # output path on the console (Snakemake's own log keeps it whole).
+    # output path on the console (Snakemake's own log keeps it whole). The rule runs codl as
+    # the module of the interpreter that runs Snakemake (codl.steps.workflow.codl_python).
     show = "print-short-specs: ; $(info $(SHORT_SPECS))"  # --eval runs before the Makefile
     sed = subprocess.run(
         [
@@ -367,7 +386,7 @@ def test_the_demo_shortens_the_spec_commands_on_the_console() -> None:
         check=True,
     ).stdout.splitlines()[0]
     spec = json.dumps(RunSpec().to_dict())
-    line = f"Shell command: codl write-spec '{spec}' --out results/runs/ab/spec.json > x 2>&1"
+    line = f"Shell command: {codl} write-spec '{spec}' --out results/runs/ab/spec.json > x 2>&1"
     out = subprocess.run(
         ["bash", "-c", sed],
         input=f"{line}\nrule run:\n",
@@ -376,7 +395,7 @@ def test_the_demo_shortens_the_spec_commands_on_the_console() -> None:
         check=True,
     ).stdout
     assert out.splitlines() == [
-        "Shell command: codl write-spec SPEC_JSON --out results/runs/ab/spec.json "
+        f"Shell command: {codl} write-spec SPEC_JSON --out results/runs/ab/spec.json "
         "(whole in .snakemake/log/)",
         "rule run:",
     ]

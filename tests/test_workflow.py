@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -13,9 +12,10 @@ import pytest
 import yaml
 
 from codl.config import build_plan
-from codl.figures import RUN_FIGURES
+from codl.figures import plan_figures
 from codl.paths import FIGURE_FORMATS, ResultPaths
 from codl.steps.analysis import CALL_COLUMNS
+from shellenv import without_venv
 
 pytestmark = pytest.mark.slow
 
@@ -40,8 +40,8 @@ CONFIG = {
 def snakemake(
     workdir: Path, config: Path, *extra: str, profile: str = "local"
 ) -> tuple[str, dict[str, int]]:
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    # A fresh shell: the venv's bin (and its codl) not on PATH.
+    env = without_venv()
     cmd = [
         str(Path(sys.executable).parent / "snakemake"),
         "-s",
@@ -81,7 +81,8 @@ def test_workflow_runs_once_and_reruns_only_changed_specs(tmp_path: Path) -> Non
     workdir.mkdir()
     cfg_path = tmp_path / "config.yaml"
     cfg_path.write_text(yaml.safe_dump(CONFIG))
-    paths = ResultPaths(workdir)
+    # The config file's name names its result set: results/config/.
+    paths = ResultPaths(workdir, set_name="config")
     plan = build_plan(CONFIG)
     ids = {s.mode.value: rid for rid, s in plan.specs.items()}
 
@@ -89,12 +90,12 @@ def test_workflow_runs_once_and_reruns_only_changed_specs(tmp_path: Path) -> Non
     assert first["run"] == 3
     assert first["summarize"] == 3
     assert first["dataset"] == 1
-    for name in RUN_FIGURES:
+    for name in plan_figures(plan.specs.values()):
         for fmt in FIGURE_FORMATS:
-            assert (workdir / "results" / "figures" / f"{name}.{fmt}").stat().st_size > 1000
-    runs = pd.read_csv(workdir / "results" / "tables" / "runs.csv")
+            assert paths.figure(name, fmt).stat().st_size > 1000
+    runs = pd.read_csv(paths.runs_table)
     assert sorted(runs["run_id"]) == sorted(ids.values())
-    comparison = pd.read_csv(workdir / "results" / "tables" / "comparison.csv")
+    comparison = pd.read_csv(paths.comparison_table)
     compute_rows = comparison[(comparison["metric"] == "compute_eff_ms")]
     assert (compute_rows["status"] == "ok").all()
     assert set(compute_rows["isolation_runs"]) == {ids["compute"]}
@@ -114,7 +115,8 @@ def test_workflow_runs_once_and_reruns_only_changed_specs(tmp_path: Path) -> Non
     total = measured["warmup"] + measured["measured"]
     run_log = paths.run_log(ids["combined"]).read_text()
     assert f"rank 0/1: step {total}/{total} (measured)" in run_log and "samples/s" in run_log
-    rel = ResultPaths()  # the rules name files relative to the working directory
+    # The rules name files relative to the working directory.
+    rel = ResultPaths(set_name="config")
     assert f"wrote {rel.trace(ids['combined'])}" in run_log
     summarize_log = paths.summarize_log(ids["combined"]).read_text()
     assert f"wrote {rel.parts(ids['combined'])} (" in summarize_log
@@ -150,9 +152,20 @@ def test_workflow_runs_once_and_reruns_only_changed_specs(tmp_path: Path) -> Non
     assert compute_trace.stat().st_mtime_ns == before
     assert len(new_ids - set(ids.values())) == 2
 
-    report = workdir / "results" / "report.html"
+    report = paths.report
     snakemake(workdir, cfg_path, "--report", str(report))
     assert report.stat().st_size > 10_000
+
+    # Another config in the same directory: its own result set, the shared runs not re-run,
+    # and the first config's tables left as they were.
+    first_tables = {t: t.read_bytes() for t in paths.tables.iterdir()}
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump({**changed, "experiments": [CONFIG["experiments"][0]]}))
+    _, fourth = snakemake(workdir, other)
+    assert "run" not in fourth and fourth["compare"] == 1, fourth
+    other_paths = ResultPaths(workdir, set_name="other")
+    assert set(pd.read_csv(other_paths.runs_table)["run_id"]) == new_ids
+    assert {t: t.read_bytes() for t in paths.tables.iterdir()} == first_tables
 
 
 def test_configfile_replaces_the_default_config_instead_of_merging(tmp_path: Path) -> None:
@@ -161,8 +174,8 @@ def test_configfile_replaces_the_default_config_instead_of_merging(tmp_path: Pat
 
     from codl.config import load_plan
 
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    # A fresh shell: the venv's bin (and its codl) not on PATH.
+    env = without_venv()
     smoke = REPO / "config" / "smoke.yaml"
     proc = subprocess.run(
         [
@@ -184,7 +197,9 @@ def test_configfile_replaces_the_default_config_instead_of_merging(tmp_path: Pat
     assert proc.returncode == 0, proc.stderr[-3000:]
     specs = [
         json.loads(m.group(1))
-        for m in re.finditer(r"codl write-spec '(\{.*?\})' --out", proc.stdout + proc.stderr)
+        for m in re.finditer(
+            r"codl(?:\.cli)? write-spec '(\{.*?\})' --out", proc.stdout + proc.stderr
+        )
     ]
     expected = load_plan(smoke).specs
     if not specs:
@@ -220,3 +235,49 @@ def test_storage_tier_is_staged_before_the_runs_that_read_it(tmp_path: Path) -> 
     assert "Traceback" not in log
     spec = (workdir / "results" / "runs" / run_id / "spec.json").read_text()
     assert '"tier": "local"' in spec
+
+
+def test_blocks_per_invocation_measure_part_of_the_plan_then_add_and_pool(tmp_path: Path) -> None:
+    """A 2-block plan that may start one block per invocation: the first analyses that block
+    and says "1 of 2 planned blocks"; the second adds the other and pools both."""
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    cfg = {
+        "defaults": CONFIG["defaults"],
+        "experiments": [
+            {"name": "pair", "factors": {"mode": ["compute", "data+compute"]}, "repeats": 2}
+        ],
+        "blocks": {"per_invocation": 1},
+    }
+    cfg_path = tmp_path / "twoblocks.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    paths = ResultPaths(workdir, set_name="twoblocks")
+    by_block: dict[int, set[str]] = {}
+    for rid, spec in build_plan(cfg).specs.items():
+        by_block.setdefault(spec.repeat, set()).add(rid)
+
+    _, first = snakemake(workdir, cfg_path)
+    assert first["run"] == 2 and first["compare"] == 1, first
+    assert set(pd.read_csv(paths.runs_table)["run_id"]) == by_block[0]
+    blocks = pd.read_csv(paths.blocks_table)
+    assert list(blocks["analysed"]) == [True, False]
+    assert "1 of 2 planned blocks analysed (2 of 4 runs)" in paths.log("block_progress").read_text()
+    assert not any(paths.trace(rid).exists() for rid in by_block[1])
+
+    _, second = snakemake(workdir, cfg_path)
+    assert second["run"] == 2 and second["compare"] == 1, second
+    runs = pd.read_csv(paths.runs_table)
+    assert set(runs["run_id"]) == by_block[0] | by_block[1]
+    assert list(pd.read_csv(paths.blocks_table)["analysed"]) == [True, True]
+    assert "2 of 2 planned blocks analysed" in paths.log("block_progress").read_text()
+    # Pooled over both blocks: the compute comparison of the loading run has one pair a block.
+    comparison = pd.read_csv(paths.comparison_table)
+    row = comparison[
+        (comparison["metric"] == "compute_eff_ms")
+        & (comparison["stat"] == "mean")
+        & (comparison["mode"] == "data+compute")
+    ]
+    assert list(row["n_blocks"]) == [2], row[["n_blocks", "status"]]
+
+    out, third = snakemake(workdir, cfg_path)
+    assert third == {}, out[-2000:]

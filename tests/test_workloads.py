@@ -24,6 +24,7 @@ from codl.errors import ConfigError
 from codl.harness import workloads
 from codl.harness.handoff import RingLoader
 from codl.harness.launch import launch
+from codl.paths import ResultPaths
 from codl.spec import DatasetKind, DatasetSpec, RunSpec
 from codl.trace.store import open_trace
 from test_workflow import snakemake
@@ -282,7 +283,7 @@ def test_gpt_tiny_through_the_workflow(tmp_path: Path) -> None:
     work.mkdir()
     _, jobs = snakemake(work, path)
     assert jobs["dataset"] == 1 and jobs["run"] == 2
-    runs = pd.read_csv(work / "results" / "tables" / "runs.csv")
+    runs = pd.read_csv(ResultPaths(work, set_name="c").runs_table)
     assert len(runs) == 2
     assert (work / "resources" / "datasets" / "wf-text" / "tokenizer.json").is_file()
 
@@ -306,7 +307,7 @@ def test_an_installed_example_package_runs_through_the_workflow(
     work.mkdir()
     _, jobs = snakemake(work, EXAMPLE / "config.yaml")
     assert jobs["dataset"] == 1 and jobs["run"] == 3
-    runs = pd.read_csv(work / "results" / "tables" / "runs.csv")
+    runs = pd.read_csv(ResultPaths(work, set_name="config").runs_table)
     assert set(runs["model"]) == {"example-signals"}, runs.columns.tolist()
     manifest = json.loads(
         (work / "resources" / "datasets" / "example-signals" / "MANIFEST.json").read_text()

@@ -6,8 +6,13 @@ Run outputs depend only on ``run_id``; the Snakemake rules build their patterns 
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from codl.errors import ConfigError
 
 # Every figure is written in each format; its name is codl.figures.FigureName's.
 FIGURE_FORMATS = ("png", "pdf")
@@ -131,13 +136,70 @@ class ShareFiles:
         return {k: trace.with_name(f"{trace.stem}.{k}.parquet") for k in kinds}
 
 
+# A result set's name: a directory name under results/, never the runs' own directory.
+SET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+RESERVED_SET_NAMES = frozenset({"runs"})
+
+
+def check_set_name(name: str, *, key: str = "name") -> str:
+    """``name`` if it can name a result set (a directory under ``results/``), else a
+    ConfigError naming ``key``."""
+    if not isinstance(name, str) or not SET_NAME.fullmatch(name):
+        raise ConfigError(
+            [
+                f"{key}: {name!r} cannot name a result set: expected 1-64 letters, digits, '_', "
+                "'.' or '-', starting with a letter or digit"
+            ]
+        )
+    if name in RESERVED_SET_NAMES:
+        raise ConfigError(
+            [f"{key}: {name!r} names the runs' directory under results/; pick another"]
+        )
+    return name
+
+
+def set_name_of(
+    cfg: Mapping[str, Any], configfiles: Sequence[str | Path], results: Path = Path("results")
+) -> str:
+    """The result set a config writes: its ``name`` key, else the stem of the last config file
+    (``--configfile config/smoke.yaml`` -> ``smoke``), so that one experiment's tables, figures
+    and report never replace another's. A config inside a result set of ``results`` (one the
+    advisor wrote there) names ``<set>-<stem>``: ``results/loop-cpu/advice/verify.yaml`` ->
+    ``loop-cpu-verify``, so that two sets' verification runs never share tables."""
+    if cfg.get("name") is not None:
+        return check_set_name(cfg["name"])
+    if not configfiles:
+        raise ConfigError(["name: no config file and no `name` key: cannot name the result set"])
+    last = Path(configfiles[-1])
+    stem = last.stem
+    try:
+        inside = last.resolve().relative_to(results.resolve()).parts
+    except ValueError:
+        inside = ()
+    if len(inside) > 1 and inside[0] not in RESERVED_SET_NAMES:
+        stem = f"{inside[0]}-{stem}"
+    return check_set_name(stem, key=f"name (from the file name {str(last)!r})")
+
+
 @dataclass(frozen=True)
 class ResultPaths:
+    """Every output path of the workflow. Runs live under ``results/runs/<run_id>/``, shared by
+    every config that plans them (a run's path depends only on its spec); what one config
+    merges and draws (tables, figures, report, advice, shared-node jobs) lives in its result
+    set, ``results/<set_name>/``. Without a set name the merged outputs sit in ``results/``
+    itself, as a directory given to ``codl advise RESULTS`` is read."""
+
     root: Path = Path()
+    set_name: str | None = None
 
     @property
     def results(self) -> Path:
         return self.root / "results"
+
+    @property
+    def set_dir(self) -> Path:
+        """The result set's directory: what this config's merges, figures and report fill."""
+        return self.results / self.set_name if self.set_name is not None else self.results
 
     @property
     def resources(self) -> Path:
@@ -212,7 +274,7 @@ class ResultPaths:
     # merges
     @property
     def tables(self) -> Path:
-        return self.results / "tables"
+        return self.set_dir / "tables"
 
     @property
     def runs_table(self) -> Path:
@@ -228,8 +290,8 @@ class ResultPaths:
         writes it (``codl advise RESULTS``, ``share.advise_from``)."""
         std = ResultPaths()
         return (
-            results / std.runs_table.relative_to(std.results),
-            results / std.steps_table.relative_to(std.results),
+            results / std.runs_table.relative_to(std.set_dir),
+            results / std.steps_table.relative_to(std.set_dir),
         )
 
     @property
@@ -246,19 +308,24 @@ class ResultPaths:
         return self.tables / "attribution.csv"
 
     @property
+    def blocks_table(self) -> Path:
+        """The planned blocks, and which of them the set's tables hold (``blocks`` section)."""
+        return self.tables / "blocks.csv"
+
+    @property
     def decomposition_table(self) -> Path:
         return self.tables / "decomposition.csv"
 
     @property
     def figures(self) -> Path:
-        return self.results / "figures"
+        return self.set_dir / "figures"
 
     def figure(self, name: str, fmt: str = "png") -> Path:
         return self.figures / f"{name}.{fmt}"
 
     @property
     def report(self) -> Path:
-        return self.results / "report.html"
+        return self.set_dir / "report.html"
 
     # the loader advisor (docs/advisor.md)
     @property
@@ -267,7 +334,7 @@ class ResultPaths:
 
     @property
     def advice(self) -> Path:
-        return self.results / "advice"
+        return self.set_dir / "advice"
 
     @property
     def advice_text(self) -> Path:
@@ -297,7 +364,7 @@ class ResultPaths:
 
     @property
     def share(self) -> Path:
-        return self.results / "share"
+        return self.set_dir / "share"
 
     @property
     def share_files(self) -> ShareFiles:

@@ -29,10 +29,11 @@ import yaml
 
 from codl.config import build_plan
 from codl.errors import TraceFormatError
-from codl.figures import RUN_FIGURES
-from codl.paths import FIGURE_FORMATS
+from codl.figures import plan_figures
+from codl.paths import FIGURE_FORMATS, ResultPaths
 from codl.pinning import parse_cpulist
 from codl.trace.store import open_trace
+from shellenv import without_venv
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -120,8 +121,9 @@ def _parse_submissions(output: str) -> list[Submission]:
 
 
 def _snakemake(env: Mapping[str, str], workdir: Path, config: Path, *extra: str) -> Workflow:
-    # The rules' shell commands call `codl`: the interpreter's bin directory (the venv) first.
-    run_env = {**env, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"}
+    # A fresh shell's PATH: no venv, so the jobs must find codl through the interpreter that
+    # runs Snakemake (codl_command), as a user's do.
+    run_env = without_venv(env)
     cmd = [
         sys.executable, "-m", "snakemake",
         "-s", str(SNAKEFILE), "-d", str(workdir), "--configfile", str(config),
@@ -271,12 +273,13 @@ def test_tables_and_figures_exist(matrix) -> None:
     _env, workdir, cfg, _wf = matrix
     for rid in _run_ids(cfg):
         assert (workdir / "results" / "runs" / rid / "summary.parquet").stat().st_size > 0
-    tables = workdir / "results" / "tables"
+    paths = ResultPaths(workdir, set_name="config")
+    tables = paths.tables
     assert (tables / "runs.csv").stat().st_size > 0
     assert (tables / "comparison.csv").stat().st_size > 0
-    for name in RUN_FIGURES:
+    for name in plan_figures(build_plan(cfg).specs.values()):
         for fmt in FIGURE_FORMATS:
-            assert (workdir / "results" / "figures" / f"{name}.{fmt}").stat().st_size > 0
+            assert paths.figure(name, fmt).stat().st_size > 0
 
 
 def test_changed_factor_resubmits_only_affected_runs(matrix) -> None:

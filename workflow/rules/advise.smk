@@ -126,5 +126,7 @@ if config.get("share", {}).get("jobs"):
             gpu=SHARE_RESOURCES["gpu"],
             tasks_per_gpu=SHARE_RESOURCES["tasks_per_gpu"],
             slurm_extra=SHARE_RESOURCES["slurm_extra"],
+        params:
+            set_name=PATHS.set_name,
         script:
             "../scripts/share.py"

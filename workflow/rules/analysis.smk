@@ -95,7 +95,8 @@ rule compare:
 
 
 # One report entry per figure, each with its own caption: PNGs only. The PDFs are the same
-# figures for print; registering them too would list every figure twice in the report.
+# figures for print; registering them too would list every figure twice in the report. Which
+# figures, the plan's specs decide (get_figure_outputs): the outputs stay static.
 rule figures:
     input:
         runs=PATHS.runs_table,
@@ -106,7 +107,6 @@ rule figures:
         timelines=all_of("timeline"),
     output:
         **get_figure_outputs(),
-        pdfs=[str(PATHS.figure(name, "pdf")) for name in RUN_FIGURES],
     log:
         PATHS.log("figures"),
     conda:
@@ -114,3 +114,30 @@ rule figures:
     threads: 1
     script:
         "../scripts/figures.py"
+
+
+# With a `blocks` section: the planned blocks and which of them the tables hold, written after
+# the runs it counts; its params change when an invocation adds blocks, so it is redone then.
+if BLOCKS:
+
+    localrules:
+        block_progress,
+
+    rule block_progress:
+        input:
+            traces=all_of("trace"),
+        output:
+            table=report(
+                PATHS.blocks_table,
+                caption="../report/blocks.rst",
+                category="Tables",
+            ),
+        log:
+            PATHS.log("block_progress"),
+        conda:
+            CONDA_ENV
+        threads: 1
+        params:
+            rows=BLOCK_ROWS,
+        script:
+            "../scripts/block_progress.py"

@@ -2,17 +2,29 @@
 # (config -> runs), the paths (codl.paths.ResultPaths) and the per-run resources.
 import json
 import os
+import sys
 import uuid
 from pathlib import Path
 
+from snakemake.settings.types import DeploymentMethod
+
 from codl.advisor.settings import advisor_settings
-from codl.config import block_slots, build_plan, check_config_files, plan_blocks
-from codl.figures import RUN_FIGURES, FigureName
-from codl.paths import FIGURE_FORMATS, ResultPaths
+from codl.config import (
+    analysed_blocks,
+    block_progress,
+    block_slots,
+    build_plan,
+    check_config_files,
+    plan_blocks,
+)
+from codl.figures import RUN_FIGURES, FigureName, plan_figures
+from codl.paths import FIGURE_FORMATS, ResultPaths, set_name_of
 from codl.steps.workflow import (
     advisor_targets,
     calibrate_inputs,
     calibrate_options,
+    CODL_PYTHON,
+    codl_python,
     block_after,
     block_group,
     share_inputs,
@@ -20,11 +32,14 @@ from codl.steps.workflow import (
     dataset_arg,
     dataset_dir,
     dataset_input,
+    measured_run,
     dataset_spec_json,
     run_resources,
 )
 
-PATHS = ResultPaths()
+# The result set: this config's merges, figures, report and advice in results/<name>/, named
+# by the config's `name` or its file, so that one experiment never overwrites another's tables.
+PATHS = ResultPaths(set_name=set_name_of(config, workflow.configfiles))
 # The codl checkout this file belongs to (workflow/rules/ -> the root): not workflow.basedir,
 # which is the directory of the Snakefile that was run, another workflow's when this one is used
 # as a module.
@@ -50,8 +65,18 @@ PLAN = build_plan(
     project_dirs=(Path.cwd(), CHECKOUT),
 )
 SPECS = PLAN.specs
+# The run figures this plan gets: none whose data no run records (codl.figures.plan_figures).
+FIGURES = plan_figures(SPECS.values())
 # The `blocks` section: run id -> its block and predecessor (empty without one).
-BLOCK_SLOTS = block_slots(plan_blocks(config, PLAN))
+BLOCKS = plan_blocks(config, PLAN)
+BLOCK_SLOTS = block_slots(BLOCKS)
+# The runs this invocation measures and analyses: with a `blocks` section, the blocks measured
+# so far and at most `blocks.per_invocation` more (codl.config.analysed_blocks); else every run.
+ANALYSED_BLOCKS = analysed_blocks(config, BLOCKS, measured_run(PATHS))
+ANALYSED = (
+    [rid for b in ANALYSED_BLOCKS for rid in b.run_ids] if BLOCKS else list(SPECS)
+)
+BLOCK_ROWS = block_progress(BLOCKS, ANALYSED_BLOCKS)
 # The block token of runs outside Slurm: one per invocation of the workflow (Slurm jobs use
 # SLURM_JOB_ID), inherited by every job it starts.
 os.environ.setdefault("CODL_INVOCATION", uuid.uuid4().hex[:12])
@@ -63,6 +88,11 @@ SHARE_RESOURCES = share_resources(config, PLAN)
 # CODL_ROOT.
 CONDA_ENV = "../envs/codl.yaml"
 os.environ.setdefault("CODL_ROOT", str(CHECKOUT))
+# Every rule's shell runs `"$CODL_PYTHON" -m codl.cli`: the interpreter that runs Snakemake, or
+# the conda environment's under --use-conda; never a codl from the caller's PATH
+# (codl.steps.workflow.codl_python). Set, not defaulted: a stale value from the shell must not win.
+USES_CONDA = DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
+os.environ[CODL_PYTHON] = codl_python(sys.executable, conda=USES_CONDA)
 
 
 wildcard_constraints:
@@ -122,12 +152,15 @@ def get_run_resource(name, missing=0):
 
 
 def all_of(kind):
-    return [str(getattr(PATHS, kind)(run_id)) for run_id in SPECS]
+    """``kind``'s file of every run this invocation analyses (ANALYSED)."""
+    return [str(getattr(PATHS, kind)(run_id)) for run_id in ANALYSED]
 
 
 def get_figure_outputs():
-    """The `figures` rule's PNGs by name, each a report entry with its caption and labels."""
-    return {
+    """The `figures` rule's outputs: the PNG of each figure of the plan by name, a report entry
+    with its caption and labels, and their PDFs (`pdfs`). The specs decide which figures
+    (codl.figures.plan_figures): none of API latency where no run records the calls."""
+    pngs = {
         name.value: report(
             PATHS.figure(name),
             caption=f"../report/{name.value}.rst",
@@ -140,14 +173,17 @@ def get_figure_outputs():
             },
         )
         for name, labels in RUN_FIGURES.items()
+        if name in FIGURES
     }
+    return pngs | {"pdfs": [str(PATHS.figure(name, "pdf")) for name in FIGURES]}
 
 
 def get_final_outputs():
-    figures = [str(PATHS.figure(n, fmt)) for n in RUN_FIGURES for fmt in FIGURE_FORMATS]
+    figures = [str(PATHS.figure(n, fmt)) for n in FIGURES for fmt in FIGURE_FORMATS]
     tables = [
         str(PATHS.runs_table),
         str(PATHS.comparison_table),
         str(PATHS.decomposition_table),
+        *([str(PATHS.blocks_table)] if BLOCKS else []),
     ]
     return tables + figures + advisor_targets(config, PATHS)

@@ -14,7 +14,7 @@ from codl.steps.share import share_to
 
 share_to(
     snakemake.config,
-    paths=ResultPaths(),
+    paths=ResultPaths(set_name=snakemake.params.set_name),
     rows_out=Path(snakemake.output.rows),
     table_out=Path(snakemake.output.table),
     figures=[Path(snakemake.output.png), Path(snakemake.output.pdf)],

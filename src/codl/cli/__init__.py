@@ -15,7 +15,7 @@ from typing import Any
 
 from codl import __version__
 from codl.blas import one_blas_thread
-from codl.cli.options import MAX_CORES, MAX_WINDOW_S, Parser, bounded_int, finite_float
+from codl.cli.options import MAX_CORES, Parser, bounded_int, export_time, finite_float
 from codl.errors import CodlError, RunInterruptedError
 from codl.log import LEVELS, configure
 from codl.paths import RunFiles
@@ -131,26 +131,37 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _trace_input(path: Path) -> None:
+    """A one-line error for a trace argument that cannot be a trace: a directory (naming the
+    trace inside), a device, a pipe or a socket (HDF5 reads a file it can seek in)."""
+    _not_a_directory(path, "a trace file", RunFiles(path).trace.name)
+    if path.exists() and not path.is_file():
+        raise CodlError(
+            f"{path}: not a regular file (a device, pipe or socket?), expected a trace file (HDF5)"
+        )
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from codl.outputs import OutputKind, check_output
-    from codl.trace.export import export_chrome
+    from codl.trace.export import TimePoint, empty_window_text, export_chrome
 
-    if args.from_s is not None and args.to_s is not None and args.to_s <= args.from_s:
-        raise CodlError(f"--to {args.to_s:g} must be after --from {args.from_s:g}")
-    _not_a_directory(args.trace, "a trace file", RunFiles(Path(args.trace)).trace.name)
+    start = TimePoint(*args.start) if args.start is not None else None
+    end = TimePoint(*args.end) if args.end is not None else None
+    # Bounds on one clock are compared now; an axis time against a mono: one once the trace
+    # (its zero) is open.
+    if start and end and start.monotonic == end.monotonic and end.ns <= start.ns:
+        raise CodlError(empty_window_text(start, end))
+    trace = Path(args.trace)
+    _trace_input(trace)
     out = Path(args.output)
     # Checked before the trace is read: a refused output costs no time.
-    kind = check_output(out, inputs=(Path(args.trace),), option="-o/--output")
+    kind = check_output(out, inputs=(trace,), option="-o/--output")
     if args.format == "perfetto-proto":
         from codl.trace.perfetto_proto import export_perfetto
 
-        export_perfetto(
-            Path(args.trace), out, from_s=args.from_s, to_s=args.to_s, option="-o/--output"
-        )
+        export_perfetto(trace, out, start=start, end=end, option="-o/--output")
     else:
-        export_chrome(
-            Path(args.trace), out, from_s=args.from_s, to_s=args.to_s, option="-o/--output"
-        )
+        export_chrome(trace, out, start=start, end=end, option="-o/--output")
     if kind is OutputKind.FILE:  # a stream (-o /dev/stdout) gets the trace alone
         print(args.output)
     return 0
@@ -159,12 +170,18 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_convert(args: argparse.Namespace) -> int:
     from codl.trace.store.convert import convert_trace
 
-    convert_trace(
-        Path(args.trace),
-        Path(args.output),
-        compression=args.compression,
-        allow_incomplete=args.allow_incomplete,
-    )
+    src, out = Path(args.trace), Path(args.output)
+    _trace_input(src)
+    if src.name.endswith((".json", ".json.gz")) and src.is_file():
+        # The likely mix-up: convert copies a codl trace; a run converts its Kineto trace.
+        raise CodlError(
+            f"{src}: a JSON file (a Kineto or Chrome trace?), expected a codl trace (HDF5): "
+            "codl convert copies a trace with another codec; a run converts its Kineto trace "
+            "into its codl trace itself (trace.cupti)"
+        )
+    # convert_trace checks the codec and the output before it reads anything, then verifies
+    # the input before copying it (a damaged column is named as the input's).
+    convert_trace(src, out, compression=args.compression, allow_incomplete=args.allow_incomplete)
     print(args.output)
     return 0
 
@@ -175,11 +192,16 @@ def _plan_target_ci(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from codl.analysis.repeats import plan_repeats
-    from codl.config import load_plan
-    from codl.paths import ResultPaths
+    from codl.config import build_plan, load_yaml
+    from codl.paths import ResultPaths, set_name_of
 
-    load_plan(Path(args.config))
-    pilot = Path(args.pilot) if args.pilot is not None else ResultPaths().runs_table
+    cfg = load_yaml(Path(args.config))
+    build_plan(cfg, source=str(args.config))
+    pilot = (
+        Path(args.pilot)
+        if args.pilot is not None
+        else ResultPaths(set_name=set_name_of(cfg, [args.config])).runs_table
+    )
     candidates = (
         [pilot]
         if not pilot.is_dir()
@@ -211,6 +233,7 @@ def _plan_target_ci(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     from codl.advisor.settings import advisor_settings
     from codl.config import block_slots, build_plan, load_yaml, plan_blocks
+    from codl.paths import ResultPaths, set_name_of
 
     _not_a_directory(args.config, "a config file (YAML, e.g. config/smoke.yaml)")
     if args.target_ci is not None:
@@ -222,6 +245,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
         cfg = probe_workflow_config(cfg, source=str(args.config))
     plan = build_plan(cfg, source=str(args.config))
+    result_set = ResultPaths(set_name=set_name_of(cfg, [args.config])).set_dir
+    if args.result_set:
+        print(result_set)
+        return 0
     blocks = plan_blocks(cfg, plan)
     slots = block_slots(blocks)
     seeds = {b.name: b.seed for b in blocks}
@@ -252,7 +279,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(list(rows.values()), indent=2))
         return 0
-    print(f"{len(rows)} distinct runs in {len(plan.experiments())} experiment(s)")
+    print(
+        f"{len(rows)} distinct runs in {len(plan.experiments())} experiment(s); "
+        f"tables, figures and report in {result_set}/"
+    )
     for row in rows.values():
         cells = {**row, "experiments": ",".join(row["experiments"])}
         print("  ".join(f"{k}={v}" for k, v in cells.items()))
@@ -361,7 +391,16 @@ def _add_run_and_traces(sub: Any) -> None:
     i.add_argument("--allow-incomplete", action="store_true", help="read an incomplete trace")
     i.set_defaults(func=cmd_inspect)
 
-    e = sub.add_parser("export", help="Chrome/Perfetto trace JSON, or Perfetto protobuf")
+    e = sub.add_parser(
+        "export",
+        help="Chrome/Perfetto trace JSON, or Perfetto protobuf",
+        description="Write one run's trace for Perfetto (ui.perfetto.dev) or chrome://tracing. "
+        "Times in the output are on the export's time axis: time since the run began (the "
+        "trace's t_begin_ns, stated in the file: otherData.time_base_monotonic_ns in the JSON, "
+        "the 'run begin' instant at 0 on the 'time axis' track in both formats), whatever "
+        "window is exported. --from/--to take the same axis: a time read off an export, or off "
+        "Perfetto's timeline, selects that instant.",
+    )
     e.add_argument("trace", type=Path)
     e.add_argument("-o", "--output", required=True)
     e.add_argument(
@@ -371,12 +410,22 @@ def _add_run_and_traces(sub: Any) -> None:
         help="chrome-json (default; one JSON document, export a window of long runs) or "
         "perfetto-proto (Perfetto's protobuf, streamed: whole runs; needs codl[perfetto])",
     )
-    seconds = finite_float(0, MAX_WINDOW_S)
     e.add_argument(
-        "--from", dest="from_s", type=seconds, help="window start, seconds since the run began"
+        "--from",
+        dest="start",
+        type=export_time,
+        metavar="TIME",
+        help="window start on the export's time axis (since the run began): seconds (1.27), "
+        "a number with a unit (1270ms, 1270000us: the JSON's ts, 1270000000ns) or Perfetto's "
+        "timecode, quoted ('00:00:01.270 000 000'); or mono:NS, CLOCK_MONOTONIC ns as the "
+        "trace's tables store them (their start_ns)",
     )
     e.add_argument(
-        "--to", dest="to_s", type=seconds, help="window end, seconds since the run began"
+        "--to",
+        dest="end",
+        type=export_time,
+        metavar="TIME",
+        help="window end (excluded), written as --from",
     )
     e.set_defaults(func=cmd_export)
 
@@ -395,8 +444,14 @@ def _add_plan(sub: Any) -> None:
     pl.add_argument(
         "--pilot",
         metavar="RESULTS",
-        help="runs.csv, or a results directory holding one, to estimate run-to-run scatter "
-        "from (default: this workflow's results/tables/runs.csv)",
+        help="runs.csv, or a result set holding one, to estimate run-to-run scatter "
+        "from (default: this config's own, results/<name>/tables/runs.csv)",
+    )
+    pl.add_argument(
+        "--result-set",
+        action="store_true",
+        help="print the directory of the config's result set (results/<name>: its `name` key, "
+        "else the file's name) and exit",
     )
     pl.set_defaults(func=cmd_plan)
 

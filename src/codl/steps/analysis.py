@@ -603,3 +603,22 @@ def figures_to(
         timelines=_read_all(timelines, "timeline", units),
     )
     draw_figures(inputs, figdir)
+
+
+def block_progress_to(rows: Sequence[dict[str, Any]], out: Path) -> pd.DataFrame:
+    """The ``block_progress`` rule: the planned blocks (``codl.config.block_progress``) and
+    whether each is measured now, as one table, with the line the log and the report give:
+    how many of the planned blocks the set's tables hold."""
+    table = pd.DataFrame(list(rows), columns=["block", "runs", "analysed", "run_ids"])
+    with output_unit({"blocks table": out}, mkdir=True) as unit:
+        table.to_csv(unit.path(out), index=False)
+    held = int(table["analysed"].sum())
+    log.info(
+        "%d of %d planned blocks analysed (%d of %d runs)%s",
+        held,
+        len(table),
+        int(table.loc[table["analysed"], "runs"].sum()),
+        int(table["runs"].sum()),
+        "" if held == len(table) else "; the next invocation adds blocks and pools them again",
+    )
+    return table

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,29 @@ from codl.config import BlockSlot, Plan
 from codl.figures import FigureName
 from codl.paths import FIGURE_FORMATS, ResultPaths
 from codl.spec import DeviceKind, RunSpec, to_dict
+
+# The variable through which every rule's shell command names its Python: `"$CODL_PYTHON" -m
+# codl.cli ...`. An environment variable rather than a Snakefile global: a shell command sees the
+# globals of the main Snakefile only (not of codl's when it runs as a module), and a path inside
+# the command's text would make Snakemake's code trigger re-run every run when the venv moves.
+CODL_PYTHON = "CODL_PYTHON"
+
+
+def codl_python(executable: str, *, conda: bool) -> str:
+    """The Python whose ``codl`` a rule runs: the interpreter running Snakemake.
+
+    Never the caller's PATH: a user may run ``.venv/bin/snakemake`` without activating the
+    venv, and a Slurm job's PATH is whatever the submitting shell had. Slurm jobs re-run
+    Snakemake with this same interpreter (the executor's ``sys.executable``), which sets the
+    variable again there. Under ``--use-conda`` the rule runs in the environment of
+    ``envs/codl.yaml``, which installs codl, and that environment's ``python`` is the one meant.
+    """
+    return "python" if conda else executable
+
+
+def measured_run(paths: ResultPaths) -> Callable[[str], bool]:
+    """Whether a run is measured: its trace exists (a trace appears whole or not at all)."""
+    return lambda run_id: paths.trace(run_id).is_file()
 
 
 def dataset_dir(paths: ResultPaths, tiers: Mapping[str, str], name: str, tier: str) -> Path:
