@@ -1,7 +1,7 @@
 """Summarize, compare and plot the runs of a matrix that ran only in part.
 
-The workflow's `compare` and `figures` rules need every run of the config. A lease on a GPU
-machine may end before the matrix does (results/h200x2 holds 17 of its config's 33 runs); this
+The workflow's `compare` and `figures` rules need every run of the config. An allocation of a GPU
+node may end before the matrix does (results/h200x2 holds 17 of its config's 33 runs); this
 runs the same package functions on the traces that exist and writes the tables and figures the
 rules would have written, plus the per-call attribution of slow CUDA API calls for every run
 with `trace.cuda_api_sched` against its isolation twin with the same evidence.

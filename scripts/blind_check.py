@@ -1,5 +1,5 @@
 """Blind check of the calibration on a machine other than the fit's (issue 35; docs/advisor.md,
-"Calibration on a new machine"), on one node without Snakemake (the lent GPU machine):
+"Calibration on a new machine"), on one node without Snakemake (the GPU node we had):
 
     python3 scripts/blind_check.py FIT OUT [--seconds S] [--cores N] [--steps N]
 

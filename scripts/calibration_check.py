@@ -4,9 +4,9 @@ calibrated on the machine's other runs (held out in turn), before and after
 
     python scripts/calibration_check.py FIT_RESULTS NEW_RESULTS OUT.csv
 
-Made results/fit-h200-check/lease-a/calibrated_loo.csv:
-    python scripts/calibration_check.py results/fit-h200-light results/fit-h200-check/lease-a \\
-        results/fit-h200-check/lease-a/calibrated_loo.csv
+Made results/fit-h200-check/alloc-a/calibrated_loo.csv:
+    python scripts/calibration_check.py results/fit-h200-light results/fit-h200-check/alloc-a \\
+        results/fit-h200-check/alloc-a/calibrated_loo.csv
 """
 
 from __future__ import annotations

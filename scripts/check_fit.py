@@ -16,7 +16,7 @@ run, then set the predictions against the measured runs.
         fit whose data runs had only the combined runs' budget
     python scripts/check_fit.py splits CORES OUT.csv FIT_RESULTS...
         the advisor's split of CORES cores between the fitted jobs, every split scored
-    python scripts/check_fit.py lease FIT.yaml CHECK.yaml SECONDS OUT_DIR
+    python scripts/check_fit.py alloc FIT.yaml CHECK.yaml SECONDS OUT_DIR
         on one machine, without Snakemake: FIT's runs, the model fitted on them, CHECK's
         settings predicted (OUT_DIR/predicted.csv) before CHECK's runs start, then those runs
         and the comparison; no run starts after SECONDS
@@ -234,11 +234,11 @@ def run_config(config: Path, results: Path, deadline: float, ids: list[str] | No
     return len(runs)
 
 
-def lease(fit_config: Path, check: Path, seconds: float, out: Path) -> None:
-    """On a machine of its own (a GPU lease): the fit's runs, the model fitted on them, the
-    check's settings predicted and written (``out/predicted.csv``) before the check's runs
-    start, then those runs and the comparison (``out/predicted_vs_measured.csv``). A fit and a
-    check on one machine: the interference and the CPU's speed belong to the machine
+def alloc(fit_config: Path, check: Path, seconds: float, out: Path) -> None:
+    """On a machine of its own (one allocation of a GPU node): the fit's runs, the model fitted
+    on them, the check's settings predicted and written (``out/predicted.csv``) before the
+    check's runs start, then those runs and the comparison (``out/predicted_vs_measured.csv``).
+    A fit and a check on one machine: the interference and the CPU's speed belong to the machine
     (docs/advisor.md, "The tie rule")."""
     import shutil
     import time
@@ -249,8 +249,8 @@ def lease(fit_config: Path, check: Path, seconds: float, out: Path) -> None:
     print(pd.read_csv(out / "predicted.csv").to_string(), flush=True)
     if run_config(check, out / "check", deadline):
         compare(out / "predicted.csv", check, out / "check", out / "predicted_vs_measured.csv")
-    # Flat copies of the tables: a device machine may return only files near the top of its
-    # output folder (lease B's tables/ did not come back).
+    # Flat copies of the tables: a job runner may return only files near the top of its
+    # output folder (allocation B's tables/ did not come back).
     for part in ("fit", "check"):
         for table in ("runs.csv", "steps.csv.gz"):
             if (out / part / "tables" / table).exists():
@@ -269,12 +269,12 @@ if __name__ == "__main__":
         splits([Path(a) for a in args[2:]], int(args[0]), Path(args[1]))
     elif cmd == "share":
         share_plan(Path(args[0]), Path(args[1]))
-    elif cmd == "lease":
-        lease(Path(args[0]), Path(args[1]), float(args[2]), Path(args[3]))
+    elif cmd == "alloc":
+        alloc(Path(args[0]), Path(args[1]), float(args[2]), Path(args[3]))
     else:
         sys.exit(
             f"usage: {sys.argv[0]} predict CHECK.yaml OUT.csv FIT... | "
             "compare PREDICTED.csv CHECK.yaml CHECK_RESULTS OUT.csv | "
             "holdout RESULTS CORES OUT.csv | splits CORES OUT.csv FIT... | "
-            "share SHARE_CONFIG.yaml OUT.csv | lease FIT.yaml CHECK.yaml SECONDS OUT_DIR"
+            "share SHARE_CONFIG.yaml OUT.csv | alloc FIT.yaml CHECK.yaml SECONDS OUT_DIR"
         )

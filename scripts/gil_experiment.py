@@ -24,7 +24,7 @@ them to the launch roles' sleeps per run and the compute inflation over blocks.
 
 Order: repeat-major (a repeat is a block); inside a block the settings rotate by one per repeat
 and each setting's pair runs ABBA (twin first on even blocks, second on odd ones), so a drift of
-the machine over the lease does not read as an effect of the factor.
+the machine over the allocation does not read as an effect of the factor.
 """
 
 from __future__ import annotations

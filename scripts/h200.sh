@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run CoDL on a GPU node that has PyTorch/CUDA but no Snakemake (the lent H200 machine):
+# Run CoDL on a GPU node that has PyTorch/CUDA but no Snakemake (the H200 node we had):
 # wheels carried in .whl/ are installed to /tmp/site, the package is used from src/, and `codl`
 # is a shim on PATH. Usage: scripts/h200.sh setup|tests|overhead|apicost|harness|reproduce CONFIG
 #   scripts/h200.sh part CONFIG FROM TO [SECONDS]  runs FROM..TO-1 of the config's runs (plan

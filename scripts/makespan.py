@@ -8,30 +8,30 @@ JOB is ``NAME=FIT_RESULTS:SAMPLES[:MEASURED_RESULTS...]``: a job of the workload
 FIT_RESULTS (a results directory, as `codl advise` reads it) processing SAMPLES samples; its
 measured rates are the best measured combined setting at each core budget of FIT_RESULTS and
 of each MEASURED_RESULTS (only the runs of FIT_RESULTS' data set, by the config's specs), or
-with ``--rates-only`` of the MEASURED_RESULTS alone (e.g. one lease that measured every budget,
+with ``--rates-only`` of the MEASURED_RESULTS alone (e.g. one allocation that measured every budget,
 so that no rate mixes machines). Jobs queue in the order given, SLOTS at a time. Writes
 OUT_DIR/makespan.csv (per plan), OUT_DIR/segments.csv (every schedule), OUT_DIR/rates.csv (each
 workload's predicted and measured rate per core count) and OUT_DIR/makespan.png|pdf, as one
 unit.
 
-Made results/makespan-h200/ (every lease's runs), results/makespan-h200/one-lease/ and
-one-lease-b/ (the rates of results/makespan-h200/lease, resp. lease-b, alone: every budget the
+Made results/makespan-h200/ (every allocation's runs), results/makespan-h200/one-alloc/ and
+one-alloc-b/ (the rates of results/makespan-h200/alloc, resp. alloc-b, alone: every budget the
 plans use measured in one call):
     python scripts/makespan.py results/makespan-h200 16 2 \\
-        light1=results/fit-h200-light:1281167:results/fit-h200-check:results/makespan-h200/budgets:results/makespan-h200/lease:results/makespan-h200/lease-b \\
-        heavy1=results/fit-h200-heavy:427056:results/fit-h200-check:results/makespan-h200/heavy10:results/makespan-h200/budgets:results/makespan-h200/lease:results/makespan-h200/lease-b \\
-        light2=results/fit-h200-light:1281167:results/fit-h200-check:results/makespan-h200/budgets:results/makespan-h200/lease:results/makespan-h200/lease-b \\
-        heavy2=results/fit-h200-heavy:427056:results/fit-h200-check:results/makespan-h200/heavy10:results/makespan-h200/budgets:results/makespan-h200/lease:results/makespan-h200/lease-b
-    python scripts/makespan.py --rates-only results/makespan-h200/one-lease 16 2 \\
-        light1=results/fit-h200-light:1281167:results/makespan-h200/lease \\
-        heavy1=results/fit-h200-heavy:427056:results/makespan-h200/lease \\
-        light2=results/fit-h200-light:1281167:results/makespan-h200/lease \\
-        heavy2=results/fit-h200-heavy:427056:results/makespan-h200/lease
-    python scripts/makespan.py --rates-only results/makespan-h200/one-lease-b 16 2 \\
-        light1=results/fit-h200-light:1281167:results/makespan-h200/lease-b \\
-        heavy1=results/fit-h200-heavy:427056:results/makespan-h200/lease-b \\
-        light2=results/fit-h200-light:1281167:results/makespan-h200/lease-b \\
-        heavy2=results/fit-h200-heavy:427056:results/makespan-h200/lease-b
+        light1=results/fit-h200-light:1281167:results/fit-h200-check:results/makespan-h200/budgets:results/makespan-h200/alloc:results/makespan-h200/alloc-b \\
+        heavy1=results/fit-h200-heavy:427056:results/fit-h200-check:results/makespan-h200/heavy10:results/makespan-h200/budgets:results/makespan-h200/alloc:results/makespan-h200/alloc-b \\
+        light2=results/fit-h200-light:1281167:results/fit-h200-check:results/makespan-h200/budgets:results/makespan-h200/alloc:results/makespan-h200/alloc-b \\
+        heavy2=results/fit-h200-heavy:427056:results/fit-h200-check:results/makespan-h200/heavy10:results/makespan-h200/budgets:results/makespan-h200/alloc:results/makespan-h200/alloc-b
+    python scripts/makespan.py --rates-only results/makespan-h200/one-alloc 16 2 \\
+        light1=results/fit-h200-light:1281167:results/makespan-h200/alloc \\
+        heavy1=results/fit-h200-heavy:427056:results/makespan-h200/alloc \\
+        light2=results/fit-h200-light:1281167:results/makespan-h200/alloc \\
+        heavy2=results/fit-h200-heavy:427056:results/makespan-h200/alloc
+    python scripts/makespan.py --rates-only results/makespan-h200/one-alloc-b 16 2 \\
+        light1=results/fit-h200-light:1281167:results/makespan-h200/alloc-b \\
+        heavy1=results/fit-h200-heavy:427056:results/makespan-h200/alloc-b \\
+        light2=results/fit-h200-light:1281167:results/makespan-h200/alloc-b \\
+        heavy2=results/fit-h200-heavy:427056:results/makespan-h200/alloc-b
 """  # noqa: E501 (the commands that made the committed outputs, whole: a test reruns them)
 
 from __future__ import annotations

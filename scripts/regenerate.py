@@ -98,7 +98,7 @@ def _advise(s: Path, o: Path) -> None:
 
 def _predictions(s: Path, o: Path) -> None:
     t = s / "tables"
-    for pred in [s / "predicted.csv", *sorted(s.glob("lease-*/predicted.csv"))]:
+    for pred in [s / "predicted.csv", *sorted(s.glob("alloc-*/predicted.csv"))]:
         if not pred.is_file():
             continue
         name = f"pvm_{pred.parent.name}"

@@ -28,7 +28,7 @@ rule summarize:
     # One slot each: as many summarize jobs run at once as there are cores, and each decodes
     # on every core (chunked.default_threads), the OS sharing them. On 16 cores, 16 traces of
     # 10^8 events took 12.6 s so, 11.7 s with each job held to one core, 17.2 s as 4 jobs of
-    # 4 cores; a lone trace 3.3 s, against 7.7 s on one core (one round each, one H200 lease:
+    # 4 cores; a lone trace 3.3 s, against 7.7 s on one core (one round each, one H200 allocation:
     # benchmarks/summarize_matrix.py).
     threads: 1
     script:

@@ -439,7 +439,7 @@ def _add_plan(sub: Any) -> None:
         type=finite_float(0.01, 1000.0),
         metavar="P",
         help="print the repeats each comparison needs for a 95 %% interval of +/- P points on "
-        "its mean ratio, and their device time, from the scatter of --pilot's runs",
+        "its mean ratio, and their node time, from the scatter of --pilot's runs",
     )
     pl.add_argument(
         "--pilot",

@@ -286,7 +286,7 @@ def run_shared(
     Repeat-major, the order of the splits rotated by one per repeat: a node's speed drifts over
     a session (docs/results-h200x2.md), and split-major order would read drift as a split's
     effect. A (split, repeat) whose traces are all there, complete, of the jobs' specs and on
-    their shares is not run again (``measured``): an experiment cut short (a lease's time limit,
+    their shares is not run again (``measured``): an experiment cut short (an allocation's time limit,
     a killed Snakemake job) resumes where it stopped."""
     allowed = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
     shares_of = {name: cpu_shares(allowed, c, jobs=len(jobs)) for name, c in splits.items()}
