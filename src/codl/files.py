@@ -8,7 +8,9 @@ A lock is ``.<final name>.<purpose>.lock`` beside the file it guards (``exclusiv
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
+import hashlib
 import os
 import signal
 import socket
@@ -21,12 +23,36 @@ from typing import Any, Final
 
 from codl.errors import TraceFormatError
 
+# What a write that finds no room fails with: a full disk, or the user's quota used up.
+NO_ROOM: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+# The longest name of one directory entry, in bytes, on every file system codl writes to
+# (ext4, xfs, tmpfs, Lustre, NFS): POSIX NAME_MAX.
+NAME_MAX: Final = 255
+_HASHED_HEX: Final = 16  # of a long name's sha256: 64 bits, no collision among one directory's
+
+
+def fit_name(name: str, *, extra: int) -> str:
+    """``name`` as a part of a name made from it (a prefix and suffix of ``extra`` bytes in all
+    around it): itself where the whole fits NAME_MAX, else a prefix of it and ``~`` and 16 hex
+    digits of the sha256 of all of it, so that the made name fits and stays the same for every
+    process that makes it (a lock must be one file for all its writers) and its own for each
+    ``name``. The prefix ends on a whole UTF-8 character and only helps a person reading it."""
+    raw = os.fsencode(name)
+    if len(raw) + extra <= NAME_MAX:
+        return name
+    digest = hashlib.sha256(raw).hexdigest()[:_HASHED_HEX]
+    room = max(0, NAME_MAX - extra - len(digest) - 1)
+    return f"{raw[:room].decode('utf-8', 'ignore')}~{digest}"
+
 
 def lock_path(final: str | os.PathLike[str], purpose: str) -> Path:
     """The hidden lock file of ``final`` for ``purpose`` (``write``: TraceWriter; ``run``: a
-    whole measured run): ``.<final name>.<purpose>.lock``."""
+    whole measured run): ``.<final name>.<purpose>.lock``, the name shortened (:func:`fit_name`)
+    where that would pass NAME_MAX."""
     p = Path(final)
-    return p.with_name(f".{p.name}.{purpose}.lock")
+    affixes = len(f"..{purpose}.lock".encode())
+    return p.with_name(f".{fit_name(p.name, extra=affixes)}.{purpose}.lock")
 
 
 @contextlib.contextmanager
@@ -49,9 +75,9 @@ def exclusive_lock(
         try:
             fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as e:
+            hint = "the disk is full" if e.errno in NO_ROOM else "is the directory writable?"
             raise TraceFormatError(
-                f"{final}: cannot create the lock file {lock} ({e.strerror or e}); is the "
-                "directory writable?"
+                f"{final}: cannot create the lock file {lock} ({e.strerror or e}); {hint}"
             ) from e
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -71,8 +97,11 @@ def exclusive_lock(
             break
         os.close(fd)
     try:
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode())
+        # The holder's name only serves a second writer's message; on a full disk the lock
+        # holds without it, and the command goes on to fail (or not) on its own writes.
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode())
         yield lock
     finally:
         # Unlink while still holding the lock, then release: see the docstring.

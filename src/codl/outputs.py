@@ -21,12 +21,18 @@ Members of the old set that the new one lacks are removed, so two units never mi
 
 Every output is locked for the write (``exclusive_lock``, purpose ``write``, the same lock a
 trace writer takes): a second command writing the same output fails at once.
+
+A write that finds no room (ENOSPC, EDQUOT) anywhere in the unit is one CodlError line naming
+the output it was writing; the old outputs stay. The temporary and lock names add bytes to an
+output's name; where that would pass NAME_MAX they carry a hash of it instead
+(``files.fit_name``), so any name the file system takes can be an output.
 """
 
 from __future__ import annotations
 
 import contextlib
 import enum
+import errno
 import hashlib
 import json
 import os
@@ -41,7 +47,14 @@ from pathlib import Path
 from typing import Any, Final
 
 from codl.errors import CodlError
-from codl.files import exclusive_lock, fsync_path, glob_escape, signals_deferred
+from codl.files import (
+    NO_ROOM,
+    exclusive_lock,
+    fit_name,
+    fsync_path,
+    glob_escape,
+    signals_deferred,
+)
 
 UNIT_SUFFIX: Final = ".unit.json"
 MANIFEST_FORMAT: Final = "codl-output-unit/1"
@@ -202,20 +215,83 @@ def output_unit(
     if real_manifest is not None and any(f.parent != real_manifest.parent for _, f in files):
         raise CodlError(f"{manifest}: a unit's members must share its manifest's directory")
     with contextlib.ExitStack() as stack:
-        locked = {f for _, f in files} | ({real_manifest} if real_manifest else set())
-        for final in sorted(locked):
-            stack.enter_context(exclusive_lock(final, "write", clash=_CLASH))
-        tmpdirs = _make_tmpdirs([f for _, f in files], real_manifest)
-        stack.callback(_remove_all, list(tmpdirs.values()))
-        for given, final in files:
-            unit.members[given] = unit.members[final] = tmpdirs[final.parent] / final.name
-            unit.moves.append((final, unit.members[final]))
-        yield unit
-        _commit(unit, tmpdirs, manifest=real_manifest, run_id=run_id)
+        try:
+            locked = {f for _, f in files} | ({real_manifest} if real_manifest else set())
+            for final in sorted(locked):
+                stack.enter_context(exclusive_lock(final, "write", clash=_CLASH))
+            tmpdirs = _make_tmpdirs([f for _, f in files], real_manifest)
+            stack.callback(_remove_all, list(tmpdirs.values()))
+            for given, final in files:
+                unit.members[given] = unit.members[final] = tmpdirs[final.parent] / final.name
+                unit.moves.append((final, unit.members[final]))
+            yield unit
+            _commit(unit, tmpdirs, manifest=real_manifest, run_id=run_id)
+        except Exception as e:
+            # Named here, while the temporary files still say which output was being written
+            # (the stack removes them next): a library's ENOSPC names no file, or a temporary.
+            # Only text kept: a local bound to the error would tie its traceback (and the
+            # files its frames hold open) into a cycle that outlives the command.
+            text = _no_room_text(e, unit, [f for _, f in files])
+            if text is None:
+                raise
+            raise CodlError(text) from e
+
+
+# What a temporary directory's name adds to its unit's: the prefix, "." and the token (a pid
+# of at most 7 digits, as pid_max is at most 2**22, "-", 8 hex digits) and ".tmp".
+_TMP_AFFIXES: Final = len(_TMP_PREFIX) + len(".") + 7 + 1 + 8 + len(".tmp")
 
 
 def _unit_name(finals: Sequence[Path], manifest: Path | None) -> str:
-    return manifest.name if manifest is not None else finals[0].name
+    """The unit's part of its temporary names: its manifest's or first output's name,
+    shortened where the temporary name would pass NAME_MAX."""
+    name = manifest.name if manifest is not None else finals[0].name
+    return fit_name(name, extra=_TMP_AFFIXES)
+
+
+def _no_room(exc: BaseException) -> OSError | None:
+    """The ENOSPC/EDQUOT behind ``exc``, if any: itself, or what it was raised from or while
+    handling (a library that fails again while cleaning up after the full disk)."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in NO_ROOM:
+            return e
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _no_room_text(error: BaseException, unit: OutputUnit, finals: Sequence[Path]) -> str | None:
+    """One line for a write that found no room (None for another error): the output it was
+    writing (the one the error names, else the temporary file written last, else the first)
+    and what is kept."""
+    exc = _no_room(error)
+    if exc is None:
+        return None
+    by_tmp = {str(tmp): final for final, tmp in unit.moves}
+    named = str(exc.filename) if exc.filename is not None else None
+    target: Path | None = None
+    if named is not None and named in by_tmp:
+        target = by_tmp[named]
+    elif named is not None and Path(named) in unit.streams:
+        target = Path(named)
+    else:
+        written = []
+        for final, tmp in unit.moves:
+            with contextlib.suppress(OSError):
+                written.append((tmp.stat().st_mtime_ns, final))
+        if written:
+            target = max(written, key=lambda w: w[0])[1]
+    if target is None:
+        target = finals[0] if finals else next(iter(sorted(unit.streams)), Path(named or "?"))
+    # os.strerror: a library's own text for the error may run to several lines.
+    quota = exc.errno == errno.EDQUOT
+    why = f"{os.strerror(exc.errno or errno.ENOSPC)} ({'quota' if quota else 'the disk is'} full)"
+    if target in unit.streams:
+        return f"{target}: {why}; the output is cut short"
+    others = " (nor any other output of the command)" if len(unit.moves) > 1 else ""
+    return f"{target}: {why}; nothing written at its name{others}, what was there before is kept"
 
 
 _LEFTOVER = re.compile(r"(\d+)-[0-9a-f]{8}\.tmp")

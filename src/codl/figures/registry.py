@@ -32,6 +32,7 @@ from codl.figures import NEEDS_TRACE, TRACE_LEVELS, FigureName, run_figures
 from codl.figures import data as figdata
 from codl.figures import draw as plots
 from codl.figures.run_tables import timeline_title
+from codl.outputs import output_unit
 
 log = logging.getLogger(__name__)
 
@@ -157,4 +158,8 @@ def draw_figure(name: FigureName, inputs: FigureInputs, outputs: Sequence[Path])
     # Logged before drawing: a figure that fails names itself as the last line of the log.
     log.info("drawing %s", ", ".join(str(p) for p in outputs))
     fig = BY_NAME[name]
-    fig.draw(fig.prepare(inputs), outputs, **fig.options(inputs))
+    frame, options = fig.prepare(inputs), fig.options(inputs)
+    # A figure's files (one per format) are one output unit: drawn into a temporary
+    # directory, renamed into place together, or (a full disk) none of them and the old kept.
+    with output_unit({f"figure {Path(p).name}": Path(p) for p in outputs}, mkdir=True) as unit:
+        fig.draw(frame, [unit.path(Path(p)) for p in outputs], **options)

@@ -41,7 +41,7 @@ from codl.advisor.verify import (
 from codl.config import build_plan, load_yaml
 from codl.errors import CodlError, ConfigError
 from codl.figures import FigureName
-from codl.outputs import verify_member
+from codl.outputs import output_unit, verify_member
 from codl.paths import ResultPaths
 from codl.spec import RunSpec
 
@@ -247,6 +247,12 @@ def _read(path: Path) -> pd.DataFrame:
     return read_table(Path(path), missing="no such table")
 
 
+def _write_table(t: pd.DataFrame, table: Path) -> None:
+    """``t`` as the csv ``table``, whole or not at all (codl.outputs)."""
+    with output_unit({"table": Path(table)}, mkdir=True) as unit:
+        t.to_csv(unit.path(Path(table)), index=False)
+
+
 def map_to(
     *,
     runs: Path,
@@ -261,8 +267,7 @@ def map_to(
 
     plan = build_plan(cfg, source="the config")
     t = imap.build_map(imap.with_costs(_read(runs), plan.specs), _read(steps), boot=boot)
-    Path(table).parent.mkdir(parents=True, exist_ok=True)
-    t.to_csv(table, index=False)
+    _write_table(t, table)
     draw_figure(FigureName.INTERFERENCE_MAP, FigureInputs(interference_map=t), figures)
     return t
 
@@ -423,8 +428,7 @@ def predicted_vs_measured_to(
             ", ".join(sorted(set(bad["order"]))),
             table,
         )
-    Path(table).parent.mkdir(parents=True, exist_ok=True)
-    t.to_csv(table, index=False)
+    _write_table(t, table)
     draw_figure(FigureName.PREDICTED_VS_MEASURED, FigureInputs(predictions=t), figures)
     return t
 

@@ -38,6 +38,7 @@ from codl.blas import users_env
 from codl.config import build_plan
 from codl.errors import CodlError
 from codl.figures import FigureName
+from codl.outputs import output_unit
 from codl.paths import ResultPaths, ShareFiles
 from codl.pinning import cpulist
 from codl.spec import DeviceKind, RunSpec
@@ -286,8 +287,8 @@ def run_shared(
     Repeat-major, the order of the splits rotated by one per repeat: a node's speed drifts over
     a session (docs/results-h200x2.md), and split-major order would read drift as a split's
     effect. A (split, repeat) whose traces are all there, complete, of the jobs' specs and on
-    their shares is not run again (``measured``): an experiment cut short (an allocation's time limit,
-    a killed Snakemake job) resumes where it stopped."""
+    their shares is not run again (``measured``): an experiment cut short (an allocation's time
+    limit, a killed Snakemake job) resumes where it stopped."""
     allowed = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
     shares_of = {name: cpu_shares(allowed, c, jobs=len(jobs)) for name, c in splits.items()}
     names = list(splits)
@@ -333,10 +334,11 @@ def advised_split(results: Sequence[str], n_cpus: int, work: Path, *, boot: int 
         counts, table = adv.advise_split(fits, cores=n_cpus)
     except mdl.ModelError as exc:
         raise CodlError(f"share.advise_from: {exc}") from None
-    work.mkdir(parents=True, exist_ok=True)
-    table.assign(split=[" / ".join(map(str, x)) for x in table["split"]]).to_csv(
-        ShareFiles(work).advised_splits, index=False
-    )
+    scored = ShareFiles(work).advised_splits
+    with output_unit({"advised splits": scored}, mkdir=True) as unit:
+        table.assign(split=[" / ".join(map(str, x)) for x in table["split"]]).to_csv(
+            unit.path(scored), index=False
+        )
     return counts
 
 
@@ -408,9 +410,10 @@ def share_to(
     splits, advised_as = splits_for(settings, len(pool), len(jobs), paths.share)
     rows = run_shared(jobs, splits, work=paths.share, cpus=pool, repeats=settings.repeats)
     report = share_report(rows, advised=advised_as)
-    for out, df in ((rows_out, rows), (table_out, report)):
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        df.to_csv(out, index=False)
+    # The rows and their report as one unit: both or neither (codl.outputs).
+    with output_unit({"rows": Path(rows_out), "table": Path(table_out)}, mkdir=True) as unit:
+        for out, df in ((rows_out, rows), (table_out, report)):
+            df.to_csv(unit.path(Path(out)), index=False)
     inputs = FigureInputs(share=report, share_jobs=tuple(str(j.name) for j in jobs))
     draw_figure(FigureName.SHARE, inputs, figures)
     return report
