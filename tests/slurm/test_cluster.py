@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -102,7 +103,8 @@ def test_killing_one_rank_of_an_srun_step_keeps_the_survivors_data(
     run = tmp_path / "run"
     write_spec_json(spec, run / "spec.json")
     env = {**slurm_env, "PYTHONPATH": str(REPO / "src"), "CODL_LOG_LEVEL": "WARNING"}
-    cmd = ["salloc", "-n", "2", "-c", "1", "python", "-m", "codl.cli", "run"]
+    # The interpreter of this test, not a `python` the PATH happens to hold.
+    cmd = ["salloc", "-n", "2", "-c", "1", sys.executable, "-m", "codl.cli", "run"]
     proc = subprocess.Popen(
         [*cmd, str(run / "spec.json"), "--trace", str(run / "trace.h5")],
         env=env,
