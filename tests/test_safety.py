@@ -1144,8 +1144,8 @@ def test_killing_one_rank_keeps_the_survivors_data(tmp_path: Path, killed: int) 
     assert proc.returncode == 2, err[-3000:]
     assert "of 2 failed" in err and "Traceback" not in err, err[-3000:]
     # The survivor's data, merged into the run's one incomplete trace; no rank trace is left.
-    # (The killed rank's streaming partial file and its lock stay: SIGKILL gave it no say, and
-    # a partial is never read as a trace.)
+    # (The launcher removes the killed rank's unreadable streaming partial and its lock once
+    # the ranks have ended; a partial is never read as a trace: tests/test_rank_faults.py.)
     kept = run_dir / "trace.incomplete.h5"
     names = [p.name for p in run_dir.iterdir()]
     visible = sorted(n for n in names if not n.startswith(".") and not n.endswith(".partial"))

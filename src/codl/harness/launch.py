@@ -13,6 +13,7 @@ srun step failed (the process that started srun merges what the ranks wrote).
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import signal
 import socket
@@ -21,14 +22,19 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from codl.errors import CodlError, RunInterruptedError, TraceFormatError
 from codl.files import exclusive_lock, restore_after_stop
 from codl.harness.runner import RankEnv, execute
 from codl.log import configure
 from codl.spec import DeviceKind, RunSpec
-from codl.trace.store import check_trace_target, incomplete_path, set_aside_stale
+from codl.trace.store import check_trace_target, incomplete_path, open_trace, set_aside_stale
+from codl.trace.store.files import PARTIAL_SUFFIX
 from codl.trace.store.merge import merge_incomplete_ranks, merge_rank_traces, rank_trace_path
+
+if TYPE_CHECKING:
+    from torch.multiprocessing.spawn import ProcessException
 
 # How long the other ranks get to stop by themselves (and keep their data) after one failed.
 RANK_GRACE_S = 60.0
@@ -83,6 +89,7 @@ def _rank_main(
     dataset_dir: Path | None,
     port: int,
     kineto_dir: Path | None,
+    launcher: int,
 ) -> None:
     # A spawned process starts with logging unconfigured; the level travels in the environment.
     configure()
@@ -95,13 +102,22 @@ def _rank_main(
         master_port=port,
         spawned=True,
     )
-    execute(
-        spec,
-        trace_path=rank_trace_path(trace_path, local_rank),
-        dataset_dir=dataset_dir,
-        env=env,
-        kineto_dir=kineto_dir,
-    )
+    try:
+        execute(
+            spec,
+            trace_path=rank_trace_path(trace_path, local_rank),
+            dataset_dir=dataset_dir,
+            env=env,
+            kineto_dir=kineto_dir,
+        )
+    except RunInterruptedError:
+        if os.getppid() != launcher:
+            # The launcher died (SIGKILL, the OOM killer) and torch's wrapper had the kernel
+            # send this rank SIGINT (PR_SET_PDEATHSIG): its data is in its own incomplete trace.
+            # No one will read or remove the error file the wrapper writes for an exception,
+            # which would stay in $TMPDIR; SystemExit passes the wrapper without writing one.
+            raise SystemExit(2) from None
+        raise
 
 
 def srun_command(spec: RunSpec, argv: list[str], *, cpus_per_task: int) -> list[str]:
@@ -251,11 +267,12 @@ def _spawn_local(
 
     port = _free_port()
     pids: list[int] = []
+    context: Any = None
     with _forwarded_stop(pids) as stopped:
         try:
             context = start_processes(
                 _rank_main,
-                args=(spec, trace_path, dataset_dir, port, kineto_dir),
+                args=(spec, trace_path, dataset_dir, port, kineto_dir, os.getpid()),
                 nprocs=world,
                 join=False,
                 start_method="spawn",
@@ -267,12 +284,7 @@ def _spawn_local(
             while not context.join(grace_period=RANK_GRACE_S):
                 pass
         except (ProcessExitedException, ProcessRaisedException) as exc:
-            why = (
-                f"received {stopped[0]}"
-                if stopped
-                else f"rank {exc.error_index} of {world} failed: "
-                f"{str(exc).strip().splitlines()[-1]}"
-            )
+            why = f"received {stopped[0]}" if stopped else _rank_failure(exc, world)
             kept = merge_incomplete_ranks(
                 trace_path,
                 world,
@@ -280,11 +292,66 @@ def _spawn_local(
                 run_id=spec.run_id,
                 compression=spec.trace.compression,
             )
+            unsealed = "".join(
+                f"; a killed rank's unsealed trace is kept in {p} (open_trace allow_incomplete)"
+                for p in _clean_after_ranks(trace_path, context)
+            )
             error = RunInterruptedError if stopped else CodlError
-            raise error(f"{why}; what the ranks measured is kept in {kept or 'no file'}") from exc
+            raise error(
+                f"{why}; what the ranks measured is kept in {kept or 'no file'}{unsealed}"
+            ) from exc
+        finally:
+            if context is not None:
+                _clean_after_ranks(trace_path, context)
         return merge_rank_traces(
             trace_path, world, run_id=spec.run_id, compression=spec.trace.compression
         )
+
+
+def _rank_failure(exc: ProcessException, world: int) -> str:
+    """How the first rank that ended badly ended, in one line: the signal that killed it (pid
+    included, to find it in the kernel log after an OOM kill), its exit status, or the last
+    line of the exception it raised (its traceback is above, in the rank's stderr)."""
+    from torch.multiprocessing.spawn import ProcessExitedException
+
+    rank = f"rank {exc.error_index} of {world} failed"
+    if isinstance(exc, ProcessExitedException):
+        if exc.signal_name:
+            return f"{rank}: killed by {exc.signal_name} (pid {exc.error_pid})"
+        return f"{rank}: exited with status {exc.exit_code} (pid {exc.error_pid})"
+    return f"{rank}: {str(exc).strip().splitlines()[-1]}"
+
+
+def _clean_after_ranks(trace_path: Path, context: Any) -> list[Path]:
+    """Remove what the ended ranks of a local run leave behind: torch's per-rank error files
+    (``$TMPDIR/pytorch-errorfile-*.pickle``, written by a rank that raised, never removed by
+    torch), and a killed rank's streaming partial trace and write lock. Returns the partial
+    traces kept because they can be read (none in practice).
+
+    A rank killed (SIGKILL, the OOM killer) has no say: its partial file was never sealed and
+    HDF5 has not written the metadata that would make it readable (the writer's ``flush()``
+    does, and the harness never calls it), and its lock would stay beside the run's files. The
+    partial is named after the writer's pid (``trace.rank<R>.h5.<pid>-<random>.partial``), so
+    only the dead rank's own is touched; the lock is taken and released as any writer does,
+    which removes it (a live holder of that path would keep it).
+    """
+    kept: list[Path] = []
+    for f in context.error_files:
+        with contextlib.suppress(OSError):
+            os.unlink(f)
+    for r, proc in enumerate(context.processes):
+        if proc.pid is None or proc.exitcode is None:
+            continue  # never started, or still running (it holds its files)
+        part = rank_trace_path(trace_path, r)
+        for p in part.parent.glob(f"{glob.escape(part.name)}.{proc.pid}-*{PARTIAL_SUFFIX}"):
+            try:
+                open_trace(p, allow_incomplete=True).close()
+                kept.append(p)
+            except (OSError, TraceFormatError, KeyError, ValueError):
+                p.unlink(missing_ok=True)
+        with contextlib.suppress(TraceFormatError), exclusive_lock(part, "write"):
+            pass
+    return kept
 
 
 @contextlib.contextmanager
