@@ -22,6 +22,10 @@ them to the launch roles' sleeps per run and the compute inflation over blocks.
         (OUT/gil_stacks.txt, py-spy's raw collapsed stacks, one per thread: --gil --threads
         --native); where py-spy cannot attach, the file says why
 
+The reduction is codl.analysis.pooled's, and the workflow's `pooled` rule makes it from a config
+with a `blocks` section (tables/pooled_*.csv, figures/intervention.*): this script is retired
+once its results are regenerated that way.
+
 Order: repeat-major (a repeat is a block); inside a block the settings rotate by one per repeat
 and each setting's pair runs ABBA (twin first on even blocks, second on odd ones), so a drift of
 the machine over the allocation does not read as an effect of the factor.
@@ -37,19 +41,21 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
-from codl.analysis import chunked, columns
-from codl.analysis.runlevel import log_ratio_interval, mean_interval
-from codl.analysis.sleeps import launch_sleeps, run_sleeps
+from codl.analysis import chunked
+from codl.analysis.pooled import (
+    inflation,
+    pool_runs,
+    run_row,
+    throughput_versus_torch,
+    twin_id,
+    with_knob_defaults,
+)
 from codl.config import build_plan, load_yaml
 from codl.paths import RunFiles
 from codl.spec import RunSpec, SharingStrategy
 from codl.steps.analysis import compare_to, summarize_to
-
-FACTOR = "switch_interval_ms"
-PAIR_METRIC = "compute_eff_ms_mean"
 
 
 def setting(spec: RunSpec) -> tuple[str, ...]:
@@ -64,13 +70,6 @@ def setting(spec: RunSpec) -> tuple[str, ...]:
         str(spec.loader.workers),
         str(spec.loader.worker_nice),
     )
-
-
-def twin_id(spec: RunSpec) -> str:
-    """The compute twin of a loading run: the same spec without the loader, same block; ""
-    for a mode that has none (``data`` alone measures the loader, not an inflation)."""
-    twin = spec.mode.compute_twin
-    return "" if twin is None else spec.with_mode(twin).run_id
 
 
 def interleaved(specs: Sequence[RunSpec]) -> list[RunSpec]:
@@ -122,123 +121,6 @@ def run_all(config: Path, work: Path, seconds: float) -> list[RunSpec]:
             flush=True,
         )
     return done
-
-
-def run_row(spec: RunSpec, files: RunFiles) -> dict[str, object]:
-    summary = summarize_to(files.trace, **{k: v for k, v in files.tables().items()})
-    tables, attrs = chunked.read_summary_tables(files.trace)
-    steps = pd.read_parquet(files.steps)
-    row: dict[str, object] = {
-        "run_id": spec.run_id,
-        "mode": spec.mode.value,
-        "policy": spec.pinning.policy.value,
-        FACTOR: spec.runtime.switch_interval_ms,
-        "sharing_strategy": spec.loader.sharing_strategy.value,
-        "pin_memory": spec.loader.pin_memory,
-        "pin_memory_place": spec.pinning.pin_memory.value,
-        "handoff": spec.loader.handoff.value,
-        "workers": spec.loader.workers,
-        "worker_nice": spec.loader.worker_nice,
-        "repeat": spec.repeat,
-        "twin_id": twin_id(spec) if spec.mode.loads else "",
-        "switch_interval_s": attrs.get("switch_interval_s"),
-        PAIR_METRIC: float(steps["compute_eff_ms"].mean()),
-        "throughput_samples_s": float(summary["throughput_samples_s"].iloc[0]),
-        "steps": len(steps),
-    }
-    sleeps = launch_sleeps(tables, warmup=columns.warmup_steps(attrs))
-    row.update(run_sleeps(sleeps, steps=max(len(steps), 1)))
-    # The GIL's share of the sleeps: ended by the timer (the timed wait ran out) or by the
-    # pin-memory thread letting go; a loader's wake-up is the batch arriving, not the GIL.
-    row["gil_wait_ms_per_step"] = (
-        row["timer_sleep_ms_per_step"] + row["pin_memory_sleep_ms_per_step"]
-    )
-    return row
-
-
-KNOBS = [
-    "policy",
-    FACTOR,
-    "sharing_strategy",
-    "pin_memory",
-    "pin_memory_place",
-    "handoff",
-    "workers",
-    "worker_nice",
-]
-
-
-#: What a knob is when a runs table predates its column: the spec's default, and for
-#: ``workers`` the 12 of every config measured before the column (config/gil-h200.yaml,
-#: config/blocks-h200*.yaml).
-KNOB_DEFAULTS: dict[str, object] = {
-    "policy": "none",
-    FACTOR: 0.0,
-    "sharing_strategy": "file_descriptor",
-    "handoff": "torch",
-    "workers": 12,
-    "worker_nice": 0,
-}
-
-
-def with_knob_defaults(runs: pd.DataFrame) -> pd.DataFrame:
-    """Every knob column present and filled: a table written before a knob existed lacks its
-    column, and pooled with a newer one has NaN in it, which groupby would drop silently."""
-    return runs.assign(
-        **{k: runs[k].fillna(v) if k in runs else v for k, v in KNOB_DEFAULTS.items()}
-    )
-
-
-def blocked(runs: pd.DataFrame) -> pd.DataFrame:
-    """``with_knob_defaults``, and ``source`` 0 in a table ``pool`` did not join: a run's block
-    is then (``source``, ``repeat``) in every table."""
-    runs = with_knob_defaults(runs)
-    return runs if "source" in runs else runs.assign(source=0)
-
-
-def inflation(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per setting of the loading runs: each block's compute inflation (the run over its twin of
-    the same block) and, over blocks, their geometric mean with a 95 % t interval; the GIL wait
-    per step and the throughput as means over the runs with a t interval.
-
-    A setting is the ``KNOBS``; runs that differ in anything else belong in tables of their own.
-    A block is (``source``, ``repeat``): ``source`` numbers the tables ``pool`` joined. Two
-    ratios of one block in one setting are refused: they would count as two blocks."""
-    runs = blocked(runs)
-    metric = runs.set_index("run_id")[PAIR_METRIC]
-    loaded = runs[runs["twin_id"].fillna("").astype(str) != ""].copy()
-    loaded["ratio"] = loaded[PAIR_METRIC] / loaded["twin_id"].map(metric)
-    loaded = loaded[np.isfinite(loaded["ratio"])].sort_values(["source", "repeat"])
-    rows = []
-    for key, g in loaded.groupby(KNOBS):
-        if g.duplicated(["source", "repeat"]).any():
-            raise ValueError(f"setting {dict(zip(KNOBS, key, strict=True))}: two runs in a block")
-        rows.append({**dict(zip(KNOBS, key, strict=True)), **_setting_row(g)})
-    return pd.DataFrame(rows)
-
-
-def _setting_row(g: pd.DataFrame) -> dict[str, object]:
-    iv = log_ratio_interval(g["ratio"].tolist())
-    gil = mean_interval(g["gil_wait_ms_per_step"].tolist())
-    tput = mean_interval(g["throughput_samples_s"].tolist())
-    return {
-        "n_runs": len(g) + g["twin_id"].nunique(),
-        "n_blocks": iv.n,
-        "per_block": " ".join(f"{100 * (r - 1):+.1f}" for r in g["ratio"]),
-        "inflation": iv.ratio - 1,
-        "inflation_lo": iv.lo - 1,
-        "inflation_hi": iv.hi - 1,
-        "timer_sleep_ms_p50": g["timer_sleep_ms_p50"].median(),
-        "timer_sleeps_per_step": g["timer_sleeps_per_step"].mean(),
-        "gil_wait_ms_per_step": gil.mean,
-        "gil_wait_lo": gil.lo,
-        "gil_wait_hi": gil.hi,
-        "timer_sleep_ms_per_step": g["timer_sleep_ms_per_step"].mean(),
-        "pin_memory_sleep_ms_per_step": g["pin_memory_sleep_ms_per_step"].mean(),
-        "throughput_samples_s": tput.mean,
-        "throughput_lo": tput.lo,
-        "throughput_hi": tput.hi,
-    }
 
 
 def gil_holders(raw: str) -> pd.DataFrame:
@@ -322,6 +204,13 @@ def record_stacks(config: Path, work: Path, out: Path, seconds: float) -> None:
         proc.wait(timeout=120)
 
 
+def _run_row(spec: RunSpec, files: RunFiles) -> dict[str, object]:
+    summary = summarize_to(files.trace, **{k: v for k, v in files.tables().items()})
+    tables, attrs = chunked.read_summary_tables(files.trace)
+    steps = pd.read_parquet(files.steps)
+    return run_row(spec, summary=summary, steps=steps, tables=tables, attrs=attrs)
+
+
 def reduce(config: Path, work: Path, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     shutil.copy(config, out / "config.yaml")
@@ -330,7 +219,7 @@ def reduce(config: Path, work: Path, out: Path) -> None:
         for s in build_plan(load_yaml(config)).specs.values()
         if RunFiles(work / "runs" / s.run_id).trace.exists()
     ]
-    runs = pd.DataFrame([run_row(s, RunFiles(work / "runs" / s.run_id)) for s in specs])
+    runs = pd.DataFrame([_run_row(s, RunFiles(work / "runs" / s.run_id)) for s in specs])
     runs.to_csv(out / "gil_runs.csv", index=False)
     files = [RunFiles(work / "runs" / s.run_id) for s in specs]
     compare_to(
@@ -352,11 +241,10 @@ def reduce(config: Path, work: Path, out: Path) -> None:
 def pool(tables: Sequence[Path], out: Path) -> pd.DataFrame:
     """``inflation`` over the runs of several calls (their run ids differ: a seed or a config
     of their own), each loading run against the twin of its own block."""
-    runs = pd.concat(
-        [pd.read_csv(t).assign(source=i) for i, t in enumerate(tables)], ignore_index=True
-    )
-    if runs["run_id"].duplicated().any():
-        raise SystemExit(f"--pool: the same run in two tables of {[str(t) for t in tables]}")
+    try:
+        runs = pool_runs([pd.read_csv(t) for t in tables])
+    except ValueError as e:
+        raise SystemExit(f"--pool {[str(t) for t in tables]}: {e}") from e
     table = inflation(runs)
     table.to_csv(out, index=False)
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
@@ -368,44 +256,6 @@ def pool(tables: Sequence[Path], out: Path) -> pd.DataFrame:
     if all(d.exists() for d in decompositions):
         draw(table, runs, decompositions, out.with_suffix(".png"))
     return table
-
-
-def throughput_versus_torch(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per ring setting (every knob): in each block, its throughput over the best torch
-    setting's with the same workers in that block (any policy: the stricter comparison); over
-    blocks the geometric mean with a 95 % t interval. Two runs of one ring setting in a block
-    are refused, as in ``inflation``."""
-    loading = blocked(runs[runs["mode"] == "data+compute"])
-    keys = [k for k in KNOBS if k in loading]
-    rows = []
-    for key, g in loading[loading["handoff"] == "ring"].groupby(keys):
-        knobs = dict(zip(keys, key, strict=True))
-        if g.duplicated(["source", "repeat"]).any():
-            raise ValueError(f"setting {knobs}: two runs in a block")
-        ratios = []
-        for (source, rep), r in g.groupby(["source", "repeat"]):
-            same = loading[
-                (loading["source"] == source)
-                & (loading["repeat"] == rep)
-                & (loading["handoff"] == "torch")
-                & (loading["workers"] == knobs["workers"])
-            ]
-            if len(same):
-                best = float(same["throughput_samples_s"].max())
-                ratios.append(float(r["throughput_samples_s"].iloc[0]) / best)
-        iv = log_ratio_interval(ratios)
-        rows.append(
-            {
-                "policy": knobs["policy"],
-                "workers": knobs["workers"],
-                "worker_nice": knobs["worker_nice"],
-                "n_blocks": iv.n,
-                "ring_over_best_torch": iv.ratio,
-                "lo": iv.lo,
-                "hi": iv.hi,
-            }
-        )
-    return pd.DataFrame(rows)
 
 
 def draw(

@@ -1,4 +1,6 @@
-"""scripts/gil_experiment.py: the block design and the per-block pairing it states results on."""
+"""The block design of scripts/gil_experiment.py and the per-block pairing its results are
+stated on, now codl.analysis.pooled's (the `pooled` rule's). The run order (``interleaved``,
+``setting``) and py-spy's GIL holders are the script's alone, retired with it."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from types import ModuleType
 import pandas as pd
 import pytest
 
+from codl.analysis import pooled
 from codl.config import build_plan
 from codl.spec import RunSpec
 
@@ -58,7 +61,7 @@ def test_blocks_hold_every_run_beside_its_twin_in_abba_order(gil: ModuleType) ->
     position = {s.run_id: i for i, s in enumerate(order)}
     for s in order:
         if s.mode.loads:
-            twin = gil.twin_id(s)
+            twin = pooled.twin_id(s)
             assert twin in position
             assert next(t for t in specs if t.run_id == twin).repeat == s.repeat  # same block
     first = [s for s in order if s.repeat == 0]
@@ -67,7 +70,7 @@ def test_blocks_hold_every_run_beside_its_twin_in_abba_order(gil: ModuleType) ->
     assert gil.setting(first[1]) != gil.setting(second[0])  # settings rotate between blocks
 
 
-def test_inflation_pairs_runs_inside_their_block(gil: ModuleType) -> None:
+def test_inflation_pairs_runs_inside_their_block() -> None:
     rows = []
     for rep, (twin, loaded) in enumerate([(10.0, 12.0), (20.0, 26.0), (10.0, 12.5)]):
         common = {"policy": "none", "switch_interval_ms": 5.0, "sharing_strategy": "fd"}
@@ -96,7 +99,7 @@ def test_inflation_pairs_runs_inside_their_block(gil: ModuleType) -> None:
                 "pin_memory_sleep_ms_per_step": 2.0,
             }
         )
-    t = gil.inflation(pd.DataFrame(rows))
+    t = pooled.inflation(pd.DataFrame(rows))
     assert len(t) == 1 and t["n_blocks"].iloc[0] == 3 and t["n_runs"].iloc[0] == 6
     # Block 2's twin is twice as slow: paired in its block, its ratio is 1.3, not 2.6.
     assert t["inflation"].iloc[0] == pytest.approx(
@@ -152,8 +155,8 @@ def _handoff_runs() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def test_the_ring_is_compared_with_the_best_torch_setting_of_its_block(gil: ModuleType) -> None:
-    out = gil.throughput_versus_torch(_handoff_runs())
+def test_the_ring_is_compared_with_the_best_torch_setting_of_its_block() -> None:
+    out = pooled.throughput_versus_torch(_handoff_runs())
     row = out.iloc[0]
     assert (row["policy"], row["workers"], row["n_blocks"]) == ("none", 12, 2)
     # Block 0: 4000 / max(3000, 3200); block 1: 3000 / max(2500, 2000); geometric mean.

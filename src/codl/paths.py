@@ -316,6 +316,26 @@ class ResultPaths:
     def decomposition_table(self) -> Path:
         return self.tables / "decomposition.csv"
 
+    # a block experiment pooled over its blocks (the `pooled` rule, codl.steps.pooled)
+    @property
+    def pooled_runs_table(self) -> Path:
+        """One row per run: its factors, compute, throughput and launch roles' sleeps."""
+        return self.tables / "pooled_runs.csv"
+
+    @property
+    def pooled_inflation_table(self) -> Path:
+        """Per loading setting: the compute inflation over blocks (each run beside its twin)."""
+        return self.tables / "pooled_inflation.csv"
+
+    @property
+    def pooled_throughput_table(self) -> Path:
+        """Per ring setting: its throughput over the best torch setting of the same block."""
+        return self.tables / "pooled_throughput.csv"
+
+    def intervention_figure(self, fmt: str = "png") -> Path:
+        """Inflation per setting with a point per block, and the host-blocked part."""
+        return self.figure("intervention", fmt)
+
     @property
     def figures(self) -> Path:
         return self.set_dir / "figures"

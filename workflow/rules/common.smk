@@ -19,6 +19,7 @@ from codl.config import (
 )
 from codl.figures import RUN_FIGURES, FigureName, plan_figures
 from codl.paths import FIGURE_FORMATS, ResultPaths, set_name_of
+from codl.steps.pooled import pooled_targets
 from codl.steps.workflow import (
     advisor_targets,
     calibrate_inputs,
@@ -185,5 +186,6 @@ def get_final_outputs():
         str(PATHS.comparison_table),
         str(PATHS.decomposition_table),
         *([str(PATHS.blocks_table)] if BLOCKS else []),
+        *(pooled_targets(PATHS) if BLOCKS else []),
     ]
     return tables + figures + advisor_targets(config, PATHS)

@@ -1,4 +1,4 @@
-"""The intervention figure of a block experiment (scripts/gil_experiment.py): compute inflation
+"""The intervention figure of a block experiment (the `pooled` rule): compute inflation
 per setting with each block's point beside the interval over blocks, and the decomposition's
 host-blocked part per setting. ``inflation_points`` and ``host_blocked`` prepare the data
 (pure); ``draw_intervention`` draws it.
@@ -96,6 +96,9 @@ def host_blocked(decomposition: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFram
 def draw_intervention(
     points: pd.DataFrame, blocked: pd.DataFrame, outputs: Sequence[Path], *, title: str = ""
 ) -> None:
+    if points.empty:
+        _draw_nothing_paired(outputs, title=title)
+        return
     settings = list(dict.fromkeys(points["setting"]))
     fig, (ax, bx) = plt.subplots(
         1, 2, figsize=(14, 0.6 * len(settings) + 2.2), sharey=True, width_ratios=[3, 2]
@@ -152,6 +155,23 @@ def draw_intervention(
     bx.set_title("the launch thread off its CPU during compute", fontsize=9)
     fig.suptitle(title or "compute inflation by hand-off and policy", fontsize=11)
     fig.tight_layout()
+    for out in outputs:
+        fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def _draw_nothing_paired(outputs: Sequence[Path], *, title: str) -> None:
+    """A figure that says why it is empty: no loading run had a twin in its own block."""
+    fig, ax = plt.subplots(figsize=(8, 2.5))
+    ax.axis("off")
+    ax.text(
+        0.5,
+        0.5,
+        "no loading run has a compute twin in its own block:\nno inflation to show",
+        ha="center",
+        va="center",
+    )
+    fig.suptitle(title or "compute inflation by hand-off and policy", fontsize=11)
     for out in outputs:
         fig.savefig(out, dpi=110)
     plt.close(fig)

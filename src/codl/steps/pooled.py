@@ -1,0 +1,105 @@
+"""The ``pooled`` rule (workflow/rules/pooled.smk): a block experiment's runs reduced to the
+per-run table, the compute inflation per loading setting over blocks, the ring hand-off's
+throughput over the best torch setting of its block (``codl.analysis.pooled``), and the
+intervention figure (``codl.figures.intervention``), written as one unit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from codl.analysis import chunked
+from codl.analysis import pooled as pl
+from codl.figures.intervention import draw_intervention, host_blocked, inflation_points
+from codl.outputs import output_unit
+from codl.paths import FIGURE_FORMATS, ResultPaths
+from codl.spec import RunSpec
+
+log = logging.getLogger(__name__)
+
+
+def pooled_targets(paths: ResultPaths) -> list[str]:
+    """The rule's outputs, for the default target of a config with a ``blocks`` section."""
+    return [
+        str(p)
+        for p in (
+            paths.pooled_runs_table,
+            paths.pooled_inflation_table,
+            paths.pooled_throughput_table,
+            *(paths.intervention_figure(fmt) for fmt in FIGURE_FORMATS),
+        )
+    ]
+
+
+def _spec_of(attrs: Mapping[str, Any], trace: Path) -> RunSpec:
+    spec = attrs.get("spec")
+    data = json.loads(spec) if isinstance(spec, str) else spec
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{trace}: the trace records no run spec (root attribute 'spec')")
+    return RunSpec.from_dict(data, where=f"{trace}: spec")
+
+
+def runs_rows(
+    traces: Sequence[Path], summaries: Sequence[Path], steps: Sequence[Path]
+) -> pd.DataFrame:
+    """One ``codl.analysis.pooled.run_row`` per run, from its trace (the spec it ran, the
+    scheduler record) and its summarize tables; the three lists are in the same run order."""
+    if not len(traces) == len(summaries) == len(steps):
+        raise ValueError(
+            f"traces, summaries, steps: got {len(traces)}, {len(summaries)}, {len(steps)} "
+            "paths, expected one of each per run"
+        )
+    rows = []
+    for trace, summary, step in zip(traces, summaries, steps, strict=True):
+        tables, attrs = chunked.read_summary_tables(trace)
+        rows.append(
+            pl.run_row(
+                _spec_of(attrs, trace),
+                summary=pd.read_parquet(summary),
+                steps=pd.read_parquet(step),
+                tables=tables,
+                attrs=attrs,
+            )
+        )
+    return pd.DataFrame(rows)
+
+
+def pooled_to(
+    *,
+    traces: Sequence[Path],
+    summaries: Sequence[Path],
+    steps: Sequence[Path],
+    decomposition: Path,
+    runs_table: Path,
+    inflation_table: Path,
+    throughput_table: Path,
+    figures: Sequence[Path],
+    title: str = "",
+) -> pd.DataFrame:
+    """Reduce the runs (one results directory: ``source`` 0, a block per repeat) and write the
+    three tables and the figure (one per path of ``figures``) as one unit; the inflation table
+    is returned."""
+    runs = runs_rows(traces, summaries, steps)
+    table = pl.inflation(runs)
+    versus = pl.throughput_versus_torch(runs)
+    points = inflation_points(table)
+    blocked = host_blocked(pd.read_csv(decomposition), pl.with_knob_defaults(runs))
+    with output_unit(
+        [runs_table, inflation_table, throughput_table, *figures],
+        inputs=[*traces, *summaries, *steps, decomposition],
+        mkdir=True,
+    ) as unit:
+        runs.to_csv(unit.path(runs_table), index=False)
+        table.to_csv(unit.path(inflation_table), index=False)
+        versus.to_csv(unit.path(throughput_table), index=False)
+        draw_intervention(points, blocked, [unit.path(f) for f in figures], title=title)
+    for path, df in ((runs_table, runs), (inflation_table, table), (throughput_table, versus)):
+        log.info("wrote %s (%d rows x %d columns)", path, len(df), df.shape[1])
+    log.info("wrote %s", ", ".join(str(f) for f in figures))
+    return table

@@ -1,0 +1,47 @@
+# With a `blocks` section: the block experiment pooled over its blocks (codl.steps.pooled): per
+# run its launch roles' sleeps, per loading setting the compute inflation over blocks (each run
+# beside the twin of its own block), the ring hand-off over the best torch setting of its block,
+# and the intervention figure. A few files in, seconds of work: local under Slurm (localrules).
+# Its outputs are in the default target (get_final_outputs: codl.steps.pooled.pooled_targets).
+
+if BLOCKS:
+
+    localrules:
+        pooled,
+
+    rule pooled:
+        input:
+            traces=all_of("trace"),
+            summaries=all_of("summary"),
+            steps=all_of("steps"),
+            decomposition=PATHS.decomposition_table,
+        output:
+            runs=PATHS.pooled_runs_table,
+            inflation=report(
+                PATHS.pooled_inflation_table,
+                caption="../report/pooled_inflation.rst",
+                category="Tables",
+            ),
+            throughput=report(
+                PATHS.pooled_throughput_table,
+                caption="../report/pooled_throughput.rst",
+                category="Tables",
+            ),
+            figure=report(
+                PATHS.intervention_figure("png"),
+                caption="../report/intervention.rst",
+                category="Figures",
+                labels={
+                    "figure": "intervention",
+                    "shows": "compute inflation per loading setting, a point per block",
+                    "statistic": "geometric mean over blocks, 95 % t interval",
+                },
+            ),
+            pdf=PATHS.intervention_figure("pdf"),
+        log:
+            PATHS.log("pooled"),
+        conda:
+            CONDA_ENV
+        threads: 1
+        script:
+            "../scripts/pooled.py"
