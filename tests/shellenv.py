@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,3 +29,14 @@ def without_venv(env: Mapping[str, str] | None = None) -> dict[str, str]:
     if shutil.which("codl", path=out["PATH"]) is not None:
         raise RuntimeError(f"a codl is still on PATH: {shutil.which('codl', path=out['PATH'])}")
     return out
+
+
+def codl(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``codl ARGS`` as a user runs it, in its own process, its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "codl.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )

@@ -14,7 +14,6 @@ import hashlib
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import pytest
 from codl.errors import CodlError
 from codl.paths import RunFiles
 from codl.steps.analysis import compare_to, figures_to, summarize_to
+from shellenv import codl
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
 
@@ -78,16 +78,6 @@ def unpack(name: str, to: Path) -> Path:
     with gzip.open(TRACES / f"{name}.h5.gz", "rb") as src, to.open("wb") as dst:
         shutil.copyfileobj(src, dst)
     return to
-
-
-def codl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "codl.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
 
 
 def assert_one_line_full_disk(proc: subprocess.CompletedProcess[str], names: str) -> None:

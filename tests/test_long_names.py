@@ -16,6 +16,7 @@ import pytest
 from codl.errors import CodlError
 from codl.files import NAME_MAX, exclusive_lock, lock_path
 from codl.outputs import output_unit
+from shellenv import codl
 
 TRACES = Path(__file__).resolve().parent / "golden" / "traces"
 # One byte, two bytes (é) and three bytes (日) a character.
@@ -118,16 +119,6 @@ def trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with gzip.open(TRACES / "r1_compute.h5.gz", "rb") as src, to.open("wb") as dst:
         shutil.copyfileobj(src, dst)
     return to
-
-
-def codl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "codl.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
 
 
 @pytest.mark.parametrize("char", CHARS.values(), ids=CHARS.keys())
