@@ -141,8 +141,16 @@ class _Broken(torch.utils.data.Dataset[tuple[torch.Tensor, int, np.ndarray]]):
     ("error", "kind", "text"),
     [
         (DataSetError("/data/x.jpg: not a decodable JPEG"), DataSetError, "/data/x.jpg: not a"),
-        (ValueError("bad crop"), LoaderWorkerError, "failed: ValueError: bad crop"),
-        (None, LoaderWorkerError, "was killed by SIGKILL before it delivered batch"),
+        (
+            ValueError("bad crop"),
+            LoaderWorkerError,
+            r"failed while reading sample 5 of batch \d+: ValueError: bad crop",
+        ),
+        (
+            None,
+            LoaderWorkerError,
+            r"was killed by SIGKILL while reading sample 5 of batch \d+, before it delivered batch",
+        ),
     ],
     ids=["data-set error", "other error", "worker killed"],
 )

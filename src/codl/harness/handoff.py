@@ -36,7 +36,7 @@ import os
 import random
 import signal
 import sys
-import traceback
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
@@ -57,8 +57,14 @@ _OK, _FAILED = 0, 1
 _ERR_BYTES = 4096
 # How often a waiting side looks whether its peer is still there.
 _POLL_S = 0.2
-# Control words at the start of the mapping: the stop flag.
+# How long close() lets the workers end by themselves (all together) before it kills them.
+_JOIN_S = 5.0
+# Control words at the start of the mapping: the stop flag, then per worker what it is doing
+# (the batch it fills and the sample it reads, or _IDLE), read by the rank to say what a worker
+# was doing when it died, failed or took too long.
 _STOP = 0
+_PROGRESS = 2  # words per worker: batch, sample
+_IDLE, _STARTING = -1, -2
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
 # The name torch gives its workers' threads; codl.pinning recognises loader workers by it.
@@ -151,16 +157,27 @@ class _Shared:
     free: list[Any]  # per worker: slots the worker may fill
     parent: int
 
+    @staticmethod
+    def control_bytes(workers: int) -> int:
+        return _round_up(8 * (1 + _PROGRESS * workers), _PAGE)
+
     def slot_index(self, batch: int) -> int:
         worker, nth = batch % self.workers, batch // self.workers
         return worker * self.depth + nth % self.depth
 
     def slot(self, index: int) -> _Slot:
-        return _Slot(self.buf, _PAGE + index * self.layout.size, self.layout)
+        start = self.control_bytes(self.workers) + index * self.layout.size
+        return _Slot(self.buf, start, self.layout)
 
     @property
     def control(self) -> torch.Tensor:
-        return torch.frombuffer(self.buf, dtype=torch.int64, count=1, offset=0)
+        return torch.frombuffer(
+            self.buf, dtype=torch.int64, count=1 + _PROGRESS * self.workers, offset=0
+        )
+
+    def progress(self, worker: int) -> torch.Tensor:
+        """The worker's [batch, sample]: what it fills and reads now."""
+        return self.control[1 + _PROGRESS * worker : 1 + _PROGRESS * (worker + 1)]
 
 
 def _batch_indices(size: int, generator: torch.Generator, batch_size: int) -> Iterator[list[int]]:
@@ -177,7 +194,10 @@ def _batch_indices(size: int, generator: torch.Generator, batch_size: int) -> It
 class RingLoader:
     """The ring hand-off's loader: ``iter()`` starts the workers, ``next()`` gives a
     ``hdata.Batch`` whose inputs and targets are views of a slot, ``to_device`` copies them out
-    and gives the slot back, ``close()`` stops everything (also on any error)."""
+    and gives the slot back, ``close()`` stops everything (also on any error).
+
+    A worker that dies, fails or (with ``timeout``) takes too long is a one-line error naming
+    it, its pid, how it ended and the sample it was reading; the loader then stays failed."""
 
     def __init__(
         self,
@@ -190,7 +210,12 @@ class RingLoader:
         worker_init_fn: Callable[[int], None] | None = None,
         page_lock: bool = False,
         device: torch.device | None = None,
+        timeout: float = 0.0,
     ) -> None:
+        """``timeout`` is torch's DataLoader's: if positive, the seconds ``next()`` waits for a
+        batch before it raises; 0 waits as long as the batch's worker lives."""
+        if timeout < 0:
+            raise LoaderWorkerError(f"RingLoader: timeout must be >= 0 seconds, got {timeout}")
         if workers < 1:
             raise LoaderWorkerError(
                 f"loader.handoff 'ring' needs loader.workers >= 1, got {workers}"
@@ -208,6 +233,7 @@ class RingLoader:
         self.worker_init_fn = worker_init_fn
         self.device = device if device is not None else torch.device("cpu")
         self.page_lock = page_lock and self.device.type == "cuda"
+        self.timeout = timeout
         self._shared: _Shared | None = None
         self._slots: list[_Slot] = []
         self._procs: list[Any] = []
@@ -216,11 +242,17 @@ class RingLoader:
         self._pending: deque[tuple[Any, int]] = deque()  # (copy event, worker) not yet freed
         self._registered = 0
         self._stream: Any = None
+        self._held = [0] * workers  # per worker: its slots taken by next(), not given back
+        # The first failure: every later next() raises it again (the worker is gone; a later
+        # wait would only report that, and hide why).
+        self._error: CodlError | None = None
 
     # -- starting ----------------------------------------------------------------------------
     def __iter__(self) -> RingLoader:
         if self._shared is not None:
             return self
+        self._next, self._taken, self._error = 0, None, None
+        self._held = [0] * self.workers
         # As torch's iterator does when it is made: the workers' base seed from the rank's
         # global generator (it advances it exactly as torch would).
         base_seed = int(torch.empty((), dtype=torch.int64).random_().item())
@@ -228,7 +260,8 @@ class RingLoader:
         n_slots = self.workers * self.depth
         ctx = multiprocessing.get_context("fork")
         # An anonymous shared mapping: inherited by the forked workers, named nowhere.
-        buf = mmap.mmap(-1, _PAGE + n_slots * layout.size, flags=mmap.MAP_SHARED)
+        control = _Shared.control_bytes(self.workers)
+        buf = mmap.mmap(-1, control + n_slots * layout.size, flags=mmap.MAP_SHARED)
         self._shared = shared = _Shared(
             buf=buf,
             layout=layout,
@@ -239,6 +272,7 @@ class RingLoader:
             parent=os.getpid(),
         )
         self._slots = [shared.slot(i) for i in range(n_slots)]
+        shared.control[1:] = _STARTING
         try:
             state = self.generator.get_state()
             for wid in range(self.workers):
@@ -293,17 +327,26 @@ class RingLoader:
         shared = self._shared
         if shared is None:
             raise LoaderWorkerError("RingLoader: next() before iter()")
+        if self._error is not None:
+            raise self._error
         self._free_copied()
         k = self._next
         worker = k % self.workers
-        self._await(worker, k)
-        slot = self._slots[shared.slot_index(k)]
-        status, index = int(slot.header[_STATUS]), int(slot.header[_BATCH])
-        if status != _OK:
-            raise self._failure(worker, slot)
-        if index != k:
-            raise LoaderWorkerError(f"ring worker {worker} filled batch {index}, expected {k}")
+        try:
+            self._await(worker, k)
+            slot = self._slots[shared.slot_index(k)]
+            status, index = int(slot.header[_STATUS]), int(slot.header[_BATCH])
+            if status != _OK:
+                raise self._failure(worker, slot)
+            if index != k:
+                raise LoaderWorkerError(
+                    f"{self._who(worker)} filled batch {index}, expected batch {k}"
+                )
+        except CodlError as exc:
+            self._error = exc
+            raise
         self._next += 1
+        self._held[worker] += 1
         self._taken = worker
         return hdata.Batch(
             inputs=slot.inputs,
@@ -345,24 +388,71 @@ class RingLoader:
 
     def _give_back(self, worker: int) -> None:
         if self._shared is not None:
+            self._held[worker] -= 1
             self._shared.free[worker].release()
 
     def _await(self, worker: int, k: int) -> None:
+        """Wait for batch k, ready in its slot; an error, not a hang, if it cannot come."""
         shared = cast(_Shared, self._shared)
+        if self._held[worker] >= self.depth:
+            self._reclaim(worker, k)
         proc = self._procs[worker]
-        while not shared.ready[worker].acquire(timeout=_POLL_S):
+        ready = shared.ready[worker]
+        start = time.monotonic()
+        wait = min(_POLL_S, self.timeout) if self.timeout else _POLL_S
+        while not ready.acquire(timeout=wait):
             if not proc.is_alive():
+                # It may have handed over its slot (a failure, most likely) just before it ended.
+                if ready.acquire(block=False):
+                    return
+                doing = self._doing(worker)
                 raise LoaderWorkerError(
-                    f"loader worker {worker} (pid {proc.pid}) {_exit_text(proc.exitcode)} before "
-                    f"it delivered batch {k}"
+                    f"{self._who(worker)} {_exit_text(proc.exitcode)}{doing}"
+                    f"{',' if doing else ''} before it delivered batch {k}"
                 )
+            if self.timeout and time.monotonic() - start >= self.timeout:
+                doing = self._doing(worker).replace(" while ", " ", 1)
+                raise LoaderWorkerError(
+                    f"{self._who(worker)} did not deliver batch {k} within the loader's timeout "
+                    f"of {self.timeout:g} s" + (f"; it is still{doing}" if doing else "")
+                )
+
+    def _reclaim(self, worker: int, k: int) -> None:
+        """Every slot of the worker is with the rank, so the worker cannot fill batch k: give
+        back the oldest one whose copy is in flight (waiting for it), or fail if the caller
+        holds them all (batches taken by next() and never passed to to_device())."""
+        while self._held[worker] >= self.depth and any(w == worker for _, w in self._pending):
+            event, owner = self._pending.popleft()
+            event.synchronize()
+            self._give_back(owner)
+        if self._held[worker] >= self.depth:
+            raise LoaderWorkerError(
+                f"RingLoader: the rank holds all {self.depth} slots of loader worker {worker} "
+                f"(batches taken by next() and never passed to to_device()), so batch {k} "
+                "can never come"
+            )
+
+    def _who(self, worker: int) -> str:
+        return f"loader worker {worker} (pid {self._procs[worker].pid})"
+
+    def _doing(self, worker: int) -> str:
+        """What the worker was doing when it last said, as a phrase after a verb ('' if idle)."""
+        batch, sample = (int(v) for v in cast(_Shared, self._shared).progress(worker))
+        if batch == _STARTING:
+            return " while starting (worker_init_fn)"
+        if sample >= 0:
+            return f" while reading sample {sample} of batch {batch}"
+        if batch >= 0:
+            return f" while filling batch {batch}"
+        return ""
 
     def _failure(self, worker: int, slot: _Slot) -> CodlError:
         n = int(slot.header[_ERR_LEN])
         kind, _, text = bytes(slot.error[:n].numpy()).decode(errors="replace").partition("\n")
+        message = f"{self._who(worker)} failed{self._doing(worker)}: {text}"
         if kind == DataSetError.__name__:
-            return DataSetError(text)
-        return LoaderWorkerError(f"loader worker {worker} failed: {text}")
+            return DataSetError(message)
+        return LoaderWorkerError(message)
 
     # -- stopping ----------------------------------------------------------------------------
     def worker_pids(self) -> list[int]:
@@ -378,11 +468,16 @@ class RingLoader:
         for sem in shared.free:
             for _ in range(self.depth):
                 sem.release()
+        # One deadline for all: a worker stuck in the data set is killed after it, not after
+        # every other worker's wait as well.
+        deadline = time.monotonic() + _JOIN_S
         for proc in self._procs:
-            proc.join(timeout=5)
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        for proc in self._procs:
             if proc.is_alive():
                 proc.kill()
-                proc.join(timeout=5)
+        for proc in self._procs:
+            proc.join(timeout=_JOIN_S)
         for event, _ in self._pending:
             event.synchronize()
         self._pending.clear()
@@ -430,23 +525,27 @@ def _worker_main(
     torch.manual_seed(base_seed + wid)
     hdata.set_worker_id(wid)
     slots = {i: shared.slot(i) for i in range(wid * shared.depth, (wid + 1) * shared.depth)}
-    mine = wid  # the batch this worker is on (its first until it starts one)
+    progress = shared.progress(wid)
+    mine = wid  # the next batch this worker delivers
     holding = False  # a slot taken and not yet handed over
     try:
         if init_fn is not None:
             init_fn(wid)
+        progress[:] = _IDLE
         generator = torch.Generator()
         generator.set_state(generator_state)
         for k, indices in enumerate(_batch_indices(len(dataset), generator, batch_size)):
             if k % shared.workers != wid:
                 continue
-            mine = k
             if not _take_free(shared, wid):
                 return
             holding = True
-            _fill(slots[shared.slot_index(k)], k, indices, dataset, shared.layout)
+            progress[0] = k
+            _fill(slots[shared.slot_index(k)], k, indices, dataset, shared.layout, progress)
+            progress[0] = _IDLE
             holding = False
             shared.ready[wid].release()
+            mine = k + shared.workers
     except BaseException as exc:  # the rank reports it; a worker must not die silently
         if holding or _take_free(shared, wid):
             _fail(slots[shared.slot_index(mine)], mine, exc)
@@ -463,8 +562,19 @@ def _take_free(shared: _Shared, wid: int) -> bool:
     return not int(shared.control[_STOP])
 
 
-def _fill(slot: _Slot, k: int, indices: list[int], dataset: Any, layout: SlotLayout) -> None:
-    samples = [dataset[i] for i in indices]
+def _fill(
+    slot: _Slot,
+    k: int,
+    indices: list[int],
+    dataset: Any,
+    layout: SlotLayout,
+    progress: torch.Tensor,
+) -> None:
+    samples = []
+    for i in indices:
+        progress[1] = i  # left as it is if the read fails or ends the worker
+        samples.append(dataset[i])
+    progress[1] = _IDLE
     t0 = now_ns()
     for b, (x, y, row) in enumerate(samples):
         if tuple(x.shape) != layout.inputs.shape[1:] or x.dtype != layout.inputs.dtype:
@@ -483,11 +593,13 @@ def _fill(slot: _Slot, k: int, indices: list[int], dataset: Any, layout: SlotLay
 
 
 def _fail(slot: _Slot, k: int, exc: BaseException) -> None:
+    # One line: the rank's error is printed as one, and a multi-line message (or a note)
+    # would put its last line, not the worker's, last.
+    lines = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
     if isinstance(exc, DataSetError):
-        text = f"{DataSetError.__name__}\n{exc}"
+        text = f"{DataSetError.__name__}\n{lines}"
     else:
-        last = traceback.format_exception_only(exc)[-1].strip()
-        text = f"{type(exc).__name__}\n{last}"
+        text = f"{type(exc).__name__}\n{type(exc).__name__}" + (f": {lines}" if lines else "")
     raw = text.encode()[:_ERR_BYTES]
     slot.error[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
     slot.header[_ERR_LEN] = len(raw)

@@ -626,6 +626,9 @@ def _next_batch(
         try:
             batch = next(batches)
         except DataSetError as exc:
+            # The ring's message is already one line naming the worker, its pid and the sample.
+            if isinstance(batches, RingLoader):
+                raise
             # Re-raised by the DataLoader with the worker's whole traceback as its message: keep
             # the last line, the one that names the file.
             raise DataSetError(str(exc).strip().splitlines()[-1].split("Error: ", 1)[-1]) from None
