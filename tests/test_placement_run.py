@@ -193,7 +193,7 @@ def test_local_launcher_marks_its_ranks_spawned(
     seen: list[runner.RankEnv] = []
     monkeypatch.setattr(launch_mod, "execute", lambda spec, **kw: seen.append(kw["env"]))
     spec = RunSpec.from_dict({"mode": "compute", "layout": {"ranks_per_node": 2}})
-    launch_mod._rank_main(1, spec, tmp_path / "trace.h5", None, 29500, None)
+    launch_mod._rank_main(1, spec, tmp_path / "trace.h5", None, 29500, None, os.getpid())
     (env,) = seen
     assert (env.local_rank, env.local_world_size, env.spawned) == (1, 2, True)
 
