@@ -44,7 +44,7 @@ from codl.harness.progress import StepProgress
 from codl.harness.recorders import Recorders, RunContext, provenance
 from codl.harness.recorders.loader_log import LoaderLog
 from codl.harness.recorders.spans import AppSpans
-from codl.spec import DeviceKind, Handoff, Mode, Policy, Precision, RunSpec
+from codl.spec import PLAN_ATTR, PLAN_ENV, DeviceKind, Handoff, Mode, Policy, Precision, RunSpec
 from codl.trace import clock
 from codl.trace.clock import Anchor, now_ns, take_anchor
 from codl.trace.schema import Phase
@@ -528,6 +528,7 @@ def _build_loader(
             worker_init_fn=init_fn,
             page_lock=spec.loader.pin_memory and spec.device is DeviceKind.CUDA,
             device=device,
+            copy_ahead=spec.loader.copy_ahead,
         )
     return torch.utils.data.DataLoader(
         dataset,
@@ -741,6 +742,8 @@ def _block_attrs(spec: RunSpec, anchor: Anchor, t_begin_ns: int) -> dict[str, An
         "gpu_uuids": uuids,
         "invocation": os.environ.get("SLURM_JOB_ID") or os.environ.get("CODL_INVOCATION", ""),
         "start_unix_ns": anchor.to_realtime(t_begin_ns),
+        # The plan the workflow froze for this run's config, if any (codl.plan_registry).
+        PLAN_ATTR: os.environ.get(PLAN_ENV, ""),
     }
 
 
