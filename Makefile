@@ -8,7 +8,7 @@ CONFIG ?= config/smoke.yaml
 PROFILE ?= profiles/local
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-advise test test-tools venv lint typecheck workflow-lint unit report clean
+.PHONY: demo demo-advise results test test-tools venv lint typecheck workflow-lint unit report clean
 
 # TORCH=cuda (default): torch's PyPI build (CUDA; ~6 GB with its NVIDIA wheels). TORCH=cpu: the
 # CPU wheels of the same versions from PyTorch's index, no CUDA wheels (README, "Install").
@@ -56,6 +56,13 @@ demo: $(STAMP)
 demo-advise: $(STAMP)
 	$(MAKE) demo CONFIG=config/loop-cpu.yaml
 	$(BIN)/codl advise $$($(BIN)/codl plan --result-set config/loop-cpu.yaml) --boot 50
+
+## results: rebuild every committed result set's tables and figures from what it commits
+## (codl regenerate --write: through the functions the workflow's rules call), then show what
+## changed. `codl regenerate` alone only compares, as the test does.
+results: $(STAMP)
+	$(BIN)/codl regenerate --write
+	git status --short -- results
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks scripts workflow/scripts
