@@ -1,5 +1,5 @@
 """What the per-call attribution of slow CUDA API calls costs on a long trace
-(``codl.analysis.calls.attribute_trace(trace, twin)``, as scripts/analyse_partial.py calls it),
+(``codl.analysis.calls.attribute_trace(trace, twin)``, the `slow_calls` table of a run),
 beside a baseline revision's in the same rounds.
 
 For each size: writes a run's trace of N runtime calls with their scheduling evidence
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -28,8 +27,17 @@ import pandas as pd
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
+from codl.measure import Recorder  # noqa: E402
 from codl.trace.store import TraceWriter  # noqa: E402
-from summarize_cost import baseline_src, compile_sources, drop_cache, timed, write_rows  # noqa: E402
+from summarize_cost import (  # noqa: E402
+    Round,
+    baseline_src,
+    compile_sources,
+    drop_cache,
+    record_rounds,
+    report,
+    timed,
+)
 
 DEFAULT_CSV = BENCH / "results" / "attribution_cost.csv"
 ATTRIBUTE = """
@@ -101,15 +109,18 @@ def make_pair(path: Path, twin_path: Path, calls: int) -> None:
 
 
 def measure(
-    calls: int, tmp: Path, repeat: int, baseline: tuple[str, Path] | None
-) -> list[dict[str, object]]:
+    rec: Recorder, calls: int, tmp: Path, repeat: int, baseline: tuple[str, Path] | None
+) -> None:
     trace, twin = tmp / f"run{calls}.h5", tmp / f"twin{calls}.h5"
     make_pair(trace, twin, calls)
     py = sys.executable
-    commands = {"attribute_trace": (None, tmp / f"new{calls}.csv")}
+    commands: dict[str, tuple[Path | None, Path]] = {
+        "attribute_trace": (None, tmp / f"new{calls}.csv")
+    }
     if baseline is not None:
         commands[f"attribute_trace @{baseline[0]}"] = (baseline[1], tmp / f"base{calls}.csv")
-    runs: dict[str, list[tuple[float, float, float, bool, float]]] = {w: [] for w in commands}
+    runs: dict[str, list[Round]] = {w: [] for w in commands}
+    rec.mark()
     for _ in range(repeat):
         for what, (src, out) in commands.items():
             drop_cache(twin)
@@ -119,30 +130,16 @@ def measure(
     tables = {what: pd.read_csv(out) for what, (_, out) in commands.items()}
     first = next(iter(tables.values()))
     same = all(first.equals(t) for t in tables.values())
-    rows = []
-    for what, got in runs.items():
-        rows.append(
-            {
-                "calls": calls,
-                "what": what,
-                "seconds": round(statistics.median(r[0] for r in got), 3),
-                "cpu_seconds": round(statistics.median(r[1] for r in got), 3),
-                "peak_rss_mib": round(max(r[2] for r in got), 1),
-                "rounds": len(got),
-                "fastest_round_s": round(min(r[0] for r in got), 3),
-                "slowest_round_s": round(max(r[0] for r in got), 3),
-                "slow_calls": len(tables[what]),
-                "same_table": same,
-                "cache": "cold" if all(r[3] for r in got) else "warm",
-                "load_1m": round(max(r[4] for r in got), 2),
-                "cores": os.cpu_count(),
-                "trace_mib": round((trace.stat().st_size + twin.stat().st_size) / 2**20, 1),
-            }
-        )
-        print(rows[-1], flush=True)
+    slow = {len(t) for t in tables.values()}
+    size = {
+        "calls": calls,
+        # One count where every revision wrote the same table; "differ" says they did not.
+        "slow_calls": slow.pop() if same else "differ",
+        "trace_mib": round((trace.stat().st_size + twin.stat().st_size) / 2**20, 1),
+    }
+    record_rounds(rec, runs, size, items=calls, item="calls")
     trace.unlink()
     twin.unlink()
-    return rows
 
 
 def main() -> None:
@@ -160,13 +157,13 @@ def main() -> None:
     args = p.parse_args()
     if args.repeat <= 0:
         p.error("--repeat must be positive")
-    rows: list[dict[str, object]] = []
+    rec = Recorder()
     with tempfile.TemporaryDirectory(dir=args.tmpdir, prefix="codl-attr-") as tmp:
         base = baseline_src(args.baseline, Path(tmp)) if args.baseline else None
         compile_sources([base[1]] if base else [])
         for calls in args.calls:
-            rows += measure(int(calls), Path(tmp), args.repeat, base)
-    write_rows(rows, args.csv)
+            measure(rec, int(calls), Path(tmp), args.repeat, base)
+    report(rec, args.csv, "attribute_trace" if base else None)
 
 
 if __name__ == "__main__":

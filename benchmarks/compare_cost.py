@@ -11,10 +11,10 @@ own, from cold inputs (the run tables' pages dropped from the page cache; where 
 the row says "warm"), with this checkout's code and, with ``--baseline``, another revision's in
 the same rounds. The tables both write are checked to be the same text.
 
-Reports the median round's wall and CPU seconds (user + system, all threads), peak RSS
-(ru_maxrss), the attribution rows, the fastest and slowest rounds, the machine's highest
-1-minute load over the rounds and its core count. Python's start and the imports are in every
-number. Nothing here is derived: every number is timed.
+Records every round's wall and CPU seconds (user + system, all threads) and peak RSS
+(ru_maxrss) with the attribution rows, through ``codl.measure``: the table gives each median
+(min-max) and the baseline's ratio, the CSV every round, the machine, its load and the commit.
+Python's start and the imports are in every number. Nothing here is derived: every number is timed.
 
     PYTHONPATH=src python benchmarks/compare_cost.py --events 1e7 [--runs 4] [--repeat 3]
         [--csv PATH] [--baseline REV|NAME=DIR]
@@ -25,16 +25,24 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
+from codl.measure import Recorder  # noqa: E402
 from codl.paths import RunFiles  # noqa: E402
 from codl.steps.analysis import summarize_to  # noqa: E402
-from summarize_cost import baseline_src, compile_sources, drop_cache, timed, write_rows  # noqa: E402
+from summarize_cost import (  # noqa: E402
+    Round,
+    baseline_src,
+    compile_sources,
+    drop_cache,
+    record_rounds,
+    report,
+    timed,
+)
 from synth_trace import make_trace  # noqa: E402
 
 DEFAULT_CSV = BENCH / "results" / "compare_cost.csv"
@@ -64,8 +72,13 @@ def same_tables(a: Path, b: Path) -> None:
 
 
 def measure(
-    events: int, runs: int, tmp: Path, repeat: int, baseline: tuple[str, Path] | None
-) -> list[dict[str, object]]:
+    rec: Recorder,
+    events: int,
+    runs: int,
+    tmp: Path,
+    repeat: int,
+    baseline: tuple[str, Path] | None,
+) -> None:
     folders = []
     n = 0
     for i in range(runs):
@@ -79,7 +92,8 @@ def measure(
         who[f"compare_to @{baseline[0]}"] = baseline[1]
     outs = {w: tmp / f"c{events}-{i}" for i, w in enumerate(who)}
     inputs = [p for f in folders for p in f.tables().values()]
-    got: dict[str, list[tuple[float, float, float, bool, float]]] = {w: [] for w in who}
+    got: dict[str, list[Round]] = {w: [] for w in who}
+    rec.mark()
     for _ in range(repeat):
         for what, src in who.items():
             shutil.rmtree(outs[what], ignore_errors=True)
@@ -92,32 +106,12 @@ def measure(
         same_tables(*outs.values())
     with (outs["compare_to"] / "attribution.csv").open("rb") as fh:
         attribution_rows = sum(1 for _ in fh) - 1
-    rows = []
-    for what, r in got.items():
-        rows.append(
-            {
-                "events_per_run": events,
-                "runs": runs,
-                "events": n,
-                "what": what,
-                "seconds": round(statistics.median(x[0] for x in r), 3),
-                "cpu_seconds": round(statistics.median(x[1] for x in r), 3),
-                "peak_rss_mib": round(max(x[2] for x in r), 1),
-                "attribution_rows": attribution_rows,
-                "rounds": len(r),
-                "fastest_round_s": round(min(x[0] for x in r), 3),
-                "slowest_round_s": round(max(x[0] for x in r), 3),
-                "cache": "cold" if all(x[3] for x in r) else "warm",
-                "load_1m": round(max(x[4] for x in r), 2),
-                "cores": os.cpu_count(),
-            }
-        )
-        print(rows[-1], flush=True)
+    size = {"events_per_run": events, "runs": runs, "attribution_rows": attribution_rows}
+    record_rounds(rec, got, size, items=n, item="events")
     for f in folders:
         shutil.rmtree(f.dir)
     for o in outs.values():
         shutil.rmtree(o)
-    return rows
 
 
 def main() -> None:
@@ -136,13 +130,13 @@ def main() -> None:
     args = p.parse_args()
     if args.repeat <= 0 or args.runs <= 0:
         p.error("--repeat and --runs must be positive")
-    rows: list[dict[str, object]] = []
+    rec = Recorder()
     with tempfile.TemporaryDirectory(dir=args.tmpdir, prefix="codl-compare-") as tmp:
         base = baseline_src(args.baseline, Path(tmp)) if args.baseline else None
         compile_sources([base[1]] if base else [])
         for events in args.events:
-            rows += measure(int(events), args.runs, Path(tmp), args.repeat, base)
-    write_rows(rows, args.csv)
+            measure(rec, int(events), args.runs, Path(tmp), args.repeat, base)
+    report(rec, args.csv, "compare_to" if base else None)
 
 
 if __name__ == "__main__":

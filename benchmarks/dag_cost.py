@@ -4,7 +4,8 @@ same job graph, and where the workflow's time goes.
 Writes a config whose one experiment expands to ``--runs`` runs (the smoke defaults, factors
 mode x policy x workers, and repeats), generates a minimal Snakefile with the same rules, wildcards,
 files and jobs (every path and per-run value a literal, no codl import), and times
-``snakemake -n`` of both, alternating, best of ``--repeat``. Then profiles the workflow's
+``snakemake -n`` of both, alternating, best of ``--repeat`` (and the paired median of the
+rounds' ratios, through ``codl.measure``, which also writes the CSV). Then profiles the workflow's
 dry-run once (cProfile) and prints the cumulative time of its parts: codl's plan (config checks,
 matrix expansion, spec hashing), the input/params/resource functions of common.smk, the config
 schema validation, and file-system checks (stat).
@@ -15,7 +16,6 @@ schema validation, and file-system checks (stat).
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import pstats
 import subprocess
@@ -29,6 +29,7 @@ import yaml
 
 from codl.config import load_plan, load_yaml
 from codl.figures import plan_figures
+from codl.measure import Recorder, table
 from codl.paths import FIGURE_FORMATS, ResultPaths, set_name_of
 from codl.steps.workflow import dataset_input
 
@@ -185,23 +186,27 @@ def main(argv: list[str] | None = None) -> None:
             times["workflow"].append(dry_run(real_args, work))
             times["minimal"].append(dry_run(["--snakefile", str(minimal)], work))
         parts = profile(config, work)
-    best = {k: min(v) for k, v in times.items()}
-    ratio = best["workflow"] / best["minimal"]
+    rec = Recorder()
+    # Each round ran the workflow then the minimal Snakefile: round i of each is a pair.
+    wf, mini = (
+        rec.add("snakemake -n", times[k], unit="s", statistic="process", snakefile=k, runs=runs)
+        for k in ("workflow", "minimal")
+    )
+    paired = rec.paired(wf, mini, "workflow / minimal")
+    for label, seconds in parts.items():
+        rec.add(label, [seconds], unit="s", statistic="cProfile cumulative", snakefile="workflow")
+    # "Best of": the fastest round is the one least disturbed by the machine's other work.
+    ratio = wf.min / mini.min
     print(f"# snakemake -n of {runs} runs ({3 * runs + 3} jobs), best of {args.repeat}")
-    print(f"{'workflow':<12} {best['workflow']:>8.2f} s")
-    print(f"{'minimal':<12} {best['minimal']:>8.2f} s")
+    print(f"{'workflow':<12} {wf.min:>8.2f} s")
+    print(f"{'minimal':<12} {mini.min:>8.2f} s")
     print(f"{'ratio':<12} {ratio:>8.2f}   (target <= 1.5)")
     print("# where the workflow's dry-run spends its time (cProfile, cumulative):")
     for label, seconds in parts.items():
         print(f"  {label:<46} {seconds:>7.2f} s")
-    args.csv.parent.mkdir(parents=True, exist_ok=True)
-    with args.csv.open("w", newline="", encoding="utf-8") as fh:
-        w = csv.writer(fh)
-        w.writerow(["runs", "workflow_s", "minimal_s", "ratio", *parts])
-        w.writerow(
-            [runs, round(best["workflow"], 3), round(best["minimal"], 3), round(ratio, 3)]
-            + [round(v, 3) for v in parts.values()]
-        )
+    print(f"# workflow / minimal: {paired.describe()}")
+    print(table([wf, mini, paired], column="snakefile", baseline="minimal"))
+    rec.write(args.csv)
     print(f"# wrote {args.csv}")
 
 

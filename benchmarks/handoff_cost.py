@@ -16,8 +16,8 @@ training step's launch thread does). Reported per batch:
 - ``launch_ms``: the CPU time to launch the burst (CUDA only).
 
 Legs alternate (ABBA over ``--pairs``); ratios ring/torch are per pair, with a t interval on
-their logs (codl.analysis.runlevel). Prints a table and writes ``--out`` (CSV, one row per leg)
-and ``<out>.summary.csv``.
+their logs (codl.analysis.runlevel). Every leg is recorded through ``codl.measure``: prints its
+table and writes ``--out`` (its CSV: one row per metric and hand-off, every pair's value in it).
 
     python benchmarks/handoff_cost.py --device cuda --workers 12 --data DIR --out results/...
     python benchmarks/handoff_cost.py --device cpu --workers 2 --batch-size 16 --image-size 64
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 import os
 import statistics
 import tempfile
@@ -36,7 +37,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import torch
 
 from codl import pinning
@@ -45,6 +45,7 @@ from codl.datasets import generate
 from codl.harness import data as hdata
 from codl.harness.handoff import RingLoader
 from codl.harness.runner import _seed_worker
+from codl.measure import Recorder, table
 from codl.spec import DatasetSpec, PinningSpec
 
 HANDOFFS = ("torch", "ring")
@@ -82,7 +83,7 @@ def _loader(
 ) -> Iterator[Any]:
     dataset = hdata.dataset_for("jpeg", data, args.image_size)
     placement = pinning.plan(PinningSpec(), allowed=os.sched_getaffinity(0), workers=args.workers)
-    init_fn = functools.partial(_seed_worker, placement, 0)
+    init_fn = functools.partial(_seed_worker, placement, 0, 0)  # seed 0, no nice: as before
     gen = torch.Generator().manual_seed(0)
     pin = device.type == "cuda"
     if handoff == "ring":
@@ -171,25 +172,35 @@ def probe_baseline(seconds: float = 2.0) -> float:
     return statistics.median(probe.lateness)
 
 
-def summarize(rows: pd.DataFrame) -> pd.DataFrame:
-    out = []
+# Each metric's unit and what a leg's value is over its batches.
+UNITS = {
+    "batches_s": ("batches/s", "leg"),
+    "rank_cpu_ms": ("ms", "mean batch"),
+    "gil_held_ms": ("ms", "mean batch"),
+    "launch_ms": ("ms", "mean batch"),
+}
+
+
+def record(rec: Recorder, legs: list[dict[str, Any]], batches: int) -> list[str]:
+    """Each metric's legs per hand-off (a round is a pair's leg) and their paired ratio
+    ring/torch; returns the ratios' geometric means with their t interval, one line each."""
+    lines = []
     for metric in METRICS:
-        a = rows[rows["handoff"] == "torch"].sort_values("pair")[metric].to_numpy()
-        b = rows[rows["handoff"] == "ring"].sort_values("pair")[metric].to_numpy()
-        ratios = [y / x for x, y in zip(a, b, strict=True) if x > 0 and y > 0]
-        iv = log_ratio_interval(ratios) if len(ratios) >= 2 else None
-        out.append(
-            {
-                "metric": metric,
-                "torch_median": statistics.median(a) if len(a) else float("nan"),
-                "ring_median": statistics.median(b) if len(b) else float("nan"),
-                "ring_over_torch": iv.ratio if iv else float("nan"),
-                "lo": iv.lo if iv else float("nan"),
-                "hi": iv.hi if iv else float("nan"),
-                "pairs": len(ratios),
-            }
-        )
-    return pd.DataFrame(out)
+        got = {
+            h: [r[metric] for r in sorted(legs, key=lambda r: r["pair"]) if r["handoff"] == h]
+            for h in HANDOFFS
+        }
+        if any(math.isnan(v) for v in got["torch"] + got["ring"]):  # not measured on this device
+            continue
+        unit, how = UNITS[metric]
+        a, b = (rec.add(metric, got[h], unit=unit, n=batches, statistic=how, handoff=h)
+                for h in HANDOFFS)  # fmt: skip
+        if all(x > 0 for x in a.values + b.values):
+            ratio = rec.paired(b, a, f"{metric} ring / torch")
+            iv = log_ratio_interval(list(ratio.values)) if ratio.rounds >= 2 else None
+            if iv is not None:
+                lines.append(f"{metric:12s} ring/torch {iv.ratio:.3f} [{iv.lo:.3f}, {iv.hi:.3f}]")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -223,16 +234,17 @@ def main(argv: list[str] | None = None) -> None:
                     f"pair {pair} {handoff:5s} " + " ".join(f"{m}={row[m]:.3f}" for m in METRICS),
                     flush=True,
                 )
-    table = pd.DataFrame(rows)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    table.to_csv(args.out, index=False)
-    summary = summarize(table)
-    summary.to_csv(args.out.with_suffix(".summary.csv"), index=False)
+    rec = Recorder()
+    rec.add("probe baseline", [1e3 * baseline], unit="ms", statistic="median lateness, idle")
+    lines = record(rec, rows, args.batches)
     print(
         f"\n{args.device}, {args.workers} workers, batch {args.batch_size}, "
         f"{args.image_size}px, {args.batches} batches x {args.pairs} pairs"
     )
-    print(summary.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(table(rec.measurements, column="handoff", baseline="torch"))
+    print("geometric mean of the pairs' ratios, 95 % t interval on the logs:")
+    print("\n".join(lines))
+    rec.write(args.out)
 
 
 if __name__ == "__main__":

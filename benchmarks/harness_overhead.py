@@ -7,7 +7,8 @@ harness synchronises per step to time it; the plain loop does too, so the compar
 the instrumentation, not the synchronisation). The plain loop's sampler is one epoch as long as
 the run (a large data set's), since a short epoch drains the prefetch at each end. Runs
 alternate in one process; the statistic is the ratio of throughputs within a pair, geometric
-mean over pairs with a 95 % t interval on the logs (codl.analysis.runlevel).
+mean over pairs with a 95 % t interval on the logs (codl.analysis.runlevel); every pair is
+recorded through ``codl.measure`` (the CSV, rewritten after each pair, and the table).
 
     python benchmarks/harness_overhead.py --device cpu --pairs 10
 
@@ -37,6 +38,7 @@ from codl.harness import data as hdata
 from codl.harness import workloads
 from codl.harness.data import train_transform
 from codl.harness.handoff import RingLoader
+from codl.measure import Recorder, table
 from codl.outputs import output_unit
 from codl.spec import Handoff, RunSpec
 from tracer_overhead import OFF, add_pair_arguments, base_spec, measured_steps
@@ -162,8 +164,6 @@ def phase_counter_cost(reads: int, csv: Path) -> int:
     stand-in, blocked like it is between backward passes): median of 20 batches of ``reads``."""
     import threading
 
-    import pandas as pd
-
     from codl.trace.sched import PhaseSched
 
     stop = threading.Event()
@@ -189,33 +189,33 @@ def phase_counter_cost(reads: int, csv: Path) -> int:
         f"= {step_us:.1f} us per step (median of 20 x {reads} reads, p5-p95 "
         f"{np.percentile(per_read, 5) / 1e3:.2f}-{np.percentile(per_read, 95) / 1e3:.2f} us)"
     )
-    csv.parent.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(
-        {
-            "batch": range(len(per_read)),
-            "us_per_read": np.asarray(per_read) / 1e3,
-            "syscalls_per_read": syscalls,
-            "reads_per_step": PHASE_READS_PER_STEP,
-            "syscalls_per_step": PHASE_READS_PER_STEP * syscalls,
-        }
-    ).to_csv(csv, index=False)
+    rec = Recorder()
+    rec.add("read", np.asarray(per_read) / 1e3, unit="us", n=reads, statistic="mean read",
+            syscalls_per_read=syscalls)  # fmt: skip
+    rec.add("per step", np.asarray(per_read) * PHASE_READS_PER_STEP / 1e3, unit="us", n=reads,
+            statistic=f"mean read x {PHASE_READS_PER_STEP} reads",
+            syscalls_per_read=syscalls)  # fmt: skip
+    print(table(rec.measurements))
+    rec.write(csv)
     print(f"wrote {csv}")
     return 0
 
 
 def write_pairs(
-    csv: Path, h_all: list[float], p_all: list[float], ratios: list[float], args: Any
+    rec: Recorder, csv: Path, h_all: list[float], p_all: list[float], args: Any
 ) -> tuple[float, float, float]:
-    """The pairs so far with their geometric mean and t interval (NaN under two pairs)."""
-    import pandas as pd
-
-    iv = log_ratio_interval(ratios)
+    """The pairs so far, recorded (each side's throughput, their paired ratio), with the
+    ratios' geometric mean and t interval (NaN under two pairs)."""
+    settings = {"device": args.device, "traced": args.traced, "handoff": args.handoff}
+    h, p = (
+        rec.add("throughput", got, unit="samples/s", n=args.measured, statistic="run",
+                loop=loop, **settings)
+        for loop, got in (("harness", h_all), ("plain", p_all))
+    )  # fmt: skip
+    ratio = rec.paired(h, p, "harness / plain")
+    iv = log_ratio_interval(list(ratio.values))
     with output_unit([csv], mkdir=True) as unit:
-        pd.DataFrame(
-            {"pair": range(len(ratios)), "harness_sps": h_all, "plain_sps": p_all, "ratio": ratios}
-        ).assign(
-            device=args.device, traced=args.traced, geomean=iv.ratio, ci_low=iv.lo, ci_high=iv.hi
-        ).to_csv(unit.path(csv), index=False)
+        rec.write(unit.path(csv))
     return iv.ratio, iv.lo, iv.hi
 
 
@@ -272,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.no_pin:
         spec = dataclasses.replace(spec, loader=dataclasses.replace(spec.loader, pin_memory=False))
+    rec = Recorder()
     ratios: list[float] = []
     h_all: list[float] = []
     p_all: list[float] = []
@@ -295,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
             p_all.append(p_s)
             ratios.append(h_s / p_s)
             print(f"pair {i}: harness {h_s:.1f} samples/s, plain {p_s:.1f} -> {h_s / p_s:.4f}")
-            med, lo, hi = write_pairs(args.csv, h_all, p_all, ratios, args)
+            med, lo, hi = write_pairs(rec, args.csv, h_all, p_all, args)
     if not ratios:
         print("no pair measured", file=sys.stderr)
         return 1
@@ -305,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         f"pairs (harness {statistics.median(h_all):.1f}, plain {statistics.median(p_all):.1f} "
         "samples/s)"
     )
+    print(table(rec.measurements, column="loop", baseline="plain"))
     print(f"wrote {args.csv}")
     return 0 if np.isfinite(med) else 1
 

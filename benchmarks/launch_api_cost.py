@@ -18,7 +18,9 @@ Every traced variant is on from the first warm-up step to the last measured step
 cost lingers inside a process, hence one process per run; the order of variants rotates from
 round to round. Per round, each variant's median step time is divided by the plain run's of
 the same round; the table gives the median of those ratios over rounds with a bootstrap 95 %
-interval, plus the cudaLaunchKernel latency each tracing variant reports.
+interval, plus the cudaLaunchKernel latency each tracing variant reports. Every round is
+recorded through ``codl.measure`` (the CSV, rewritten after each round; ``--pool`` reads it,
+and the per-round CSVs written before it).
 
     python benchmarks/launch_api_cost.py --rounds 5 --csv benchmarks/results/launch_api_cost.csv
 
@@ -46,7 +48,8 @@ from typing import Any
 
 import numpy as np
 
-from tracer_overhead import bootstrap_median
+from codl.measure import PAIRED, Measurement, Recorder, bootstrap_median, read_csv
+from codl.measure import table as render
 
 VARIANTS = ("plain", "callbacks-idle", "callbacks", "callbacks-sched", "kineto-cuda", "kineto")
 # The shim settings --shim-cost times: (label, armed, sched evidence).
@@ -274,20 +277,19 @@ def evidence_stats(
     }
 
 
-def shim_cost(calls: int, repeats: int) -> Any:
-    """CPU-side cost per call (ns) of each shim setting, driven from C; the median of repeats."""
-    import pandas as pd
-
+def shim_cost(calls: int, repeats: int) -> Recorder:
+    """CPU-side cost per call (ns) of each shim setting, driven from C, ``repeats`` rounds."""
     from codl.trace import cuda_api
 
     lib = cuda_api.build_shim()
+    got: dict[str, list[float]] = {label: [] for label, _, _ in SHIM_SETTINGS}
+    rec = Recorder()
     with tempfile.TemporaryDirectory() as tmp:
         src, exe = Path(tmp) / "driver.c", Path(tmp) / "driver"
         src.write_text(SHIM_DRIVER)
         cc = os.environ.get("CC", "cc")
         subprocess.run([cc, "-O2", "-o", str(exe), str(src), "-ldl"], check=True)
-        rows = []
-        for r in range(repeats):
+        for _ in range(repeats):
             for label, armed, sched in SHIM_SETTINGS:
                 out = subprocess.run(
                     [str(exe), str(lib), str(calls), str(armed), str(sched)],
@@ -295,60 +297,62 @@ def shim_cost(calls: int, repeats: int) -> Any:
                     text=True,
                     check=True,
                 )
-                rows.append({"repeat": r, "setting": label, "ns_per_call": float(out.stdout)})
-    df = pd.DataFrame(rows)
-    res = df.groupby("setting", sort=False)["ns_per_call"].agg(["median", "min", "max"])
-    print(f"shim callback, entry + exit, {calls} calls x {repeats} repeats (CPU side only):")
-    print(res.round(1).to_string())
-    return res.reset_index()
+                got[label].append(float(out.stdout))
+    for label, values in got.items():
+        rec.add("callback, entry + exit", values, unit="ns", n=calls, statistic="mean call",
+                setting=label)  # fmt: skip
+    print(f"shim callback, {calls} calls x {repeats} repeats (CPU side only):")
+    print(render(rec.measurements, column="setting", baseline="idle"))
+    return rec
 
 
-def _median_or_nan(d: Any, col: str) -> float:
-    return float(d[col].median()) if col in d and d[col].notna().any() else float("nan")
+# The per-round fields a child reports that the table and CSV keep: (name, unit, statistic).
+FIELDS = {
+    "step_ms_median": ("step", "ms", "median step"),
+    "launch_us_p50": ("launch p50", "us", "median cudaLaunchKernel"),
+    "launch_calls_per_step": ("launches/step", "calls", "per step"),
+    "api_calls_per_step": ("api calls/step", "calls", "per step"),
+    # The scheduling evidence; absent from runs measured before it.
+    "switched_pct": ("switched", "%", "calls with a context switch"),
+    "off_cpu_us_mean": ("off-CPU", "us", "mean call"),
+}
 
 
-def table(df: Any, variants: list[str]) -> Any:
-    """Per variant: median step time, ratio to plain of the same round (median, bootstrap 95 %
-    interval), launch latency and calls per step. Prints the table and returns it."""
+def record(rec: Recorder, df: Any, variants: list[str], measured: int) -> None:
+    """Per variant and field, the rounds as a measurement, and each round's step time over the
+    plain run's of the same round (a paired ratio: the rounds ran back to back)."""
+    plain = df[df["variant"] == "plain"].set_index("round")["step_ms_median"]
+    for v in variants:
+        d = df[df["variant"] == v].sort_values("round")
+        for col, (name, unit, how) in FIELDS.items():
+            if col in d and d[col].notna().any():
+                rec.add(name, d[col].dropna(), unit=unit, n=measured, statistic=how, variant=v)
+        if v != "plain":
+            ratio = d["step_ms_median"] / d["round"].map(plain)
+            rec.add("step / plain", ratio.dropna(), unit="x", statistic=PAIRED, variant=v)
+
+
+def rounds_of(measurements: list[Measurement]) -> Any:
+    """The per-round frame ``record`` takes, back from a CSV it wrote (for ``--pool``)."""
     import pandas as pd
 
-    plain = df[df["variant"] == "plain"].set_index("round")["step_ms_median"]
-    ratio = df["step_ms_median"] / df["round"].map(plain)
-    out = []
-    for v in variants:
-        d = df[df["variant"] == v]
-        r = ratio[d.index].tolist()
-        lo, hi = bootstrap_median(r)
-        calls = float(d["api_calls_per_step"].median())
-        step = float(d["step_ms_median"].median())
-        out.append(
-            {
-                "variant": v,
-                "rounds": len(r),
-                "step_ms": step,
-                "ratio": statistics.median(r),
-                "ci_low": lo,
-                "ci_high": hi,
-                "launch_us_p50": float(d["launch_us_p50"].median()),
-                "launches_per_step": float(d["launch_calls_per_step"].median()),
-                "api_calls_per_step": calls,
-                # Columns of the scheduling evidence; absent from CSVs measured before it.
-                "switched_pct": _median_or_nan(d, "switched_pct"),
-                "off_cpu_us_mean": _median_or_nan(d, "off_cpu_us_mean"),
-            }
-        )
-    res = pd.DataFrame(out)
-    print(
-        f"\n{'variant':16s} {'rounds':>6s} {'step ms':>8s} {'ratio':>7s} {'95% CI':>17s} "
-        f"{'launch p50 us':>13s} {'calls/step':>10s} {'switched %':>10s} {'off-CPU us':>10s}"
-    )
-    for r in res.itertuples():
-        print(
-            f"{r.variant:16s} {r.rounds:6d} {r.step_ms:8.3f} {r.ratio:7.4f} "
-            f"[{r.ci_low:.4f}, {r.ci_high:.4f}] {r.launch_us_p50:13.2f} "
-            f"{r.api_calls_per_step:10.0f} {r.switched_pct:10.3f} {r.off_cpu_us_mean:10.3f}"
-        )
-    return res
+    by_name = {name: col for col, (name, _, _) in FIELDS.items()}
+    rows: dict[tuple[str, int], dict[str, Any]] = {}
+    for m in measurements:
+        if m.name in by_name:
+            v = m.setting["variant"]
+            for i, x in enumerate(m.values):
+                rows.setdefault((v, i), {"round": i, "variant": v})[by_name[m.name]] = x
+    return pd.DataFrame(list(rows.values()))
+
+
+def summary(rec: Recorder) -> None:
+    """The table, and each variant's ratio to plain with its bootstrap 95 % interval."""
+    print(render(rec.measurements, column="variant", baseline="plain"))
+    for m in rec.measurements:
+        if m.name == "step / plain":
+            lo, hi = bootstrap_median(m.values)
+            print(f"{m.setting['variant']:16s} {m.describe(4)}, 95 % CI [{lo:.4f}, {hi:.4f}]")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -383,21 +387,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     if args.shim_cost:
-        args.shim_csv.parent.mkdir(parents=True, exist_ok=True)
-        shim_cost(args.shim_calls, args.rounds).to_csv(args.shim_csv, index=False)
+        shim_cost(args.shim_calls, args.rounds).write(args.shim_csv)
         print(f"wrote {args.shim_csv}")
         return 0
     if args.pool:
         import pandas as pd
 
         # Rounds are numbered per file: each file's rounds keep their own plain reference.
+        # A file is this benchmark's codl.measure CSV, or a per-round CSV written before it.
         frames = [
-            pd.read_csv(f).assign(round=lambda d, i=i: d["round"] + 1000 * i)
+            pool_frame(f).assign(round=lambda d, i=i: d["round"] + 1000 * i)
             for i, f in enumerate(args.pool)
         ]
         pooled = pd.concat(frames, ignore_index=True)
-        order = [v for v in VARIANTS if v in set(pooled["variant"])]
-        table(pooled, order).to_csv(args.csv, index=False)
+        present = [v for v in VARIANTS if v in set(pooled["variant"])]
+        rec = Recorder()
+        record(rec, pooled, present, args.measured)
+        summary(rec)
+        rec.write(args.csv)
         print(f"pooled {len(args.pool)} files; wrote {args.csv}")
         return 0
     if args.child:
@@ -417,6 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     import pandas as pd
 
     rows: list[dict[str, Any]] = []
+    rec = Recorder()
     for r in range(args.rounds):
         shift = r % len(variants)
         for order, v in enumerate(variants[shift:] + variants[:shift]):
@@ -436,16 +444,25 @@ def main(argv: list[str] | None = None) -> int:
                 f"launch p50 {res['launch_us_p50']:.2f} us  {res['api_calls_per_step']:.0f} calls"
             )
         # Written after every round: a run cut short still leaves what it measured.
-        args.csv.parent.mkdir(parents=True, exist_ok=True)
-        pd.DataFrame(rows).to_csv(args.csv, index=False)
-    df = pd.DataFrame(rows)
-    table(df, variants).to_csv(args.csv.with_suffix(".summary.csv"), index=False)
+        record(rec, pd.DataFrame(rows), variants, args.measured)
+        rec.write(args.csv)
+    summary(rec)
     print(
         f"{args.model} b{args.batch_size}, {args.measured} measured steps, {args.rounds} rounds, "
         f"{args.ranks} rank(s)"
     )
     print(f"wrote {args.csv}")
     return 0
+
+
+def pool_frame(path: Path) -> Any:
+    import pandas as pd
+
+    with path.open(encoding="utf-8") as fh:
+        header = fh.readline()
+    if header.startswith("name,"):
+        return rounds_of(read_csv(path))
+    return pd.read_csv(path)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 Builds a small ImageNet-like data set per cost (same images, same seed), then times the
 worker's per-sample work in this process (fetch, decode, transform: the timestamps the loader
-records for every item) over every sample, several passes. Prints a table and writes CSV.
+records for every item) over every sample, several passes. Each pass is a round: its value is
+the median over the pass's samples. Prints a table and writes CSV (``codl.measure``'s schema).
 
     python benchmarks/loader_cost.py --samples 64 --passes 3
 """
@@ -13,24 +14,25 @@ import argparse
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import torch
 
 from codl.datasets import generate
 from codl.harness import data as hdata
+from codl.measure import Recorder, table
 from codl.spec import DatasetCost, DatasetSpec
 
 
 def measure(root: Path, image_size: int, passes: int) -> pd.DataFrame:
     dataset = hdata.dataset_for("jpeg", root, image_size)
     rows = []
-    for _ in range(passes):
+    for pass_ in range(passes):
         for i in range(len(dataset)):  # type: ignore[arg-type]
             _, _, row = dataset[i]
             t0, t1, t2, t3 = (int(v) for v in row[-4:])
             rows.append(
                 {
+                    "pass": pass_,
                     "fetch_ms": (t1 - t0) / 1e6,
                     "decode_ms": (t2 - t1) / 1e6,
                     "transform_ms": (t3 - t2) / 1e6,
@@ -38,6 +40,24 @@ def measure(root: Path, image_size: int, passes: int) -> pd.DataFrame:
                 }
             )
     return pd.DataFrame(rows)
+
+
+def record(rec: Recorder, cost: str, m: pd.DataFrame) -> None:
+    """One measurement per part; a round is one pass, its value the pass's median item."""
+    passes = m.groupby("pass")
+    n = passes.size().tolist()
+    for col in ("fetch_ms", "decode_ms", "transform_ms", "item_ms"):
+        rec.add(
+            col.removesuffix("_ms"),
+            passes[col].median(),
+            unit="ms",
+            n=n,
+            statistic="median item",
+            cost=cost,
+        )
+    # Items a core does per second: the reciprocal of each pass's median item.
+    per_s = 1000.0 / passes["item_ms"].median()
+    rec.add("items/s/core", per_s, unit="1/s", n=n, statistic="1/median item", cost=cost)
 
 
 def main() -> None:
@@ -50,7 +70,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/loader_cost.csv"))
     args = p.parse_args()
     torch.set_num_threads(1)  # a loader worker's view: one thread
-    table = []
+    rec = Recorder()
     with tempfile.TemporaryDirectory() as tmp:
         for cost in DatasetCost:
             spec = DatasetSpec(
@@ -62,16 +82,10 @@ def main() -> None:
             )
             root = Path(tmp) / cost.value
             generate(spec, root)
-            m = measure(root, args.image_size, args.passes)
-            row = {"cost": cost.value, "items": len(m)}
-            for col in m.columns:
-                row[f"{col}_median"] = float(np.median(m[col]))
-            row["items_per_s_per_core"] = 1000.0 / row["item_ms_median"]
-            table.append(row)
-    out = pd.DataFrame(table)
-    print(out.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    out.to_csv(args.out, index=False)
+            rec.mark()
+            record(rec, cost.value, measure(root, args.image_size, args.passes))
+    print(table(rec.measurements, column="cost", baseline=DatasetCost.LIGHT.value))
+    rec.write(args.out)
 
 
 if __name__ == "__main__":

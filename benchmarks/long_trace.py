@@ -17,10 +17,11 @@ appends them to a ``TraceWriter`` in batches, and reports:
   columns alone (HDF5: decompression, checksums, copies), the floor of any reader;
 - verify rate: ``Trace.verify`` alone (every byte read and hashed);
 - the latency of a 1-second window query (``Trace.table(name, t0, t0 + 1 s)`` of all three
-  tables), median of ``--windows`` random windows;
+  tables), each of ``--windows`` random windows a round;
 
 for each codec of ``--compression`` (by default Blosc/LZ4 and gzip, one after the other in one
-run, side by side in the table and one CSV row each).
+run, side by side in the table), recorded through ``codl.measure`` (one CSV row per metric and
+codec, with the machine, its load and the commit).
 
     .venv/bin/python benchmarks/long_trace.py [--events 100000000] [--csv PATH]
 """
@@ -28,14 +29,10 @@ run, side by side in the table and one CSV row each).
 from __future__ import annotations
 
 import argparse
-import csv
 import os
-import platform
-import statistics
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +41,8 @@ import hdf5plugin
 import numpy as np
 
 from codl.analysis import chunked
+from codl.measure import Recorder
+from codl.measure import table as render
 from codl.trace.schema import TABLES
 from codl.trace.store import COMPRESSIONS, TraceWriter, buffer_bound_bytes, open_trace
 
@@ -55,34 +54,6 @@ CUDA_NAMES = np.array(
     ["cudaLaunchKernel", "cudaMemcpyAsync", "cudaEventRecord", "cudaStreamSynchronize"], object
 )
 STAGES = np.array(["fetch", "decode", "transform", "collate"], object)
-
-
-@dataclass(frozen=True)
-class Result:
-    events: int
-    compression: str
-    writer_threads: int
-    load_avg_1m: float
-    run_s: float
-    buffer_bound_mib: float
-    rss_growth_mib: float
-    write_s: float
-    write_events_per_s: float
-    write_events_per_cpu_s: float
-    file_bytes: int
-    bytes_per_event: float
-    summarize_events: int
-    summarize_1p_events_per_s: float
-    summarize_1p_events_per_cpu_s: float
-    summarize_1p_ns_per_event: float
-    read_columns_ns_per_event: float
-    summarize_threads: int
-    summarize_threads_events_per_s: float
-    summarize_threads_events_per_cpu_s: float
-    verify_events_per_s: float
-    verify_events_per_cpu_s: float
-    window_query_s_median: float
-    window_query_rows_median: int
 
 
 def cpu_seconds() -> float:
@@ -218,7 +189,7 @@ def read_seconds(path: Path) -> tuple[int, float]:
     return rows, spent
 
 
-def window_queries(path: Path, args: argparse.Namespace) -> tuple[float, int]:
+def window_queries(path: Path, args: argparse.Namespace) -> tuple[list[float], list[int]]:
     rng = np.random.default_rng(1)
     run_ns = int(args.events / args.rate * 1e9)
     latencies, sizes = [], []
@@ -229,12 +200,14 @@ def window_queries(path: Path, args: argparse.Namespace) -> tuple[float, int]:
             rows = sum(len(t.table(name, t0=t0, t1=t0 + 10**9)) for name in SHARES)
             latencies.append(time.perf_counter() - start)
             sizes.append(rows)
-    return statistics.median(latencies), int(statistics.median(sizes))
+    return latencies, sizes
 
 
-def run(directory: Path, args: argparse.Namespace, compression: str) -> Result:
+def run(rec: Recorder, directory: Path, args: argparse.Namespace, compression: str) -> None:
+    """One codec's run, recorded: every metric a measurement of one round (the window query:
+    one round per window), its target a setting so that the table shows it beside."""
     path = directory / f"long-{compression}.h5"
-    load = os.getloadavg()[0]
+    rec.mark()
     write_s, write_cpu, growth = write(path, args, compression)
     size = path.stat().st_size
     rate_1, cpu_1 = summarize_rate(path, args.events, 1)
@@ -243,57 +216,29 @@ def run(directory: Path, args: argparse.Namespace, compression: str) -> Result:
     verify, verify_cpu = verify_rate(path, args.events)
     query_s, query_rows = window_queries(path, args)
     path.unlink()  # two 10^8-event traces need not share the disk
-    return Result(
-        events=args.events,
-        compression=compression,
-        writer_threads=args.threads or 0,
-        load_avg_1m=round(load, 2),
-        run_s=round(args.events / args.rate, 1),
-        buffer_bound_mib=round(buffer_bound_bytes() / 2**20, 1),
-        rss_growth_mib=round(growth / 2**20, 1),
-        write_s=round(write_s, 2),
-        write_events_per_s=round(args.events / write_s),
-        write_events_per_cpu_s=round(args.events / write_cpu),
-        file_bytes=size,
-        bytes_per_event=round(size / args.events, 2),
-        summarize_events=args.events,
-        summarize_1p_events_per_s=round(rate_1),
-        summarize_1p_events_per_cpu_s=round(cpu_1),
-        summarize_1p_ns_per_event=round(1e9 / rate_1, 2),
-        read_columns_ns_per_event=round(read_s / max(1, read_rows) * 1e9, 2),
-        summarize_threads=args.processes,
-        summarize_threads_events_per_s=round(rate_t),
-        summarize_threads_events_per_cpu_s=round(cpu_t),
-        verify_events_per_s=round(verify),
-        verify_events_per_cpu_s=round(verify_cpu),
-        window_query_s_median=round(query_s, 4),
-        window_query_rows_median=query_rows,
-    )
+    n = args.events
 
+    def add(name: str, value: float, unit: str, target: str = "", how: str = "value") -> None:
+        rec.add(name, [value], unit=unit, n=n, statistic=how, target=target,
+                compression=compression)  # fmt: skip
 
-def _rows(r: Result) -> list[tuple[str, str, str]]:
-    """(metric, measured, target) of one codec's run, as the table prints them."""
-    return [
-        ("writer buffer bound", f"{r.buffer_bound_mib} MiB", "bounded"),
-        ("RSS growth while writing", f"{r.rss_growth_mib} MiB", "bounded"),
-        ("write rate (events/s)", f"{r.write_events_per_s:,}", ">= 10,000,000"),
-        ("write, events per CPU-s", f"{r.write_events_per_cpu_s:,}", ""),
-        ("file size (B/event)", f"{r.bytes_per_event}", "<= 8"),
-        ("summarize, 1 process (ev/s)", f"{r.summarize_1p_events_per_s:,}", ">= 50,000,000/core"),
-        ("  per CPU-s", f"{r.summarize_1p_events_per_cpu_s:,}", ""),
-        ("  ns/event", f"{r.summarize_1p_ns_per_event}", ""),
-        ("read the columns alone, ns/event", f"{r.read_columns_ns_per_event}", ""),
-        (f"summarize, {r.summarize_threads} threads", f"{r.summarize_threads_events_per_s:,}", ""),
-        ("  per CPU-s", f"{r.summarize_threads_events_per_cpu_s:,}", ""),
-        ("verify (every byte, sha256)", f"{r.verify_events_per_s:,}", ""),
-        ("  per CPU-s", f"{r.verify_events_per_cpu_s:,}", ""),
-        (
-            "1 s window query",
-            f"{r.window_query_s_median:.3f} s ({r.window_query_rows_median:,} rows)",
-            "< 1 s",
-        ),
-        ("load average at start", f"{r.load_avg_1m}", ""),
-    ]
+    add("writer buffer bound", buffer_bound_bytes() / 2**20, "MiB", "bounded", "bound")
+    add("RSS growth while writing", growth / 2**20, "MiB", "bounded", "peak - start")
+    add("write rate", n / write_s, "events/s", ">= 10,000,000", "in append/finish")
+    add("write, per CPU-s", n / write_cpu, "events/s", how="in append/finish, all threads")
+    add("file size", size / n, "B/event", "<= 8")
+    add("summarize, 1 process", rate_1, "events/s", ">= 50,000,000/core", "read_summary")
+    add("  per CPU-s", cpu_1, "events/s", how="read_summary")
+    add("  ns/event", 1e9 / rate_1, "ns", how="read_summary")
+    add("read the columns alone", read_s / max(1, read_rows) * 1e9, "ns/event", how="read_rows")
+    add(f"summarize, {args.processes} threads", rate_t, "events/s", how="read_summary")
+    add(f"  per CPU-s ({args.processes} threads)", cpu_t, "events/s", how="read_summary")
+    add("verify (every byte, sha256)", verify, "events/s", how="Trace.verify")
+    add("  per CPU-s (verify)", verify_cpu, "events/s", how="Trace.verify")
+    rec.add("1 s window query", query_s, unit="s", statistic="3 tables", target="< 1 s",
+            compression=compression)  # fmt: skip
+    rec.add("  rows per window", query_rows, unit="rows", statistic="3 tables",
+            compression=compression)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -318,26 +263,17 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--events, --batch, --rate, --processes and --windows must be positive")
     if args.threads is not None and args.threads <= 0:
         parser.error("--threads must be positive")
-    results = []
+    rec = Recorder()
     with tempfile.TemporaryDirectory(dir=args.tmpdir, prefix="codl-long-") as tmp:
         for compression in args.compression:
-            results.append(run(Path(tmp), args, compression))
-    r0 = results[0]
+            run(rec, Path(tmp), args, compression)
     print(
-        f"# {r0.events:,} events ({r0.run_s:,.0f} s of run at {args.rate:,.0f} events/s); "
-        f"h5py {h5py.__version__}, HDF5 {h5py.version.hdf5_version}, "
-        f"hdf5plugin {hdf5plugin.version}, {platform.machine()}, {os.cpu_count()} cores"
+        f"# {args.events:,} events ({args.events / args.rate:,.0f} s of run at "
+        f"{args.rate:,.0f} events/s); h5py {h5py.__version__}, HDF5 {h5py.version.hdf5_version}, "
+        f"hdf5plugin {hdf5plugin.version}, writer threads {args.threads or 'cores'}"
     )
-    table = [_rows(r) for r in results]
-    header = f"{'metric':<30} " + " ".join(f"{r.compression:<26}" for r in results)
-    print(header + f" {'target':<20}")
-    for i, (name, _, target) in enumerate(table[0]):
-        print(f"{name:<30} " + " ".join(f"{t[i][1]:<26}" for t in table) + f" {target:<20}")
-    args.csv.parent.mkdir(parents=True, exist_ok=True)
-    with args.csv.open("w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(asdict(r0)))
-        writer.writeheader()
-        writer.writerows(asdict(r) for r in results)
+    print(render(rec.measurements, column="compression"))
+    rec.write(args.csv)
     print(f"# wrote {args.csv}")
 
 

@@ -10,9 +10,10 @@ the row says "warm"), with this checkout's code and, with ``--baseline``, anothe
 in the same rounds. The merged traces of the two are checked to hold the same strings, root
 attributes and column digests (every column's checksum, as ``Trace.verify`` checks them).
 
-Reports the median round's wall and CPU seconds (the process's user + system time, all its
-threads), events per second and per CPU-second, peak RSS (ru_maxrss), the fastest and slowest
-rounds, the machine's highest 1-minute load over the rounds and its core count. The merge is
+Records every round's wall and CPU seconds (the process's user + system time, all its
+threads), events per second and per CPU-second and peak RSS (ru_maxrss) through
+``codl.measure``: the table gives each median (min-max) and the baseline's ratio, the CSV every
+round, the machine, its load and the commit. The merge is
 timed as `codl run` calls it, in a process that imports it and merges (Python's start and the
 imports in every number); a real multi-rank run at these sizes is hours of training.
 
@@ -25,20 +26,22 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
+from codl.measure import Recorder  # noqa: E402
 from codl.trace.store.merge import rank_trace_path  # noqa: E402
 from summarize_cost import (  # noqa: E402
+    Round,
     baseline_src,
     compile_sources,
     drop_cache,
+    record_rounds,
+    report,
     timed,
-    write_rows,
 )
 from synth_trace import make_rank_parts  # noqa: E402
 
@@ -86,8 +89,8 @@ def same_content(a: Path, b: Path) -> None:
 
 
 def measure(
-    events: int, tmp: Path, repeat: int, baseline: tuple[str, Path] | None
-) -> list[dict[str, object]]:
+    rec: Recorder, events: int, tmp: Path, repeat: int, baseline: tuple[str, Path] | None
+) -> None:
     pristine = tmp / f"p{events}" / "trace.h5"
     pristine.parent.mkdir()
     n = make_rank_parts(pristine, events, ranks=RANKS)
@@ -98,7 +101,8 @@ def measure(
     traces = {w: tmp / f"m{events}-{i}" / "trace.h5" for i, w in enumerate(who)}
     for trace in traces.values():
         trace.parent.mkdir()
-    runs: dict[str, list[tuple[float, float, float, bool, float]]] = {w: [] for w in who}
+    runs: dict[str, list[Round]] = {w: [] for w in who}
+    rec.mark()
     for _ in range(repeat):
         for what, src in who.items():
             trace = traces[what]
@@ -110,34 +114,11 @@ def measure(
             runs[what].append((wall, cpu, rss, cold, load))
     if baseline is not None:
         same_content(*traces.values())
-    rows = []
-    for what, got in runs.items():
-        wall = statistics.median(r[0] for r in got)
-        cpu = statistics.median(r[1] for r in got)
-        rows.append(
-            {
-                "events": n,
-                "ranks": RANKS,
-                "what": what,
-                "seconds": round(wall, 3),
-                "cpu_seconds": round(cpu, 3),
-                "events_per_s": round(n / wall),
-                "events_per_cpu_s": round(n / cpu),
-                "peak_rss_mib": round(max(r[2] for r in got), 1),
-                "rounds": len(got),
-                "fastest_round_s": round(min(r[0] for r in got), 3),
-                "slowest_round_s": round(max(r[0] for r in got), 3),
-                "cache": "cold" if all(r[3] for r in got) else "warm",
-                "load_1m": round(max(r[4] for r in got), 2),
-                "cores": os.cpu_count(),
-                "parts_mib": round(part_bytes / 2**20, 1),
-            }
-        )
-        print(rows[-1], flush=True)
+    size = {"events": n, "ranks": RANKS, "parts_mib": round(part_bytes / 2**20, 1)}
+    record_rounds(rec, runs, size, items=n, item="events")
     shutil.rmtree(pristine.parent)
     for trace in traces.values():
         shutil.rmtree(trace.parent)
-    return rows
 
 
 def main() -> None:
@@ -155,13 +136,13 @@ def main() -> None:
     args = p.parse_args()
     if args.repeat <= 0:
         p.error("--repeat must be positive")
-    rows: list[dict[str, object]] = []
+    rec = Recorder()
     with tempfile.TemporaryDirectory(dir=args.tmpdir, prefix="codl-merge-") as tmp:
         base = baseline_src(args.baseline, Path(tmp)) if args.baseline else None
         compile_sources([base[1]] if base else [])
         for events in args.events:
-            rows += measure(int(events), Path(tmp), args.repeat, base)
-    write_rows(rows, args.csv)
+            measure(rec, int(events), Path(tmp), args.repeat, base)
+    report(rec, args.csv, "merge_rank_traces" if base else None)
 
 
 if __name__ == "__main__":

@@ -12,14 +12,13 @@ timed here on the same machine, in alternating rounds, and checked to give the s
 from __future__ import annotations
 
 import argparse
-import csv
 import os
-import statistics
 import time
 from pathlib import Path
 
 import psutil
 
+from codl.measure import Recorder, table
 from codl.trace.sched import SchedSampler
 
 DEFAULT_CSV = Path(__file__).parent / "results" / "proc_stat_cost.csv"
@@ -88,29 +87,27 @@ def main() -> None:
         for col in sampler.cpu_rows.values():
             col.clear()  # keep memory flat over many calls
 
-    rows = []
+    times: dict[str, list[float]] = {"codl": [], "psutil": []}
+    rec = Recorder()
     for r in range(args.rounds):
         order = [("codl", ours), ("psutil", psutil_rows)]
         if r % 2:
             order.reverse()
         for name, fn in order:
-            rows.append({"round": r, "reader": name, "us_per_call": per_call_us(fn, args.calls)})
+            times[name].append(per_call_us(fn, args.calls))
     sampler.close()
     cores = len(psutil.cpu_times(percpu=True))
-    codl_us = statistics.median(x["us_per_call"] for x in rows if x["reader"] == "codl")
-    ps_us = statistics.median(x["us_per_call"] for x in rows if x["reader"] == "psutil")
     same = agree()
-    print(f"{cores} cpuN lines, load {os.getloadavg()[0]:.2f}, same ticks: {same}")
-    print(f"{'reader':8} {'us/call (median of rounds)':>28}")
-    print(f"{'codl':8} {codl_us:28.1f}")
-    print(f"{'psutil':8} {ps_us:28.1f}   ({ps_us / codl_us:.2f}x codl)")
-    args.csv.parent.mkdir(parents=True, exist_ok=True)
-    with args.csv.open("w", newline="") as fh:
-        w = csv.DictWriter(fh, ["round", "reader", "us_per_call", "cores", "same_ticks"])
-        w.writeheader()
-        for x in rows:
-            w.writerow({**x, "us_per_call": round(x["us_per_call"], 2), "cores": cores,
-                        "same_ticks": same})  # fmt: skip
+    codl, ps = (
+        rec.add("per call", v, unit="us", n=args.calls, statistic="mean call", reader=k,
+                cores=cores, same_ticks=same)
+        for k, v in times.items()
+    )  # fmt: skip
+    # Rounds alternate the readers, so round i of each is a pair that saw the same drift.
+    rec.paired(ps, codl, "psutil / codl")
+    print(f"{cores} cpuN lines, same ticks: {same}")
+    print(table(rec.measurements, column="reader", baseline="codl"))
+    rec.write(args.csv)
 
 
 if __name__ == "__main__":

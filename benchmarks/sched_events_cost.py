@@ -18,10 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
+from codl.measure import Recorder, bootstrap_median, table
 from codl.trace.ftrace import SchedEventRecorder, SchedEventsUnavailableError
-from tracer_overhead import bootstrap_median
 
 
 def pingpong(trips: int) -> float:
@@ -79,30 +77,36 @@ def main(argv: list[str] | None = None) -> int:
     except SchedEventsUnavailableError as exc:
         print(f"scheduler events unavailable here: {exc}", file=sys.stderr)
         return 1
-    import pandas as pd
-
-    rows = []
+    trips: dict[bool, list[float]] = {False: [], True: []}
+    switches: list[int] = []
+    rec = Recorder()
     for r in range(args.rounds):
         for recorded in (False, True) if r % 2 == 0 else (True, False):
             ns, events = one(recorded, args.trips)
-            rows.append({"round": r, "recorded": recorded, "trip_ns": ns, "switches": events})
-    df = pd.DataFrame(rows)
-    off = df[~df["recorded"]].set_index("round")["trip_ns"]
-    on = df[df["recorded"]].set_index("round")["trip_ns"]
-    ratios = (on / off).tolist()
-    lo, hi = bootstrap_median(ratios)
-    added = float(np.median(on - off)) / 2  # two switches (and two wake-ups) per round trip
-    switches = int(df[df["recorded"]]["switches"].median())
-    print(f"{'recording':10s} {'round trip ns (median of rounds)':>33s}")
-    print(f"{'off':10s} {off.median():33.0f}")
-    print(f"{'on':10s} {on.median():33.0f}")
-    print(
-        f"ratio on/off {statistics.median(ratios):.3f} [{lo:.3f}, {hi:.3f}] over {args.rounds} "
-        f"rounds; {added:.0f} ns added per context switch (with its wake-up); "
-        f"{switches} switches recorded per on-round of {args.trips} trips"
+            trips[recorded].append(ns)
+            if recorded:
+                switches.append(events)
+    off, on = (
+        rec.add("round trip", trips[k], unit="ns", n=args.trips, statistic="median batch of 100",
+                recording="on" if k else "off")
+        for k in (False, True)
+    )  # fmt: skip
+    ratio = rec.paired(on, off, "on / off")
+    lo, hi = bootstrap_median(ratio.values)
+    # Two switches (and two wake-ups) per round trip.
+    added = rec.add(
+        "added per switch",
+        ((a - b) / 2 for a, b in zip(on.values, off.values, strict=True)),
+        unit="ns",
+        statistic="paired difference / 2",
     )
-    args.csv.parent.mkdir(parents=True, exist_ok=True)
-    df.to_csv(args.csv, index=False)
+    rec.add("switches recorded", switches, unit="events", n=args.trips, statistic="per on-round")
+    print(table(rec.measurements, column="recording", baseline="off"))
+    print(
+        f"ratio on/off: {ratio.describe()}, bootstrap 95 % [{lo:.3f}, {hi:.3f}]; "
+        f"{added.median:.0f} ns added per context switch (with its wake-up)"
+    )
+    rec.write(args.csv)
     print(f"wrote {args.csv}")
     return 0
 

@@ -16,14 +16,14 @@ refuses, the row says "warm"):
 - with ``--calls``, ``codl summarize TRACE --out-dir DIR --calls``: the same, and the per-call
   table a user asks for (``calls.parquet``, a row per CUDA runtime API call), in its own pass.
 
-Reports the median round's wall seconds and CPU seconds (the child's user + system time,
-all its threads and child processes), events per second and per CPU-second (what "per core"
-means here, whatever else the machine runs), peak RSS (the child's ru_maxrss or, where
-larger, the summed PSS of its process tree sampled every 20 ms in one more round of each
+Records (``codl.measure``) each command's rounds of wall seconds and CPU seconds (the child's
+user + system time, all its threads and child processes), events per second and per CPU-second
+(what "per core" means here, whatever else the machine runs), peak RSS (the child's ru_maxrss
+or, where larger, the summed PSS of its process tree sampled every 20 ms in one more round of each
 command, kept out of the timed ones, whose wall time is reported apart; the child forked
-from a small launcher: see LAUNCH), the wall-time ratio to the plain read's median, the
-fastest and slowest rounds, the machine's highest 1-minute load over the rounds and its core
-count. Every process starts cold: Python, its imports and the file's open are in every
+from a small launcher: see LAUNCH); the table gives each one's median (min-max) and its ratio
+to the plain read's median; the CSV has every round, the machine, its load and the commit.
+Every process starts cold: Python, its imports and the file's open are in every
 number. The codl sources timed are byte-compiled first, as an installed copy is
 (``compile_sources``). Nothing here is derived: every number is timed.
 
@@ -37,17 +37,17 @@ from __future__ import annotations
 
 import argparse
 import compileall
-import csv
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
+from codl.measure import Recorder, table  # noqa: E402
 from synth_trace import make_trace  # noqa: E402
 
 DEFAULT_CSV = BENCH / "results" / "summarize_cost.csv"
@@ -223,13 +223,14 @@ def compile_sources(srcs: list[Path]) -> None:
 
 
 def measure(
+    rec: Recorder,
     events: int,
     tmp: Path,
     repeat: int,
     baseline: tuple[str, Path] | None = None,
     *,
     calls: bool = False,
-) -> list[dict[str, object]]:
+) -> None:
     trace = tmp / f"t{events}.h5"
     n = make_trace(trace, events)
     py = sys.executable
@@ -256,9 +257,9 @@ def measure(
         commands[f"codl inspect @{rev}"] = inspect_cmd(trace)
         srcs[f"codl inspect @{rev}"] = src
     # Rounds of the commands in turn, so that the machine's other load falls on each alike;
-    # each one's median round is reported (wall and CPU seconds each their own median), the
-    # fastest and slowest beside it.
-    runs: dict[str, list[tuple[float, float, float, bool, float]]] = {w: [] for w in commands}
+    # every round is recorded, and the table shows each one's median beside its range.
+    runs: dict[str, list[Round]] = {w: [] for w in commands}
+    rec.mark()
     for _ in range(repeat):
         for what, cmd in commands.items():
             load = os.getloadavg()[0]
@@ -266,47 +267,46 @@ def measure(
     # One more round of each, for its memory alone (LAUNCH: the sampler is kept out of the
     # timed rounds).
     sampled = {w: timed(cmd, trace, srcs.get(w), sample=True) for w, cmd in commands.items()}
-    rows = []
-    plain = statistics.median(r[0] for r in runs["plain h5py read"])
-    plain_cpu = statistics.median(r[1] for r in runs["plain h5py read"])
-    for what, got in runs.items():
-        wall = statistics.median(r[0] for r in got)
-        cpu = statistics.median(r[1] for r in got)
-        cold, load = all(r[3] for r in got), max(r[4] for r in got)
-        rows.append(
-            {
-                "events": n,
-                "what": what,
-                "seconds": round(wall, 3),
-                "cpu_seconds": round(cpu, 3),
-                "events_per_s": round(n / wall),
-                "events_per_cpu_s": round(n / cpu),
-                "peak_rss_mib": round(max(sampled[what][2], *(r[2] for r in got)), 1),
-                "ratio_to_plain_read": round(wall / plain, 2),
-                "cpu_ratio_to_plain_read": round(cpu / plain_cpu, 2),
-                "rounds": len(got),
-                "fastest_round_s": round(min(r[0] for r in got), 3),
-                "slowest_round_s": round(max(r[0] for r in got), 3),
-                # The memory round's wall time: whether the sampler cost the command any.
-                "sampled_round_s": round(sampled[what][0], 3),
-                "cache": "cold" if cold else "warm",
-                "load_1m": round(load, 2),
-                "cores": os.cpu_count(),
-                "trace_mib": round(trace.stat().st_size / 2**20, 1),
-            }
-        )
-        print(rows[-1], flush=True)
+    size = {"events": n, "trace_mib": round(trace.stat().st_size / 2**20, 1)}
+    record_rounds(rec, runs, size, items=n, item="events")
+    for what, (wall, _cpu, rss, _cold) in sampled.items():
+        s = {"what": what, **size}
+        rec.add("peak memory", [rss], unit="MiB", statistic="max(ru_maxrss, sampled PSS)",
+                settings=s)  # fmt: skip
+        # The memory round's wall time: whether the sampler cost the command any.
+        rec.add("wall, memory round", [wall], unit="s", statistic="process", settings=s)
     trace.unlink()
-    return rows
 
 
-def write_rows(rows: list[dict[str, object]], path: Path) -> None:
-    """The rows as CSV at ``path`` (their keys the header), and a line saying so."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="", encoding="utf-8") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+# (wall seconds, CPU seconds, peak RSS MiB, cold, load): one round of one command (``timed``).
+Round = tuple[float, float, float, bool, float]
+
+
+def record_rounds(
+    rec: Recorder,
+    rounds: dict[str, list[Round]],
+    settings: Mapping[str, object],
+    *,
+    items: int,
+    item: str,
+) -> None:
+    """Each command's rounds as measurements: wall and CPU seconds, ``item``s per second and
+    per CPU-second, peak RSS; ``what`` (the command) is the setting a table spreads out, beside
+    ``settings``."""
+    for what, got in rounds.items():
+        how = "cold process" if all(r[3] for r in got) else "warm process (cache not dropped)"
+        s = {"what": what, **settings}
+        rec.add("wall", (r[0] for r in got), unit="s", statistic=how, settings=s)
+        rec.add("cpu", (r[1] for r in got), unit="s", statistic=f"{how}, user + system", settings=s)
+        rec.add(f"{item}/s", (items / r[0] for r in got), unit="1/s", statistic=how, settings=s)
+        rec.add(f"{item}/cpu-s", (items / r[1] for r in got), unit="1/s", statistic=how, settings=s)
+        rec.add("peak rss", (r[2] for r in got), unit="MiB", statistic="ru_maxrss", settings=s)
+
+
+def report(rec: Recorder, path: Path, baseline: str | None) -> None:
+    """The table (commands as columns, ratios to ``baseline``) and the CSV, one schema."""
+    print(table(rec.measurements, column="what", baseline=baseline))
+    rec.write(path)
     print(f"# wrote {path}")
 
 
@@ -330,13 +330,13 @@ def main() -> None:
     args = p.parse_args()
     if args.repeat <= 0:
         p.error("--repeat must be positive")
-    rows: list[dict[str, object]] = []
+    rec = Recorder()
     with tempfile.TemporaryDirectory(dir=args.tmpdir, prefix="codl-summ-") as tmp:
         base = baseline_src(args.baseline, Path(tmp)) if args.baseline else None
         compile_sources([base[1]] if base else [])
         for events in args.events:
-            rows += measure(int(events), Path(tmp), args.repeat, base, calls=args.calls)
-    write_rows(rows, args.csv)
+            measure(rec, int(events), Path(tmp), args.repeat, base, calls=args.calls)
+    report(rec, args.csv, "plain h5py read")
 
 
 if __name__ == "__main__":

@@ -14,8 +14,9 @@ command the rule's script runs (`steps.analysis.summarize_to`), each job from a 
   T cores (J x T = the machine's cores), or, with T = "all", unconfined, as the rule's jobs
   are; the makespan (first start to last end) is reported.
 
-Rounds alternate the layouts; each layout's median round is reported, the fastest and
-slowest beside it, and the CPU seconds of all its jobs (their user + system time). With
+Rounds alternate the layouts; every layout's rounds are recorded (``codl.measure``: the table
+gives the median and the range), with the CPU seconds of all its jobs (their user + system
+time). With
 ``--baseline``, only the rule's layout is timed, for this checkout and for the baseline's
 ``src`` in turn (which goes first alternates by round): a before/after of what a matrix's
 summarize jobs cost one another. Linux only (`taskset`, `posix_fadvise`).
@@ -30,7 +31,6 @@ import argparse
 import os
 import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,13 +39,14 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
+from codl.measure import Recorder  # noqa: E402
 from summarize_cost import (  # noqa: E402
     baseline_src,
     compile_sources,
     drop_cache,
+    report,
     src_env,
     summarize_cmd,
-    write_rows,
 )
 from synth_trace import make_trace  # noqa: E402
 
@@ -107,49 +108,52 @@ def layouts(cores: int) -> list[tuple[int, int | None]]:
     return out
 
 
-def row(
-    events: int, what: str, jobs: int, per_job: int | None, runs: list[Run]
-) -> dict[str, object]:
-    got = [r[0] for r in runs]
-    return {
-        "events": events,
+def record(
+    rec: Recorder, events: int, what: str, jobs: int, per_job: int | None, runs: list[Run]
+) -> None:
+    how = "makespan, cold files" if all(r[2] for r in runs) else "makespan, warm files"
+    s = {
         "what": what,
+        "events": events,
         "jobs_at_once": jobs,
         "cores_per_job": "all" if per_job is None else per_job,
-        "seconds": round(statistics.median(got), 3),
-        "fastest_round_s": round(min(got), 3),
-        "slowest_round_s": round(max(got), 3),
-        "cpu_seconds": round(statistics.median(r[1] for r in runs), 2),
-        "rounds": len(got),
-        "cache": "cold" if all(r[2] for r in runs) else "warm",
-        "load_1m": round(os.getloadavg()[0], 2),
-        "cores": len(os.sched_getaffinity(0)),
     }
+    rec.add("wall", (r[0] for r in runs), unit="s", statistic=how, settings=s)
+    rec.add("cpu", (r[1] for r in runs), unit="s", statistic="all jobs, user + system", settings=s)
 
 
 def measure(
-    events: int, tmp: Path, traces: int, repeat: int, baseline: tuple[str, Path] | None = None
-) -> list[dict[str, object]]:
+    rec: Recorder,
+    events: int,
+    tmp: Path,
+    traces: int,
+    repeat: int,
+    baseline: tuple[str, Path] | None = None,
+) -> None:
     first = tmp / "t0.h5"
     n = make_trace(first, events)
     copies = [first] + [tmp / f"t{i}.h5" for i in range(1, traces)]
     for c in copies[1:]:
         shutil.copyfile(first, c)
     cores = len(os.sched_getaffinity(0))
+    rec.mark()
     if baseline is not None:
-        rows = against(n, copies, tmp, cores, repeat, baseline)
+        against(rec, n, copies, tmp, cores, repeat, baseline)
     else:
-        rows = by_layout(n, copies, tmp, cores, repeat)
-    for r in rows:
-        print(r, flush=True)
+        by_layout(rec, n, copies, tmp, cores, repeat)
     for c in copies:
         c.unlink()
-    return rows
 
 
 def against(
-    n: int, copies: list[Path], tmp: Path, cores: int, repeat: int, baseline: tuple[str, Path]
-) -> list[dict[str, object]]:
+    rec: Recorder,
+    n: int,
+    copies: list[Path],
+    tmp: Path,
+    cores: int,
+    repeat: int,
+    baseline: tuple[str, Path],
+) -> None:
     """The rule's layout, this checkout's code and the baseline's in turn."""
     rev, src = baseline
     codes: dict[str, Path | None] = {"": None, f" @{rev}": src}
@@ -157,12 +161,13 @@ def against(
     for i in range(repeat):
         for k in list(codes)[:: 1 if i % 2 == 0 else -1]:
             runs[k].append(makespan(copies, tmp / "out", cores, None, codes[k]))
-    return [row(n, f"matrix of {len(copies)}{k}", cores, None, got) for k, got in runs.items()]
+    for k, got in runs.items():
+        record(rec, n, f"matrix of {len(copies)}{k}", cores, None, got)
 
 
 def by_layout(
-    n: int, copies: list[Path], tmp: Path, cores: int, repeat: int
-) -> list[dict[str, object]]:
+    rec: Recorder, n: int, copies: list[Path], tmp: Path, cores: int, repeat: int
+) -> None:
     first = copies[0]
     single = [c for c in (cores, 8, 4, 2, 1) if c <= cores]
     one: dict[int, list[Run]] = {c: [] for c in dict.fromkeys(single)}
@@ -172,9 +177,10 @@ def by_layout(
             got.append(makespan([first], tmp / "out", 1, c))
         for (jobs, per_job), got in matrix.items():
             got.append(makespan(copies, tmp / "out", jobs, per_job))
-    rows = [row(n, "one trace", 1, c, got) for c, got in one.items()]
-    rows += [row(n, f"matrix of {len(copies)}", j, t, got) for (j, t), got in matrix.items()]
-    return rows
+    for c, got in one.items():
+        record(rec, n, "one trace", 1, c, got)
+    for (j, t), got in matrix.items():
+        record(rec, n, f"matrix of {len(copies)}", j, t, got)
 
 
 def main() -> None:
@@ -193,13 +199,13 @@ def main() -> None:
     args = p.parse_args()
     if args.repeat <= 0 or args.traces <= 0:
         p.error("--repeat and --traces must be positive")
-    rows: list[dict[str, object]] = []
+    rec = Recorder()
     with tempfile.TemporaryDirectory(dir=args.tmpdir, prefix="codl-matrix-") as tmp:
         base = baseline_src(args.baseline, Path(tmp)) if args.baseline else None
         compile_sources([base[1]] if base else [])
         for events in args.events:
-            rows += measure(int(events), Path(tmp), args.traces, args.repeat, base)
-    write_rows(rows, args.csv)
+            measure(rec, int(events), Path(tmp), args.traces, args.repeat, base)
+    report(rec, args.csv, f"matrix of {args.traces}" if base else None)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@
 
 Times the worker's per-sample work (fetch, decode = BPE encoding, transform = packing: the
 timestamps the loader records for every item) and its CPU time, over ``--items`` samples after
-one warm pass. Prints a table and writes CSV; also the data set's generation time (corpus and
-BPE training).
+one warm pass. Prints a table and writes CSV (``codl.measure``'s schema); also the data set's
+generation time (corpus and BPE training).
 
     python benchmarks/text_loader_cost.py --documents 4000 --vocab 50257 --seq-len 128 1024
 """
@@ -18,34 +18,39 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import torch
 
 from codl.datasets import generate
 from codl.harness.text import PackedDocuments
+from codl.measure import Recorder, table
 from codl.spec import DatasetKind, DatasetSpec
 
 
-def measure(root: Path, seq_len: int, vocab: int, items: int) -> dict[str, float]:
+def measure(rec: Recorder, root: Path, seq_len: int, vocab: int, items: int) -> None:
+    """One round over ``items`` samples: each part's median item, and CPU time per item."""
     dataset = PackedDocuments(root, seq_len, vocab=vocab)
     n = min(items, len(dataset))
     for i in range(n):  # warm: page cache, the tokenizer's word cache
         dataset[i]
     rows = []
+    rec.mark()
     cpu0 = time.process_time()
     for i in range(n):
         rows.append(dataset[i][2])
     cpu = (time.process_time() - cpu0) / n
     r = np.array(rows, dtype=np.int64)
-    return {
-        "seq_len": seq_len,
-        "items": n,
-        "fetch_ms_median": float(np.median(r[:, 6] - r[:, 5])) / 1e6,
-        "decode_ms_median": float(np.median(r[:, 7] - r[:, 6])) / 1e6,
-        "transform_ms_median": float(np.median(r[:, 8] - r[:, 7])) / 1e6,
-        "cpu_ms_per_item": cpu * 1e3,
-        "tokens_per_cpu_s": (seq_len + 1) / cpu,
-    }
+    for part, lo in (("fetch", 5), ("decode", 6), ("transform", 7)):
+        ms = float(np.median(r[:, lo + 1] - r[:, lo])) / 1e6
+        rec.add(part, [ms], unit="ms", n=n, statistic="median item", seq_len=seq_len)
+    rec.add("cpu", [cpu * 1e3], unit="ms", n=n, statistic="mean item (CPU)", seq_len=seq_len)
+    rec.add(
+        "tokens/cpu-s",
+        [(seq_len + 1) / cpu],
+        unit="1/s",
+        n=n,
+        statistic="mean item (CPU)",
+        seq_len=seq_len,
+    )
 
 
 def main() -> None:
@@ -70,14 +75,12 @@ def main() -> None:
             f"{stats['bytes_per_token']} bytes/token; generated in {gen_s:.1f} s "
             f"(load {os.getloadavg()[0]:.1f})"
         )
-        table = [
-            {**measure(root, s, max(args.vocab, stats["vocab"]), args.items), "generate_s": gen_s}
-            for s in args.seq_len
-        ]
-    out = pd.DataFrame(table)
-    print(out.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    out.to_csv(args.out, index=False)
+        rec = Recorder()
+        rec.add("generate", [gen_s], unit="s", statistic="corpus + BPE training")
+        for s in args.seq_len:
+            measure(rec, root, s, max(args.vocab, stats["vocab"]), args.items)
+    print(table(rec.measurements, column="seq_len"))
+    rec.write(args.out)
 
 
 if __name__ == "__main__":

@@ -2,11 +2,13 @@
 
 Each pair runs the untraced spec and one traced variant back to back (order alternates between
 pairs, so drift hits both sides alike); the statistic is the ratio of median step times within a
-pair, summarised as the median over pairs with a bootstrap 95 % interval. CUPTI's cost can linger
-in the process after it stops, so the CUPTI levels (--cuda-api: callbacks, then --cupti: Kineto)
-run after all other variants, every level on, and are divided by the median of the clean
-untraced runs measured before any CUPTI; the untraced runs interleaved with them show whether
-anything lingers. (benchmarks/launch_api_cost.py compares the CUPTI ways one process per run.)
+pair, summarised as the median over pairs with a bootstrap 95 % interval (``codl.measure``: a
+paired measurement; the CSV holds every run's median step and every pair's ratio). CUPTI's
+cost can linger in the process after it stops, so the CUPTI levels (--cuda-api: callbacks, then
+--cupti: Kineto) run after all other variants, every level on, and are divided by the median of
+the clean untraced runs measured before any CUPTI; the untraced runs interleaved with them show
+whether anything lingers. (benchmarks/launch_api_cost.py compares the CUPTI ways one process per
+run.)
 
     python benchmarks/tracer_overhead.py --device cpu --pairs 10 --csv out.csv
 """
@@ -26,6 +28,7 @@ import numpy as np
 
 from codl.datasets import generate
 from codl.harness.runner import execute
+from codl.measure import Measurement, Recorder, bootstrap_median, table
 from codl.spec import RunSpec, TraceSpec
 from codl.trace.store import open_trace
 
@@ -103,14 +106,6 @@ def measure(spec: RunSpec, data: Path, out: Path) -> float:
     return float(np.median((st["end_ns"] - st["start_ns"]).to_numpy()) / 1e6)
 
 
-def bootstrap_median(values: list[float], n: int = 5000, seed: int = 0) -> tuple[float, float]:
-    rng = np.random.default_rng(seed)
-    a = np.asarray(values)
-    meds = np.median(rng.choice(a, (n, len(a))), axis=1)
-    lo, hi = np.percentile(meds, [2.5, 97.5])
-    return float(lo), float(hi)
-
-
 def add_pair_arguments(p: argparse.ArgumentParser) -> None:
     """Device, data set and step counts of the alternating pairs (shared with harness_overhead)."""
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -143,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     args.image_size = args.image_size or (224 if gpu else 64)
     base = base_spec(args)
     untraced = dataclasses.replace(base, trace=OFF)
-    rows: list[dict[str, Any]] = []
+    rec = Recorder()
     with tempfile.TemporaryDirectory() as tmp:
         tmpdir = Path(tmp)
         data = tmpdir / "data"
@@ -152,17 +147,18 @@ def main(argv: list[str] | None = None) -> int:
         clean_untraced: list[float] = []
         for level in [lv for lv in args.levels.split(",") if lv]:
             traced = dataclasses.replace(base, trace=dataclasses.replace(OFF, **LEVELS[level]))
-            ratios = []
+            got: dict[str, list[float]] = {"untraced": [], "traced": []}
+            rec.mark()
             for i in range(args.pairs):
-                order = [(untraced, "u"), (traced, "t")]
+                order = [(untraced, "untraced"), (traced, "traced")]
                 if i % 2:
                     order.reverse()
-                got = {tag: measure(spec, data, tmpdir) for spec, tag in order}
-                clean_untraced.append(got["u"])
-                ratios.append(got["t"] / got["u"])
-            rows.append(summary_row(level, ratios, "pairs"))
-            print_row(rows[-1])
-            write_csv(rows, args)
+                for spec, tag in order:
+                    got[tag].append(measure(spec, data, tmpdir))
+            clean_untraced += got["untraced"]
+            u, t = (step_times(rec, got[k], args, level=level, tracing=k) for k in got)
+            print_row(level, rec.paired(t, u, "traced / untraced"))
+            rec.write(args.csv)  # after every level, so a run cut short keeps what it measured
         ref = (
             statistics.median(clean_untraced) if clean_untraced else measure(untraced, data, tmpdir)
         )
@@ -170,20 +166,31 @@ def main(argv: list[str] | None = None) -> int:
         everything = dataclasses.replace(OFF, **LEVELS["all (no cupti)"])
         if args.cuda_api:
             spec = dataclasses.replace(base, trace=dataclasses.replace(everything, cuda_api=True))
-            rows += lingering_phase("all + cuda_api", spec, untraced, ref, args, data, tmpdir)
-            write_csv(rows, args)
+            lingering_phase(rec, "all + cuda_api", spec, untraced, ref, args, data, tmpdir)
+            rec.write(args.csv)
         if args.cupti:
             spec = dataclasses.replace(
                 base,
                 trace=dataclasses.replace(everything, cupti=True, cupti_steps=args.measured),
             )
-            rows += lingering_phase("all + cupti", spec, untraced, ref, args, data, tmpdir)
-            write_csv(rows, args)
+            lingering_phase(rec, "all + cupti", spec, untraced, ref, args, data, tmpdir)
+            rec.write(args.csv)
+    print()
+    print(table(rec.measurements, column="tracing", baseline="untraced"))
     print(f"\nwrote {args.csv}")
     return 0
 
 
+def step_times(
+    rec: Recorder, values: list[float], args: argparse.Namespace, **settings: object
+) -> Measurement:
+    """One variant's runs: a round is a run, its value the run's median step (ms)."""
+    how = "median step"
+    return rec.add("step", values, unit="ms", n=args.measured, statistic=how, settings=settings)
+
+
 def lingering_phase(
+    rec: Recorder,
     name: str,
     traced: RunSpec,
     untraced: RunSpec,
@@ -191,52 +198,27 @@ def lingering_phase(
     args: argparse.Namespace,
     data: Path,
     tmpdir: Path,
-) -> list[dict[str, Any]]:
+) -> None:
     """Traced runs and the untraced runs after them, both against the clean untraced median."""
-    times, after = [], []
+    times: list[float] = []
+    after: list[float] = []
+    rec.mark()
     for _ in range(args.pairs):
         times.append(measure(traced, data, tmpdir))
         after.append(measure(untraced, data, tmpdir))
-    rows = [
-        summary_row(f"{name} vs clean untraced", [t / ref for t in times], "runs"),
-        summary_row(f"untraced after {name} vs clean untraced", [a / ref for a in after], "runs"),
-    ]
-    for r in rows:
-        print_row(r)
-    return rows
+    step_times(rec, times, args, level=name, tracing="traced")
+    step_times(rec, after, args, level=name, tracing="untraced after")
+    how = "run / clean untraced median"
+    for label, got in ((f"{name}", times), (f"untraced after {name}", after)):
+        m = rec.add(f"{label} vs clean untraced", (x / ref for x in got), unit="x", statistic=how)
+        print_row(m.name, m)
 
 
-def write_csv(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
-    """Rewritten after every level, so a run cut short keeps what it measured."""
-    import pandas as pd
-
-    args.csv.parent.mkdir(parents=True, exist_ok=True)
-    df = pd.DataFrame(rows)
-    for k, v in vars(args).items():
-        if k != "csv":
-            df[k] = v
-    df.to_csv(args.csv, index=False)
-
-
-def summary_row(level: str, ratios: list[float], unit: str) -> dict[str, Any]:
-    lo, hi = bootstrap_median(ratios)
-    return {
-        "level": level,
-        "n": len(ratios),
-        "unit": unit,
-        "ratio_median": statistics.median(ratios),
-        "ci_low": lo,
-        "ci_high": hi,
-        "ratio_min": min(ratios),
-        "ratio_max": max(ratios),
-        "overhead_pct": (statistics.median(ratios) - 1) * 100,
-    }
-
-
-def print_row(r: dict[str, Any]) -> None:
+def print_row(level: str, m: Measurement) -> None:
+    lo, hi = bootstrap_median(m.values)
     print(
-        f"{r['level']:<42} n={r['n']:<3} traced/untraced median step = {r['ratio_median']:.4f} "
-        f"[{r['ci_low']:.4f}, {r['ci_high']:.4f}]  ({r['overhead_pct']:+.2f} %)",
+        f"{level:<42} n={m.rounds:<3} traced/untraced median step = {m.median:.4f} "
+        f"[{lo:.4f}, {hi:.4f}]  ({(m.median - 1) * 100:+.2f} %)",
         flush=True,
     )
 

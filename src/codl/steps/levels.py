@@ -1,0 +1,60 @@
+"""Several invocations' pooled runs tables (one results directory each) reduced with the
+invocation as a level (``codl.analysis.levels``) and written as one table: what ``codl
+levels`` and the ``pooled`` rule call.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from codl.analysis import levels as lv
+from codl.errors import CodlError
+from codl.outputs import output_unit
+
+log = logging.getLogger(__name__)
+
+# A workflow result set keeps its tables in tables/: the invocation is the set, not "tables".
+_TABLES_DIR = "tables"
+
+
+def invocation_name(table: Path) -> str:
+    """The invocation a pooled runs table belongs to: the directory holding it
+    (``results/nice-h200/a/tables/gil_runs.csv`` -> ``a``), above ``tables/`` in a result set
+    (``results/x/tables/pooled_runs.csv`` -> ``x``)."""
+    parent = table.resolve().parent
+    return parent.parent.name if parent.name == _TABLES_DIR else parent.name
+
+
+def read_invocations(tables: Sequence[Path]) -> dict[str, pd.DataFrame]:
+    """Each table by its invocation's name; two tables of one name are refused (they would
+    pool as one invocation)."""
+    out: dict[str, pd.DataFrame] = {}
+    for table in tables:
+        if not table.is_file():
+            raise CodlError(f"{table}: no such pooled runs table (pooled_runs.csv, gil_runs.csv)")
+        name = invocation_name(table)
+        if name in out:
+            raise CodlError(
+                f"{table}: a second table of invocation {name!r}; expected one table per "
+                "results directory"
+            )
+        out[name] = pd.read_csv(table)
+    return out
+
+
+def levels_to(tables: Sequence[Path], out: Path) -> pd.DataFrame:
+    """Write ``codl.analysis.levels.level_intervals`` of the invocations' ``tables`` to ``out``
+    (CSV) and return it."""
+    try:
+        ratios = lv.invocation_ratios(read_invocations(tables))
+        table = lv.level_intervals(ratios)
+    except ValueError as e:
+        raise CodlError(f"{', '.join(map(str, tables))}: {e}") from e
+    with output_unit([out], inputs=list(tables), mkdir=True) as unit:
+        table.to_csv(unit.path(out), index=False)
+    log.info("wrote %s (%d rows x %d columns)", out, len(table), table.shape[1])
+    return table
