@@ -17,6 +17,8 @@ names a CUDA loading run whose pin-memory thread shows no time (its threads were
 so its row would understate the roles). The traces are not needed; the tables are rewritten in
 place.
 Used once for results/fit-h200-{light,heavy,check} (their traces stayed on the GPU machine).
+A maintenance tool, not an experiment: a migration of committed tables, kept because others
+(results/h200, h200x2, loop-h200*, map-h200) still lack the columns and have no traces here.
 """
 
 from __future__ import annotations

@@ -2,14 +2,12 @@
 # Run CoDL on a GPU node that has PyTorch/CUDA but no Snakemake (the H200 node we had):
 # wheels carried in .whl/ are installed to /tmp/site, the package is used from src/, and `codl`
 # is a shim on PATH. Usage: scripts/h200.sh setup|tests|overhead|apicost|harness|reproduce CONFIG
-#   scripts/h200.sh part CONFIG FROM TO [SECONDS]  runs FROM..TO-1 of the config's runs (plan
-#       order) and stops starting new ones after SECONDS, so that a command with a time limit
-#       ends cleanly (no Snakemake lock, no half-written trace); the next part picks up the rest.
-#   scripts/h200.sh ids CONFIG SECONDS RUN_ID...  the same for the runs named, in the order given
-#       (e.g. the configurations most needed first, repeat-major).
-#   scripts/h200.sh pack CONFIG [FROM TO | RUN_ID...]   tars every finished run's spec + trace (+ the
-#       data-set manifest) into $OUT/runs.tar.part-* (15 MiB pieces, for a machine that returns
-#       files of <= 16 MiB).
+#   scripts/h200.sh reproduce CONFIG  the workflow on CONFIG (`snakemake --profile profiles/local`),
+#       then its report. A config with a `blocks` section runs its blocks, `blocks.per_invocation`
+#       at a time: call it again for the next ones (config/README.md, "Blocks").
+#   scripts/h200.sh pack CONFIG [RUN_ID...]   tars every finished run's spec + trace (+ the
+#       data-set manifest) of the config (or of the runs named) into $OUT/runs.tar.part-* (15 MiB
+#       pieces, for a machine that returns files of <= 16 MiB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -33,22 +31,8 @@ setup() {
   nproc; lscpu | grep -E "Model name|NUMA|Socket|Thread|Core" || true
 }
 
-plan_ids() {  # the config's run ids in plan order, FROM < n <= TO
-  codl plan "$1" | awk -F'run_id=' 'NF>1 {split($2, a, " "); print a[1]}' \
-    | awk -v f="$2" -v t="$3" 'NR>f && NR<=t'
-}
-
-run_ids() {  # CONFIG SECONDS ID...: one run per Snakemake call, the deadline checked between runs
-  local cfg="$1" deadline id
-  deadline=$(( $(date +%s) + $2 )); shift 2
-  snakemake --profile profiles/local --configfile "$cfg" --unlock >/dev/null 2>&1 || true
-  for id in "$@"; do
-    if [ "$(date +%s)" -ge "$deadline" ]; then echo "part: deadline reached before $id"; break; fi
-    snakemake --profile profiles/local --configfile "$cfg" --cores all --rerun-incomplete \
-      "results/runs/$id/trace.h5" >"/tmp/snakemake-$id.log" 2>&1 \
-      && echo "part: $id done ($(date +%T))" \
-      || { echo "part: $id FAILED"; tail -20 "/tmp/snakemake-$id.log"; tail -30 "logs/run/$id.log"; }
-  done
+plan_ids() {  # the config's run ids in plan order
+  codl plan "$1" | awk -F'run_id=' 'NF>1 {split($2, a, " "); print a[1]}'
 }
 
 case "${1:-}" in
@@ -69,21 +53,13 @@ case "${1:-}" in
     cfg="${2:-config/config.yaml}"
     snakemake --profile profiles/local --configfile "$cfg" --cores all
     snakemake --profile profiles/local --configfile "$cfg" --report results/report.html ;;
-  part)
-    # shellcheck disable=SC2046
-    run_ids "$2" "${5:-540}" $(plan_ids "$2" "$3" "$4") ;;
-  ids)
-    cfg="$2"; budget="$3"; shift 3
-    run_ids "$cfg" "$budget" "$@" ;;
   pack)
     cfg="$2"; shift 2
-    if [ $# -eq 2 ] && [[ "$1$2" =~ ^[0-9]+$ ]]; then ids=$(plan_ids "$cfg" "$1" "$2")
-    elif [ $# -gt 0 ]; then ids="$*"
-    else ids=$(plan_ids "$cfg" 0 1000000); fi
+    if [ $# -gt 0 ]; then ids="$*"; else ids=$(plan_ids "$cfg"); fi
     files=$(for id in $ids; do if [ -f "results/runs/$id/trace.h5" ]; then
       echo "results/runs/$id/spec.json results/runs/$id/trace.h5 logs/run/$id.log"; fi; done)
     # shellcheck disable=SC2086
     tar -cf - $files resources/datasets/*/MANIFEST.json | split -b 15M - "$OUT/runs.tar.part-"
     ls -la "$OUT" ;;
-  *) echo "usage: $0 setup|tests|overhead ARGS|apicost ARGS|harness ARGS|reproduce [CONFIG]|part CONFIG FROM TO [S]|ids CONFIG S ID...|pack CONFIG [FROM TO|ID...]" >&2; exit 2 ;;
+  *) echo "usage: $0 setup|tests|overhead ARGS|apicost ARGS|harness ARGS|reproduce [CONFIG]|pack CONFIG [ID...]" >&2; exit 2 ;;
 esac

@@ -3,21 +3,22 @@
 config and out-of-sample table, numbers equal to their printed precision. The bootstrap is
 seeded (``--seed 0``, 200 replicates, the defaults the files were made with), so a change of the
 model or of the advice that moves a committed number fails here until the file is regenerated
-(docs/advisor.md, "Committed advice files"). The makespan and calibration tables regenerate
-from the command in their script's docstring."""
+(docs/advisor.md, "Committed advice files"). The makespan tables regenerate from the
+`codl makespan` commands of docs/advisor.md ("Makespan"), the calibration table from the command
+in its script's docstring."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 import pandas as pd
 import pytest
 
+from codl import cli
 from codl.cli import advise as advise_cli
+from codl.paths import MakespanFiles
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -36,11 +37,11 @@ class Made:
 MADE = (
     Made(
         "results/fit-h200-light",
-        (("--out", "verify.yaml"), ("--cross-validate", "tables/model_cv.csv")),
+        (("--out", "advice/verify.yaml"), ("--cross-validate", "tables/model_cv.csv")),
     ),
     Made(
         "results/fit-h200-heavy",
-        (("--out", "verify.yaml"), ("--cross-validate", "tables/model_cv.csv")),
+        (("--out", "advice/verify.yaml"), ("--cross-validate", "tables/model_cv.csv")),
     ),
     Made("results/loop-h200", (("--cross-validate", "tables/model_cv.csv"),)),
     Made("results/loop-h200-heavy"),
@@ -49,8 +50,8 @@ MADE = (
 #: Verification configs that were run: the record of what the runs under them measured, kept as
 #: they were (regenerating one would describe runs that never happened).
 RAN = {
-    "results/loop-h200/verify.yaml": "results/loop-h200/verify/",
-    "results/loop-h200/verify-headroom.yaml": "results/loop-h200/verify-headroom/",
+    "results/loop-h200/advice/verify.yaml": "results/loop-h200/verify/",
+    "results/loop-h200/advice/verify-headroom.yaml": "results/loop-h200/verify-headroom/",
 }
 
 _NUMBER = re.compile(r"(-?\d+(?:\.\d+)?(?:e[-+]?\d+)?)")
@@ -101,7 +102,7 @@ def test_advice_file_regenerates(
     assert rc in (0, 2)
     for _, name in made.outputs:
         printed = printed.replace(str(tmp_path / Path(name).name), f"{made.results}/{name}")
-    same_to_printed_precision(printed, (REPO / made.results / "advice.txt").read_text())
+    same_to_printed_precision(printed, (REPO / made.results / "advice" / "advice.txt").read_text())
     for _, name in made.outputs:
         got, want = tmp_path / Path(name).name, REPO / made.results / name
         if name.endswith(".csv"):
@@ -121,54 +122,33 @@ def test_a_stale_number_is_caught() -> None:
         same_to_printed_precision("     kappa          0.8465  0.5777 to 1.577 note\n", want)
 
 
-def _script(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _makespan_commands() -> list[list[str]]:
+    """The arguments of each ``codl makespan`` command of docs/advisor.md's bash blocks (the
+    commands that made results/makespan-h200/), continued over backslashed lines."""
+    text = (REPO / "docs" / "advisor.md").read_text().replace("\\\n", " ")
+    lines = [
+        x.split() for x in text.splitlines() if x.strip().startswith(".venv/bin/codl makespan")
+    ]
+    return [line[1:] for line in lines]
 
 
-def _made_by(script: Path) -> list[list[str]]:
-    """The arguments of each command in ``script``'s docstring that made a committed output
-    (every ``python scripts/X.py ARGS`` after the usage line, continued over backslashed
-    lines)."""
-    text = script.read_text().replace("\\\\\n", " ")
-    # The usage line comes first, the commands that made the committed outputs after it.
-    lines = [x for x in text.splitlines() if x.strip().startswith(f"python scripts/{script.name}")]
-    return [line.split()[2:] for line in lines[1:]]
-
-
-@pytest.mark.parametrize(
-    ("name", "outputs"),
-    [
-        ("makespan", ("makespan.csv", "segments.csv", "rates.csv")),
-        ("calibration_check", ("calibrated_loo.csv",)),
-    ],
-)
-def test_committed_script_tables_regenerate(
-    name: str,
-    outputs: tuple[str, ...],
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+def test_committed_makespan_tables_regenerate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.chdir(REPO)
-    commands = _made_by(REPO / "scripts" / f"{name}.py")
-    assert commands, f"scripts/{name}.py's docstring names no command that made its outputs"
+    commands = _makespan_commands()
+    assert commands, "docs/advisor.md names no `codl makespan` command that made its outputs"
     for i, args in enumerate(commands):
-        got_dir = tmp_path / str(i)
-        if name == "makespan":
-            # The output directory follows the flags.
-            at = next(k for k, a in enumerate(args) if not a.startswith("--"))
-            committed = Path(args[at])
-            args[at] = str(got_dir)
-        else:
-            committed = Path(args[-1]).parent
-            args[-1] = str(got_dir / outputs[0])
-            got_dir.mkdir()
-        assert _script(name).main(args) == 0
+        # The output directory follows the flags.
+        at = next(k for k, a in enumerate(args) if k and not a.startswith("--"))
+        committed, args[at] = Path(args[at]), str(tmp_path / str(i))
+        assert cli.main(args) == 0
         capsys.readouterr()
-        for out in outputs:
-            got, want = pd.read_csv(got_dir / out), pd.read_csv(committed / out)
+        made, kept = MakespanFiles(tmp_path / str(i)), MakespanFiles(committed)
+        for got_at, want_at in zip(
+            (made.table, made.segments, made.rates),
+            (kept.table, kept.segments, kept.rates),
+            strict=True,
+        ):
+            got, want = pd.read_csv(got_at), pd.read_csv(want_at)
             pd.testing.assert_frame_equal(got, want, rtol=1e-3)

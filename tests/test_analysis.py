@@ -1067,13 +1067,15 @@ def test_summary_carries_the_group_and_twin_ids_of_its_spec() -> None:
     # Repeats share one group: the run id of repeat 0.
     assert row[cmp.GROUP_ID] == first.run_id != spec.run_id
     for mode in (Mode.DATA, Mode.COMPUTE, Mode.COMM, Mode.COMPUTE_COMM):
-        assert row[cmp.twin_column(mode)] == first.with_mode(mode).run_id
+        # The twin of the run's own block (its repeat), and the group of the twin's repeats.
+        assert row[cmp.twin_column(mode)] == spec.with_mode(mode).run_id
+        assert row[cmp.twin_group_column(mode)] == first.with_mode(mode).run_id
     # An isolation run has no twins; a trace without a spec has no ids (compare then pairs by
     # the spec columns).
     _, iso, _ = sm.summarize_tables(tables, {**attrs, "spec": spec.with_mode(Mode.DATA).to_dict()})
-    assert iso.iloc[0][list(cmp.TWIN_COLUMNS)].isna().all()
+    assert iso.iloc[0][[*cmp.TWIN_COLUMNS, *cmp.TWIN_GROUP_COLUMNS]].isna().all()
     _, bare, _ = sm.summarize_tables(tables, {**attrs, "spec": {}})
-    assert bare.iloc[0][[cmp.GROUP_ID, *cmp.TWIN_COLUMNS]].isna().all()
+    assert bare.iloc[0][[cmp.GROUP_ID, *cmp.TWIN_COLUMNS, *cmp.TWIN_GROUP_COLUMNS]].isna().all()
 
 
 def test_summaries_round_trip_through_parquet(tmp_path: Path) -> None:

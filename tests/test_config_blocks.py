@@ -208,10 +208,11 @@ BAD_BLOCKS: list[tuple[str, Any, str]] = [
     (
         "unknown key",
         {"sed": 1},
-        "blocks.sed: unknown key, expected one of ['order', 'per_invocation', 'seed']",
+        "blocks.sed: unknown key, expected one of ['budget', 'order', 'per_invocation', 'seed']",
     ),
     ("a number as a key", {1: 2}, "blocks.1: unknown key"),
     ("unknown order", {"order": "abab"}, "blocks.order: got 'abab', expected one of"),
+    ("budget a word", {"budget": "soon"}, "blocks.budget: got 'soon', expected seconds"),
     ("order as a number", {"order": 3}, "blocks.order: got 3, expected one of"),
     ("order empty", {"order": None}, "blocks.order: got null, expected one of"),
     ("negative seed", {"seed": -1}, "blocks.seed: -1 is less than the minimum of 0"),

@@ -114,6 +114,12 @@ WAYS: tuple[Way, ...] = (
     Way(r"make test", How.CI, "CI's own command (.ci/run)"),
     Way(r"\.venv/bin/codl plan \S+\.yaml", How.AS_WRITTEN, "checks a config"),
     Way(
+        r"\.venv/bin/codl plan \S+\.yaml --(freeze|status)",
+        How.AS_WRITTEN,
+        "fixes a plan before its runs, says whether a result was (docs/preregistration.md)",
+    ),
+    Way(r"\.venv/bin/codl levels .*", How.AS_WRITTEN, "invocations as a level, committed tables"),
+    Way(
         r"\.venv/bin/snakemake --profile profiles/local --configfile config/config\.yaml",
         How.DRY_RUN,
         "the GPU matrix: a CPU machine plans it",
@@ -136,10 +142,25 @@ WAYS: tuple[Way, ...] = (
     ),
     Way(r"\.venv/bin/codl (inspect|export|convert) .*", How.AS_WRITTEN, "looking at one run"),
     Way(r"\.venv/bin/codl advise .*", How.AS_WRITTEN, "the advisor on a committed result set"),
+    Way(
+        r"\.venv/bin/codl makespan .*",
+        How.AS_WRITTEN,
+        "the committed makespan tables, made again from the committed result sets",
+    ),
     Way(r"gunzip -c tests/golden/traces/\S+ > \S+", How.AS_WRITTEN, "a test trace to try on"),
     Way(r"export HDF5_PLUGIN_PATH=.*", How.AS_WRITTEN, "reading a trace without codl"),
     Way(r"h5dump .*", How.AS_WRITTEN, "reading a trace without codl"),
     Way(BENCH, How.RECORD, "re-measures (minutes to hours; some on a GPU node)"),
+    Way(
+        r"python examples/plain-loop/train\.py .*--device cuda.*",
+        How.RECORD,
+        "a GPU node's runs of the plain loop (benchmarks/plain_loop.py makes the record)",
+    ),
+    Way(
+        r"\.venv/bin/python examples/plain-loop/train\.py .*--device cpu.*",
+        How.AS_WRITTEN,
+        "the plain loop with codl's loader, on the CPU",
+    ),
 )
 
 

@@ -1,73 +1,18 @@
-"""The block design of scripts/gil_experiment.py and the per-block pairing its results are
-stated on, now codl.analysis.pooled's (the `pooled` rule's). The run order (``interleaved``,
-``setting``) and py-spy's GIL holders are the script's alone, retired with it."""
+"""The GIL experiment's reduction, as the workflow makes it (the `pooled` rule,
+codl.analysis.pooled): the per-block pairing its results are stated on, the ring against the best
+torch setting of its block, and the intervention figure. Its run order is the workflow's blocks
+(tests/test_config_blocks.py), its per-run table the `launch_sleeps` rule's
+(tests/test_gil_workflow.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
-from types import ModuleType
 
 import pandas as pd
 import pytest
 
 from codl.analysis import pooled
-from codl.config import build_plan
-from codl.spec import RunSpec
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gil_experiment.py"
-
-
-@pytest.fixture(scope="module")
-def gil() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gil_experiment", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _plan(repeats: int) -> list[RunSpec]:
-    cfg = {
-        "experiments": [
-            {
-                "name": "x",
-                "factors": {
-                    "mode": ["compute", "data+compute"],
-                    "runtime.switch_interval_ms": [1, 20],
-                },
-                "repeats": repeats,
-            },
-            {
-                "name": "fs",
-                "base": {
-                    "runtime": {"switch_interval_ms": 1},
-                    "loader": {"sharing_strategy": "file_system"},
-                },
-                "factors": {"mode": ["data+compute"]},
-                "repeats": repeats,
-            },
-        ]
-    }
-    return list(build_plan(cfg).specs.values())
-
-
-def test_blocks_hold_every_run_beside_its_twin_in_abba_order(gil: ModuleType) -> None:
-    specs = _plan(repeats=2)
-    order = gil.interleaved(specs)
-    assert sorted(s.run_id for s in order) == sorted(s.run_id for s in specs)
-    assert [s.repeat for s in order] == sorted(s.repeat for s in order)  # block after block
-    position = {s.run_id: i for i, s in enumerate(order)}
-    for s in order:
-        if s.mode.loads:
-            twin = pooled.twin_id(s)
-            assert twin in position
-            assert next(t for t in specs if t.run_id == twin).repeat == s.repeat  # same block
-    first = [s for s in order if s.repeat == 0]
-    second = [s for s in order if s.repeat == 1]
-    assert not first[0].mode.loads and second[0].mode.loads  # twin first, then loaded first
-    assert gil.setting(first[1]) != gil.setting(second[0])  # settings rotate between blocks
 
 
 def test_inflation_pairs_runs_inside_their_block() -> None:
@@ -106,24 +51,6 @@ def test_inflation_pairs_runs_inside_their_block() -> None:
         math.exp(sum(map(math.log, [1.2, 1.3, 1.25])) / 3) - 1
     )
     assert t["inflation_lo"].iloc[0] < t["inflation"].iloc[0] < t["inflation_hi"].iloc[0]
-
-
-def test_the_gil_holders_are_counted_per_thread_and_frame(gil: ModuleType) -> None:
-    raw = "\n".join(
-        [
-            "thread (12): Thread-1 (_pin_memory_loop);do_one_step (pin_memory.py:39);"
-            "munmap (libc.so.6) 30",
-            "thread (11): MainThread;forward (module.py:1) 60",
-            "thread (12): Thread-1 (_pin_memory_loop);get (queues.py:122) 10",
-        ]
-    )
-    t = gil.gil_holders(raw)
-    assert t.groupby("thread")["share"].sum().to_dict() == pytest.approx(
-        {"Thread-1 (_pin_memory_loop)": 0.4, "MainThread": 0.6}
-    )
-    top_pin = t[t["thread"].str.contains("pin")].iloc[0]
-    assert top_pin["native_leaf"] == "munmap (libc.so.6)" and top_pin["samples"] == 30
-    assert gil.gil_holders("py-spy failed (1):\nPermission denied").empty
 
 
 def _handoff_runs() -> pd.DataFrame:
@@ -222,3 +149,35 @@ def test_the_intervention_figure_shows_every_block_and_the_host_blocked_part(
     png = tmp_path / "f.png"
     draw_intervention(points, blocked.reset_index(), [png])
     assert png.stat().st_size > 10_000
+
+
+REPO = Path(__file__).resolve().parents[1]
+# Every committed pair but those written before the runs table named each run's twin
+# (`twin_id`; results/gil-h200/pilot), which the pairing reads.
+COMMITTED = sorted(
+    p.parent
+    for p in (REPO / "results").rglob("gil_inflation.csv")
+    if "twin_id" in pd.read_csv(p.with_name("gil_runs.csv"), nrows=0).columns
+)
+
+
+@pytest.mark.parametrize("results", COMMITTED, ids=lambda p: str(p.relative_to(REPO)))
+def test_the_pooled_inflation_of_a_committed_gil_runs_table_is_its_gil_inflation(
+    results: Path,
+) -> None:
+    """The retired script's gil_inflation.csv is the `pooled` rule's pooled_inflation.csv: made
+    again from the same gil_runs.csv, every committed column holds the same numbers."""
+    want = pd.read_csv(results / "gil_inflation.csv")
+    got = pooled.inflation(pd.read_csv(results / "gil_runs.csv"))
+    assert set(want.columns) <= set(got.columns)
+    keys = [k for k in pooled.KNOBS if k in want]
+    for t in (want, got):
+        if "pin_memory" in t:  # bool in one table, read back as text in an older one
+            t["pin_memory"] = t["pin_memory"].astype(str)
+    both = want.merge(got[list(want.columns)], on=keys, suffixes=("", "_got"), validate="1:1")
+    assert len(both) == len(want) == len(got)
+    for col in (c for c in want.columns if c not in keys):
+        a, b = both[col], both[f"{col}_got"]
+        if not pd.api.types.is_numeric_dtype(b):  # an empty text cell reads back as NaN
+            a, b = a.fillna("").astype(str), b.fillna("").astype(str)
+        pd.testing.assert_series_equal(a, b, check_names=False, check_dtype=False, rtol=1e-9)

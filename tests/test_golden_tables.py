@@ -23,6 +23,7 @@ import pytest
 
 from codl.analysis import columns
 from codl.analysis import compare as cmp
+from codl.analysis import efficiency as eff
 from codl.analysis.load import flag_comparison
 from codl.datasets import generate
 from codl.harness.launch import launch
@@ -130,11 +131,11 @@ def test_a_runs_table_without_twin_ids_gives_the_same_comparison(tmp_path: Path)
     # spec columns; on these runs that is the pairing the ids give.
     runs = pd.read_csv(TABLES / "runs.csv", dtype={"run_id": str})
     assert runs[cmp.GROUP_ID].notna().all()
-    old = runs.drop(columns=[cmp.GROUP_ID, *cmp.TWIN_COLUMNS])
+    old = runs.drop(columns=[cmp.GROUP_ID, *cmp.TWIN_COLUMNS, *cmp.TWIN_GROUP_COLUMNS])
     steps = pd.read_csv(TABLES / "steps.csv", dtype={"run_id": str})
     want = pd.read_csv(TABLES / "comparison.csv")
-    # The background-load flag as compare_to adds it (the golden runs were flagged by it).
-    got = flag_comparison(cmp.compare(steps, old), old)
+    # The background-load flag and the groups' efficiency as compare_to adds them.
+    got = eff.with_group_efficiency(flag_comparison(cmp.compare(steps, old), old), old)
     got.to_csv(tmp_path / "comparison.csv", index=False)
     assert_same_table(pd.read_csv(tmp_path / "comparison.csv"), want, "comparison.csv")
 

@@ -393,7 +393,7 @@ def test_the_page_locked_ring_gives_the_cpu_rings_batches_on_the_gpu(jpegs: Path
     )
     it = iter(ring)
     try:
-        assert ring._registered  # page-locked once, before the first batch
+        assert ring.page_locked  # page-locked once, before the first batch
         for k in range(n):
             b = next(it)
             x, y = it.to_device(b, torch.device("cuda"))
@@ -403,7 +403,7 @@ def test_the_page_locked_ring_gives_the_cpu_rings_batches_on_the_gpu(jpegs: Path
             assert torch.equal(y.cpu(), want[k].targets), k
     finally:
         it.close()
-    assert not ring._registered  # unregistered on close
+    assert not ring.page_locked  # unregistered on close
 
 
 def test_worker_nice_never_lowers_the_rank_s_own() -> None:

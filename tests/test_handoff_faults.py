@@ -468,13 +468,16 @@ _RANK = textwrap.dedent(
     rank = os.getpid()
 
     class Stuck(torch.utils.data.Dataset):
-        # Workers never produce: the rank waits in next().
+        # Workers never finish a batch: the rank waits in next(). The first read of a process
+        # returns, so that the layout probe (one sample, in a child of the rank) lays out the ring.
         def __init__(self):
             self.inner = hdata.dataset_for("jpeg", data, 32)
+            self.reads = 0
         def __len__(self):
             return len(self.inner)
         def __getitem__(self, i):
-            if os.getpid() != rank:
+            self.reads += 1
+            if os.getpid() != rank and self.reads > 1:
                 time.sleep(3600)
             return self.inner[i]
 

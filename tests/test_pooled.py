@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from codl.analysis import efficiency as eff
 from codl.analysis import pooled
 from codl.config import build_plan
 from codl.figures.intervention import draw_intervention, inflation_points
@@ -150,3 +151,55 @@ def test_one_block_draws_its_point_without_an_interval(tmp_path: Path) -> None:
     png = tmp_path / "f.png"
     draw_intervention(inflation_points(t), pd.DataFrame(), [png])
     assert png.stat().st_size > 1000
+
+
+def _roofline_runs(block: int, *, data: float, compute: float, loaded: float) -> list[dict]:
+    """A block of compute alone, data alone and data+compute (batch 100) with the given
+    throughputs; the loading run computes 10 ms more than its twin and waits 5 ms."""
+    common = {**SETTING, "repeat": block, "samples_per_step": 100.0, "h2d_ms_mean": 0.0}
+    twin, alone = f"c{block}", f"d{block}"
+    return [
+        {**_twin(twin, block, 80.0), **common, "throughput_samples_s": compute,
+         "data_twin_id": "", "data_wait_ms_mean": 0.0},
+        {**_twin(alone, block, float("nan")), **common, "mode": "data",
+         "throughput_samples_s": data, "data_twin_id": "", "data_wait_ms_mean": 50.0},
+        {**_loaded(f"l{block}", block, twin, 90.0), **common, "throughput_samples_s": loaded,
+         "data_twin_id": alone, "data_wait_ms_mean": 5.0},
+    ]  # fmt: skip
+
+
+def test_efficiency_over_blocks_against_each_blocks_roofline() -> None:
+    runs = pd.DataFrame(
+        _roofline_runs(0, data=2000.0, compute=1000.0, loaded=800.0)
+        + _roofline_runs(1, data=2000.0, compute=1250.0, loaded=1125.0)
+    )
+    row = pooled.efficiency(runs, {"l0": 4.0}).iloc[0]
+    # Each block against its own compute alone: 0.8 and 0.9, never 800/1250.
+    assert row["per_block"] == "0.800 0.900"
+    assert row["efficiency"] == pytest.approx(math.sqrt(0.8 * 0.9))
+    assert row["n_blocks"] == 2 and row["limiting_part"] == "compute"
+    assert row["over_data"] == pytest.approx(math.sqrt(0.4 * 1125 / 2000))
+    assert row["lost_launch_delay_ms"] == pytest.approx(4.0 / 2)  # block 1 has none measured
+    parts = sum(row[c] for c in eff.LOST_COLUMNS)
+    assert parts == pytest.approx(row["lost_ms"])
+
+
+def test_a_loading_run_without_its_data_twin_in_its_block_is_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    runs = pd.DataFrame(
+        _roofline_runs(0, data=500.0, compute=1000.0, loaded=400.0)
+        + _roofline_runs(1, data=500.0, compute=1000.0, loaded=400.0)[:1]
+        + [_roofline_runs(1, data=500.0, compute=1000.0, loaded=400.0)[2]]
+    )
+    with caplog.at_level(logging.WARNING):
+        row = pooled.efficiency(runs, {}).iloc[0]
+    assert (row["n_blocks"], row["n_missing"], row["missing_blocks"]) == (1, 1, "0:1")
+    assert row["limiting_part"] == "data" and row["efficiency"] == pytest.approx(0.8)
+    assert "no roofline in block(s) 0:1" in caplog.text
+
+
+def test_efficiency_needs_a_runs_table_of_the_roofline() -> None:
+    old = pd.DataFrame([_twin("t0", 0, 10.0), _loaded("l0", 0, "t0", 12.0)])
+    with pytest.raises(ValueError, match="data_twin_id"):
+        pooled.efficiency(old, {})

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
         ({"name": None}, ["config/smoke.yaml"], "smoke"),
         # A config the advisor wrote inside a result set: that set's verification runs.
         ({}, ["results/loop-cpu/advice/verify.yaml"], "loop-cpu-verify"),
-        ({}, ["results/loop-h200/verify.yaml"], "loop-h200-verify"),
+        ({}, ["results/loop-h200/advice/verify.yaml"], "loop-h200-verify"),
         ({}, ["results/x.yaml"], "x"),
     ],
 )

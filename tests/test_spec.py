@@ -34,7 +34,10 @@ from codl.spec import (
 # Leaves that normalized() resets when the mode does not load data.
 LOADING_ONLY = ("loader.", "dataset.")
 # Leaves valid only with another leaf set: the base spec gets it, so only the leaf differs.
-PREREQUISITES: dict[str, dict[str, Any]] = {"trace.cuda_api_sched": {"trace.cuda_api": True}}
+PREREQUISITES: dict[str, dict[str, Any]] = {
+    "trace.cuda_api_sched": {"trace.cuda_api": True},
+    "loader.copy_ahead": {"loader.handoff": "ring"},
+}
 
 
 def _base(path: str, **kwargs: Any) -> RunSpec:
@@ -238,6 +241,7 @@ def test_canonical_json_is_sorted_and_compact() -> None:
     del expected["loader"]["sharing_strategy"]  # likewise
     del expected["loader"]["handoff"]  # likewise
     del expected["loader"]["worker_nice"]  # likewise
+    del expected["loader"]["copy_ahead"]  # likewise
     del expected["workload"]["seq_len"]  # likewise
     del expected["dataset"]["generator"]  # likewise
     del expected["runtime"]  # a group whose every key is at its default: left out whole
@@ -470,7 +474,7 @@ def test_published_run_ids_survive_where_the_run_is_unchanged() -> None:
         measured = set(pd.read_csv(results / name / "tables" / "runs.csv")["run_id"])
         configs = sorted((results / name).glob("config*.yaml"))
         if name.endswith("/verify"):  # the verification config `codl advise --out` wrote
-            configs = [results / name / ".." / "verify.yaml"]
+            configs = [results / name / ".." / "advice" / "verify.yaml"]
         planned = {i for c in configs for i in load_plan(c).run_ids}
         assert configs and measured <= planned, name
 

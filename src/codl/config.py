@@ -48,7 +48,10 @@ def _schema() -> dict[str, Any]:
     # Parsed once: the pure-Python parser takes ~0.15 s for it, and a plan checks the whole
     # config and then each experiment's factor values against it.
     text = resources.files("codl").joinpath("schemas/config.schema.yaml").read_text()
-    data: dict[str, Any] = yaml.safe_load(text)
+    # libyaml's parser where PyYAML has it: the same safe types, ten times faster, and every
+    # invocation of the workflow (and each of its Slurm jobs) parses the schema.
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    data: dict[str, Any] = yaml.load(text, Loader=loader)
     return data
 
 
@@ -349,6 +352,8 @@ def _messages(
                     + did_you_mean(err.instance, choices),
                 )
             )
+        elif err.validator == "pattern" and err.validator_value == DURATION_PATTERN:
+            out.append((path, f"{key}: got {err.instance!r}, expected {_DURATION_WORDS}"))
         elif err.validator == "pattern" and err.validator_value == SAFE_NAME_PATTERN:
             out.append(
                 (
@@ -410,12 +415,12 @@ class Plan:
         return list(self.specs)
 
     def experiments(self) -> dict[str, list[str]]:
-        out: dict[str, list[str]] = {}
+        # Ordered sets: a list's `in` made this quadratic in an experiment's runs (seconds of
+        # every DAG build of a 1,000-run matrix).
+        out: dict[str, dict[str, None]] = {}
         for r in self.runs:
-            ids = out.setdefault(r.experiment, [])
-            if r.run_id not in ids:
-                ids.append(r.run_id)
-        return out
+            out.setdefault(r.experiment, {}).setdefault(r.run_id, None)
+        return {name: list(ids) for name, ids in out.items()}
 
     def datasets(self) -> dict[tuple[str, str], DatasetSpec]:
         """(name, tier) -> the data set spec, for runs that load data."""
@@ -951,6 +956,7 @@ class BlockOrder(StrEnum):
     """How the runs of a block are ordered (config key ``blocks.order``)."""
 
     ABBA = "abba"
+    ROTATE = "rotate"
     SHUFFLE = "shuffle"
 
 
@@ -973,8 +979,10 @@ def plan_blocks(cfg: Mapping[str, Any], plan: Plan) -> tuple[Block, ...]:
     """The blocks of a checked config's plan (``build_plan``): block b holds every distinct run
     of repeat b, so a multi-component run and its isolation twins (same repeat) share a block.
     ``abba`` runs even blocks in config order and odd ones reversed, so that drift within a
-    block cancels over two; ``shuffle`` draws each block's order from ``"{seed}:{b}"``.
-    Empty without a ``blocks`` section (every run on its own, in no set order)."""
+    block cancels over two; ``rotate`` puts each loading setting first in turn (``_rotated``);
+    ``shuffle`` draws each block's order from ``"{seed}:{b}"``. Empty without a ``blocks``
+    section (every run on its own, in no set order). The one block order of the project: the
+    workflow chains runs in it and ``codl plan`` lists it."""
     problems = section_problems(cfg, "blocks")
     if problems:  # a config `build_plan` has not checked
         raise ConfigError(problems)
@@ -983,8 +991,9 @@ def plan_blocks(cfg: Mapping[str, Any], plan: Plan) -> tuple[Block, ...]:
         return ()
     order = BlockOrder(section.get("order", BlockOrder.ABBA.value))
     seed = int(section.get("seed", 0))
+    specs = plan.specs  # a property that builds the dict anew: once
     by_repeat: dict[int, list[str]] = {}
-    for rid, spec in plan.specs.items():
+    for rid, spec in specs.items():
         by_repeat.setdefault(spec.repeat, []).append(rid)
     blocks = []
     for b in sorted(by_repeat):
@@ -992,12 +1001,69 @@ def plan_blocks(cfg: Mapping[str, Any], plan: Plan) -> tuple[Block, ...]:
         drawn: str | None = None
         if order is BlockOrder.ABBA and b % 2:
             ids.reverse()
+        elif order is BlockOrder.ROTATE:
+            ids = _rotated(ids, specs, b)
         elif order is BlockOrder.SHUFFLE:
             drawn = f"{seed}:{b}"
             # A string seed is hashed (sha512) by random: the same order on every Python.
             random.Random(drawn).shuffle(ids)
         blocks.append(Block(index=b, run_ids=tuple(ids), seed=drawn))
     return tuple(blocks)
+
+
+def _rotated(ids: Sequence[str], specs: Mapping[str, RunSpec], b: int) -> list[str]:
+    """Block ``b``'s order under ``rotate``: the loading runs in config order, rotated by ``b``
+    (with abba's reversal a setting in the middle never goes first, and a drift over the block
+    would read as its effect), each beside its compute twin, the twin first in even blocks and
+    second in odd ones (each pair ABBA over two blocks); a twin shared by several settings runs
+    once, where its first setting puts it; the other runs after them, in config order."""
+    loading = [rid for rid in ids if specs[rid].mode.loads]
+    if loading:
+        turn = b % len(loading)
+        loading = loading[turn:] + loading[:turn]
+    present = set(ids)
+    placed: dict[str, None] = {}  # an ordered set
+    for rid in loading:
+        twin_mode = specs[rid].mode.compute_twin
+        twin = specs[rid].with_mode(twin_mode).run_id if twin_mode is not None else None
+        for r in (twin, rid) if b % 2 == 0 else (rid, twin):
+            if r is not None and r in present:
+                placed.setdefault(r, None)
+    return [*placed, *(rid for rid in ids if rid not in placed)]
+
+
+# `blocks.budget`: seconds, or a duration such as `90s`, `30m`, `1h30m`, `1.5h` (the schema
+# holds the same pattern, so a value it admits always parses here).
+DURATION_PATTERN = r"^\s*(\d+(\.\d+)?\s*[smhd]\s*)+$"
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration_seconds(value: float | str, *, key: str) -> float:
+    """Seconds of a duration as the config writes it: a number of seconds or a string of
+    number-unit parts (``s``, ``m``, ``h``, ``d``); ConfigError naming ``key`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ConfigError([f"{key}: got {_got(value)}, expected {_DURATION_WORDS}"])
+    if isinstance(value, str):
+        if not re.fullmatch(DURATION_PATTERN, value):
+            raise ConfigError([f"{key}: got {value!r}, expected {_DURATION_WORDS}"])
+        return float(sum(float(n) * _UNIT_SECONDS[u] for n, u in _DURATION_PART.findall(value)))
+    if not math.isfinite(value) or value < 0:
+        raise ConfigError([f"{key}: got {_got(value)}, expected {_DURATION_WORDS}"])
+    return float(value)
+
+
+_DURATION_WORDS = "seconds >= 0 or a duration such as '90s', '30m', '1h30m'"
+
+
+def block_budget(cfg: Mapping[str, Any]) -> float | None:
+    """``blocks.budget`` in seconds: after it no new block starts in an invocation of the
+    workflow (the first always does); None without one."""
+    problems = section_problems(cfg, "blocks")
+    if problems:  # a config `build_plan` has not checked: the schema's line, not ours
+        raise ConfigError(problems)
+    value = (cfg.get("blocks") or {}).get("budget")
+    return None if value is None else duration_seconds(value, key="blocks.budget")
 
 
 def analysed_blocks(
@@ -1014,14 +1080,30 @@ def analysed_blocks(
     return tuple(b for b in blocks if b in done or b in started)
 
 
-def block_progress(blocks: Sequence[Block], analysed: Sequence[Block]) -> list[dict[str, Any]]:
-    """One row per planned block: its runs and whether this invocation's analysis holds it."""
+def held_of_planned(held: int, planned: int) -> str:
+    """The fact every block report states: "1 of 2 planned blocks"."""
+    return f"{held} of {planned} planned blocks"
+
+
+def block_progress(
+    blocks: Sequence[Block], analysed: Sequence[Block], *, budget_spent: Sequence[Block] = ()
+) -> list[dict[str, Any]]:
+    """One row per planned block: its runs, whether this invocation's analysis holds it and,
+    if not, why (``budget``: in ``budget_spent``, blocks ``blocks.budget`` ran out before;
+    ``per_invocation``: past that many new blocks), and how many of the planned blocks the
+    analysis holds (``held_of_planned``)."""
     held = {b.index for b in analysed}
+    spent = {b.index for b in budget_spent}
+    coverage = held_of_planned(len(held), len(blocks))
     return [
         {
             "block": b.name,
             "runs": len(b.run_ids),
             "analysed": b.index in held,
+            "not_run": ""
+            if b.index in held
+            else ("budget" if b.index in spent else "per_invocation"),
+            "held": coverage,
             "run_ids": " ".join(b.run_ids),
         }
         for b in blocks

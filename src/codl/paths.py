@@ -42,6 +42,12 @@ def compare_manifest(runs_table: Path) -> Path:
     return runs_table.with_name(f"{prefix}compare.unit.json")
 
 
+def frozen_plan_of(set_dir: Path) -> Path:
+    """The frozen plan of the result set in ``set_dir`` (``codl plan --freeze``): beside its
+    tables, not among them, as it is written before any of them."""
+    return set_dir / "plan.frozen.json"
+
+
 @dataclass(frozen=True)
 class RunFiles:
     """The file names inside one run's directory, wherever that directory is: the workflow's
@@ -137,6 +143,32 @@ class ShareFiles:
 
 
 # A result set's name: a directory name under results/, never the runs' own directory.
+@dataclass(frozen=True)
+class MakespanFiles:
+    """What ``codl makespan OUT_DIR ...`` writes into OUT_DIR (docs/advisor.md, "Makespan"):
+    a result set's layout, tables under ``tables/`` and the figure under ``figures/``."""
+
+    dir: Path
+
+    @property
+    def table(self) -> Path:
+        """Per plan: its predicted and simulated makespan."""
+        return self.dir / "tables" / "makespan.csv"
+
+    @property
+    def segments(self) -> Path:
+        """Every simulated schedule: cores per job over time."""
+        return self.dir / "tables" / "segments.csv"
+
+    @property
+    def rates(self) -> Path:
+        """Per workload and core count: its predicted and measured rate."""
+        return self.dir / "tables" / "rates.csv"
+
+    def figure(self, fmt: str = "png") -> Path:
+        return self.dir / "figures" / f"makespan.{fmt}"
+
+
 SET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 RESERVED_SET_NAMES = frozenset({"runs"})
 
@@ -332,6 +364,39 @@ class ResultPaths:
         """Per ring setting: its throughput over the best torch setting of the same block."""
         return self.tables / "pooled_throughput.csv"
 
+    @property
+    def pooled_efficiency_table(self) -> Path:
+        """Per loading setting: throughput over the roofline of its block (min of data alone
+        and compute alone), over blocks, and the lost time's parts (codl.analysis.efficiency)."""
+        return self.tables / "pooled_efficiency.csv"
+
+    def efficiency_figure(self, fmt: str = "png") -> Path:
+        """Efficiency per setting with a point per block, and the lost time's parts stacked."""
+        return self.figure("efficiency", fmt)
+
+    @property
+    def pooled_levels_table(self) -> Path:
+        """Per loading setting, pooled over invocations with the invocation as a level: blocks,
+        invocation means and random effects side by side (codl.analysis.levels)."""
+        return self.tables / "pooled_levels.csv"
+
+    # the plan fixed before its runs (codl.plan_registry, docs/preregistration.md)
+    @property
+    def frozen_plan(self) -> Path:
+        return frozen_plan_of(self.set_dir)
+
+    # the launch roles' sleeps of runs with the scheduler record (the `launch_sleeps` rule,
+    # codl.steps.gil)
+    @property
+    def gil_runs_table(self) -> Path:
+        """One row per run: its factors, block, compute, throughput, launch roles' sleeps."""
+        return self.tables / "gil_runs.csv"
+
+    @property
+    def slow_calls_table(self) -> Path:
+        """One row per slow CUDA API call, attributed against the run's compute twin."""
+        return self.tables / "slow_calls.csv.gz"
+
     def intervention_figure(self, fmt: str = "png") -> Path:
         """Inflation per setting with a point per block, and the host-blocked part."""
         return self.figure("intervention", fmt)
@@ -377,6 +442,39 @@ class ResultPaths:
     def calibration_table(self) -> Path:
         """Per probe configuration: measured, predicted before and after the calibration."""
         return self.advice / "calibration.csv"
+
+    @property
+    def uncalibrated_predictions_table(self) -> Path:
+        """The uncalibrated fit's predictions of the calibrated predictions' settings: the
+        blind check scores both (``codl check blind``)."""
+        return self.advice / "predictions_uncalibrated.csv"
+
+    @property
+    def uncalibrated_record(self) -> Path:
+        """The sha256 and time of ``uncalibrated_predictions_table``, written before any
+        verification run (as ``verify.yaml`` records the calibrated predictions')."""
+        return self.advice / "predictions_uncalibrated.json"
+
+    @property
+    def blind_table(self) -> Path:
+        """A calibrated advice's verification: both predictions against its runs, per setting."""
+        return self.tables / "blind_error.csv"
+
+    @property
+    def blind_summary(self) -> Path:
+        return self.tables / "blind_error_summary.csv"
+
+    @staticmethod
+    def calibrated_set_of(predictions: Path | str) -> Path | None:
+        """The result set whose ``calibrate`` rule wrote ``predictions`` (a verification
+        config's ``advisor.predictions``), or None when those predictions are not a
+        calibration's (no uncalibrated record beside them): the sets of a blind check."""
+        std = ResultPaths()
+        set_dir = Path(predictions)
+        for _ in std.predictions_table.relative_to(std.set_dir).parts:
+            set_dir = set_dir.parent
+        record = set_dir / std.uncalibrated_record.relative_to(std.set_dir)
+        return set_dir if record.is_file() else None
 
     @property
     def predicted_vs_measured_table(self) -> Path:

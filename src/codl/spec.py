@@ -21,7 +21,7 @@ import types
 import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar, Union, get_args, get_origin
+from typing import Any, Final, Literal, TypeVar, Union, get_args, get_origin
 
 from codl.errors import CodlError, ConfigError
 
@@ -41,6 +41,7 @@ _ID_OPTIONAL_DEFAULTS: dict[tuple[str, str], Any] = {
     ("loader", "sharing_strategy"): "file_descriptor",
     ("loader", "handoff"): "torch",
     ("loader", "worker_nice"): 0,
+    ("loader", "copy_ahead"): False,
     ("runtime", "switch_interval_ms"): 0.0,
     ("workload", "seq_len"): 128,
     ("dataset", "generator"): "",
@@ -266,6 +267,9 @@ class LoaderSpec:
     #: the workers' nice value (Linux's per-thread priority, 0..19): at 19 a launch thread that
     #: wakes on a CPU a worker holds gets it at once, so workers may outnumber the cores
     worker_nice: int = 0
+    #: ``handoff: ring`` only: the next batch's copy to the GPU started one batch ahead, on the
+    #: ring's stream, so that it overlaps the current batch's compute (``codl.harness.handoff``)
+    copy_ahead: bool = False
 
     def normalized(self) -> LoaderSpec:
         """The ring shares no tensor through torch.multiprocessing: its sharing strategy is
@@ -470,6 +474,12 @@ class RunSpec:
             out.append(
                 f"{p}loader.workers: got 0 with mode {self.mode.value!r}, expected >= 1 "
                 "(loading in the main process has no worker to trace or pin)"
+            )
+        if self.loader.copy_ahead and self.loader.handoff is not Handoff.RING:
+            out.append(
+                f"{p}loader.copy_ahead: true with loader.handoff "
+                f"{self.loader.handoff.value!r}, expected handoff 'ring' (the copy ahead is the "
+                "ring's; torch's DataLoader has no side stream)"
             )
         out += self._trace_problems(p)
         out += self._runtime_problems(p)
@@ -801,3 +811,11 @@ def field_paths(cls: type[Any] = RunSpec, prefix: str = "") -> list[str]:
 def is_safe_name(name: str) -> bool:
     """Names that become paths or shell words: letters, digits, '_', '.', '-'; no leading dot."""
     return bool(SAFE_NAME.match(name))
+
+
+#: The environment variable through which the workflow hands the frozen plan's hash to its
+#: runs (codl.plan_registry): inherited by every job, never a rule parameter (a parameter's
+#: change re-runs every run). Here, below the harness that records it and the plan that sets it.
+PLAN_ENV: Final = "CODL_PLAN_SHA256"
+#: The trace's root attribute holding it ("" where no plan was frozen).
+PLAN_ATTR: Final = "plan_sha256"

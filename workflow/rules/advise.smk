@@ -1,6 +1,7 @@
 # The loader advisor (docs/advisor.md), switched on by the config's `advisor` section:
 # the interference map, the advice with its verification config and predictions, and
-# predicted vs measured once the verification runs are in.
+# predicted vs measured once the verification runs are in (for a calibrated advice, the blind
+# check's table too).
 
 # `advise` and `predicted_vs_measured` exist only when asked for: the verification config runs
 # in the same results directory, and there advice/predictions.csv must stay the file its
@@ -90,6 +91,49 @@ if ADVISOR.predictions:
         threads: 1
         script:
             "../scripts/predicted_vs_measured.py"
+
+
+# A calibrated advice's verification (docs/advisor.md, "The blind check in the workflow"): the
+# calibrate rule recorded the uncalibrated fit's predictions beside the calibrated ones before
+# any of these runs; both are scored on them. The calibrated set is read, never written.
+CALIBRATED_SET = (
+    ResultPaths.calibrated_set_of(ADVISOR.predictions) if ADVISOR.predictions else None
+)
+
+if CALIBRATED_SET is not None:
+
+    localrules:
+        blind_error,
+
+    rule blind_error:
+        input:
+            # What the calibrate rule recorded: the calibrated predictions' sha256 and time.
+            verify=CALIBRATED_SET / PATHS.verify_config.relative_to(PATHS.set_dir),
+            predictions=ADVISOR.predictions,
+            uncalibrated=CALIBRATED_SET
+            / PATHS.uncalibrated_predictions_table.relative_to(PATHS.set_dir),
+            record=CALIBRATED_SET / PATHS.uncalibrated_record.relative_to(PATHS.set_dir),
+            probe=ResultPaths.merged_tables_of(CALIBRATED_SET)[0],
+            runs=PATHS.runs_table,
+            steps=PATHS.steps_table,
+        output:
+            table=report(
+                PATHS.blind_table,
+                caption="../report/blind_error.rst",
+                category="Advisor",
+            ),
+            summary=PATHS.blind_summary,
+        log:
+            PATHS.log("blind_error"),
+        conda:
+            CONDA_ENV
+        threads: 1
+        params:
+            calibrated=CALIBRATED_SET,
+            results=PATHS.set_dir,
+        shell:
+            '"$CODL_PYTHON" -m codl.cli check blind {params.calibrated:q} {params.results:q} '
+            "--out {output.table:q} --summary {output.summary:q} > {log:q} 2>&1"
 
 
 # Jobs sharing a node (section `share`): every split runs the jobs together on this machine,

@@ -138,6 +138,6 @@ if BLOCKS:
             CONDA_ENV
         threads: 1
         params:
-            rows=BLOCK_ROWS,
+            rows=get_block_rows,
         script:
             "../scripts/block_progress.py"

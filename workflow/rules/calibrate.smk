@@ -1,7 +1,10 @@
 # Calibration on a new machine (docs/advisor.md): with `advisor.calibrate: FIT` the runs are
 # FIT's probe of this machine (planned in common.smk from the committed fit), then the fit,
-# calibrated on them, writes the advice, its verification config and predictions as one unit.
-# Both rules read a few tables for seconds: under Slurm they run where Snakemake runs.
+# calibrated on them, writes the advice, its verification config and predictions as one unit,
+# and the uncalibrated fit's predictions of the same settings with their sha256 and time: both
+# recorded before a later invocation runs the verification config, so that `codl check blind`
+# can score them blind. Both rules read a few tables for seconds: under Slurm they run where
+# Snakemake runs.
 
 if ADVISOR.calibrate:
 
@@ -43,6 +46,8 @@ if ADVISOR.calibrate:
             verify=PATHS.verify_config,
             predictions=PATHS.predictions_table,
             table=PATHS.calibration_table,
+            uncalibrated=PATHS.uncalibrated_predictions_table,
+            uncalibrated_record=PATHS.uncalibrated_record,
         log:
             PATHS.log("calibrate"),
         conda:
@@ -51,8 +56,13 @@ if ADVISOR.calibrate:
             fit=lambda wildcards, input: Path(input.fit[0]).parents[1],
             results=lambda wildcards, input: Path(input.runs).parents[1],
             options=calibrate_options(config),
+            # The uncalibrated predictions are for the budget the calibrated advice is for.
+            cores=f"--cores {ADVISOR.cores}" if ADVISOR.cores else "",
         shell:
-            '"$CODL_PYTHON" -m codl.cli advise {params.fit:q} --calibrate {params.results:q} '
+            '("$CODL_PYTHON" -m codl.cli advise {params.fit:q} --calibrate {params.results:q} '
             "--probe-config {input.probe:q} --calibration-table {output.table:q} "
             "--out {output.verify:q} --predictions {output.predictions:q} "
-            "--text {output.text:q} {params.options} > {log:q} 2>&1"
+            "--text {output.text:q} {params.options} && "
+            '"$CODL_PYTHON" -m codl.cli check uncalibrated {params.fit:q} '
+            "{output.predictions:q} --out {output.uncalibrated:q} "
+            "--record {output.uncalibrated_record:q} {params.cores}) > {log:q} 2>&1"

@@ -3,14 +3,18 @@
 import json
 import os
 import sys
+import time
 import uuid
 from pathlib import Path
 
+from snakemake.exceptions import IncompleteCheckpointException
+from snakemake.logging import logger
 from snakemake.settings.types import DeploymentMethod
 
 from codl.advisor.settings import advisor_settings
 from codl.config import (
     analysed_blocks,
+    block_budget,
     block_progress,
     block_slots,
     build_plan,
@@ -19,7 +23,17 @@ from codl.config import (
 )
 from codl.figures import RUN_FIGURES, FigureName, plan_figures
 from codl.paths import FIGURE_FORMATS, ResultPaths, set_name_of
+from codl.plan_registry import PLAN_ENV, recorded_hash
+from codl.steps.gil import gil_targets, sched_event_runs
+from codl.steps.blocks import (
+    block_start_after,
+    block_start_record,
+    block_started,
+    held_line,
+    invocation_line,
+)
 from codl.steps.pooled import pooled_targets
+from codl.steps.slow_calls import slow_call_twins, slow_calls_targets
 from codl.steps.workflow import (
     advisor_targets,
     calibrate_inputs,
@@ -71,16 +85,50 @@ FIGURES = plan_figures(SPECS.values())
 # The `blocks` section: run id -> its block and predecessor (empty without one).
 BLOCKS = plan_blocks(config, PLAN)
 BLOCK_SLOTS = block_slots(BLOCKS)
+# The runs of the blocks measured already: each trace looked for once.
+MEASURED = frozenset(filter(measured_run(PATHS), BLOCK_SLOTS))
 # The runs this invocation measures and analyses: with a `blocks` section, the blocks measured
 # so far and at most `blocks.per_invocation` more (codl.config.analysed_blocks); else every run.
-ANALYSED_BLOCKS = analysed_blocks(config, BLOCKS, measured_run(PATHS))
+ANALYSED_BLOCKS = analysed_blocks(config, BLOCKS, MEASURED.__contains__)
 ANALYSED = (
     [rid for b in ANALYSED_BLOCKS for rid in b.run_ids] if BLOCKS else list(SPECS)
 )
-BLOCK_ROWS = block_progress(BLOCKS, ANALYSED_BLOCKS)
+# `blocks.budget`: the blocks of ANALYSED_BLOCKS not yet measured (TO_START) start one after
+# another, each only if the `block_start` checkpoint (rules/runs.smk) finds the budget left,
+# so which of them the analysis holds is known as they run (started_blocks); the checkpoint's
+# records are this parse's own (BLOCK_START), and the deadline counts from this parse, in
+# the process that runs the checkpoint (a localrule, also under Slurm).
+BUDGET = block_budget(config)
+TO_START = (
+    tuple(b for b in ANALYSED_BLOCKS if not MEASURED.issuperset(b.run_ids))
+    if BUDGET is not None
+    else ()
+)
+BLOCK_START = uuid.uuid4().hex[:12]
+DEADLINE = time.time() + (BUDGET or 0.0)
+if BLOCKS:
+    logger.info(
+        invocation_line(
+            BLOCKS,
+            sum(MEASURED.issuperset(b.run_ids) for b in BLOCKS),
+            sum(not MEASURED.issuperset(b.run_ids) for b in ANALYSED_BLOCKS),
+            per_invocation=config["blocks"].get("per_invocation"),
+            budget_s=BUDGET,
+        )
+    )
+# The analysed runs with the kernel's scheduler record, whose launch roles' sleeps the
+# `launch_sleeps` job tables (rules/gil.smk); without such runs the job is not defined.
+SCHED_RUNS = sched_event_runs(SPECS, ANALYSED)
+# The analysed runs with each CUDA call's scheduling evidence -> their compute twin, whose slow
+# calls the `slow_calls` job attributes (rules/slow_calls.smk); without such runs it is not defined.
+SLOW_CALL_TWINS = slow_call_twins(SPECS, ANALYSED)
 # The block token of runs outside Slurm: one per invocation of the workflow (Slurm jobs use
 # SLURM_JOB_ID), inherited by every job it starts.
 os.environ.setdefault("CODL_INVOCATION", uuid.uuid4().hex[:12])
+# The frozen plan's hash, recorded by every run (codl.plan_registry): set, not defaulted,
+# so a stale one from the shell never wins; an environment variable, not a rule parameter,
+# so that freezing a plan re-runs nothing.
+os.environ[PLAN_ENV] = recorded_hash(PATHS.frozen_plan)
 # Data sets of the shared-node jobs (config section `share`); empty without one.
 SHARE_INPUTS = share_inputs(config, PLAN, PATHS)
 SHARE_RESOURCES = share_resources(config, PLAN)
@@ -100,6 +148,7 @@ wildcard_constraints:
     run_id="[0-9a-f]{12}",
     dataset="[A-Za-z0-9][A-Za-z0-9_.-]*",
     tier="[A-Za-z0-9][A-Za-z0-9_.-]*",
+    block="block[0-9]+",
 
 
 def get_spec(wildcards):
@@ -138,6 +187,53 @@ def get_block_group(wildcards):
     return block_group(BLOCK_SLOTS, wildcards.run_id)
 
 
+def get_block_start_record(block):
+    return str(block_start_record(PATHS, BLOCK_START, block))
+
+
+def get_block_start_after(wildcards):
+    return block_start_after(PATHS, TO_START, wildcards.block)
+
+
+def get_block_start_first(wildcards):
+    return wildcards.block == TO_START[0].name
+
+
+def started_blocks():
+    """The blocks this invocation's analysis holds so far and the `block_start` record it
+    waits for (None: decided): ANALYSED_BLOCKS, or with a budget the measured ones and, in
+    block order, those the checkpoint let start. The record is returned as a plain input, not
+    raised as Snakemake's flagged checkpoint target: a job whose outputs exist and that waits
+    on a flagged target is not rerun (dag.update_needrun leaves it to a later pass), and the
+    tables must take each new block. When the checkpoint ends Snakemake asks again, so each
+    block's runs enter the DAG one block after the other."""
+    if not TO_START:
+        return ANALYSED_BLOCKS, None
+    held = [b for b in ANALYSED_BLOCKS if b not in TO_START]
+    for blk in TO_START:
+        try:
+            start = checkpoints.block_start.get(block=blk.name)
+        except IncompleteCheckpointException:
+            return held, get_block_start_record(blk.name)
+        if not block_started(start.output.record):
+            break
+        held.append(blk)
+    return sorted(held, key=lambda b: b.index), None
+
+
+def log_blocks_held():
+    """At the end of an invocation, how many of the planned blocks its tables hold."""
+    if BLOCKS and PATHS.blocks_table.is_file():
+        logger.info(held_line(PATHS.blocks_table))
+
+
+def get_block_rows(wildcards):
+    held, _ = started_blocks()
+    return block_progress(
+        BLOCKS, held, budget_spent=[b for b in TO_START if b not in held]
+    )
+
+
 def get_run_resource(name, missing=0):
     """A run job's resource `name`; `missing` where run_resources sets none. None leaves the
     resource undeclared: the Slurm jobstep plugin checks only that `mpi` exists, and a one-rank
@@ -152,9 +248,23 @@ def get_run_resource(name, missing=0):
     return lookup
 
 
-def all_of(kind):
-    """``kind``'s file of every run this invocation analyses (ANALYSED)."""
-    return [str(getattr(PATHS, kind)(run_id)) for run_id in ANALYSED]
+def all_of(kind, runs=None):
+    """``kind``'s file of each of ``runs``, by default every run this invocation analyses;
+    with a budget an input function that keeps the runs of the blocks that started."""
+    runs = ANALYSED if runs is None else runs
+    # One path pattern, filled per run: building each run's paths whole took seconds of every
+    # DAG build of a 1,000-run matrix (a run's paths depend on its id alone).
+    pattern = str(getattr(PATHS, kind)("{run_id}"))
+    if not TO_START:
+        return [pattern.replace("{run_id}", run_id) for run_id in runs]
+
+    def held_files(wildcards):
+        blocks, pending = started_blocks()
+        held = {rid for b in blocks for rid in b.run_ids}
+        files = [pattern.replace("{run_id}", rid) for rid in runs if rid in held]
+        return files + ([pending] if pending else [])
+
+    return held_files
 
 
 def get_figure_outputs():
@@ -187,5 +297,7 @@ def get_final_outputs():
         str(PATHS.decomposition_table),
         *([str(PATHS.blocks_table)] if BLOCKS else []),
         *(pooled_targets(PATHS) if BLOCKS else []),
+        *gil_targets(PATHS, SCHED_RUNS),
+        *slow_calls_targets(PATHS, SLOW_CALL_TWINS),
     ]
     return tables + figures + advisor_targets(config, PATHS)

@@ -1,7 +1,8 @@
 # With a `blocks` section: the block experiment pooled over its blocks (codl.steps.pooled): per
 # run its launch roles' sleeps, per loading setting the compute inflation over blocks (each run
 # beside the twin of its own block), the ring hand-off over the best torch setting of its block,
-# and the intervention figure. A few files in, seconds of work: local under Slurm (localrules).
+# the pipeline efficiency against the roofline of each block (data alone and compute alone of
+# that block: the experiment's `mode` factor lists `data`), and the two figures. A few files in, seconds of work: local under Slurm (localrules).
 # Its outputs are in the default target (get_final_outputs: codl.steps.pooled.pooled_targets).
 
 if BLOCKS:
@@ -38,6 +39,22 @@ if BLOCKS:
                 },
             ),
             pdf=PATHS.intervention_figure("pdf"),
+            efficiency=report(
+                PATHS.pooled_efficiency_table,
+                caption="../report/pooled_efficiency.rst",
+                category="Tables",
+            ),
+            efficiency_figure=report(
+                PATHS.efficiency_figure("png"),
+                caption="../report/efficiency.rst",
+                category="Figures",
+                labels={
+                    "figure": "efficiency",
+                    "shows": "throughput over the roofline per loading setting, a point per block",
+                    "statistic": "geometric mean over blocks, 95 % t interval; parts: means",
+                },
+            ),
+            efficiency_pdf=PATHS.efficiency_figure("pdf"),
         log:
             PATHS.log("pooled"),
         conda:

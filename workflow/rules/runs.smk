@@ -51,3 +51,31 @@ rule run:
     shell:
         '"$CODL_PYTHON" -m codl.cli run {input.spec:q} --trace {output.trace:q} {params.dataset} '
         "--kineto-dir {params.kineto:q} --cpus-per-task {resources.cpus_per_task} > {log:q} 2>&1"
+
+
+# With `blocks.budget`: before each block not yet measured, in block order and after the one
+# before it, whether the block starts (codl.steps.blocks.block_start_to): the first always, a
+# later one while the budget lasts. A checkpoint, so that a block that does not start is left
+# out of the DAG (its runs never run, the analysis holds the blocks that did) instead of
+# failing the invocation; local, so that under Slurm the clock is the invocation's own.
+if TO_START:
+
+    localrules:
+        block_start,
+
+    checkpoint block_start:
+        input:
+            after=get_block_start_after,
+        output:
+            record=get_block_start_record("{block}"),
+        log:
+            PATHS.log("block_start", f"{BLOCK_START}-{{block}}"),
+        conda:
+            CONDA_ENV
+        threads: 1
+        params:
+            first=get_block_start_first,
+            deadline=DEADLINE,
+            budget=BUDGET,
+        script:
+            "../scripts/block_start.py"

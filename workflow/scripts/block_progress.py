@@ -9,6 +9,6 @@ from codl.log import configure
 one_blas_thread()  # before numpy loads; see codl.blas
 configure()
 
-from codl.steps.analysis import block_progress_to
+from codl.steps.blocks import block_progress_to
 
 block_progress_to(snakemake.params.rows, Path(snakemake.output.table))

@@ -19,5 +19,10 @@ pooled_to(
     runs_table=Path(snakemake.output.runs),
     inflation_table=Path(snakemake.output.inflation),
     throughput_table=Path(snakemake.output.throughput),
+    efficiency_table=Path(snakemake.output.efficiency),
     figures=[Path(snakemake.output.figure), Path(snakemake.output.pdf)],
+    efficiency_figures=[
+        Path(snakemake.output.efficiency_figure),
+        Path(snakemake.output.efficiency_pdf),
+    ],
 )

@@ -27,6 +27,7 @@ import pandas as pd
 import yaml
 
 from codl.advisor import model as mdl
+from codl.analysis import efficiency as eff
 from codl.spec import Handoff, Policy
 
 #: Added to the fitted runs' seed in a verification config (see ``verification_config``).
@@ -397,6 +398,62 @@ def best_measured(data: mdl.RunData) -> MeasuredSetting:
         throughput=float(top["throughput"]),
         runs=int(top["runs"]),
     )
+
+
+#: How ``efficiency_lines`` names a part of the lost time.
+_PART_WORDS = {
+    "data_wait": "data wait",
+    "copy": "host-to-device copy",
+    "compute": "compute inflation",
+    "launch_delay": "host launch delay",
+    "unattributed": "unattributed",
+}
+
+
+def efficiency_lines(runs: pd.DataFrame, best: MeasuredSetting, *, mode: str) -> list[str]:
+    """The measured pipeline efficiency of ``best`` (its ``mode`` runs in a runs table with
+    ``codl.analysis.efficiency``'s columns): throughput over the roofline of each block, over
+    blocks, with the part that is the roofline and the biggest part of the lost time. None
+    where the runs have no efficiency (no data-alone twin in their blocks)."""
+    need = {"efficiency", "block", "mode", "policy", "workers"}
+    if not need <= set(runs):
+        return []
+    sel = runs[
+        (runs["mode"].astype(str) == mode)
+        & (runs["policy"].astype(str) == best.policy)
+        & (pd.to_numeric(runs["workers"], errors="coerce") == best.workers)
+    ]
+    if best.launch_cores is not None and "launch_cores" in sel:
+        sel = sel[pd.to_numeric(sel["launch_cores"], errors="coerce") == best.launch_cores]
+    sel = sel[np.isfinite(pd.to_numeric(sel["efficiency"], errors="coerce"))]
+    if sel.empty:
+        return []
+    sel = sel.assign(block=sel["block"].fillna("").astype(str), setting=0)
+    row = eff.efficiency_over_blocks(sel, ["setting"]).iloc[0]
+    value = f"{row['efficiency']:.2f}"
+    if math.isfinite(row["efficiency_lo"]):
+        value += f" (95 % interval {row['efficiency_lo']:.2f} to {row['efficiency_hi']:.2f})"
+    # "data", or "data (3 of 4 blocks)" where blocks disagree.
+    limiting, _, split = str(row["limiting_part"]).partition(" ")
+    part = str(row["biggest_part"])
+    roofline = (
+        f"its roofline differs between blocks {split}"
+        if limiting == eff.MIXED
+        else f"its roofline is {limiting} alone{' ' + split if split else ''}"
+    )
+    lines = [
+        f"measured pipeline efficiency of the best setting measured: {value} over "
+        f"{_count(int(row['n_blocks']), 'block')}, at {row['throughput_samples_s']:.0f} "
+        f"samples/s against a roofline of {row['roofline_samples_s']:.0f} (the slower of data "
+        f"alone and compute alone of each block)",
+        f"{roofline}: {row['over_data']:.2f}x data alone, {row['over_compute']:.2f}x compute alone",
+    ]
+    if part:
+        lines.append(
+            f"time lost per step against the roofline: {row['lost_ms']:.1f} ms, the most of it "
+            f"{_PART_WORDS.get(part, part)} ({row[f'lost_{part}_ms']:.1f} ms)"
+        )
+    return lines
 
 
 def _best_experiment(best: MeasuredSetting, modes: list[str], repeats: int) -> dict[str, Any]:

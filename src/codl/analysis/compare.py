@@ -1,11 +1,15 @@
 """Isolation vs combined: match every multi-component run with its single-component twins.
 
 Twins are found by spec identity, once, when a run is summarized (``twin_ids``): a run's group is
-the id of its spec with the repeat set aside, and its twin in mode m is the group of
-``spec.with_mode(m)``, normalised as run ids are (the `compute` twin of a `combined` run has no
-loader, so its loader settings do not matter). The runs table carries these ids (``GROUP_ID``,
-``TWIN_COLUMNS``) and pairing runs is a join on them (``with_twin_ids`` derives them from the spec
-columns for runs tables written before summarize wrote them).
+the id of its spec with the repeat set aside, and its twin in mode m is ``spec.with_mode(m)``,
+normalised as run ids are (the `compute` twin of a `combined` run has no loader, so its loader
+settings do not matter). The runs table carries, per twin mode, the run id of the twin of the
+run's own block (same repeat, ``TWIN_COLUMNS``) and the group of that twin's repeats
+(``TWIN_GROUP_COLUMNS``); pairing runs is a join on the groups, then on the block
+(``with_twin_ids`` derives the ids from the spec columns for runs tables written before
+summarize wrote them). ``own_block_twins`` checks the runs table's twins against its runs: a
+twin its block lacks is left empty, never taken silently from another block, and ``TWIN_NOTE``
+says so.
 
 Interference lives in the tail, so every (run group, component, metric) gets one row per
 statistic (``STATS``): p50, mean, p90, p95 and p99 of the steps, each as the mean over runs of the
@@ -31,6 +35,7 @@ then says ``difference`` and ``diff`` carries it - a measured zero is not "not m
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -43,6 +48,8 @@ from codl.analysis.columns import LOADING_MODES
 from codl.analysis.runlevel import log_ratio_interval, mean_interval, runs_blocks, welch_interval
 from codl.errors import ConfigError
 from codl.spec import Mode, RunSpec
+
+log = logging.getLogger(__name__)
 
 # What each component is judged by; every metric is "larger is worse".
 COMPONENT_METRICS: dict[str, tuple[str, ...]] = {
@@ -112,11 +119,19 @@ TWIN_MODES: tuple[Mode, ...] = tuple(m for m in Mode if any(m in twin_modes(x) f
 
 
 def twin_column(mode: Mode | str) -> str:
-    """The runs-table column holding the group id of a run's twin in ``mode``."""
+    """The runs-table column holding the run id of a run's twin in ``mode`` in its own block."""
     return f"twin_{Mode(mode).value}"
 
 
+def twin_group_column(mode: Mode | str) -> str:
+    """The runs-table column holding the group id of a run's twin in ``mode`` (its repeats)."""
+    return f"twin_group_{Mode(mode).value}"
+
+
 TWIN_COLUMNS = tuple(twin_column(m) for m in TWIN_MODES)
+TWIN_GROUP_COLUMNS = tuple(twin_group_column(m) for m in TWIN_MODES)
+# Why a run's twin column is empty, or names a twin of another block ("" when all is well).
+TWIN_NOTE = "twin_note"
 # Read only by modes that load; replaced by NO_LOADER for the others (the normalisation).
 LOADER_COLUMNS = ("workers", "prefetch_factor", "pin_memory", "handoff", "worker_nice")
 NO_LOADER: tuple[Any, ...] = (0, None, None, None, None)
@@ -460,7 +475,11 @@ def twin_ids(spec: Mapping[str, Any]) -> dict[str, str | None]:
     """``GROUP_ID`` and every ``TWIN_COLUMNS`` entry of the run whose spec is ``spec`` (plain data,
     as a trace stores it). All None when there is no spec or it is not a valid one (a runs table
     with such a row is paired by its spec columns, ``with_twin_ids``)."""
-    out: dict[str, str | None] = {GROUP_ID: None, **dict.fromkeys(TWIN_COLUMNS)}
+    out: dict[str, str | None] = {
+        GROUP_ID: None,
+        **dict.fromkeys(TWIN_COLUMNS),
+        **dict.fromkeys(TWIN_GROUP_COLUMNS),
+    }
     if not spec:
         return out
     try:
@@ -469,7 +488,9 @@ def twin_ids(spec: Mapping[str, Any]) -> dict[str, str | None]:
         return out
     out[GROUP_ID] = group_id(run)
     for mode in twin_modes(run.mode):
-        out[twin_column(mode)] = group_id(run.with_mode(mode))
+        # Same repeat, so the same block: the twin the run is paired with.
+        out[twin_column(mode)] = run.with_mode(mode).run_id
+        out[twin_group_column(mode)] = group_id(run.with_mode(mode))
     return out
 
 
@@ -479,25 +500,93 @@ def _legacy_id(key: tuple[Any, ...]) -> str:
 
 def _legacy_twin_ids(summaries: pd.DataFrame) -> pd.DataFrame:
     """Group and twin ids from the spec columns, by the rule runs were paired by before the runs
-    table carried ids: equal ``GROUP_COLUMNS`` (and ``LOADER_COLUMNS`` for modes that load)."""
-    ids: dict[str, list[Any]] = {c: [] for c in (GROUP_ID, *TWIN_COLUMNS)}
+    table carried ids: equal ``GROUP_COLUMNS`` (and ``LOADER_COLUMNS`` for modes that load).
+    The twin run of each run is then the one of its twin group in its block, where there is one
+    (``own_block_twins``)."""
+    ids: dict[str, list[Any]] = {c: [] for c in (GROUP_ID, *TWIN_GROUP_COLUMNS)}
     for _, row in summaries.iterrows():
         mode = str(row["mode"])
         ids[GROUP_ID].append(_legacy_id(_key(row, mode)))
         twins = twin_modes(Mode(mode)) if mode in MODE_COMPONENTS else ()
         for m in TWIN_MODES:
-            ids[twin_column(m)].append(_legacy_id(_key(row, m.value)) if m in twins else None)
-    return summaries.assign(**ids)
+            ids[twin_group_column(m)].append(_legacy_id(_key(row, m.value)) if m in twins else None)
+    # copy(): one block per dtype; a wide table read from CSV and assigned to column by column
+    # would fragment (pandas' PerformanceWarning).
+    return summaries.copy().assign(**ids, **dict.fromkeys(TWIN_COLUMNS)).pipe(_twins_of_blocks)
 
 
 def with_twin_ids(summaries: pd.DataFrame) -> pd.DataFrame:
-    """The runs table with ``GROUP_ID`` and ``TWIN_COLUMNS``: as summarize wrote them, or, for a
-    table written before it did (or with a run whose trace held no valid spec), derived for every
-    run from its spec columns."""
+    """The runs table with ``GROUP_ID``, ``TWIN_COLUMNS`` and ``TWIN_GROUP_COLUMNS``: as summarize
+    wrote them, or, for a table written before it did (or with a run whose trace held no valid
+    spec), derived for every run from its spec columns. Tables written before the group columns
+    held group ids in ``TWIN_COLUMNS``: these become the groups, and the twin of the run's block
+    is looked up among their runs."""
     written = GROUP_ID in summaries and set(TWIN_COLUMNS) <= set(summaries)
-    if written and summaries[GROUP_ID].notna().all():
+    if not (written and summaries[GROUP_ID].notna().all()):
+        return _legacy_twin_ids(summaries)
+    if set(TWIN_GROUP_COLUMNS) <= set(summaries):
         return summaries
-    return _legacy_twin_ids(summaries)
+    groups = {twin_group_column(m): summaries[twin_column(m)] for m in TWIN_MODES}
+    return summaries.assign(**groups).pipe(_twins_of_blocks)
+
+
+def _twins_of_blocks(ids: pd.DataFrame) -> pd.DataFrame:
+    """``TWIN_COLUMNS`` set, where empty or naming a run of another block, to the run of the twin
+    group in the run's own block, if the table has one."""
+    groups = groups_by_id(ids)
+    blocks = runs_blocks(ids)
+    out = ids.copy()
+    for m in TWIN_MODES:
+        col = twin_column(m)
+        values = []
+        for _, row in ids.iterrows():
+            own = blocks.get(str(row["run_id"]), "")
+            now = _norm(row.get(col))
+            if now is not None and str(now) in blocks and blocks[str(now)] == own:
+                values.append(str(now))
+                continue
+            same = [t for t in twin_runs(row, m, groups) if blocks.get(t, "") == own]
+            values.append(same[0] if same else now)
+        out[col] = pd.Series(values, index=ids.index, dtype=object)
+    return out
+
+
+def own_block_twins(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs table as written: ids (``with_twin_ids``), every ``TWIN_COLUMNS`` entry the twin
+    run of the run's own block, and ``TWIN_NOTE`` naming each twin that is not: one its block
+    lacks is left empty (with the blocks that hold that twin's repeats, if any), one that ran in
+    another block is named with that block. Each note is logged as a warning too: a pair across
+    blocks is never silent."""
+    if runs.empty or "run_id" not in runs or "mode" not in runs:
+        return runs
+    ids = with_twin_ids(runs)
+    groups = groups_by_id(ids)
+    blocks = runs_blocks(ids)
+    twins: dict[str, list[Any]] = {c: [] for c in TWIN_COLUMNS}
+    notes = []
+    for _, row in ids.iterrows():
+        rid = str(row["run_id"])
+        own = blocks.get(rid, "")
+        said = []
+        world = _norm(row.get("world_size")) or 1
+        for m in TWIN_MODES:
+            twin = _norm(row.get(twin_column(m)))
+            if twin is not None and m.communicates and world < 2 and str(twin) not in blocks:
+                # A single rank does no collective: compare has no comm twin to pair it with.
+                twin = None
+            elif twin is not None and str(twin) not in blocks:
+                where = sorted({blocks.get(t, "") or "?" for t in twin_runs(row, m, groups)})
+                held = f"; its repeats ran in {' '.join(where)}" if where else ""
+                said.append(f"no {m.value} twin in block {own or '?'} ({twin} did not run){held}")
+                twin = None
+            elif twin is not None and blocks[str(twin)] != own:
+                said.append(f"{m.value} twin {twin} ran in block {blocks[str(twin)] or '?'}")
+            twins[twin_column(m)].append(None if twin is None else str(twin))
+        notes.append("; ".join(said))
+        if said:
+            log.warning("run %s: %s", rid, "; ".join(said))
+    out = ids.assign(**{c: pd.Series(v, index=ids.index, dtype=object) for c, v in twins.items()})
+    return out.assign(**{TWIN_NOTE: notes})
 
 
 def groups_by_id(ids: pd.DataFrame) -> dict[str, list[str]]:
@@ -509,8 +598,12 @@ def groups_by_id(ids: pd.DataFrame) -> dict[str, list[str]]:
 
 
 def twin_runs(row: pd.Series, mode: Mode | str, groups: Mapping[str, list[str]]) -> list[str]:
-    """The run ids of ``row``'s twin in ``mode`` (a join on the twin's group id)."""
-    gid = _norm(row.get(twin_column(mode)))
+    """The run ids of ``row``'s twin in ``mode``, every repeat (a join on the twin's group id;
+    a row without it, as summaries written before ``TWIN_GROUP_COLUMNS`` have, joins on the
+    group id its ``TWIN_COLUMNS`` entry then held: summarize writes both or neither)."""
+    gid = _norm(row.get(twin_group_column(mode)))
+    if gid is None:
+        gid = _norm(row.get(twin_column(mode)))
     return list(groups.get(str(gid), [])) if gid is not None else []
 
 

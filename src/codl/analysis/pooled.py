@@ -16,6 +16,7 @@ Pure: DataFrames (and a run's trace tables) in, DataFrames out; the figure is
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -23,9 +24,10 @@ import numpy as np
 import pandas as pd
 
 from codl.analysis import columns
+from codl.analysis import efficiency as eff
 from codl.analysis.runlevel import log_ratio_interval, mean_interval
 from codl.analysis.sleeps import launch_sleeps, run_sleeps
-from codl.spec import RunSpec
+from codl.spec import Mode, RunSpec
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +45,7 @@ KNOBS: Final = (
     "handoff",
     "workers",
     "worker_nice",
+    "copy_ahead",
 )
 #: What a knob is when a runs table predates its column: the spec's default, and for
 #: ``workers`` the 12 of every config measured before the column (config/gil-h200.yaml,
@@ -54,6 +57,7 @@ KNOB_DEFAULTS: Final[Mapping[str, str | float]] = {
     "handoff": "torch",
     "workers": 12,
     "worker_nice": 0,
+    "copy_ahead": False,
 }
 #: The block of a run: the runs table it came from and its repeat.
 BLOCK_KEYS: Final = ("source", "repeat")
@@ -82,6 +86,7 @@ THROUGHPUT_COLUMNS: Final = (
     "policy",
     "workers",
     "worker_nice",
+    "copy_ahead",
     "n_blocks",
     "ring_over_best_torch",
     "lo",
@@ -94,6 +99,12 @@ def twin_id(spec: RunSpec) -> str:
     same block); "" for a mode that has none (``data`` alone measures the loader)."""
     twin = spec.mode.compute_twin
     return "" if twin is None else spec.with_mode(twin).run_id
+
+
+def data_twin_id(spec: RunSpec) -> str:
+    """The data-alone twin of a loading and computing run, same repeat (so same block): the
+    other half of its roofline (``codl.analysis.efficiency``); "" for any other mode."""
+    return "" if spec.mode.compute_twin is None else spec.with_mode(Mode.DATA).run_id
 
 
 def run_row(
@@ -118,12 +129,18 @@ def run_row(
         "handoff": spec.loader.handoff.value,
         "workers": spec.loader.workers,
         "worker_nice": spec.loader.worker_nice,
+        "copy_ahead": spec.loader.copy_ahead,
         "repeat": spec.repeat,
         "twin_id": twin_id(spec) if spec.mode.loads else "",
+        "data_twin_id": data_twin_id(spec),
         "switch_interval_s": attrs.get("switch_interval_s"),
         PAIR_METRIC: float(steps["compute_eff_ms"].mean()),
         "throughput_samples_s": float(summary["throughput_samples_s"].iloc[0]),
         "steps": len(steps),
+        # What the roofline's lost time is made of (codl.analysis.efficiency).
+        "samples_per_step": _first(summary, "batch_size") * _first(summary, "world_size", 1.0),
+        "data_wait_ms_mean": _first(summary, "data_wait_ms_mean"),
+        "h2d_ms_mean": _first(summary, "h2d_ms_mean"),
     }
     sleeps = launch_sleeps(tables, warmup=columns.warmup_steps(dict(attrs)))
     per_run = run_sleeps(sleeps, steps=max(len(steps), 1))
@@ -134,6 +151,12 @@ def run_row(
         per_run["timer_sleep_ms_per_step"] + per_run["pin_memory_sleep_ms_per_step"]
     )
     return row
+
+
+def _first(summary: pd.DataFrame, column: str, default: float = float("nan")) -> float:
+    if column not in summary or summary[column].isna().all():
+        return default
+    return float(summary[column].iloc[0])
 
 
 def with_knob_defaults(runs: pd.DataFrame) -> pd.DataFrame:
@@ -263,6 +286,7 @@ def throughput_versus_torch(runs: pd.DataFrame) -> pd.DataFrame:
                 "policy": knobs["policy"],
                 "workers": knobs["workers"],
                 "worker_nice": knobs["worker_nice"],
+                "copy_ahead": knobs["copy_ahead"],
                 "n_blocks": iv.n,
                 "ring_over_best_torch": iv.ratio,
                 "lo": iv.lo,
@@ -270,3 +294,52 @@ def throughput_versus_torch(runs: pd.DataFrame) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(rows, columns=list(THROUGHPUT_COLUMNS))
+
+
+#: Per loading setting: ``KNOBS`` then the efficiency over blocks (``efficiency.SETTING_COLUMNS``).
+EFFICIENCY_COLUMNS: Final = (*KNOBS, *eff.SETTING_COLUMNS)
+#: What ``efficiency`` needs of a runs table beyond ``run_row``'s columns of every version.
+EFFICIENCY_INPUTS: Final = ("data_twin_id", "samples_per_step", "data_wait_ms_mean", "h2d_ms_mean")
+
+
+def efficiency(runs: pd.DataFrame, launch_delay: Mapping[str, float]) -> pd.DataFrame:
+    """Per loading setting (``KNOBS``): its throughput over the roofline of each block (min of
+    the data-alone and compute-alone twins' throughputs of that block) and, over blocks, the
+    geometric mean with a 95 % t interval, both ratios, the limiting part and the lost time's
+    parts in ms per step (``codl.analysis.efficiency``); ``launch_delay``: run id -> host launch
+    delay (``efficiency.launch_delays``). Runs whose block lacks a twin are counted and named,
+    never paired across blocks. Columns: ``EFFICIENCY_COLUMNS``."""
+    runs = blocked(runs)
+    missing = [c for c in EFFICIENCY_INPUTS if c not in runs]
+    if missing:
+        raise ValueError(
+            f"runs: no column(s) {missing}: a pooled runs table written before the roofline; "
+            "pool the runs again"
+        )
+    block = [_block_name(s, r) for s, r in zip(runs["source"], runs["repeat"], strict=True)]
+    inputs = pd.DataFrame(
+        {
+            "run_id": runs["run_id"].astype(str),
+            "mode": runs["mode"].astype(str),
+            "block": block,
+            "throughput_samples_s": runs["throughput_samples_s"].astype(float),
+            "samples_per_step": runs["samples_per_step"].astype(float),
+            "data_wait_ms_mean": runs["data_wait_ms_mean"].astype(float),
+            "h2d_ms_mean": runs["h2d_ms_mean"].astype(float),
+            "compute_eff_ms_mean": runs[PAIR_METRIC].astype(float),
+            "launch_delay_ms": [launch_delay.get(r, math.nan) for r in runs["run_id"].astype(str)],
+            "data_twin": runs["data_twin_id"].fillna("").astype(str),
+            "compute_twin": runs["twin_id"].fillna("").astype(str),
+        }
+    )
+    per_run = eff.run_efficiency(inputs)
+    loading = runs.assign(run_id=runs["run_id"].astype(str), block=block).set_index("run_id")
+    per_run = per_run.join(loading[[*KNOBS, "block", "throughput_samples_s"]])
+    table = eff.efficiency_over_blocks(per_run, list(KNOBS))
+    for _, row in table[table["n_missing"] > 0].iterrows():
+        log.warning(
+            "setting %s: no roofline in block(s) %s (a twin missing); left out of its efficiency",
+            {k: row[k] for k in KNOBS},
+            row["missing_blocks"],
+        )
+    return table.reindex(columns=list(EFFICIENCY_COLUMNS))

@@ -15,6 +15,8 @@ from typing import Any
 
 from codl import __version__
 from codl.blas import one_blas_thread
+from codl.claims import cli as claims_cli
+from codl.cli import makespan as makespan_cli
 from codl.cli.options import MAX_CORES, Parser, bounded_int, export_time, finite_float
 from codl.errors import CodlError, RunInterruptedError
 from codl.log import LEVELS, configure
@@ -230,6 +232,22 @@ def _plan_target_ci(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan_registry(args: argparse.Namespace) -> int:
+    """``codl plan CONFIG --freeze``: write the frozen plan, print its path and hash;
+    ``--status``: pre-registered or exploratory (codl.plan_registry)."""
+    from codl import plan_registry
+
+    if args.freeze and args.status:
+        raise CodlError("--freeze, --status: one at a time (freeze, commit, then run)")
+    if args.freeze:
+        path, frozen = plan_registry.freeze(Path(args.config))
+        print(f"{frozen.sha256}  {path}")
+        return 0
+    st = plan_registry.status(Path(args.config), runs_tables=[Path(t) for t in args.runs])
+    print(st.line())
+    return 0
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from codl.advisor.settings import advisor_settings
     from codl.config import block_slots, build_plan, load_yaml, plan_blocks
@@ -238,6 +256,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     _not_a_directory(args.config, "a config file (YAML, e.g. config/smoke.yaml)")
     if args.target_ci is not None:
         return _plan_target_ci(args)
+    if args.freeze or args.status:
+        return _plan_registry(args)
     cfg = load_yaml(Path(args.config))
     if advisor_settings(cfg).calibrate:
         # The runs the workflow plans for it (workflow/rules/common.smk): the fit's probe.
@@ -453,7 +473,94 @@ def _add_plan(sub: Any) -> None:
         help="print the directory of the config's result set (results/<name>: its `name` key, "
         "else the file's name) and exit",
     )
+    pl.add_argument(
+        "--freeze",
+        action="store_true",
+        help="write the plan (runs, blocks, hypothesis, the advisor's predictions) and its "
+        "sha256 to results/<name>/plan.frozen.json; print the hash and the path",
+    )
+    pl.add_argument(
+        "--status",
+        action="store_true",
+        help="print whether the result is pre-registered (its frozen plan committed to git "
+        "before its first run) or exploratory, and whether blocks were added after looking",
+    )
+    pl.add_argument(
+        "--runs",
+        action="append",
+        default=[],
+        metavar="RUNS_CSV",
+        help="with --status: a runs table of the result (repeatable; default: "
+        "results/<name>/tables/runs.csv)",
+    )
     pl.set_defaults(func=cmd_plan)
+
+
+def _add_levels(sub: Any) -> None:
+    lv = sub.add_parser(
+        "levels",
+        help="pool block experiments of several invocations with the invocation as a level",
+    )
+    lv.add_argument(
+        "tables",
+        nargs="+",
+        type=Path,
+        metavar="POOLED_RUNS_CSV",
+        help="one pooled runs table per invocation (pooled_runs.csv or gil_runs.csv); the "
+        "invocation is named by its directory (above tables/)",
+    )
+    lv.add_argument("--out", type=Path, required=True, help="the table to write (CSV)")
+    lv.set_defaults(func=cmd_levels)
+
+
+def cmd_levels(args: argparse.Namespace) -> int:
+    from codl.steps.levels import levels_to
+
+    table = levels_to(list(args.tables), args.out)
+    print(f"{args.out}: {len(table)} rows ({table['method'].nunique()} methods per setting)")
+    return 0
+
+
+def _add_regenerate(sub: Any) -> None:
+    rg = sub.add_parser(
+        "regenerate",
+        help="rebuild every committed result set's tables and figures from what it commits, "
+        "through the rules' functions, and compare them with the committed files",
+    )
+    rg.add_argument(
+        "sets",
+        nargs="*",
+        metavar="SET",
+        help="result sets to rebuild, relative to --results (each with its sub-sets; "
+        "default: every set)",
+    )
+    rg.add_argument(
+        "--results", type=Path, default=Path("results"), help="where the sets are (results)"
+    )
+    rg.add_argument(
+        "--write",
+        action="store_true",
+        help="replace the committed files with the rebuilt ones (as one unit per set), then "
+        "compare; without it nothing is written",
+    )
+    rg.set_defaults(func=cmd_regenerate)
+
+
+def cmd_regenerate(args: argparse.Namespace) -> int:
+    from codl.steps.regenerate import Status, exit_code, regenerate
+
+    if not args.results.is_dir():
+        raise CodlError(f"--results: {args.results} is not a directory of result sets")
+    try:
+        verdicts = regenerate(args.results, sets=args.sets, write=args.write)
+    except ValueError as exc:
+        raise CodlError(str(exc)) from None
+    counts = {s: sum(v.status is s for v in verdicts) for s in Status}
+    print(
+        f"{len(verdicts)} sets: {counts[Status.OK]} ok, {counts[Status.DIFFERS]} differ, "
+        f"{counts[Status.CANNOT]} cannot be rebuilt (their traces are not committed)"
+    )
+    return exit_code(verdicts)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -471,6 +578,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_convert(sub)
 
     _add_plan(sub)
+    _add_levels(sub)
+    _add_regenerate(sub)
 
     d = sub.add_parser("dataset", help="generate a data set from its spec")
     d.add_argument("--spec-json", required=True, help="DatasetSpec as JSON")
@@ -502,6 +611,8 @@ def build_parser() -> argparse.ArgumentParser:
         "the calls: ~0.4 GB for 7 x 10^7 calls)",
     )
     s.set_defaults(func=cmd_summarize)
+    claims_cli.add_parser(sub)
+    makespan_cli.add_parser(sub)
 
     # Its own parser (codl.cli.advise), handed the rest of the line: importing it here would
     # load pandas for every `codl run`, whose start-up is part of the measured job.
@@ -511,7 +622,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="fit the throughput model on a results directory, advise loader workers and policy",
     )
     a.add_argument("args", nargs=argparse.REMAINDER, help="see `codl advise --help`")
+    # Handed over as `advise` is (codl.cli.check), for the same reason.
+    c = sub.add_parser(
+        "check",
+        add_help=False,
+        help="the advisor's out-of-sample checks: predict, score, holdout, splits, share, "
+        "uncalibrated, blind, calibration, runlevel",
+    )
+    c.add_argument("args", nargs=argparse.REMAINDER, help="see `codl check --help`")
     return p
+
+
+#: Subcommands with parsers of their own, handed the rest of the line (see build_parser).
+_HANDED_OVER = ("advise", "check")
 
 
 def _advise_split(argv: list[str]) -> int | None:
@@ -519,7 +642,7 @@ def _advise_split(argv: list[str]) -> int | None:
     only), else None."""
     i = 0
     while i < len(argv):
-        if argv[i] == "advise":
+        if argv[i] in _HANDED_OVER:
             return i
         if argv[i] == "--log-level":
             i += 2
@@ -536,13 +659,17 @@ def main(argv: list[str] | None = None) -> int:
     if at is not None:
         # Handed over whole (its options, --help included), imported only now: see build_parser.
         # The global options before it are this parser's (`codl --log-level DEBUG advise R`).
-        glob = build_parser().parse_args([*argv[:at], "advise"])
+        glob = build_parser().parse_args([*argv[:at], argv[at]])
         try:
             configure(glob.log_level)
         except CodlError as exc:
-            print(f"codl advise: error: {exc}", file=sys.stderr)
+            print(f"codl {argv[at]}: error: {exc}", file=sys.stderr)
             return 2
         one_blas_thread()
+        if argv[at] == "check":
+            from codl.cli import check
+
+            return check.main(argv[at + 1 :])
         from codl.cli import advise
 
         return advise.main(argv[at + 1 :])

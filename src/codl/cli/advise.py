@@ -30,6 +30,7 @@ from codl.advisor.advise import (
     advise,
     best_measured,
     defaults_from_runs,
+    efficiency_lines,
     predicted_gain,
     render_config,
     snakemake_command,
@@ -529,6 +530,9 @@ def _advise(
         c, probe_table = _calibrate(args, fit, unit, probe_cfg)
         fit = c.fit
         notes.append(_calibrated_note(args.calibrate, c))
+    # As the workflow's advise rule says it: the measured efficiency of the best setting.
+    best = best_measured(fitted.data)
+    notes += efficiency_lines(fitted.runs, best, mode=fit.node.combined_mode)
     cores = args.cores if args.cores is not None else fit.cores
     advice = advise(
         fit,
@@ -552,7 +556,7 @@ def _advise(
     text: dict[str, Any] = {
         "advice": advice,
         "fit": fit,
-        "gain": predicted_gain(fit, advice, best_measured(fitted.data)),
+        "gain": predicted_gain(fit, advice, best),
         "verify": [*verify, *_probe_lines(args)],
         "prefer": args.prefer,
         "tie": args.tie,

@@ -33,6 +33,8 @@ class FigureName(enum.StrEnum):
     INTERFERENCE_MAP = "interference_map"
     PREDICTED_VS_MEASURED = "predicted_vs_measured"
     SHARE = "share"
+    # A block experiment's, drawn by the `pooled` rule from its efficiency table.
+    EFFICIENCY = "efficiency"
 
 
 @dataclass(frozen=True)

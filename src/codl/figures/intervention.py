@@ -24,7 +24,8 @@ SETTING_KEYS = ("handoff", "policy", "workers", "worker_nice", "pin_memory_place
 HANDOFF_COLORS = {"torch": "#dd8452", "ring": "#4c72b0"}
 
 
-def _label(row: pd.Series, keys: Sequence[str]) -> str:
+def setting_label(row: pd.Series, keys: Sequence[str]) -> str:
+    """A setting's axis label: its ``keys`` that tell it apart, as a reader names them."""
     parts = []
     for k in keys:
         v = row[k]
@@ -48,7 +49,7 @@ def inflation_points(pooled: pd.DataFrame) -> pd.DataFrame:
     keys = [k for k in SETTING_KEYS if k in pooled]
     rows = []
     for _, r in pooled.iterrows():
-        label = _label(r, keys)
+        label = setting_label(r, keys)
         for text in str(r["per_block"]).split():
             rows.append(
                 {
@@ -82,7 +83,7 @@ def host_blocked(decomposition: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFram
         row = dict(zip(keys, key if isinstance(key, tuple) else (key,), strict=True))
         out.append(
             {
-                "setting": _label(pd.Series(row), keys),
+                "setting": setting_label(pd.Series(row), keys),
                 "handoff": row.get("handoff", "torch"),
                 "host_blocked_ms": iv.mean,
                 "lo": iv.lo,

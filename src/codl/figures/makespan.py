@@ -1,4 +1,4 @@
-"""The makespan figure (``scripts/makespan.py``, docs/advisor.md "Makespan"): each plan's
+"""The makespan figure (``codl makespan``, docs/advisor.md "Makespan"): each plan's
 makespan, predicted and trace-driven simulated, and the simulated schedule of each plan (cores
 per job over time). The data are ``codl.advisor.makespan.plan_table``'s."""
 

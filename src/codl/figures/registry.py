@@ -31,6 +31,7 @@ from codl.analysis import compare as cmp
 from codl.figures import NEEDS_TRACE, TRACE_LEVELS, FigureName, run_figures
 from codl.figures import data as figdata
 from codl.figures import draw as plots
+from codl.figures.efficiency import draw_efficiency, efficiency_points, lost_parts
 from codl.figures.run_tables import timeline_title
 from codl.outputs import output_unit
 
@@ -54,6 +55,8 @@ class FigureInputs:
     # steps.share.share_report of the shared-node runs, and its jobs in order
     share: pd.DataFrame = field(default_factory=pd.DataFrame)
     share_jobs: tuple[str, ...] = ()
+    # codl.analysis.pooled.efficiency of a block experiment (tables/pooled_efficiency.csv)
+    efficiency: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def _no_options(_: FigureInputs) -> dict[str, Any]:
@@ -127,6 +130,12 @@ FIGURES: tuple[Figure, ...] = (
         lambda t: t.share,
         plots.share_throughput,
         options=lambda t: {"jobs": list(t.share_jobs)},
+    ),
+    Figure(
+        FigureName.EFFICIENCY,
+        lambda t: efficiency_points(t.efficiency),
+        draw_efficiency,
+        options=lambda t: {"parts": lost_parts(t.efficiency)},
     ),
 )
 BY_NAME: dict[FigureName, Figure] = {f.name: f for f in FIGURES}

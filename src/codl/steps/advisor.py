@@ -343,7 +343,12 @@ def advise_to(
         predictions=Path(predictions),
     )
     record = advice_record(
-        advice, fit, gain=adv.predicted_gain(fit, advice, best), verify=verification, prefer=prefer
+        advice,
+        fit,
+        gain=adv.predicted_gain(fit, advice, best),
+        verify=verification,
+        prefer=prefer,
+        notes=adv.efficiency_lines(run_table, best, mode=fit.node.combined_mode),
     )
     for path in (text, verify, predictions):
         Path(path).parent.mkdir(parents=True, exist_ok=True)

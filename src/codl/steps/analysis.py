@@ -24,6 +24,7 @@ import pyarrow.parquet as pq  # type: ignore[import-untyped]
 from codl.analysis import chunked, columns, load
 from codl.analysis import compare as cmp
 from codl.analysis import decompose as dec
+from codl.analysis import efficiency as eff
 from codl.analysis import summarize as sm
 from codl.analysis.load import flag_comparison
 from codl.analysis.steady import flag_outliers
@@ -385,8 +386,12 @@ def compare_to(
     part_df = _read_all(parts, "parts", units)
     comparison = flag_comparison(cmp.compare(step_df, summary), summary)
     decomposition = dec.decompose(step_df, part_df, summary)
+    # The runs table names each run's twins of its own block and its pipeline efficiency;
+    # the comparison carries the efficiency of each row's group over blocks.
+    runs = eff.with_run_efficiency(summary, decomposition)
+    comparison = eff.with_group_efficiency(comparison, runs)
     tables = {
-        runs_table: summary,
+        runs_table: runs,
         steps_table: step_df,
         comparison_table: comparison,
         decomposition_table: decomposition,
@@ -507,7 +512,7 @@ def recompare_tables(
     kernels).
     """
     # Ids are hex strings; one of only digits must not be read as a number (and lose its zeros).
-    ids = dict.fromkeys(("run_id", cmp.GROUP_ID, *cmp.TWIN_COLUMNS), str)
+    ids = dict.fromkeys(("run_id", cmp.GROUP_ID, *cmp.TWIN_COLUMNS, *cmp.TWIN_GROUP_COLUMNS), str)
     # Of compare's unit only what this reads must be whole: the rest is what it rewrites.
     manifest = manifest_of(comparison_table)
     doc: dict[str, Any] = {}
@@ -520,8 +525,12 @@ def recompare_tables(
         steps = flag_outliers(steps)
         new[steps_table] = steps
     comparison = flag_comparison(cmp.compare(steps, summary), summary)
+    decomposition = dec.decompose(steps, dec.parts_from_steps(steps), summary)
+    # The runs table is not rewritten here: its efficiency is computed for the comparison only.
+    runs = eff.with_run_efficiency(summary, decomposition)
+    comparison = eff.with_group_efficiency(comparison, runs)
     new[comparison_table] = comparison
-    new[decomposition_table] = dec.decompose(steps, dec.parts_from_steps(steps), summary)
+    new[decomposition_table] = decomposition
     # Tables of compare's unit are rewritten as that unit: every member again (the unchanged
     # ones copied), under its manifest; tables written before units, as a unit of their own.
     members = [comparison_table.parent / name for name in doc.get("members", {})]
@@ -603,22 +612,3 @@ def figures_to(
         timelines=_read_all(timelines, "timeline", units),
     )
     draw_figures(inputs, figdir)
-
-
-def block_progress_to(rows: Sequence[dict[str, Any]], out: Path) -> pd.DataFrame:
-    """The ``block_progress`` rule: the planned blocks (``codl.config.block_progress``) and
-    whether each is measured now, as one table, with the line the log and the report give:
-    how many of the planned blocks the set's tables hold."""
-    table = pd.DataFrame(list(rows), columns=["block", "runs", "analysed", "run_ids"])
-    with output_unit({"blocks table": out}, mkdir=True) as unit:
-        table.to_csv(unit.path(out), index=False)
-    held = int(table["analysed"].sum())
-    log.info(
-        "%d of %d planned blocks analysed (%d of %d runs)%s",
-        held,
-        len(table),
-        int(table.loc[table["analysed"], "runs"].sum()),
-        int(table["runs"].sum()),
-        "" if held == len(table) else "; the next invocation adds blocks and pools them again",
-    )
-    return table

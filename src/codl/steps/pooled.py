@@ -1,7 +1,9 @@
 """The ``pooled`` rule (workflow/rules/pooled.smk): a block experiment's runs reduced to the
 per-run table, the compute inflation per loading setting over blocks, the ring hand-off's
-throughput over the best torch setting of its block (``codl.analysis.pooled``), and the
-intervention figure (``codl.figures.intervention``), written as one unit.
+throughput over the best torch setting of its block, the pipeline efficiency per setting
+against the roofline of each block (``codl.analysis.pooled``), and the intervention and
+efficiency figures (``codl.figures.intervention``, ``codl.figures.efficiency``), written as one
+unit.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from typing import Any
 import pandas as pd
 
 from codl.analysis import chunked
+from codl.analysis import efficiency as eff
 from codl.analysis import pooled as pl
+from codl.figures.efficiency import draw_efficiency, efficiency_points, lost_parts
 from codl.figures.intervention import draw_intervention, host_blocked, inflation_points
 from codl.outputs import output_unit
 from codl.paths import FIGURE_FORMATS, ResultPaths
@@ -32,7 +36,9 @@ def pooled_targets(paths: ResultPaths) -> list[str]:
             paths.pooled_runs_table,
             paths.pooled_inflation_table,
             paths.pooled_throughput_table,
+            paths.pooled_efficiency_table,
             *(paths.intervention_figure(fmt) for fmt in FIGURE_FORMATS),
+            *(paths.efficiency_figure(fmt) for fmt in FIGURE_FORMATS),
         )
     ]
 
@@ -79,27 +85,41 @@ def pooled_to(
     runs_table: Path,
     inflation_table: Path,
     throughput_table: Path,
+    efficiency_table: Path,
     figures: Sequence[Path],
+    efficiency_figures: Sequence[Path],
     title: str = "",
 ) -> pd.DataFrame:
     """Reduce the runs (one results directory: ``source`` 0, a block per repeat) and write the
-    three tables and the figure (one per path of ``figures``) as one unit; the inflation table
-    is returned."""
+    four tables and the two figures (one file per path of ``figures`` and
+    ``efficiency_figures``) as one unit; the inflation table is returned."""
     runs = runs_rows(traces, summaries, steps)
     table = pl.inflation(runs)
     versus = pl.throughput_versus_torch(runs)
+    decomposed = pd.read_csv(decomposition)
+    roofline = pl.efficiency(runs, eff.launch_delays(decomposed))
     points = inflation_points(table)
-    blocked = host_blocked(pd.read_csv(decomposition), pl.with_knob_defaults(runs))
+    blocked = host_blocked(decomposed, pl.with_knob_defaults(runs))
+    tables = {
+        runs_table: runs,
+        inflation_table: table,
+        throughput_table: versus,
+        efficiency_table: roofline,
+    }
     with output_unit(
-        [runs_table, inflation_table, throughput_table, *figures],
+        [*tables, *figures, *efficiency_figures],
         inputs=[*traces, *summaries, *steps, decomposition],
         mkdir=True,
     ) as unit:
-        runs.to_csv(unit.path(runs_table), index=False)
-        table.to_csv(unit.path(inflation_table), index=False)
-        versus.to_csv(unit.path(throughput_table), index=False)
+        for path, df in tables.items():
+            df.to_csv(unit.path(path), index=False)
         draw_intervention(points, blocked, [unit.path(f) for f in figures], title=title)
-    for path, df in ((runs_table, runs), (inflation_table, table), (throughput_table, versus)):
+        draw_efficiency(
+            efficiency_points(roofline),
+            [unit.path(f) for f in efficiency_figures],
+            parts=lost_parts(roofline),
+        )
+    for path, df in tables.items():
         log.info("wrote %s (%d rows x %d columns)", path, len(df), df.shape[1])
-    log.info("wrote %s", ", ".join(str(f) for f in figures))
+    log.info("wrote %s", ", ".join(str(f) for f in (*figures, *efficiency_figures)))
     return table

@@ -134,6 +134,8 @@ def advisor_targets(cfg: Mapping[str, Any], paths: ResultPaths) -> list[str]:
     if s.predictions:
         out += [paths.predicted_vs_measured_table]
         out += [paths.figure(FigureName.PREDICTED_VS_MEASURED, f) for f in FIGURE_FORMATS]
+        if ResultPaths.calibrated_set_of(s.predictions) is not None:
+            out += [paths.blind_table, paths.blind_summary]  # rules/advise.smk, blind_error
     if share_settings(cfg).jobs:
         out += [paths.share_rows, paths.share_table]
         out += [paths.figure(FigureName.SHARE, f) for f in FIGURE_FORMATS]

@@ -1,0 +1,18 @@
+import sys
+from pathlib import Path
+
+sys.stderr = open(snakemake.log[0], "w", buffering=1)
+
+from codl.log import configure
+
+configure()
+
+from codl.steps.blocks import block_start_to
+
+block_start_to(
+    block=snakemake.wildcards.block,
+    first=snakemake.params.first,
+    deadline=snakemake.params.deadline,
+    budget_s=snakemake.params.budget,
+    out=Path(snakemake.output.record),
+)
