@@ -5,7 +5,6 @@ target, for the runs that record the scheduler's events and no other."""
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import pandas as pd
@@ -16,7 +15,7 @@ from codl.config import build_plan
 from codl.paths import ResultPaths
 from codl.spec import Mode
 from codl.steps.gil import GIL_RUNS_COLUMNS, gil_targets, sched_event_runs
-from codl.trace import ftrace
+from test_sched_events import live_reason
 from test_workflow import snakemake
 
 pytestmark = pytest.mark.slow
@@ -41,19 +40,6 @@ CONFIG = {
 }
 
 
-def _sched_events_reason() -> str | None:
-    if os.geteuid() != 0:
-        return "the scheduler record needs root (tracefs instances)"
-    probe = ftrace.SchedEventRecorder(pids=(os.getpid(),), buffer_kb=256)
-    try:
-        probe.start()
-    except ftrace.SchedEventsUnavailableError as exc:
-        return str(exc)
-    finally:
-        probe.close()
-    return None
-
-
 def test_only_runs_with_the_record_get_a_row_and_no_record_no_target() -> None:
     specs = build_plan(CONFIG).specs
     recorded = sched_event_runs(specs, list(specs))
@@ -64,7 +50,7 @@ def test_only_runs_with_the_record_get_a_row_and_no_record_no_target() -> None:
 
 
 def test_the_workflow_tables_every_recorded_run_beside_its_twin(tmp_path: Path) -> None:
-    reason = _sched_events_reason()
+    reason = live_reason()
     if reason:
         pytest.skip(reason)
     workdir = tmp_path / "work dir é"

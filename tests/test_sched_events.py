@@ -101,9 +101,10 @@ def test_intervals_split_a_block_at_its_wakeup_and_name_the_preempter_and_the_wa
     assert (got["blocked_ns"], got["runnable_ns"], got["waker_tid"]) == (3_000, 4_000, 30)
 
 
-def _live_reason() -> str | None:
+def live_reason() -> str | None:
+    """Why this machine cannot record the scheduler's events (None: it can)."""
     if os.geteuid() != 0:
-        return "needs root (tracefs instances)"
+        return "the scheduler record needs root (tracefs instances)"
     probe = ftrace.SchedEventRecorder(pids=(os.getpid(),), buffer_kb=256)
     try:
         probe.start()
@@ -182,7 +183,7 @@ def _plant_a_preemption(tids: dict[str, int], cpu: int) -> None:
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux only")
 def test_a_live_recording_finds_a_planted_block_and_a_planted_preemption() -> None:
-    reason = _live_reason()
+    reason = live_reason()
     if reason is not None:
         pytest.skip(reason)
     cpu = sorted(os.sched_getaffinity(0))[0]

@@ -15,6 +15,7 @@ from typing import Final
 
 import pandas as pd
 
+from codl.analysis.pooled import KNOBS
 from codl.outputs import output_unit
 from codl.paths import ResultPaths
 from codl.spec import RunSpec
@@ -24,18 +25,12 @@ log = logging.getLogger(__name__)
 
 #: The table's columns, in order: those of the gil_runs.csv tables committed under results/
 #: (made by the retired scripts/gil_experiment.py), so that a regenerated table compares with
-#: them column for column.
+#: them column for column, with every knob of a loading setting (``pooled.KNOBS``: a knob
+#: added since, such as ``copy_ahead``, comes with it).
 GIL_RUNS_COLUMNS: Final = (
     "run_id",
     "mode",
-    "policy",
-    "switch_interval_ms",
-    "sharing_strategy",
-    "pin_memory",
-    "pin_memory_place",
-    "handoff",
-    "workers",
-    "worker_nice",
+    *KNOBS,
     "repeat",
     "twin_id",
     "switch_interval_s",
