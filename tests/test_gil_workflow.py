@@ -14,7 +14,8 @@ import yaml
 from codl.config import build_plan
 from codl.paths import ResultPaths
 from codl.spec import Mode
-from codl.steps.gil import GIL_RUNS_COLUMNS, gil_targets, sched_event_runs
+from codl.steps.gil import GIL_RUNS_COLUMNS
+from codl.steps.workflow import gil_targets, sched_event_runs
 from test_sched_events import live_reason
 from test_workflow import snakemake
 

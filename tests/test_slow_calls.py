@@ -15,7 +15,8 @@ from codl.analysis import calls
 from codl.config import build_plan
 from codl.paths import ResultPaths
 from codl.spec import Mode
-from codl.steps.slow_calls import slow_call_twins, slow_calls_targets, slow_calls_to
+from codl.steps.slow_calls import slow_calls_to
+from codl.steps.workflow import slow_call_twins, slow_calls_targets
 from test_calls import PLANTED, THREADS, synthetic_run, write_trace
 
 CONFIG = {

@@ -24,7 +24,6 @@ from codl.config import (
 from codl.figures import RUN_FIGURES, FigureName, plan_figures
 from codl.paths import FIGURE_FORMATS, ResultPaths, set_name_of
 from codl.plan_registry import PLAN_ENV, recorded_hash
-from codl.steps.gil import gil_targets, sched_event_runs
 from codl.steps.blocks import (
     block_start_after,
     block_start_record,
@@ -32,10 +31,13 @@ from codl.steps.blocks import (
     held_line,
     invocation_line,
 )
-from codl.steps.pooled import pooled_targets
-from codl.steps.slow_calls import slow_call_twins, slow_calls_targets
 from codl.steps.workflow import (
     advisor_targets,
+    gil_targets,
+    pooled_targets,
+    sched_event_runs,
+    slow_call_twins,
+    slow_calls_targets,
     calibrate_inputs,
     calibrate_options,
     CODL_PYTHON,

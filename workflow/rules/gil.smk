@@ -1,7 +1,7 @@
 # Runs with the kernel's scheduler record (trace.sched_events): one row per run with its launch
 # roles' sleeps by what ended them and its GIL wait per step (codl.steps.gil), the evidence the
 # GIL intervention is read from. A few files in, seconds of work: local under Slurm (localrules).
-# Its output is in the default target (get_final_outputs: codl.steps.gil.gil_targets).
+# Its output is in the default target (get_final_outputs: codl.steps.workflow.gil_targets).
 
 if SCHED_RUNS:
 

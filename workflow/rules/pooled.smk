@@ -3,7 +3,7 @@
 # beside the twin of its own block), the ring hand-off over the best torch setting of its block,
 # the pipeline efficiency against the roofline of each block (data alone and compute alone of
 # that block: the experiment's `mode` factor lists `data`), and the two figures. A few files in, seconds of work: local under Slurm (localrules).
-# Its outputs are in the default target (get_final_outputs: codl.steps.pooled.pooled_targets).
+# Its outputs are in the default target (get_final_outputs: codl.steps.workflow.pooled_targets).
 
 if BLOCKS:
 

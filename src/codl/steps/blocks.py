@@ -10,13 +10,14 @@ import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from codl.config import Block, held_of_planned
 from codl.outputs import output_unit
 from codl.paths import ResultPaths
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,9 @@ def block_progress_to(rows: Sequence[dict[str, Any]], out: Path) -> pd.DataFrame
     """The ``block_progress`` rule: the planned blocks (``codl.config.block_progress``) and
     whether each is analysed now and, if not, why (``not_run``), as one table whose ``held``
     column and log line say how many of the planned blocks the set's tables hold."""
+    # Here, not at the top: the Snakefile imports this module at every parse, pandas ~0.7 s.
+    import pandas as pd
+
     table = pd.DataFrame(list(rows), columns=BLOCK_COLUMNS)
     with output_unit({"blocks table": out}, mkdir=True) as unit:
         table.to_csv(unit.path(out), index=False)

@@ -9,7 +9,7 @@ GIL wait per step (``codl.analysis.pooled.run_row``, from ``codl.analysis.sleeps
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
@@ -17,8 +17,6 @@ import pandas as pd
 
 from codl.analysis.pooled import KNOBS
 from codl.outputs import output_unit
-from codl.paths import ResultPaths
-from codl.spec import RunSpec
 from codl.steps.pooled import runs_rows
 
 log = logging.getLogger(__name__)
@@ -48,17 +46,6 @@ GIL_RUNS_COLUMNS: Final = (
     "loader_sleep_ms_per_step",
     "gil_wait_ms_per_step",
 )
-
-
-def sched_event_runs(specs: Mapping[str, RunSpec], analysed: Iterable[str]) -> list[str]:
-    """The analysed runs (in their order) that record the scheduler's events: without the
-    record a run has no sleeps to classify, and a row of zeros would read as no GIL wait."""
-    return [rid for rid in analysed if specs[rid].trace.sched_events]
-
-
-def gil_targets(paths: ResultPaths, runs: Sequence[str]) -> list[str]:
-    """The rule's output for the default target: none when no analysed run has the record."""
-    return [str(paths.gil_runs_table)] if runs else []
 
 
 def gil_runs(

@@ -22,25 +22,9 @@ from codl.analysis import pooled as pl
 from codl.figures.efficiency import draw_efficiency, efficiency_points, lost_parts
 from codl.figures.intervention import draw_intervention, host_blocked, inflation_points
 from codl.outputs import output_unit
-from codl.paths import FIGURE_FORMATS, ResultPaths
 from codl.spec import RunSpec
 
 log = logging.getLogger(__name__)
-
-
-def pooled_targets(paths: ResultPaths) -> list[str]:
-    """The rule's outputs, for the default target of a config with a ``blocks`` section."""
-    return [
-        str(p)
-        for p in (
-            paths.pooled_runs_table,
-            paths.pooled_inflation_table,
-            paths.pooled_throughput_table,
-            paths.pooled_efficiency_table,
-            *(paths.intervention_figure(fmt) for fmt in FIGURE_FORMATS),
-            *(paths.efficiency_figure(fmt) for fmt in FIGURE_FORMATS),
-        )
-    ]
 
 
 def _spec_of(attrs: Mapping[str, Any], trace: Path) -> RunSpec:

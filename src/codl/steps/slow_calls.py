@@ -7,43 +7,15 @@ on CPU), in one table, ``tables/slow_calls.csv.gz``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
 
 from codl.analysis import calls
 from codl.outputs import output_unit
-from codl.paths import ResultPaths
-from codl.spec import RunSpec
 
 log = logging.getLogger(__name__)
-
-
-def slow_call_twins(specs: Mapping[str, RunSpec], analysed: Iterable[str]) -> dict[str, str]:
-    """Each analysed run with the calls' evidence that loads and computes -> its compute twin
-    (``Mode.compute_twin``), where the twin is analysed too: a slow call is one far above the
-    twin's median for its API name, so a run without its twin has no baseline to be slow
-    against, and the twin itself is the baseline, not a run to attribute."""
-    ids = list(analysed)
-    present = set(ids)
-    out: dict[str, str] = {}
-    for rid in ids:
-        spec = specs[rid]
-        twin_mode = spec.mode.compute_twin
-        if not spec.trace.cuda_api_sched or twin_mode is None:
-            continue
-        twin = spec.with_mode(twin_mode).run_id
-        if twin in present:
-            out[rid] = twin
-        else:
-            log.warning("run %s: its compute twin %s is not analysed; no slow calls", rid, twin)
-    return out
-
-
-def slow_calls_targets(paths: ResultPaths, twins: Mapping[str, str]) -> list[str]:
-    """The rule's output for the default target: none without a run to attribute."""
-    return [str(paths.slow_calls_table)] if twins else []
 
 
 def slow_calls_to(*, traces: Sequence[Path], twins: Sequence[Path], table: Path) -> pd.DataFrame:

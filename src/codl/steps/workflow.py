@@ -4,8 +4,9 @@ files and resources of the optional `advisor` and `share` sections."""
 from __future__ import annotations
 
 import json
+import logging
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,8 @@ from codl.config import BlockSlot, Plan
 from codl.figures import FigureName
 from codl.paths import FIGURE_FORMATS, ResultPaths
 from codl.spec import DeviceKind, RunSpec, to_dict
+
+log = logging.getLogger(__name__)
 
 # The variable through which every rule's shell command names its Python: `"$CODL_PYTHON" -m
 # codl.cli ...`. An environment variable rather than a Snakefile global: a shell command sees the
@@ -195,3 +198,59 @@ def share_resources(cfg: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
         "tasks_per_gpu": 0,
         "slurm_extra": "--exclusive",
     }
+
+
+# What common.smk asks of the block experiment's, GIL and slow-call rules: here, not in their
+# step modules, which load pandas and matplotlib (seconds at every parse of the Snakefile).
+
+
+def sched_event_runs(specs: Mapping[str, RunSpec], analysed: Iterable[str]) -> list[str]:
+    """The analysed runs (in their order) that record the scheduler's events: without the
+    record a run has no sleeps to classify, and a row of zeros would read as no GIL wait."""
+    return [rid for rid in analysed if specs[rid].trace.sched_events]
+
+
+def gil_targets(paths: ResultPaths, runs: Sequence[str]) -> list[str]:
+    """The rule's output for the default target: none when no analysed run has the record."""
+    return [str(paths.gil_runs_table)] if runs else []
+
+
+def pooled_targets(paths: ResultPaths) -> list[str]:
+    """The rule's outputs, for the default target of a config with a ``blocks`` section."""
+    return [
+        str(p)
+        for p in (
+            paths.pooled_runs_table,
+            paths.pooled_inflation_table,
+            paths.pooled_throughput_table,
+            paths.pooled_efficiency_table,
+            *(paths.intervention_figure(fmt) for fmt in FIGURE_FORMATS),
+            *(paths.efficiency_figure(fmt) for fmt in FIGURE_FORMATS),
+        )
+    ]
+
+
+def slow_call_twins(specs: Mapping[str, RunSpec], analysed: Iterable[str]) -> dict[str, str]:
+    """Each analysed run with the calls' evidence that loads and computes -> its compute twin
+    (``Mode.compute_twin``), where the twin is analysed too: a slow call is one far above the
+    twin's median for its API name, so a run without its twin has no baseline to be slow
+    against, and the twin itself is the baseline, not a run to attribute."""
+    ids = list(analysed)
+    present = set(ids)
+    out: dict[str, str] = {}
+    for rid in ids:
+        spec = specs[rid]
+        twin_mode = spec.mode.compute_twin
+        if not spec.trace.cuda_api_sched or twin_mode is None:
+            continue
+        twin = spec.with_mode(twin_mode).run_id
+        if twin in present:
+            out[rid] = twin
+        else:
+            log.warning("run %s: its compute twin %s is not analysed; no slow calls", rid, twin)
+    return out
+
+
+def slow_calls_targets(paths: ResultPaths, twins: Mapping[str, str]) -> list[str]:
+    """The rule's output for the default target: none without a run to attribute."""
+    return [str(paths.slow_calls_table)] if twins else []
