@@ -89,3 +89,17 @@ def test_the_command_names_a_missing_set_in_one_line(tmp_path: Path) -> None:
     assert proc.returncode != 0
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "nope: no such result set" in lines[0], proc.stderr
+
+
+def test_a_decomposition_measured_from_traces_is_kept_not_rebuilt(tmp_path: Path) -> None:
+    # results/roofline commits the decomposition its traces gave (the launch roles' host time
+    # of the compute span); the steps table holds only the whole step's, so a rebuild from it
+    # would lose a measurement: --write leaves both tables as they are, and says why.
+    root = _copy_set(tmp_path, "roofline")
+    tables = root / "roofline" / "tables"
+    before = {p.name: p.read_bytes() for p in tables.glob("*")}
+    (verdict,) = regenerate(root, write=True)
+    assert verdict.status is Status.OK
+    assert any("decomposition.csv.gz: not rebuilt" in s for s in verdict.skipped)
+    assert "tables/comparison.csv" not in verdict.checked
+    assert {p.name: p.read_bytes() for p in tables.glob("*")} == before

@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from codl.analysis import pooled as pl
+from codl.analysis.decompose import COMPUTE_SPAN
 from codl.outputs import output_unit
 from codl.paths import RESERVED_SET_NAMES, ResultPaths
 from codl.steps.analysis import recompare_tables, table_figures_to
@@ -165,6 +166,14 @@ def _rebuild_compare(tables: Path, out: Path, rebuilt: _Rebuilt) -> None:
     shutil.copy(steps, work / steps.name)
     # The committed decomposition's name (.csv or .csv.gz), so that --write replaces it.
     dec = next(iter(sorted(tables.glob("decomposition.csv*"))), None)
+    measured = _from_traces(dec) if dec is not None else ""
+    if measured:
+        # Rebuilt from the steps table it would lose what only the traces held.
+        rel = tables.parent
+        rebuilt.skipped.append(
+            f"{comparison.relative_to(rel)}, {dec.relative_to(rel)}: not rebuilt ({measured})"
+        )
+        return
     kw = {
         "runs_table": work / runs.name,
         "steps_table": work / steps.name,
@@ -186,6 +195,24 @@ def _rebuild_compare(tables: Path, out: Path, rebuilt: _Rebuilt) -> None:
                 rebuilt.files[committed] = made
 
     _attempt(rebuilt, "compare", compare)
+
+
+#: Decomposition parts a steps table cannot give (``decompose.parts_from_steps``): the bucket
+#: arrivals' peer wait and transfer and the kernels' slowdown.
+_TRACE_PARTS = ("peer_wait_ms", "transfer_ms", "gpu_slowdown_ms")
+
+
+def _from_traces(decomposition: Path) -> str:
+    """What of a committed decomposition only the traces could measure ('' if nothing): the
+    launch roles' host time of the compute span (a steps table holds the whole step's), or the
+    parts of buckets and kernels."""
+    df = pd.read_csv(decomposition, usecols=lambda c: c in {"host_source", *_TRACE_PARTS})
+    if "host_source" in df and (df["host_source"] == COMPUTE_SPAN).any():
+        return "its host time is of the compute span, measured from the traces"
+    parts = [c for c in _TRACE_PARTS if c in df and df[c].notna().any()]
+    if parts:
+        return f"its {', '.join(parts)} were measured from the traces"
+    return ""
 
 
 def _write_csv(df: pd.DataFrame, path: Path) -> None:
