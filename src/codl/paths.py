@@ -169,8 +169,13 @@ class MakespanFiles:
         return self.dir / "figures" / f"makespan.{fmt}"
 
 
-SET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_NAME_PART = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
+#: A result set's name: ``set``, or ``set/invocation`` for one invocation of a set measured over
+#: several (nodes, allocations, days), whose parent pools them (docs/outputs.md).
+SET_NAME = re.compile(rf"{_NAME_PART}(?:/{_NAME_PART})?")
 RESERVED_SET_NAMES = frozenset({"runs"})
+#: A set's own folders, which no invocation of it may be named.
+_SET_PARTS = frozenset({"tables", "figures", "advice"})
 
 
 def check_set_name(name: str, *, key: str = "name") -> str:
@@ -180,10 +185,16 @@ def check_set_name(name: str, *, key: str = "name") -> str:
         raise ConfigError(
             [
                 f"{key}: {name!r} cannot name a result set: expected 1-64 letters, digits, '_', "
-                "'.' or '-', starting with a letter or digit"
+                "'.' or '-', starting with a letter or digit, or two such names as "
+                "<set>/<invocation>"
             ]
         )
-    if name in RESERVED_SET_NAMES:
+    top, _, sub = name.partition("/")
+    if sub in _SET_PARTS:
+        raise ConfigError(
+            [f"{key}: {name!r}: no invocation can be named {sub!r}, a folder of every result set"]
+        )
+    if top in RESERVED_SET_NAMES:
         raise ConfigError(
             [f"{key}: {name!r} names the runs' directory under results/; pick another"]
         )
@@ -232,6 +243,37 @@ class ResultPaths:
     def set_dir(self) -> Path:
         """The result set's directory: what this config's merges, figures and report fill."""
         return self.results / self.set_name if self.set_name is not None else self.results
+
+    @property
+    def parent(self) -> ResultPaths | None:
+        """The set whose invocation this one is (``nice-h200/b`` -> ``nice-h200``): its tables
+        pool every invocation's (the ``pool_invocations`` rule); None for a set of its own."""
+        if self.set_name is None or "/" not in self.set_name:
+            return None
+        return ResultPaths(root=self.root, set_name=self.set_name.split("/")[0])
+
+    def sibling_runs_tables(self) -> list[Path]:
+        """The per-run tables of the parent's other invocations, one per invocation: its
+        ``pooled_runs.csv`` (the ``pooled`` rule's), else its ``gil_runs.csv`` (sets tabled
+        before that rule); none without a parent."""
+        parent = self.parent
+        if parent is None:
+            return []
+        out = []
+        for sub in (
+            sorted(p for p in parent.set_dir.iterdir() if p.is_dir())
+            if parent.set_dir.is_dir()
+            else []
+        ):
+            other = ResultPaths(root=self.root, set_name=f"{parent.set_name}/{sub.name}")
+            if sub.name in _SET_PARTS or other.set_dir == self.set_dir:
+                continue
+            table = next(
+                (t for t in (other.pooled_runs_table, other.gil_runs_table) if t.is_file()), None
+            )
+            if table is not None:
+                out.append(table)
+        return out
 
     @property
     def resources(self) -> Path:

@@ -57,6 +57,10 @@ from codl.steps.workflow import (
 # The result set: this config's merges, figures, report and advice in results/<name>/, named
 # by the config's `name` or its file, so that one experiment never overwrites another's tables.
 PATHS = ResultPaths(set_name=set_name_of(config, workflow.configfiles))
+# A config named `<set>/<invocation>`: the set whose tables pool its invocations, and the
+# per-run tables its other invocations left (rules/pooled.smk, `pool_invocations`).
+PARENT = PATHS.parent
+INVOCATION_TABLES = [str(t) for t in PATHS.sibling_runs_tables()]
 # The codl checkout this file belongs to (workflow/rules/ -> the root): not workflow.basedir,
 # which is the directory of the Snakefile that was run, another workflow's when this one is used
 # as a module.
@@ -298,7 +302,11 @@ def get_final_outputs():
         str(PATHS.comparison_table),
         str(PATHS.decomposition_table),
         *([str(PATHS.blocks_table)] if BLOCKS else []),
-        *(pooled_targets(PATHS) if BLOCKS else []),
+        *(
+            pooled_targets(PATHS, PARENT if INVOCATION_TABLES else None)
+            if BLOCKS
+            else []
+        ),
         *gil_targets(PATHS, SCHED_RUNS),
         *slow_calls_targets(PATHS, SLOW_CALL_TWINS),
     ]

@@ -62,3 +62,34 @@ if BLOCKS:
         threads: 1
         script:
             "../scripts/pooled.py"
+
+
+# A config named `<set>/<invocation>` is one invocation of a set measured over several (nodes,
+# allocations, days): its per-run table and those the set's other invocations left in
+# results/<set>/<other>/tables/ pooled into results/<set>/tables/ (codl.steps.levels), each
+# invocation's blocks its own and the invocation a level. Defined once another invocation's
+# table is there.
+if BLOCKS and INVOCATION_TABLES:
+
+    localrules:
+        pool_invocations,
+
+    rule pool_invocations:
+        input:
+            own=PATHS.pooled_runs_table,
+            others=INVOCATION_TABLES,
+        output:
+            inflation=PARENT.pooled_inflation_table,
+            throughput=PARENT.pooled_throughput_table,
+            levels=report(
+                PARENT.pooled_levels_table,
+                caption="../report/pooled_levels.rst",
+                category="Tables",
+            ),
+        log:
+            PATHS.log("pool_invocations"),
+        conda:
+            CONDA_ENV
+        threads: 1
+        script:
+            "../scripts/pool_invocations.py"

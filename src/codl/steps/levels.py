@@ -1,6 +1,6 @@
 """Several invocations' pooled runs tables (one results directory each) reduced with the
 invocation as a level (``codl.analysis.levels``) and written as one table: what ``codl
-levels`` and the ``pooled`` rule call.
+levels`` calls, and with the pooled tables the ``pool_invocations`` rule.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from codl.analysis import levels as lv
+from codl.analysis import pooled as pl
 from codl.errors import CodlError
 from codl.outputs import output_unit
 
@@ -58,3 +59,35 @@ def levels_to(tables: Sequence[Path], out: Path) -> pd.DataFrame:
         table.to_csv(unit.path(out), index=False)
     log.info("wrote %s (%d rows x %d columns)", out, len(table), table.shape[1])
     return table
+
+
+def invocations_to(
+    tables: Sequence[Path], *, inflation_table: Path, throughput_table: Path, levels_table: Path
+) -> pd.DataFrame:
+    """A set's invocations pooled (the ``pool_invocations`` rule): their per-run tables as one
+    (each invocation's blocks its own, ``codl.analysis.pooled.pool_runs``), the compute
+    inflation per loading setting and the ring's throughput over the best torch setting of each
+    block from it, and beside them the invocation as a level (``levels_to``'s table), written
+    as one unit; the levels table is returned."""
+    invocations = read_invocations(tables)
+    if len(invocations) < 2:
+        raise CodlError(
+            f"{', '.join(map(str, tables))}: {len(invocations)} invocation(s); pooling over "
+            "invocations needs at least 2"
+        )
+    try:
+        runs = pl.pool_runs(list(invocations.values()))
+        levels = lv.level_intervals(lv.invocation_ratios(invocations))
+    except ValueError as e:
+        raise CodlError(f"{', '.join(map(str, tables))}: {e}") from e
+    made = {
+        inflation_table: pl.inflation(runs),
+        throughput_table: pl.throughput_versus_torch(runs),
+        levels_table: levels,
+    }
+    with output_unit(list(made), inputs=list(tables), mkdir=True) as unit:
+        for path, df in made.items():
+            df.to_csv(unit.path(path), index=False)
+    for path, df in made.items():
+        log.info("wrote %s (%d rows x %d columns)", path, len(df), df.shape[1])
+    return levels

@@ -167,7 +167,7 @@ def _rebuild_compare(tables: Path, out: Path, rebuilt: _Rebuilt) -> None:
     # The committed decomposition's name (.csv or .csv.gz), so that --write replaces it.
     dec = next(iter(sorted(tables.glob("decomposition.csv*"))), None)
     measured = _from_traces(dec) if dec is not None else ""
-    if measured:
+    if dec is not None and measured:
         # Rebuilt from the steps table it would lose what only the traces held.
         rel = tables.parent
         rebuilt.skipped.append(

@@ -215,19 +215,24 @@ def gil_targets(paths: ResultPaths, runs: Sequence[str]) -> list[str]:
     return [str(paths.gil_runs_table)] if runs else []
 
 
-def pooled_targets(paths: ResultPaths) -> list[str]:
-    """The rule's outputs, for the default target of a config with a ``blocks`` section."""
-    return [
-        str(p)
-        for p in (
-            paths.pooled_runs_table,
-            paths.pooled_inflation_table,
-            paths.pooled_throughput_table,
-            paths.pooled_efficiency_table,
-            *(paths.intervention_figure(fmt) for fmt in FIGURE_FORMATS),
-            *(paths.efficiency_figure(fmt) for fmt in FIGURE_FORMATS),
-        )
+def pooled_targets(paths: ResultPaths, parent: ResultPaths | None = None) -> list[str]:
+    """The ``pooled`` rule's outputs, for the default target of a config with a ``blocks``
+    section; with ``parent``, the ``pool_invocations`` rule's too (its set's pooled tables)."""
+    pooled = [
+        paths.pooled_runs_table,
+        paths.pooled_inflation_table,
+        paths.pooled_throughput_table,
+        paths.pooled_efficiency_table,
+        *(paths.intervention_figure(fmt) for fmt in FIGURE_FORMATS),
+        *(paths.efficiency_figure(fmt) for fmt in FIGURE_FORMATS),
     ]
+    if parent is not None:
+        pooled += [
+            parent.pooled_inflation_table,
+            parent.pooled_throughput_table,
+            parent.pooled_levels_table,
+        ]
+    return [str(p) for p in pooled]
 
 
 def slow_call_twins(specs: Mapping[str, RunSpec], analysed: Iterable[str]) -> dict[str, str]:
