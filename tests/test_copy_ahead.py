@@ -10,6 +10,7 @@ import functools
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -36,7 +37,9 @@ def jpegs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _ring(data: Path, workers: int, *, copy_ahead: bool, dataset: object = None) -> RingLoader:
+def _ring(
+    data: Path, workers: int, *, copy_ahead: bool, dataset: object = None, **kw: Any
+) -> RingLoader:
     placement = pinning.plan(PinningSpec(), allowed=os.sched_getaffinity(0), workers=workers)
     return RingLoader(
         dataset if dataset is not None else hdata.dataset_for("jpeg", data, 32),
@@ -46,6 +49,7 @@ def _ring(data: Path, workers: int, *, copy_ahead: bool, dataset: object = None)
         generator=torch.Generator().manual_seed(SEED),
         worker_init_fn=functools.partial(_seed_worker, placement, SEED, 0),
         copy_ahead=copy_ahead,
+        **kw,
     )
 
 
@@ -240,18 +244,7 @@ def test_on_the_gpu_the_batches_copied_ahead_are_the_cpu_rings(
     want, _ = _batches(jpegs, workers, n, copy_ahead=False)
     torch.manual_seed(SEED)
     cuda = torch.device("cuda")
-    placement = pinning.plan(PinningSpec(), allowed=os.sched_getaffinity(0), workers=workers)
-    ring = RingLoader(
-        hdata.dataset_for("jpeg", jpegs, 32),
-        batch_size=BATCH,
-        workers=workers,
-        prefetch_factor=2,
-        generator=torch.Generator().manual_seed(SEED),
-        worker_init_fn=functools.partial(_seed_worker, placement, SEED, 0),
-        page_lock=page_lock,
-        device=cuda,
-        copy_ahead=True,
-    )
+    ring = _ring(jpegs, workers, copy_ahead=True, page_lock=page_lock, device=cuda)
     it = iter(ring)
     worker = hdata.ITEM_COLUMNS.index("worker")
     busy = torch.randn(2048, 2048, device=cuda)

@@ -24,7 +24,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from codl.errors import ConfigError
+from codl.errors import CodlError, ConfigError
 from codl.spec import (
     SAFE_NAME,
     DatasetSpec,
@@ -607,6 +607,19 @@ def build_plan(
     if unique:
         raise ConfigError(unique, source=source)
     return plan
+
+
+def load_checked(path: Path) -> dict[str, Any]:
+    """A config file read and planned as the workflow would; a problem is one ``CodlError``
+    line that starts with the file's name (load_yaml's problems name it already, build_plan's
+    name keys)."""
+    try:
+        cfg = load_yaml(path)
+        build_plan(cfg, source=str(path))
+    except ConfigError as exc:
+        text = exc.one_line()
+        raise CodlError(text if text.startswith(str(path)) else f"{path}: {text}") from None
+    return cfg
 
 
 def _repeat_written(cfg: Mapping[str, Any], reported: set[tuple[Any, ...]]) -> list[str]:

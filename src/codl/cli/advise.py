@@ -48,7 +48,7 @@ from codl.cli.options import (
     bounded_int,
     finite_float,
 )
-from codl.config import build_plan, load_yaml
+from codl.config import build_plan, load_checked
 from codl.errors import CodlError, ConfigError
 from codl.outputs import OutputUnit, output_unit
 from codl.paths import ResultPaths
@@ -287,14 +287,9 @@ def _probe_config(args: argparse.Namespace) -> dict[str, Any] | None:
     if not path.is_file():
         raise CodlError(f"--probe-config {path}: not a regular file, expected {what}")
     try:
-        cfg = load_yaml(path)
-        build_plan(cfg, source=str(path))
-    except ConfigError as exc:
-        # load_yaml's problems name the file already; build_plan's name keys.
-        text = exc.one_line()
-        text = text if text.startswith(str(path)) else f"{path}: {text}"
-        raise CodlError(f"--probe-config {text}; expected {what}") from None
-    return cfg
+        return load_checked(path)
+    except CodlError as exc:
+        raise CodlError(f"--probe-config {exc}; expected {what}") from None
 
 
 def _probe_runs(

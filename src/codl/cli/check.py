@@ -25,7 +25,7 @@ import pandas as pd
 from codl.advisor import model as mdl
 from codl.advisor import verify
 from codl.cli.options import MAX_BOOT_SEED, MAX_CORES, MAX_REPLICATES, Parser, bounded_int
-from codl.config import build_plan, load_yaml
+from codl.config import build_plan, load_checked, load_yaml
 from codl.errors import CodlError, ConfigError
 from codl.outputs import output_unit
 from codl.paths import ResultPaths
@@ -48,13 +48,7 @@ def _merged(results: Path) -> tuple[pd.DataFrame, pd.DataFrame, Path, Path]:
 def _config(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise CodlError(f"{path}: no such config file")
-    try:
-        cfg = load_yaml(path)
-        build_plan(cfg, source=str(path))
-    except ConfigError as exc:
-        text = exc.one_line()
-        raise CodlError(text if text.startswith(str(path)) else f"{path}: {text}") from None
-    return cfg
+    return load_checked(path)
 
 
 def _settings(path: Path) -> pd.DataFrame:
