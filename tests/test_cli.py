@@ -177,7 +177,8 @@ def test_plan_lists_each_distinct_run_once(
     config.write_text(f"name: paper-run\n{SHARED_RUNS}")
     assert main(["plan", "--result-set", str(config)]) == 0
     assert capsys.readouterr().out == "results/paper-run\n"
-    for bad, why in (("runs", "names the runs' directory"), ("a/b", "name: got 'a/b', expected")):
+    bad_names = (("runs", "names the runs' directory"), ("a/b/c", "name: got 'a/b/c', expected"))
+    for bad, why in bad_names:
         config.write_text(f"name: {bad}\n{SHARED_RUNS}")
         assert main(["plan", str(config)]) == 2
         assert why in capsys.readouterr().err

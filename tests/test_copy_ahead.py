@@ -7,7 +7,10 @@ handed over by the next ``next()``, and nothing left behind by ``close()``."""
 from __future__ import annotations
 
 import functools
+import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +27,7 @@ from codl.harness import data as hdata
 from codl.harness.handoff import RingLoader
 from codl.harness.runner import _seed_worker
 from codl.spec import DatasetSpec, PinningSpec, RunSpec
+from codl.trace.store import open_trace
 
 BATCH = 4
 SEED = 7
@@ -265,3 +269,34 @@ def test_on_the_gpu_the_batches_copied_ahead_are_the_cpu_rings(
         it.close()
     assert ring.ahead_count > 0
     assert not ring.page_locked
+
+
+@pytest.mark.parametrize("copy_ahead", [True, False])
+def test_a_run_records_how_many_batches_were_copied_ahead(
+    tmp_path: Path, jpegs: Path, copy_ahead: bool
+) -> None:
+    """The trace says whether the copies were made ahead at all (``copied_ahead``): a run whose
+    loader never keeps up would carry every copy in its H2D phase despite the setting."""
+    spec = RunSpec.from_dict(
+        {
+            "mode": "data+compute",
+            "workload": {"batch_size": BATCH, "image_size": 32},
+            "dataset": {"samples": 12, "height": 40, "width": 48},
+            "loader": {"workers": 2, "handoff": "ring", "copy_ahead": copy_ahead},
+            "steps": {"warmup": 1, "measured": 6},
+            "seed": SEED,
+        }
+    )
+    (tmp_path / "spec.json").write_text(json.dumps(spec.to_dict()))
+    trace = tmp_path / "t.h5"
+    cmd = [sys.executable, "-m", "codl.cli", "run", str(tmp_path / "spec.json")]
+    cmd += ["--trace", str(trace), "--dataset-dir", str(jpegs)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open_trace(trace) as t:
+        attrs = t.attrs
+    if copy_ahead:
+        # Each step hands over one batch; the first is never copied ahead.
+        assert 0 <= attrs["copied_ahead"] <= spec.steps.total - 1
+    else:
+        assert "copied_ahead" not in attrs

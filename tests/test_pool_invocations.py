@@ -92,3 +92,9 @@ def test_the_second_invocation_pools_both_into_the_parent(tmp_path: Path) -> Non
 
     out, third = snakemake(workdir, configs["a"])
     assert not third, out[-2000:]
+
+
+def test_the_schema_checks_the_name_as_the_paths_do() -> None:
+    from codl.config import SET_NAME_PATTERN, schema
+
+    assert schema()["properties"]["name"]["pattern"] == SET_NAME_PATTERN

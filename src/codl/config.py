@@ -25,6 +25,7 @@ import jsonschema
 import yaml
 
 from codl.errors import CodlError, ConfigError
+from codl.paths import SET_NAME
 from codl.spec import (
     SAFE_NAME,
     DatasetSpec,
@@ -36,6 +37,8 @@ from codl.spec import (
 )
 
 SAFE_NAME_PATTERN = SAFE_NAME.pattern
+# The schema's pattern of `name` (a result set, or one invocation of it: codl.paths.SET_NAME).
+SET_NAME_PATTERN = rf"^{SET_NAME.pattern}\Z"
 
 
 def schema() -> dict[str, Any]:
@@ -354,6 +357,15 @@ def _messages(
             )
         elif err.validator == "pattern" and err.validator_value == DURATION_PATTERN:
             out.append((path, f"{key}: got {err.instance!r}, expected {_DURATION_WORDS}"))
+        elif err.validator == "pattern" and err.validator_value == SET_NAME_PATTERN:
+            out.append(
+                (
+                    path,
+                    f"{key}: got {err.instance!r}, expected letters, digits, '_', '.', '-', "
+                    "starting with a letter or digit, or <set>/<invocation> of two such names "
+                    "(it becomes a path)",
+                )
+            )
         elif err.validator == "pattern" and err.validator_value == SAFE_NAME_PATTERN:
             out.append(
                 (

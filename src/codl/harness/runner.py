@@ -613,6 +613,10 @@ def _step_loop(
             # the measured steps.
             placed.reapply()
             rec.threads_placed()
+    if isinstance(held.batches, RingLoader) and held.batches.copy_ahead:
+        # Whether the copies were made ahead at all: a batch not yet filled when the one before
+        # went to the device is copied in its own H2D phase.
+        ctx.attrs["copied_ahead"] = held.batches.ahead_count
 
 
 def _next_batch(
