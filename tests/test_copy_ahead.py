@@ -118,11 +118,27 @@ def test_the_batch_copied_ahead_is_handed_by_next_and_only_waited_for(jpegs: Pat
         it.close()
 
 
+class _Slow(torch.utils.data.Dataset[Any]):
+    """A data set whose every sample takes ``delay`` seconds to read."""
+
+    def __init__(self, inner: Any, delay: float) -> None:
+        self.inner, self.delay = inner, delay
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, i: int) -> Any:
+        time.sleep(self.delay)
+        return self.inner[i]
+
+
 def test_without_a_ready_batch_nothing_is_taken_ahead(jpegs: Path) -> None:
-    # One worker, one slot per worker in flight: right after batch 0's copy its worker has not
-    # filled batch 1, so next() takes it as without copy_ahead (a blocking take).
+    # One worker, one slot per worker in flight: batch 1 is asked of the worker only when batch
+    # 0's slot goes back, and its samples take 0.1 s each to read, so right after batch 0's copy
+    # it is not filled whatever the machine's load, and next() takes it as without copy_ahead
+    # (a blocking take).
     ring = RingLoader(
-        hdata.dataset_for("jpeg", jpegs, 32),
+        _Slow(hdata.dataset_for("jpeg", jpegs, 32), 0.1),
         batch_size=BATCH,
         workers=1,
         prefetch_factor=1,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import logging
 import os
 import signal
 import socket
@@ -32,6 +33,8 @@ from codl.spec import DeviceKind, RunSpec
 from codl.trace.store import check_trace_target, incomplete_path, open_trace, set_aside_stale
 from codl.trace.store.files import PARTIAL_SUFFIX
 from codl.trace.store.merge import merge_incomplete_ranks, merge_rank_traces, rank_trace_path
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from torch.multiprocessing.spawn import ProcessException
@@ -110,14 +113,22 @@ def _rank_main(
             env=env,
             kineto_dir=kineto_dir,
         )
-    except RunInterruptedError:
-        if os.getppid() != launcher:
+    except BaseException as exc:
+        if os.getppid() != launcher and not isinstance(exc, SystemExit):
             # The launcher died (SIGKILL, the OOM killer) and torch's wrapper had the kernel
             # send this rank SIGINT (PR_SET_PDEATHSIG): its data is in its own incomplete trace.
-            # No one will read or remove the error file the wrapper writes for an exception,
-            # which would stay in $TMPDIR; SystemExit passes the wrapper without writing one.
+            # Whatever ended it then (the stop, a KeyboardInterrupt before the stop handler was
+            # set, the other rank's collective gone), no one will read or remove the error file
+            # the wrapper writes for an exception, which would stay in $TMPDIR; SystemExit
+            # passes the wrapper without writing one.
+            log.warning("rank %d: its launcher is gone; ended by %s", local_rank, _last_line(exc))
             raise SystemExit(2) from None
         raise
+
+
+def _last_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[-1]}" if text else type(exc).__name__
 
 
 def srun_command(spec: RunSpec, argv: list[str], *, cpus_per_task: int) -> list[str]:
