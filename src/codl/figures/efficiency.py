@@ -20,7 +20,7 @@ from matplotlib.axes import Axes
 from matplotlib.patches import Rectangle
 
 from codl.analysis.efficiency import LOST_COLUMNS, PARTS
-from codl.figures.intervention import HANDOFF_COLORS, SETTING_KEYS, setting_label
+from codl.figures.intervention import SETTING_KEYS, block_strip, setting_label
 
 PART_COLORS = {
     "data_wait": "#dd8452",
@@ -85,34 +85,23 @@ def draw_efficiency(
         _draw_nothing(outputs, heading)
         return
     settings = list(dict.fromkeys(points["setting"]))
-    y = {s: i for i, s in enumerate(settings)}
     fig, (ax, bx) = plt.subplots(
         1, 2, figsize=(14, 0.8 * len(settings) + 3.0), sharey=True, width_ratios=[3, 2]
     )
-    rng = np.random.default_rng(0)
-    ticks = []
-    for s, g in points.groupby("setting", sort=False):
-        color = HANDOFF_COLORS.get(str(g["handoff"].iloc[0]), "#8c8c8c")
-        jitter = rng.uniform(-0.15, 0.15, len(g))
-        ax.scatter(g["block_efficiency"], y[s] + jitter, s=12, color=color, alpha=0.55, lw=0)
-        first = g.iloc[0]
+
+    def label(first: pd.Series, s: str) -> str:
         mean, lo, hi = first["efficiency"], first["lo"], first["hi"]
-        err = [[mean - lo], [hi - mean]] if np.isfinite([lo, hi]).all() else None
-        ax.errorbar(mean, y[s], xerr=err, fmt="D", color="black", ms=5, capsize=3)
-        interval = f"[{lo:.2f}, {hi:.2f}]" if err is not None else "[no interval]"
-        ticks.append(
-            (
-                y[s],
-                f"{s}\n{mean:.2f} {interval}, {first['n_blocks']} blocks\n"
-                f"roofline: {first['limiting_part']}",
-            )
+        interval = f"[{lo:.2f}, {hi:.2f}]" if np.isfinite([lo, hi]).all() else "[no interval]"
+        return (
+            f"{s}\n{mean:.2f} {interval}, {first['n_blocks']} blocks\n"
+            f"roofline: {first['limiting_part']}"
         )
-    ticks.sort()
-    ax.set_yticks([t[0] for t in ticks], [t[1] for t in ticks], fontsize=7.5)
+
+    y = block_strip(
+        ax, points, value="block_efficiency", mean="efficiency", lo="lo", hi="hi", label=label
+    )
     ax.axvline(1.0, color="grey", lw=0.8)
-    ax.invert_yaxis()
     ax.set_xlabel("throughput / roofline of the same block (1 = a perfect pipeline)")
-    ax.set_title("points: one per block; diamond: geometric mean, 95 % t interval", fontsize=9)
     _draw_parts(bx, parts, y)
     fig.suptitle(heading, fontsize=11)
     fig.tight_layout()

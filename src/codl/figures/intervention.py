@@ -6,7 +6,7 @@ host-blocked part per setting. ``inflation_points`` and ``host_blocked`` prepare
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +94,39 @@ def host_blocked(decomposition: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFram
     return pd.DataFrame(out)
 
 
+def block_strip(
+    ax: Any,
+    points: pd.DataFrame,
+    *,
+    value: str,
+    mean: str,
+    lo: str,
+    hi: str,
+    label: Callable[[pd.Series, str], str],
+) -> dict[str, int]:
+    """One row per setting of ``points`` (in their order, the first at the top): a point per
+    block (``value``), jittered, coloured by hand-off, and a diamond at the setting's ``mean``
+    with its interval (``lo``, ``hi``; none where they are not finite), labelled
+    ``label(first row, setting)``. Returns each setting's row."""
+    y = {s: i for i, s in enumerate(dict.fromkeys(points["setting"]))}
+    rng = np.random.default_rng(0)
+    ticks = []
+    for s, g in points.groupby("setting", sort=False):
+        color = HANDOFF_COLORS.get(str(g["handoff"].iloc[0]), "#8c8c8c")
+        jitter = rng.uniform(-0.15, 0.15, len(g))
+        ax.scatter(g[value], y[s] + jitter, s=12, color=color, alpha=0.55, lw=0)
+        first = g.iloc[0]
+        m, low, high = float(first[mean]), float(first[lo]), float(first[hi])
+        err = [[m - low], [high - m]] if np.isfinite([low, high]).all() else None
+        ax.errorbar(m, y[s], xerr=err, fmt="D", color="black", ms=5, capsize=3)
+        ticks.append((y[s], label(first, str(s))))
+    ticks.sort()
+    ax.set_yticks([t[0] for t in ticks], [t[1] for t in ticks], fontsize=7.5)
+    ax.invert_yaxis()
+    ax.set_title("points: one per block; diamond: geometric mean, 95 % t interval", fontsize=9)
+    return y
+
+
 def draw_intervention(
     points: pd.DataFrame, blocked: pd.DataFrame, outputs: Sequence[Path], *, title: str = ""
 ) -> None:
@@ -104,38 +137,22 @@ def draw_intervention(
     fig, (ax, bx) = plt.subplots(
         1, 2, figsize=(14, 0.6 * len(settings) + 2.2), sharey=True, width_ratios=[3, 2]
     )
-    y = {s: i for i, s in enumerate(settings)}
-    rng = np.random.default_rng(0)
-    ticks = []
-    for s, g in points.groupby("setting", sort=False):
-        color = HANDOFF_COLORS.get(str(g["handoff"].iloc[0]), "#8c8c8c")
-        jitter = rng.uniform(-0.15, 0.15, len(g))
-        ax.scatter(g["block_pct"], y[s] + jitter, s=12, color=color, alpha=0.55, lw=0)
-        first = g.iloc[0]
-        ax.errorbar(
-            first["mean_pct"],
-            y[s],
-            xerr=[[first["mean_pct"] - first["lo_pct"]], [first["hi_pct"] - first["mean_pct"]]],
-            fmt="D",
-            color="black",
-            ms=5,
-            capsize=3,
-        )
-        ticks.append(
-            (
-                y[s],
-                f"{s}\n{first['mean_pct']:+.1f} % [{first['lo_pct']:+.1f}, "
-                f"{first['hi_pct']:+.1f}], {first['n_blocks']} blocks",
-            )
-        )
-    ticks.sort()
-    ax.set_yticks([t[0] for t in ticks], [t[1] for t in ticks], fontsize=7.5)
+    y = block_strip(
+        ax,
+        points,
+        value="block_pct",
+        mean="mean_pct",
+        lo="lo_pct",
+        hi="hi_pct",
+        label=lambda first, s: (
+            f"{s}\n{first['mean_pct']:+.1f} % [{first['lo_pct']:+.1f}, "
+            f"{first['hi_pct']:+.1f}], {first['n_blocks']} blocks"
+        ),
+    )
     lo, hi = points["block_pct"].min(), points["block_pct"].max()
     ax.set_xlim(min(lo, 0) - 5, hi + 5)
     ax.axvline(0, color="grey", lw=0.8)
-    ax.invert_yaxis()
     ax.set_xlabel("compute inflation vs the compute twin of the same block (%)")
-    ax.set_title("points: one per block; diamond: geometric mean, 95 % t interval", fontsize=9)
     for _, r in blocked.iterrows():
         if r["setting"] not in y:
             continue
