@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -172,6 +173,15 @@ def blocked(runs: pd.DataFrame) -> pd.DataFrame:
     block is then (``source``, ``repeat``) in every table."""
     runs = with_knob_defaults(runs)
     return runs if "source" in runs else runs.assign(source=0)
+
+
+#: The columns of a runs table that hold run ids: hex strings, one of only digits not a number.
+ID_COLUMNS: Final = ("run_id", "twin_id", "data_twin_id")
+
+
+def read_runs(path: str | os.PathLike[str]) -> pd.DataFrame:
+    """A runs table (``pooled_runs.csv``, ``gil_runs.csv``) as written, its ids kept strings."""
+    return pd.read_csv(path, dtype=dict.fromkeys(ID_COLUMNS, str), low_memory=False)
 
 
 def pool_runs(tables: Sequence[pd.DataFrame]) -> pd.DataFrame:

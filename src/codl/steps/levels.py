@@ -43,7 +43,7 @@ def read_invocations(tables: Sequence[Path]) -> dict[str, pd.DataFrame]:
                 f"{table}: a second table of invocation {name!r}; expected one table per "
                 "results directory"
             )
-        out[name] = pd.read_csv(table)
+        out[name] = pl.read_runs(table)
     return out
 
 

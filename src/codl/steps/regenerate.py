@@ -115,7 +115,7 @@ def sub_sets(set_dir: Path) -> list[Path]:
 
 def _csv(path: Path) -> pd.DataFrame:
     # Ids are hex strings: one of only digits must not be read as a number.
-    return pd.read_csv(path, dtype={"run_id": str, "twin_id": str}, low_memory=False)
+    return pl.read_runs(path)
 
 
 def csv_differences(committed: Path, made: Path, *, rtol: float = RTOL) -> list[str]:
@@ -160,20 +160,19 @@ def _rebuild_compare(tables: Path, out: Path, rebuilt: _Rebuilt) -> None:
     comparison = tables / std.comparison_table.name
     if not (runs.is_file() and steps.is_file() and comparison.is_file()):
         return
-    work = out / "compare"
-    work.mkdir(parents=True)
-    shutil.copy(runs, work / runs.name)
-    shutil.copy(steps, work / steps.name)
     # The committed decomposition's name (.csv or .csv.gz), so that --write replaces it.
     dec = next(iter(sorted(tables.glob("decomposition.csv*"))), None)
-    measured = _from_traces(dec) if dec is not None else ""
-    if dec is not None and measured:
+    if dec is not None and (measured := _from_traces(dec)):
         # Rebuilt from the steps table it would lose what only the traces held.
         rel = tables.parent
         rebuilt.skipped.append(
             f"{comparison.relative_to(rel)}, {dec.relative_to(rel)}: not rebuilt ({measured})"
         )
         return
+    work = out / "compare"
+    work.mkdir(parents=True)
+    shutil.copy(runs, work / runs.name)
+    shutil.copy(steps, work / steps.name)
     kw = {
         "runs_table": work / runs.name,
         "steps_table": work / steps.name,
